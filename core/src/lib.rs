@@ -1,0 +1,29 @@
+//! Narad core: the partition log (storage engine) and the queue semantics on top of it.
+//!
+//! ```text
+//!            produce                        consume / ack / extend / nack
+//!               │                                        │
+//!               ▼                                        ▼
+//!   broker::Broker ── topics ── Partition { log: log::PartitionLog, queue: queue::PartitionQueue }
+//!               │                 │                       │
+//!               │                 │  durable records      │  sans-IO lease / ack / frontier
+//!               │                 ▼                       ▼  state (no disk, no clock)
+//!               │        segments on disk         queue.state snapshots (frontier + acked set)
+//!               └── waiters: FIFO of long-polling readers per topic, served by a dispatcher
+//! ```
+//!
+//! - [`record`]: the record and its CRC32C frame (the storage format).
+//! - [`log`]: one partition's append-only segments, group commit, recovery, retention.
+//! - [`queue`]: the lease/ack/frontier state machine of one partition, pure data.
+//! - [`handle`]: receipt handles (opaque, MAC'd, bound to a process epoch).
+//! - [`topic`]: topic configuration and validation.
+//! - [`broker`]: wires topics, logs and queues together; no HTTP here.
+
+pub mod broker;
+pub mod clock;
+pub mod handle;
+pub mod log;
+pub mod metrics;
+pub mod queue;
+pub mod record;
+pub mod topic;

@@ -1,0 +1,749 @@
+//! The partition log: append-only segments, group commit, recovery, retention.
+//!
+//! ```text
+//!  append() ──► mpsc ──► writer task ──► encode frames ──► write + ONE fdatasync ──► reply all
+//!                          │ (drains every queued request                 │
+//!                          │  into one batch: group commit)               ▼
+//!                          └── roll by size / age ◄──────────── segments (RwLock) + tail cache
+//!  read() ──────────────────────────────────────────────────────► tail cache, else pread
+//! ```
+//!
+//! One writer task per partition assigns offsets and commit timestamps (never decreasing), so
+//! concurrent appends are serialised in one place. An append is answered only after the fsync
+//! that covers it; readers only ever see bytes that fsync covered. A failed write or fsync
+//! poisons the log: every later append fails until the process restarts and recovery decides
+//! what really reached the disk.
+
+pub mod segment;
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::SharedClock;
+use crate::metrics::CoreMetrics;
+use crate::record::{NewRecord, Record};
+use segment::{ReadError, RecoveryError, Segment, SegmentMeta, SegmentReader};
+
+/// Group commit drains queued appends into one write until the batch reaches this size.
+const MAX_GROUP_BYTES: usize = 8 * 1024 * 1024;
+/// Queued append requests per partition before `append` waits (backpressure).
+const WRITER_QUEUE: usize = 4096;
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// Seal the active segment once it holds this many bytes (a segment may exceed it by at
+    /// most one group-commit batch).
+    pub segment_max_bytes: u64,
+    /// Seal the active segment this long after its first record, so quiet partitions seal too.
+    pub segment_max_age_ms: i64,
+    /// Newest records kept decoded in memory per partition, so consumers of fresh data never
+    /// touch the disk.
+    pub tail_cache_bytes: usize,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            segment_max_bytes: 64 * 1024 * 1024,
+            segment_max_age_ms: 10 * 60 * 1000,
+            tail_cache_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error(
+        "partition log is poisoned by an earlier write or fsync failure ({0}); restart the broker to recover"
+    )]
+    Poisoned(String),
+    #[error("io error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+    #[error("offset {requested} is older than the oldest retained offset {oldest}")]
+    Truncated { requested: u64, oldest: u64 },
+    #[error("corrupt record in {path}: {source}")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: ReadError,
+    },
+    #[error("partition log is closed")]
+    Closed,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
+    move |source| LogError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What an append made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: u64,
+    pub count: u32,
+    pub timestamp_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    pub oldest_offset: u64,
+    pub next_offset: u64,
+    pub bytes: u64,
+    pub segments: usize,
+}
+
+enum Cmd {
+    Append {
+        records: Vec<NewRecord>,
+        reply: oneshot::Sender<Result<Appended, LogError>>,
+    },
+    Roll {
+        reply: oneshot::Sender<Result<(), LogError>>,
+    },
+}
+
+#[derive(Default)]
+struct TailCache {
+    records: VecDeque<Arc<Record>>,
+    bytes: usize,
+}
+
+struct Shared {
+    dir: PathBuf,
+    cfg: LogConfig,
+    clock: SharedClock,
+    metrics: Arc<CoreMetrics>,
+    segments: RwLock<Vec<Arc<Segment>>>,
+    /// One past the last durable offset.
+    next_offset: AtomicU64,
+    cache: Mutex<TailCache>,
+    poisoned: Mutex<Option<String>>,
+}
+
+/// An open partition log. Dropping it (after [`PartitionLog::close`]) releases its files.
+pub struct PartitionLog {
+    shared: Arc<Shared>,
+    /// `None` once closed; appends clone the sender (an atomic increment).
+    tx: Mutex<Option<mpsc::Sender<Cmd>>>,
+    writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for PartitionLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionLog")
+            .field("dir", &self.shared.dir)
+            .finish()
+    }
+}
+
+/// What recovery found, for logging by the caller.
+#[derive(Debug, Default, Clone)]
+pub struct RecoveryReport {
+    pub torn_tail_bytes: Option<u64>,
+    pub segments: usize,
+    pub scanned_bytes: u64,
+}
+
+impl PartitionLog {
+    /// Opens (or creates) the log in `dir`, recovering it. Blocking: call from a blocking
+    /// context. Must run inside a tokio runtime (the writer task is spawned on it).
+    pub fn open(
+        dir: &Path,
+        cfg: LogConfig,
+        clock: SharedClock,
+        metrics: Arc<CoreMetrics>,
+    ) -> Result<(Self, RecoveryReport), LogError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut bases = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(stem) = name.strip_suffix(".log")
+                && let Ok(base) = stem.parse::<u64>()
+            {
+                bases.push(base);
+            }
+        }
+        bases.sort_unstable();
+        let mut report = RecoveryReport::default();
+        let mut segments: Vec<Arc<Segment>> = Vec::new();
+        if bases.is_empty() {
+            segments.push(Arc::new(create_segment(dir, 0)?));
+        }
+        for (i, &base) in bases.iter().enumerate() {
+            let path = segment::segment_path(dir, base);
+            let is_active = i + 1 == bases.len();
+            let file = segment::open_read(&path).map_err(io_err(&path))?;
+            let size = file.metadata().map_err(io_err(&path))?.len();
+            let meta = match (!is_active)
+                .then(|| segment::read_index(dir, base, size))
+                .flatten()
+            {
+                Some(meta) => meta,
+                None => {
+                    let data = std::fs::read(&path).map_err(io_err(&path))?;
+                    report.scanned_bytes += data.len() as u64;
+                    let scanned = segment::scan(&path, base, &data)?;
+                    let mut meta = scanned.meta;
+                    if let Some(pos) = scanned.torn_at {
+                        if !is_active {
+                            return Err(RecoveryError::CorruptMiddle {
+                                path,
+                                pos,
+                                reason: "a sealed segment ends in an invalid frame".into(),
+                            }
+                            .into());
+                        }
+                        let w = OpenOptions::new()
+                            .write(true)
+                            .open(&path)
+                            .map_err(io_err(&path))?;
+                        w.set_len(pos).map_err(io_err(&path))?;
+                        w.sync_all().map_err(io_err(&path))?;
+                        let torn = size - pos;
+                        report.torn_tail_bytes = Some(torn);
+                        metrics.torn_tails_truncated.inc();
+                        tracing::warn!(path = %path.display(), at = pos, bytes = torn, "truncated torn tail");
+                    }
+                    if !is_active {
+                        meta.sealed = true;
+                        if let Err(e) = segment::write_index(dir, base, &meta) {
+                            tracing::warn!(path = %path.display(), error = %e, "could not rewrite segment index");
+                        }
+                    }
+                    meta
+                }
+            };
+            if let Some(prev) = segments.last() {
+                let prev_end = prev.meta.lock().end;
+                if prev_end != base {
+                    return Err(RecoveryError::Discontinuity {
+                        path: prev.path.clone(),
+                        end: prev_end,
+                        next_base: base,
+                    }
+                    .into());
+                }
+            }
+            segments.push(Arc::new(Segment {
+                base,
+                path,
+                file,
+                meta: Mutex::new(meta),
+            }));
+        }
+        report.segments = segments.len();
+        let active = segments.last().expect("at least one segment").clone();
+        let next_offset = active.meta.lock().end;
+        // Timestamps never decrease within a partition: the newest one is the floor for the
+        // next append (the active segment may be empty right after a roll).
+        let last_ts = segments
+            .iter()
+            .rev()
+            .find_map(|s| s.meta.lock().max_ts)
+            .unwrap_or(i64::MIN);
+        let write_file = OpenOptions::new()
+            .write(true)
+            .open(&active.path)
+            .map_err(io_err(&active.path))?;
+        metrics.logs_opened.inc();
+        let shared = Arc::new(Shared {
+            dir: dir.to_owned(),
+            cfg,
+            clock,
+            metrics,
+            segments: RwLock::new(segments),
+            next_offset: AtomicU64::new(next_offset),
+            cache: Mutex::new(TailCache::default()),
+            poisoned: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel(WRITER_QUEUE);
+        let writer = Writer {
+            shared: shared.clone(),
+            file: Arc::new(write_file),
+            active,
+            last_ts,
+            buf: Vec::new(),
+        };
+        let handle = tokio::spawn(writer.run(rx));
+        Ok((
+            Self {
+                shared,
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+            },
+            report,
+        ))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Appends `records` atomically (one write, one fsync) and returns once they are durable.
+    pub async fn append(&self, records: Vec<NewRecord>) -> Result<Appended, LogError> {
+        debug_assert!(!records.is_empty());
+        if let Some(reason) = self.shared.poisoned.lock().clone() {
+            return Err(LogError::Poisoned(reason));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.sender()?
+            .send(Cmd::Append { records, reply })
+            .await
+            .map_err(|_| LogError::Closed)?;
+        rx.await.map_err(|_| LogError::Closed)?
+    }
+
+    /// Seals the active segment now (if it holds any record).
+    pub async fn roll(&self) -> Result<(), LogError> {
+        let (reply, rx) = oneshot::channel();
+        self.sender()?
+            .send(Cmd::Roll { reply })
+            .await
+            .map_err(|_| LogError::Closed)?;
+        rx.await.map_err(|_| LogError::Closed)?
+    }
+
+    /// Stops the writer after it has answered every queued append.
+    pub async fn close(&self) {
+        // Dropping the last sender ends the writer loop once the queue is drained.
+        self.tx.lock().take();
+        let handle = self.writer.lock().take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+    }
+
+    fn sender(&self) -> Result<mpsc::Sender<Cmd>, LogError> {
+        self.tx.lock().clone().ok_or(LogError::Closed)
+    }
+
+    pub fn next_offset(&self) -> u64 {
+        self.shared.next_offset.load(Ordering::Acquire)
+    }
+
+    pub fn is_poisoned(&self) -> Option<String> {
+        self.shared.poisoned.lock().clone()
+    }
+
+    pub fn oldest_offset(&self) -> u64 {
+        self.shared.segments.read()[0].base
+    }
+
+    pub fn stats(&self) -> LogStats {
+        let segs = self.shared.segments.read();
+        LogStats {
+            oldest_offset: segs[0].base,
+            next_offset: self.next_offset(),
+            bytes: segs.iter().map(|s| s.meta.lock().size).sum(),
+            segments: segs.len(),
+        }
+    }
+
+    /// Reads up to `max_records` records (and roughly `max_bytes` of payload, at least one
+    /// record) starting at `from`. Blocking on a cache miss (positional reads).
+    pub fn read(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Arc<Record>>, LogError> {
+        let end = self.next_offset();
+        let mut out = Vec::new();
+        if from >= end || max_records == 0 {
+            return Ok(out);
+        }
+        {
+            let cache = self.shared.cache.lock();
+            if let Some(first) = cache.records.front()
+                && from >= first.offset
+            {
+                let mut bytes = 0;
+                for r in cache.records.iter().skip((from - first.offset) as usize) {
+                    if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
+                        break;
+                    }
+                    bytes += r.payload.len();
+                    out.push(r.clone());
+                }
+                return Ok(out);
+            }
+        }
+        let segments = self.shared.segments.read().clone();
+        let oldest = segments[0].base;
+        if from < oldest {
+            return Err(LogError::Truncated {
+                requested: from,
+                oldest,
+            });
+        }
+        let first = segments.partition_point(|s| s.base <= from) - 1;
+        let mut bytes = 0;
+        let mut next = from;
+        for seg in &segments[first..] {
+            let (size, start_pos) = {
+                let m = seg.meta.lock();
+                let i = m.index.partition_point(|e| e.offset <= next);
+                let pos = if i == 0 { 0 } else { m.index[i - 1].pos };
+                (m.size, pos)
+            };
+            let mut reader = SegmentReader::new(&seg.file, start_pos, size);
+            loop {
+                if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
+                    return Ok(out);
+                }
+                let rec = reader.next_record().map_err(|source| LogError::Corrupt {
+                    path: seg.path.clone(),
+                    source,
+                })?;
+                let Some((rec, _)) = rec else { break };
+                if rec.offset < next {
+                    continue;
+                }
+                next = rec.offset + 1;
+                bytes += rec.payload.len();
+                out.push(Arc::new(rec));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first offset whose commit timestamp is at or after `ts_ms` (the next offset when no
+    /// such record exists yet).
+    pub fn offset_for_time(&self, ts_ms: i64) -> Result<u64, LogError> {
+        let segments = self.shared.segments.read().clone();
+        for seg in &segments {
+            let (max_ts, size, start_pos) = {
+                let m = seg.meta.lock();
+                let i = m.index.partition_point(|e| e.timestamp_ms < ts_ms);
+                let pos = if i == 0 { 0 } else { m.index[i - 1].pos };
+                (m.max_ts, m.size, pos)
+            };
+            match max_ts {
+                Some(t) if t >= ts_ms => {}
+                _ => continue,
+            }
+            let mut reader = SegmentReader::new(&seg.file, start_pos, size);
+            while let Some((rec, _)) = reader.next_record().map_err(|source| LogError::Corrupt {
+                path: seg.path.clone(),
+                source,
+            })? {
+                if rec.timestamp_ms >= ts_ms {
+                    return Ok(rec.offset);
+                }
+            }
+        }
+        Ok(self.next_offset())
+    }
+
+    /// Deletes whole sealed segments older than `retention_ms` (by their newest record's commit
+    /// time; 0 = keep forever) or beyond `retention_bytes` (0 = no size limit), oldest first.
+    /// Returns the number of segments deleted and whether the active segment is itself past
+    /// the age limit (the caller then rolls it so the next pass can delete it).
+    pub fn apply_retention(&self, retention_ms: i64, retention_bytes: u64) -> (usize, bool) {
+        let now = self.shared.clock.now_ms();
+        let cutoff = (retention_ms > 0).then(|| now.saturating_sub(retention_ms));
+        let mut segs = self.shared.segments.write();
+        let mut total: u64 = segs.iter().map(|s| s.meta.lock().size).sum();
+        let mut deleted = 0;
+        while segs.len() > 1 {
+            let (sealed, max_ts, size) = {
+                let m = segs[0].meta.lock();
+                (m.sealed, m.max_ts, m.size)
+            };
+            let too_old = matches!((cutoff, max_ts), (Some(c), Some(t)) if t < c);
+            let too_big = retention_bytes > 0 && total > retention_bytes;
+            if !sealed || !(too_old || too_big || size == 0) {
+                break;
+            }
+            let seg = segs.remove(0);
+            if let Err(e) = std::fs::remove_file(&seg.path) {
+                tracing::warn!(path = %seg.path.display(), error = %e, "could not delete segment");
+            }
+            let _ = std::fs::remove_file(segment::index_path(&self.shared.dir, seg.base));
+            total -= size;
+            deleted += 1;
+            self.shared.metrics.segments_deleted.inc();
+        }
+        let active_expired = {
+            let m = segs.last().expect("active").meta.lock();
+            matches!((cutoff, m.max_ts), (Some(c), Some(t)) if t < c)
+        };
+        (deleted, active_expired)
+    }
+}
+
+fn create_segment(dir: &Path, base: u64) -> Result<Segment, LogError> {
+    let path = segment::segment_path(dir, base);
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    segment::sync_dir(dir).map_err(io_err(dir))?;
+    let file = segment::open_read(&path).map_err(io_err(&path))?;
+    Ok(Segment {
+        base,
+        path,
+        file,
+        meta: Mutex::new(SegmentMeta::new_empty(base)),
+    })
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    file: Arc<File>,
+    active: Arc<Segment>,
+    last_ts: i64,
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
+        let mut batch: Vec<Cmd> = Vec::new();
+        loop {
+            let deadline = self.age_deadline();
+            let first = match deadline {
+                Some(ms) => {
+                    let wait = (ms - self.shared.clock.now_ms()).max(0) as u64;
+                    tokio::select! {
+                        cmd = rx.recv() => cmd,
+                        () = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {
+                            if self.shared.clock.now_ms() >= ms {
+                                self.roll_logged().await;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                None => rx.recv().await,
+            };
+            let Some(first) = first else { break };
+            batch.push(first);
+            let mut bytes = cmd_bytes(&batch[0]);
+            while bytes < MAX_GROUP_BYTES {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        bytes += cmd_bytes(&cmd);
+                        batch.push(cmd);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.process(&mut batch).await;
+        }
+    }
+
+    fn age_deadline(&self) -> Option<i64> {
+        let m = self.active.meta.lock();
+        m.min_ts
+            .map(|t| t.saturating_add(self.shared.cfg.segment_max_age_ms))
+    }
+
+    async fn roll_logged(&mut self) {
+        if let Err(e) = self.roll().await {
+            tracing::error!(dir = %self.shared.dir.display(), error = %e, "segment roll failed");
+        }
+    }
+
+    async fn process(&mut self, batch: &mut Vec<Cmd>) {
+        let mut appends = Vec::new();
+        for cmd in batch.drain(..) {
+            match cmd {
+                Cmd::Append { records, reply } => appends.push((records, reply)),
+                Cmd::Roll { reply } => {
+                    self.append_group(std::mem::take(&mut appends)).await;
+                    let _ = reply.send(self.roll().await);
+                }
+            }
+        }
+        self.append_group(appends).await;
+    }
+
+    async fn append_group(
+        &mut self,
+        group: Vec<(Vec<NewRecord>, oneshot::Sender<Result<Appended, LogError>>)>,
+    ) {
+        if group.is_empty() {
+            return;
+        }
+        if let Some(reason) = self.shared.poisoned.lock().clone() {
+            for (_, reply) in group {
+                let _ = reply.send(Err(LogError::Poisoned(reason.clone())));
+            }
+            return;
+        }
+        let total: u64 = group
+            .iter()
+            .flat_map(|(rs, _)| rs.iter())
+            .map(|r| r.encoded_len() as u64)
+            .sum();
+        let (size, has_records) = {
+            let m = self.active.meta.lock();
+            (m.size, m.min_ts.is_some())
+        };
+        if has_records && size + total > self.shared.cfg.segment_max_bytes {
+            if let Err(e) = self.roll().await {
+                for (_, reply) in group {
+                    let _ = reply.send(Err(LogError::Poisoned(e.to_string())));
+                }
+                return;
+            }
+        }
+        let ts = self.shared.clock.now_ms().max(self.last_ts);
+        let start_pos = self.active.meta.lock().size;
+        let mut next = self.shared.next_offset.load(Ordering::Acquire);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let mut placed = Vec::with_capacity(group.len());
+        let mut notes = Vec::new();
+        for (records, reply) in group {
+            let base = next;
+            for r in &records {
+                let pos = start_pos + buf.len() as u64;
+                r.encode(next, ts, &mut buf);
+                notes.push((next, pos, start_pos + buf.len() as u64 - pos));
+                next += 1;
+            }
+            placed.push((base, records, reply));
+        }
+        let file = self.file.clone();
+        let started = Instant::now();
+        let (buf, result) = tokio::task::spawn_blocking(move || {
+            let r = file
+                .write_all_at(&buf, start_pos)
+                .and_then(|()| file.sync_data());
+            (buf, r)
+        })
+        .await
+        .unwrap_or_else(|e| (Vec::new(), Err(io::Error::other(e.to_string()))));
+        let m = &self.shared.metrics;
+        m.fsyncs.inc();
+        m.fsync_seconds.observe(started.elapsed().as_secs_f64());
+        m.records_per_fsync.observe(notes.len() as f64);
+        if let Err(e) = result {
+            let reason = format!("write/fsync of {} failed: {e}", self.active.path.display());
+            tracing::error!(error = %reason, "partition log poisoned");
+            m.log_poisoned.inc();
+            *self.shared.poisoned.lock() = Some(reason.clone());
+            for (_, _, reply) in placed {
+                let _ = reply.send(Err(LogError::Poisoned(reason.clone())));
+            }
+            return;
+        }
+        m.appended_bytes.inc_by(buf.len() as u64);
+        self.buf = buf;
+        self.last_ts = ts;
+        {
+            let mut meta = self.active.meta.lock();
+            for &(offset, pos, len) in &notes {
+                meta.note_record(offset, pos, len, ts);
+            }
+        }
+        let mut fresh = Vec::with_capacity(notes.len());
+        let mut replies = Vec::with_capacity(placed.len());
+        for (base, records, reply) in placed {
+            let count = records.len() as u32;
+            for (i, r) in records.into_iter().enumerate() {
+                fresh.push(Arc::new(Record {
+                    offset: base + i as u64,
+                    timestamp_ms: ts,
+                    delay_ms: r.delay_ms,
+                    key: r.key,
+                    headers: r.headers,
+                    payload: r.payload,
+                }));
+            }
+            replies.push((
+                reply,
+                Appended {
+                    base_offset: base,
+                    count,
+                    timestamp_ms: ts,
+                },
+            ));
+        }
+        self.push_cache(fresh);
+        self.shared.next_offset.store(next, Ordering::Release);
+        for (reply, appended) in replies {
+            let _ = reply.send(Ok(appended));
+        }
+    }
+
+    fn push_cache(&self, fresh: Vec<Arc<Record>>) {
+        let max = self.shared.cfg.tail_cache_bytes;
+        let mut cache = self.shared.cache.lock();
+        for r in fresh {
+            cache.bytes += r.payload.len() + 64;
+            cache.records.push_back(r);
+        }
+        while cache.bytes > max && cache.records.len() > 1 {
+            if let Some(r) = cache.records.pop_front() {
+                cache.bytes -= r.payload.len() + 64;
+            }
+        }
+    }
+
+    /// Seals the active segment (if it has records) and starts a new one.
+    async fn roll(&mut self) -> Result<(), LogError> {
+        if self.active.meta.lock().min_ts.is_none() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        let active = self.active.clone();
+        let base = shared.next_offset.load(Ordering::Acquire);
+        let (seg, file) = tokio::task::spawn_blocking(move || -> Result<_, LogError> {
+            let meta = {
+                let mut m = active.meta.lock();
+                m.sealed = true;
+                m.clone()
+            };
+            if let Err(e) = segment::write_index(&shared.dir, active.base, &meta) {
+                tracing::warn!(error = %e, "could not write segment index; it will be rebuilt on open");
+            }
+            let seg = create_segment(&shared.dir, base)?;
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&seg.path)
+                .map_err(io_err(&seg.path))?;
+            Ok((seg, file))
+        })
+        .await
+        .map_err(|e| LogError::Poisoned(e.to_string()))??;
+        let seg = Arc::new(seg);
+        self.shared.segments.write().push(seg.clone());
+        self.active = seg;
+        self.file = Arc::new(file);
+        self.shared.metrics.segments_rolled.inc();
+        Ok(())
+    }
+}
+
+fn cmd_bytes(cmd: &Cmd) -> usize {
+    match cmd {
+        Cmd::Append { records, .. } => records.iter().map(NewRecord::encoded_len).sum(),
+        Cmd::Roll { .. } => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

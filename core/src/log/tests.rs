@@ -1,0 +1,287 @@
+use super::*;
+use crate::clock::{ManualClock, SharedClock};
+use bytes::Bytes;
+
+fn rec(s: &str) -> NewRecord {
+    NewRecord {
+        payload: Bytes::from(s.to_owned()),
+        ..Default::default()
+    }
+}
+
+fn open_with(dir: &Path, cfg: LogConfig, clock: SharedClock) -> (PartitionLog, RecoveryReport) {
+    PartitionLog::open(dir, cfg, clock, Arc::new(CoreMetrics::default())).unwrap()
+}
+
+fn small_segments() -> LogConfig {
+    LogConfig {
+        segment_max_bytes: 1024,
+        segment_max_age_ms: 3_600_000,
+        tail_cache_bytes: 0,
+    }
+}
+
+#[tokio::test]
+async fn append_read_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    {
+        let (log, _) = open_with(dir.path(), small_segments(), clock.clone());
+        for i in 0..100 {
+            let a = log.append(vec![rec(&format!("m{i}"))]).await.unwrap();
+            assert_eq!(a.base_offset, i);
+            clock.advance(1);
+        }
+        assert!(log.stats().segments > 3, "size roll happened");
+        log.close().await;
+    }
+    let (log, report) = open_with(dir.path(), small_segments(), clock.clone());
+    assert!(report.torn_tail_bytes.is_none());
+    assert_eq!(log.next_offset(), 100);
+    let all = log.read(0, 1000, usize::MAX).unwrap();
+    assert_eq!(all.len(), 100);
+    for (i, r) in all.iter().enumerate() {
+        assert_eq!(r.offset, i as u64);
+        assert_eq!(r.payload, format!("m{i}"));
+        assert_eq!(r.timestamp_ms, 1_000 + i as i64);
+    }
+    let mid = log.read(57, 5, usize::MAX).unwrap();
+    assert_eq!(
+        mid.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        vec![57, 58, 59, 60, 61]
+    );
+    assert_eq!(log.offset_for_time(1_050).unwrap(), 50);
+    assert_eq!(log.offset_for_time(0).unwrap(), 0);
+    assert_eq!(log.offset_for_time(9_999).unwrap(), 100);
+    // reopening scanned only the active segment: sealed ones have index files
+    assert!(
+        report.scanned_bytes < 1024 + 200,
+        "scanned {}",
+        report.scanned_bytes
+    );
+    log.close().await;
+}
+
+#[tokio::test]
+async fn concurrent_appends_share_fsyncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(CoreMetrics::default());
+    let (log, _) = PartitionLog::open(
+        dir.path(),
+        LogConfig::default(),
+        ManualClock::new(5),
+        metrics.clone(),
+    )
+    .unwrap();
+    let log = Arc::new(log);
+    let mut tasks = Vec::new();
+    for t in 0..64 {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..20 {
+                log.append(vec![rec(&format!("{t}-{i}"))]).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(log.next_offset(), 64 * 20);
+    let fsyncs = metrics.fsyncs.get();
+    assert!(
+        fsyncs < 64 * 20,
+        "group commit batched: {fsyncs} fsyncs for 1280 appends"
+    );
+    // offsets are dense and unique
+    let all = log.read(0, 10_000, usize::MAX).unwrap();
+    assert_eq!(all.len(), 1280);
+    log.close().await;
+}
+
+#[tokio::test]
+async fn batch_append_is_one_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(CoreMetrics::default());
+    let (log, _) = PartitionLog::open(
+        dir.path(),
+        LogConfig::default(),
+        ManualClock::new(5),
+        metrics.clone(),
+    )
+    .unwrap();
+    let a = log
+        .append((0..500).map(|i| rec(&i.to_string())).collect())
+        .await
+        .unwrap();
+    assert_eq!((a.base_offset, a.count), (0, 500));
+    assert_eq!(metrics.fsyncs.get(), 1);
+    log.close().await;
+}
+
+#[tokio::test]
+async fn torn_tail_is_truncated_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1);
+    {
+        let (log, _) = open_with(dir.path(), LogConfig::default(), clock.clone());
+        for i in 0..10 {
+            log.append(vec![rec(&format!("m{i}"))]).await.unwrap();
+        }
+        log.close().await;
+    }
+    let path = segment::segment_path(dir.path(), 0);
+    let len = std::fs::metadata(&path).unwrap().len();
+    // a torn write: half a frame
+    let mut half = Vec::new();
+    rec("torn").encode(10, 2, &mut half);
+    half.truncate(half.len() / 2);
+    let f = OpenOptions::new().append(true).open(&path).unwrap();
+    std::io::Write::write_all(&mut &f, &half).unwrap();
+    drop(f);
+    let metrics = Arc::new(CoreMetrics::default());
+    let (log, report) =
+        PartitionLog::open(dir.path(), LogConfig::default(), clock, metrics.clone()).unwrap();
+    assert_eq!(report.torn_tail_bytes, Some(half.len() as u64));
+    assert_eq!(metrics.torn_tails_truncated.get(), 1);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+    assert_eq!(log.next_offset(), 10);
+    // appends continue at the right offset
+    assert_eq!(
+        log.append(vec![rec("after")]).await.unwrap().base_offset,
+        10
+    );
+    log.close().await;
+}
+
+#[tokio::test]
+async fn corruption_in_the_middle_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1);
+    {
+        let (log, _) = open_with(dir.path(), LogConfig::default(), clock.clone());
+        for i in 0..10 {
+            log.append(vec![rec(&format!("message-{i}"))])
+                .await
+                .unwrap();
+        }
+        log.close().await;
+    }
+    let path = segment::segment_path(dir.path(), 0);
+    let mut data = std::fs::read(&path).unwrap();
+    data[40] ^= 0x55;
+    std::fs::write(&path, &data).unwrap();
+    let err = PartitionLog::open(
+        dir.path(),
+        LogConfig::default(),
+        clock,
+        Arc::new(CoreMetrics::default()),
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("00000000000000000000.log"), "{msg}");
+    assert!(msg.contains("at byte 0"), "{msg}");
+}
+
+#[tokio::test]
+async fn retention_deletes_only_whole_sealed_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let (log, _) = open_with(dir.path(), small_segments(), clock.clone());
+    for i in 0..60 {
+        log.append(vec![rec(&format!("payload-{i:04}"))])
+            .await
+            .unwrap();
+    }
+    let before = log.stats();
+    assert!(before.segments >= 3);
+    // nothing is old enough yet
+    assert_eq!(log.apply_retention(10_000, 0), (0, false));
+    clock.advance(20_000);
+    let (deleted, active_expired) = log.apply_retention(10_000, 0);
+    assert_eq!(deleted, before.segments - 1, "every sealed segment went");
+    assert!(active_expired, "the quiet active segment is past retention");
+    let oldest = log.oldest_offset();
+    assert!(oldest > 0 && oldest < 60);
+    assert!(matches!(
+        log.read(0, 1, usize::MAX),
+        Err(LogError::Truncated { .. })
+    ));
+    log.roll().await.unwrap();
+    assert_eq!(log.apply_retention(10_000, 0).0, 1);
+    assert_eq!(log.oldest_offset(), 60);
+    assert_eq!(log.next_offset(), 60);
+    assert_eq!(log.append(vec![rec("x")]).await.unwrap().base_offset, 60);
+    log.close().await;
+    // the truncated log reopens at the right place
+    let (log, _) = open_with(dir.path(), small_segments(), clock);
+    assert_eq!((log.oldest_offset(), log.next_offset()), (60, 61));
+    log.close().await;
+}
+
+#[tokio::test]
+async fn retention_by_size_keeps_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1);
+    let (log, _) = open_with(dir.path(), small_segments(), clock);
+    for i in 0..100 {
+        log.append(vec![rec(&format!("payload-{i:04}"))])
+            .await
+            .unwrap();
+    }
+    let (deleted, _) = log.apply_retention(0, 2048);
+    assert!(deleted > 0);
+    assert!(log.stats().bytes <= 2048 + 1024);
+    assert_eq!(log.next_offset(), 100);
+    log.close().await;
+}
+
+#[tokio::test]
+async fn age_roll_seals_a_quiet_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: SharedClock = Arc::new(crate::clock::SystemClock);
+    let cfg = LogConfig {
+        segment_max_age_ms: 50,
+        ..LogConfig::default()
+    };
+    let (log, _) = open_with(dir.path(), cfg, clock);
+    log.append(vec![rec("a")]).await.unwrap();
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while log.stats().segments < 2 {
+        assert!(Instant::now() < deadline, "segment never rolled by age");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    log.close().await;
+}
+
+#[tokio::test]
+async fn timestamps_never_go_backwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(10_000);
+    let (log, _) = open_with(dir.path(), LogConfig::default(), clock.clone());
+    log.append(vec![rec("a")]).await.unwrap();
+    clock.set(5_000); // wall clock stepped back
+    let a = log.append(vec![rec("b")]).await.unwrap();
+    assert_eq!(a.timestamp_ms, 10_000);
+    log.close().await;
+}
+
+#[tokio::test]
+async fn missing_index_is_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1);
+    {
+        let (log, _) = open_with(dir.path(), small_segments(), clock.clone());
+        for i in 0..50 {
+            log.append(vec![rec(&format!("payload-{i:04}"))])
+                .await
+                .unwrap();
+        }
+        log.close().await;
+    }
+    std::fs::remove_file(segment::index_path(dir.path(), 0)).unwrap();
+    let (log, report) = open_with(dir.path(), small_segments(), clock);
+    assert!(report.scanned_bytes > 0);
+    assert_eq!(log.read(0, 100, usize::MAX).unwrap().len(), 50);
+    assert!(segment::index_path(dir.path(), 0).exists());
+    log.close().await;
+}

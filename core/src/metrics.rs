@@ -1,0 +1,143 @@
+//! Metrics the storage engine and queue keep. The server registers them with its Prometheus
+//! registry; gauges that describe current state are filled in at scrape time by the server.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabel {
+    pub topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub topic: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Debug)]
+pub struct CoreMetrics {
+    pub fsyncs: Counter,
+    pub fsync_seconds: Histogram,
+    pub records_per_fsync: Histogram,
+    pub appended_bytes: Counter,
+    pub torn_tails_truncated: Counter,
+    pub segments_rolled: Counter,
+    pub segments_deleted: Counter,
+    pub retention_dropped_unacked: Family<TopicLabel, Counter>,
+    pub produced_messages: Family<TopicLabel, Counter>,
+    pub produced_bytes: Family<TopicLabel, Counter>,
+    pub consumed_messages: Family<TopicLabel, Counter>,
+    pub acks: Family<OutcomeLabel, Counter>,
+    pub lease_expiries: Family<TopicLabel, Counter>,
+    pub logs_opened: Counter,
+    pub idle_logs_closed: Counter,
+    pub log_poisoned: Counter,
+}
+
+impl Default for CoreMetrics {
+    fn default() -> Self {
+        Self {
+            fsyncs: Counter::default(),
+            fsync_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            records_per_fsync: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+            appended_bytes: Counter::default(),
+            torn_tails_truncated: Counter::default(),
+            segments_rolled: Counter::default(),
+            segments_deleted: Counter::default(),
+            retention_dropped_unacked: Family::default(),
+            produced_messages: Family::default(),
+            produced_bytes: Family::default(),
+            consumed_messages: Family::default(),
+            acks: Family::default(),
+            lease_expiries: Family::default(),
+            logs_opened: Counter::default(),
+            idle_logs_closed: Counter::default(),
+            log_poisoned: Counter::default(),
+        }
+    }
+}
+
+impl CoreMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "narad_storage_fsyncs",
+            "fdatasync calls on partition logs",
+            self.fsyncs.clone(),
+        );
+        r.register(
+            "narad_storage_fsync_duration_seconds",
+            "time spent in one write + fdatasync",
+            self.fsync_seconds.clone(),
+        );
+        r.register(
+            "narad_storage_records_per_fsync",
+            "records made durable by one fdatasync (group commit)",
+            self.records_per_fsync.clone(),
+        );
+        r.register(
+            "narad_storage_appended_bytes",
+            "bytes appended to partition logs",
+            self.appended_bytes.clone(),
+        );
+        r.register(
+            "narad_storage_torn_tails_truncated",
+            "torn tails truncated during recovery",
+            self.torn_tails_truncated.clone(),
+        );
+        r.register(
+            "narad_storage_segments_rolled",
+            "segments sealed",
+            self.segments_rolled.clone(),
+        );
+        r.register(
+            "narad_storage_segments_deleted",
+            "sealed segments deleted by retention",
+            self.segments_deleted.clone(),
+        );
+        r.register(
+            "narad_retention_dropped_unacked_messages",
+            "messages deleted by retention before they were acked",
+            self.retention_dropped_unacked.clone(),
+        );
+        r.register(
+            "narad_messages_produced",
+            "messages accepted (durable)",
+            self.produced_messages.clone(),
+        );
+        r.register(
+            "narad_bytes_produced",
+            "payload bytes accepted",
+            self.produced_bytes.clone(),
+        );
+        r.register(
+            "narad_messages_consumed",
+            "deliveries handed to consumers",
+            self.consumed_messages.clone(),
+        );
+        r.register("narad_acks", "ack/extend/nack outcomes", self.acks.clone());
+        r.register(
+            "narad_lease_expiries",
+            "leases that expired and made their message deliverable again",
+            self.lease_expiries.clone(),
+        );
+        r.register(
+            "narad_storage_logs_opened",
+            "partition logs opened (including lazy reopen)",
+            self.logs_opened.clone(),
+        );
+        r.register(
+            "narad_storage_idle_logs_closed",
+            "idle partition logs closed",
+            self.idle_logs_closed.clone(),
+        );
+        r.register(
+            "narad_storage_logs_poisoned",
+            "partition logs poisoned by a failed write or fsync",
+            self.log_poisoned.clone(),
+        );
+    }
+}
