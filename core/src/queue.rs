@@ -193,6 +193,11 @@ impl PartitionQueue {
         self.dirty = false;
     }
 
+    /// Marks the state as needing a write (after a failed one).
+    pub fn force_dirty(&mut self) {
+        self.dirty = true;
+    }
+
     pub fn frontier(&self) -> u64 {
         self.frontier
     }

@@ -1,0 +1,90 @@
+//! Topic metadata on disk: `<data_dir>/topics.json`, replaced atomically (temp file, fsync,
+//! rename, fsync of the directory) on every create, change and delete.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::topic::TopicConfig;
+
+pub const META_FILE: &str = "topics.json";
+const META_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicMeta {
+    /// Incarnation id: a topic deleted and re-created with the same name gets a new one, and
+    /// its data directory and receipt handles are keyed by it.
+    pub id: u64,
+    pub name: String,
+    pub created_at_ms: i64,
+    pub config: TopicConfig,
+}
+
+impl TopicMeta {
+    pub fn dir_name(&self) -> String {
+        format!("{}.{:016x}", self.name, self.id)
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetaFile {
+    version: u32,
+    topics: Vec<TopicMeta>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("io error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("topic metadata {path} is unreadable: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+pub fn load(data_dir: &Path) -> Result<Vec<TopicMeta>, MetaError> {
+    let path = data_dir.join(META_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(MetaError::Io { path, source }),
+    };
+    let file: MetaFile = serde_json::from_slice(&bytes).map_err(|e| MetaError::Invalid {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    if file.version != META_VERSION {
+        return Err(MetaError::Invalid {
+            path,
+            reason: format!("unsupported version {}", file.version),
+        });
+    }
+    Ok(file.topics)
+}
+
+pub fn store(data_dir: &Path, topics: Vec<TopicMeta>) -> Result<(), MetaError> {
+    let path = data_dir.join(META_FILE);
+    let tmp = data_dir.join(format!("{META_FILE}.tmp"));
+    let io = |p: &Path| {
+        let p = p.to_owned();
+        move |source| MetaError::Io { path: p, source }
+    };
+    let body = serde_json::to_vec_pretty(&MetaFile {
+        version: META_VERSION,
+        topics,
+    })
+    .expect("metadata serialises");
+    let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(&body).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    std::fs::File::open(data_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(data_dir))
+}

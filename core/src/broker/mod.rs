@@ -1,0 +1,1149 @@
+//! The broker: topics, their partitions, and the queue operations clients call.
+//!
+//! ```text
+//!  produce ─► validate all ─► group by partition ─► PartitionLog::append (fsync) ─► queue.on_append
+//!                                                                                   └► dispatch(topic)
+//!  consume ─► try_take (round-robin over partitions) ─► none? ─► join the topic's FIFO of waiters
+//!  dispatch(topic): hand newly deliverable messages to the FIRST waiter in line, nobody else
+//!  timer (per topic): sleeps until the next lease expiry or delay end, then dispatches
+//!  maintenance: queue snapshots (every ack_flush_interval), retention, idle log close
+//! ```
+
+mod meta;
+mod partition;
+mod waiters;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{Notify, oneshot};
+
+use crate::clock::SharedClock;
+use crate::handle::{HandleCodec, HandleError, ReceiptHandle};
+use crate::log::{LogConfig, LogError, LogStats};
+use crate::metrics::{CoreMetrics, OutcomeLabel, TopicLabel};
+use crate::queue::{LeaseError, QueueStats};
+use crate::record::{NewRecord, Record};
+use crate::topic::{
+    CreateTopic, InvalidField, MAX_DELAY_MS, TopicConfig, TopicPatch, partition_for_key,
+};
+pub use meta::TopicMeta;
+use partition::{LogEnv, Partition};
+use waiters::{Waiter, Waiters};
+
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub data_dir: PathBuf,
+    pub log: LogConfig,
+    pub topic_defaults: TopicConfig,
+    /// Close a partition's files after this long without use (reopened on demand).
+    pub idle_close_ms: i64,
+    /// How often acked state is written to disk. A crash redelivers acks younger than this.
+    pub ack_flush_interval_ms: u64,
+    /// How often retention runs.
+    pub retention_interval_ms: u64,
+    /// Bound on out-of-order acked ranges per partition (beyond it acks answer "retry").
+    pub max_ack_ranges: usize,
+}
+
+impl BrokerConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            log: LogConfig::default(),
+            topic_defaults: TopicConfig::default(),
+            idle_close_ms: 10 * 60 * 1000,
+            ack_flush_interval_ms: 100,
+            retention_interval_ms: 30_000,
+            max_ack_ranges: 65_536,
+        }
+    }
+}
+
+/// Errors of broker operations, classified by what the caller should do.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("topic '{0}' not found")]
+    TopicNotFound(String),
+    #[error("topic '{0}' already exists")]
+    TopicExists(String),
+    #[error("{0}")]
+    InvalidField(#[from] InvalidField),
+    #[error("message {index}: {reason}")]
+    InvalidMessage { index: usize, reason: String },
+    #[error("message {index} is {size} bytes; this topic's max_message_bytes is {max}")]
+    MessageTooLarge { index: usize, size: usize, max: u64 },
+    #[error("partition {partition} is out of range: the topic has {partitions} partitions")]
+    PartitionOutOfRange { partition: u32, partitions: u32 },
+    #[error("{0}")]
+    HandleMalformed(HandleError),
+    #[error("{0}")]
+    LeaseGone(String),
+    #[error("offset {requested} is no longer retained: the oldest retained offset is {oldest}")]
+    OffsetTruncated { requested: u64, oldest: u64 },
+    #[error("{0}")]
+    AckSetFull(LeaseError),
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+    #[error("storage failure: {0}")]
+    Storage(#[from] LogError),
+    #[error("metadata failure: {0}")]
+    Meta(#[from] meta::MetaError),
+}
+
+/// One message to produce.
+#[derive(Debug, Clone, Default)]
+pub struct ProduceMessage {
+    pub key: Option<Bytes>,
+    pub partition: Option<u32>,
+    pub delay_ms: Option<i64>,
+    pub headers: Vec<(String, Bytes)>,
+    pub payload: Bytes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Produced {
+    pub partition: u32,
+    pub offset: u64,
+}
+
+/// A message handed to a consumer under a lease.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub partition: u32,
+    pub record: Arc<Record>,
+    pub receipt_handle: String,
+    pub delivery_count: u32,
+    pub lease_deadline_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckAction {
+    Ack,
+    Extend,
+    Nack,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum ReplayFrom {
+    Offset(u64),
+    TimeMs(i64),
+}
+
+#[derive(Debug, Clone)]
+pub struct PartitionInfo {
+    pub partition: u32,
+    pub log: LogStats,
+    pub queue: QueueStats,
+    pub open: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct TopicInfo {
+    pub meta: TopicMeta,
+    pub partitions: Vec<PartitionInfo>,
+    pub waiters: usize,
+}
+
+pub(crate) struct Topic {
+    meta: RwLock<TopicMeta>,
+    dir: PathBuf,
+    partitions: RwLock<Arc<Vec<Arc<Partition>>>>,
+    waiters: Mutex<Waiters>,
+    produce_rr: AtomicU64,
+    consume_rr: AtomicU64,
+    timer: Notify,
+    /// Earliest time the timer task is currently sleeping until.
+    timer_at: AtomicI64,
+    deleted: AtomicBool,
+    label: TopicLabel,
+}
+
+impl Topic {
+    fn id(&self) -> u64 {
+        self.meta.read().id
+    }
+    fn config(&self) -> TopicConfig {
+        self.meta.read().config.clone()
+    }
+    fn partitions(&self) -> Arc<Vec<Arc<Partition>>> {
+        self.partitions.read().clone()
+    }
+}
+
+pub struct Broker {
+    cfg: BrokerConfig,
+    env: LogEnv,
+    clock: SharedClock,
+    metrics: Arc<CoreMetrics>,
+    handles: HandleCodec,
+    topics: RwLock<BTreeMap<String, Arc<Topic>>>,
+    /// Serialises metadata changes (create, alter, delete).
+    meta_lock: tokio::sync::Mutex<()>,
+    shutting_down: AtomicBool,
+    shutdown: Notify,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("data_dir", &self.cfg.data_dir)
+            .finish()
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("operating system random source");
+    u64::from_le_bytes(b)
+}
+
+impl Broker {
+    /// Opens the broker: loads topic metadata, recovers every partition, starts background
+    /// tasks. Must run inside a multi-threaded tokio runtime.
+    pub async fn open(
+        cfg: BrokerConfig,
+        clock: SharedClock,
+        metrics: Arc<CoreMetrics>,
+    ) -> Result<Arc<Self>, BrokerError> {
+        let env = LogEnv {
+            cfg: cfg.log.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+            max_ack_ranges: cfg.max_ack_ranges,
+        };
+        let broker = Arc::new(Self {
+            cfg,
+            env,
+            clock,
+            metrics,
+            handles: HandleCodec::random(),
+            topics: RwLock::new(BTreeMap::new()),
+            meta_lock: tokio::sync::Mutex::new(()),
+            shutting_down: AtomicBool::new(false),
+            shutdown: Notify::new(),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let data_dir = broker.cfg.data_dir.clone();
+        let metas = {
+            let data_dir = data_dir.clone();
+            tokio::task::spawn_blocking(move || -> Result<_, BrokerError> {
+                std::fs::create_dir_all(data_dir.join("topics")).map_err(|source| {
+                    LogError::Io {
+                        path: data_dir.join("topics"),
+                        source,
+                    }
+                })?;
+                Ok(meta::load(&data_dir)?)
+            })
+            .await
+            .expect("metadata load task")?
+        };
+        sweep_orphans(&data_dir, &metas);
+        for m in metas {
+            let topic = broker.open_topic(m).await?;
+            let name = topic.meta.read().name.clone();
+            broker.topics.write().insert(name, topic.clone());
+            broker.spawn_topic_timer(topic);
+        }
+        broker.spawn_maintenance();
+        Ok(broker)
+    }
+
+    pub fn metrics(&self) -> &Arc<CoreMetrics> {
+        &self.metrics
+    }
+
+    pub fn topic_defaults(&self) -> &TopicConfig {
+        &self.cfg.topic_defaults
+    }
+
+    async fn open_topic(&self, meta: TopicMeta) -> Result<Arc<Topic>, BrokerError> {
+        let dir = self.cfg.data_dir.join("topics").join(meta.dir_name());
+        let parts = self
+            .open_partitions(&dir, 0, meta.config.partitions)
+            .await?;
+        Ok(Arc::new(Topic {
+            label: TopicLabel {
+                topic: meta.name.clone(),
+            },
+            meta: RwLock::new(meta),
+            dir,
+            partitions: RwLock::new(Arc::new(parts)),
+            waiters: Mutex::new(Waiters::default()),
+            produce_rr: AtomicU64::new(random_u64()),
+            consume_rr: AtomicU64::new(0),
+            timer: Notify::new(),
+            timer_at: AtomicI64::new(i64::MAX),
+            deleted: AtomicBool::new(false),
+        }))
+    }
+
+    async fn open_partitions(
+        &self,
+        dir: &Path,
+        from: u32,
+        to: u32,
+    ) -> Result<Vec<Arc<Partition>>, BrokerError> {
+        let mut parts = Vec::new();
+        for p in from..to {
+            let pdir = dir.join(format!("p{p:05}"));
+            let env = LogEnv {
+                cfg: self.env.cfg.clone(),
+                clock: self.env.clock.clone(),
+                metrics: self.env.metrics.clone(),
+                max_ack_ranges: self.env.max_ack_ranges,
+            };
+            let part = tokio::task::spawn_blocking(move || Partition::open(p, pdir, &env))
+                .await
+                .expect("partition open task")?;
+            parts.push(Arc::new(part));
+        }
+        Ok(parts)
+    }
+
+    fn check_running(&self) -> Result<(), BrokerError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(BrokerError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    fn topic(&self, name: &str) -> Result<Arc<Topic>, BrokerError> {
+        self.topics
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::TopicNotFound(name.to_owned()))
+    }
+
+    async fn store_meta(&self) -> Result<(), BrokerError> {
+        let metas: Vec<TopicMeta> = self
+            .topics
+            .read()
+            .values()
+            .map(|t| t.meta.read().clone())
+            .collect();
+        let dir = self.cfg.data_dir.clone();
+        tokio::task::spawn_blocking(move || meta::store(&dir, metas))
+            .await
+            .expect("metadata store task")?;
+        Ok(())
+    }
+
+    // ---- topics ----------------------------------------------------------------------------
+
+    pub async fn create_topic(
+        self: &Arc<Self>,
+        req: CreateTopic,
+    ) -> Result<TopicMeta, BrokerError> {
+        self.check_running()?;
+        let config = req.resolve(&self.cfg.topic_defaults)?;
+        let _guard = self.meta_lock.lock().await;
+        if self.topics.read().contains_key(&req.name) {
+            return Err(BrokerError::TopicExists(req.name));
+        }
+        let meta = TopicMeta {
+            id: random_u64() | 1,
+            name: req.name.clone(),
+            created_at_ms: self.clock.now_ms(),
+            config,
+        };
+        let topic = self.open_topic(meta.clone()).await?;
+        self.topics.write().insert(req.name.clone(), topic.clone());
+        if let Err(e) = self.store_meta().await {
+            self.topics.write().remove(&req.name);
+            for p in topic.partitions().iter() {
+                p.close().await;
+            }
+            let _ = std::fs::remove_dir_all(&topic.dir);
+            return Err(e);
+        }
+        self.spawn_topic_timer(topic);
+        tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
+        Ok(meta)
+    }
+
+    pub fn list_topics(&self, after: Option<&str>, limit: usize) -> (Vec<TopicMeta>, bool) {
+        let topics = self.topics.read();
+        let mut out = Vec::new();
+        let range: Box<dyn Iterator<Item = (&String, &Arc<Topic>)>> = match after {
+            Some(a) => Box::new(
+                topics.range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+            ),
+            None => Box::new(topics.iter()),
+        };
+        let mut more = false;
+        for (_, t) in range {
+            if out.len() == limit {
+                more = true;
+                break;
+            }
+            out.push(t.meta.read().clone());
+        }
+        (out, more)
+    }
+
+    pub fn topic_info(&self, name: &str) -> Result<TopicInfo, BrokerError> {
+        let topic = self.topic(name)?;
+        let now = self.clock.now_ms();
+        let partitions = topic
+            .partitions()
+            .iter()
+            .map(|p| {
+                let queue = {
+                    let mut q = p.queue.lock();
+                    q.promote_due(now);
+                    q.stats()
+                };
+                PartitionInfo {
+                    partition: p.index,
+                    log: p.stats(),
+                    queue,
+                    open: p.is_open(),
+                }
+            })
+            .collect();
+        let waiters = topic.waiters.lock().len();
+        Ok(TopicInfo {
+            meta: topic.meta.read().clone(),
+            partitions,
+            waiters,
+        })
+    }
+
+    pub fn topic_names(&self) -> Vec<String> {
+        self.topics.read().keys().cloned().collect()
+    }
+
+    pub async fn alter_topic(
+        &self,
+        name: &str,
+        patch: TopicPatch,
+    ) -> Result<TopicMeta, BrokerError> {
+        self.check_running()?;
+        if patch.is_empty() {
+            return Err(InvalidField {
+                field: "body",
+                reason: "at least one field must be given".into(),
+            }
+            .into());
+        }
+        let _guard = self.meta_lock.lock().await;
+        let topic = self.topic(name)?;
+        let old = topic.meta.read().clone();
+        let config = old.config.patched(&patch)?;
+        if config.partitions > old.config.partitions {
+            let new = self
+                .open_partitions(&topic.dir, old.config.partitions, config.partitions)
+                .await?;
+            let mut all: Vec<Arc<Partition>> = topic.partitions().iter().cloned().collect();
+            all.extend(new);
+            *topic.partitions.write() = Arc::new(all);
+        }
+        topic.meta.write().config = config;
+        if let Err(e) = self.store_meta().await {
+            topic.meta.write().config = old.config;
+            return Err(e);
+        }
+        // New capacity or partitions may make messages deliverable to waiting readers.
+        self.dispatch(&topic).await;
+        topic.timer.notify_one();
+        Ok(topic.meta.read().clone())
+    }
+
+    pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let topic = self
+            .topics
+            .write()
+            .remove(name)
+            .ok_or_else(|| BrokerError::TopicNotFound(name.to_owned()))?;
+        if let Err(e) = self.store_meta().await {
+            self.topics.write().insert(name.to_owned(), topic);
+            return Err(e);
+        }
+        topic.deleted.store(true, Ordering::Release);
+        topic.timer.notify_one();
+        for w in topic.waiters.lock().drain() {
+            let _ = w.tx.send(Vec::new());
+        }
+        for p in topic.partitions().iter() {
+            p.close().await;
+        }
+        let dir = topic.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted topic's data; it will be swept at next start");
+            }
+        });
+        tracing::info!(topic = name, "topic deleted");
+        Ok(())
+    }
+
+    // ---- produce ---------------------------------------------------------------------------
+
+    /// Produces `messages` all-or-none with respect to validation: every message is checked
+    /// before anything is written. Returns once every message is durable.
+    pub async fn produce(
+        &self,
+        topic_name: &str,
+        messages: Vec<ProduceMessage>,
+    ) -> Result<Vec<Produced>, BrokerError> {
+        self.check_running()?;
+        let topic = self.topic(topic_name)?;
+        let cfg = topic.config();
+        let n = cfg.partitions;
+        let mut groups: HashMap<u32, Vec<(usize, NewRecord)>> = HashMap::new();
+        let mut bytes = 0u64;
+        for (index, m) in messages.into_iter().enumerate() {
+            bytes += m.payload.len() as u64;
+            if m.payload.len() as u64 > cfg.max_message_bytes {
+                return Err(BrokerError::MessageTooLarge {
+                    index,
+                    size: m.payload.len(),
+                    max: cfg.max_message_bytes,
+                });
+            }
+            let delay = m.delay_ms.unwrap_or(cfg.delay_ms);
+            if !(0..=MAX_DELAY_MS).contains(&delay) {
+                return Err(BrokerError::InvalidMessage {
+                    index,
+                    reason: format!("delay_ms must be between 0 and {MAX_DELAY_MS}"),
+                });
+            }
+            let partition = match (m.partition, &m.key) {
+                (Some(p), _) if p >= n => {
+                    return Err(BrokerError::PartitionOutOfRange {
+                        partition: p,
+                        partitions: n,
+                    });
+                }
+                (Some(p), _) => p,
+                (None, Some(k)) => partition_for_key(k, n),
+                (None, None) => {
+                    (topic.produce_rr.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
+                }
+            };
+            groups.entry(partition).or_default().push((
+                index,
+                NewRecord {
+                    key: m.key,
+                    headers: m.headers,
+                    payload: m.payload,
+                    delay_ms: delay as u32,
+                },
+            ));
+        }
+        let total: usize = groups.values().map(Vec::len).sum();
+        let parts = topic.partitions();
+        let mut results = vec![
+            Produced {
+                partition: 0,
+                offset: 0
+            };
+            total
+        ];
+        let mut pending = tokio::task::JoinSet::new();
+        let mut only: Option<(u32, Vec<usize>, Vec<NewRecord>)> = None;
+        let group_count = groups.len();
+        for (p, items) in groups {
+            let (indices, records): (Vec<usize>, Vec<NewRecord>) = items.into_iter().unzip();
+            if group_count == 1 {
+                only = Some((p, indices, records));
+                break;
+            }
+            let part = parts[p as usize].clone();
+            let log = part.log(&self.env).await?;
+            pending.spawn(async move { (p, indices, log.append(records).await) });
+        }
+        let mut touched = Vec::new();
+        let mut record_result = |p: u32, indices: Vec<usize>, appended: crate::log::Appended| {
+            for (i, idx) in indices.into_iter().enumerate() {
+                results[idx] = Produced {
+                    partition: p,
+                    offset: appended.base_offset + i as u64,
+                };
+            }
+            touched.push((p, appended.base_offset + u64::from(appended.count)));
+        };
+        let mut first_err = None;
+        if let Some((p, indices, records)) = only {
+            let log = parts[p as usize].log(&self.env).await?;
+            match log.append(records).await {
+                Ok(a) => record_result(p, indices, a),
+                Err(e) => first_err = Some(e),
+            }
+        }
+        while let Some(joined) = pending.join_next().await {
+            let (p, indices, result) = joined.expect("append task");
+            match result {
+                Ok(a) => record_result(p, indices, a),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let now = self.clock.now_ms();
+        for &(p, end) in &touched {
+            let part = &parts[p as usize];
+            part.touch(now);
+            part.queue.lock().on_append(end);
+        }
+        if !touched.is_empty() {
+            self.dispatch(&topic).await;
+        }
+        if let Some(e) = first_err {
+            return Err(e.into());
+        }
+        self.metrics
+            .produced_messages
+            .get_or_create(&topic.label)
+            .inc_by(total as u64);
+        self.metrics
+            .produced_bytes
+            .get_or_create(&topic.label)
+            .inc_by(bytes);
+        Ok(results)
+    }
+
+    // ---- consume ---------------------------------------------------------------------------
+
+    /// Leases up to `max` messages, waiting up to `wait` for the first one.
+    pub async fn consume(
+        &self,
+        topic_name: &str,
+        partition: Option<u32>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        self.check_running()?;
+        let topic = self.topic(topic_name)?;
+        if let Some(p) = partition {
+            let n = topic.config().partitions;
+            if p >= n {
+                return Err(BrokerError::PartitionOutOfRange {
+                    partition: p,
+                    partitions: n,
+                });
+            }
+        }
+        let got = self.try_take(&topic, partition, max).await?;
+        if !got.is_empty() || wait.is_zero() {
+            return Ok(got);
+        }
+        let (tx, mut rx) = oneshot::channel();
+        let id = topic.waiters.lock().push(Waiter {
+            id: 0,
+            partition,
+            max,
+            tx,
+        });
+        // A message may have arrived between the attempt above and joining the line.
+        self.dispatch(&topic).await;
+        let outcome = tokio::select! {
+            got = &mut rx => Some(got.unwrap_or_default()),
+            () = tokio::time::sleep(wait) => None,
+            () = self.shutdown.notified() => None,
+        };
+        match outcome {
+            Some(got) => Ok(got),
+            None => {
+                topic.waiters.lock().remove(id);
+                // A dispatcher may have served us just before we left the line.
+                Ok(rx.try_recv().unwrap_or_default())
+            }
+        }
+    }
+
+    /// One pass over the topic's partitions (or the pinned one), round-robin.
+    async fn try_take(
+        &self,
+        topic: &Arc<Topic>,
+        only: Option<u32>,
+        max: usize,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        if topic.deleted.load(Ordering::Acquire) {
+            return Ok(Vec::new());
+        }
+        let cfg = topic.config();
+        let parts = topic.partitions();
+        let n = parts.len();
+        let order: Vec<usize> = match only {
+            Some(p) => vec![p as usize],
+            None => {
+                let start = topic.consume_rr.fetch_add(1, Ordering::Relaxed) as usize % n;
+                (0..n).map(|i| (start + i) % n).collect()
+            }
+        };
+        let mut out = Vec::new();
+        let now = self.clock.now_ms();
+        let max_in_flight = cfg.max_in_flight_per_partition as usize;
+        for i in order {
+            if out.len() >= max {
+                break;
+            }
+            let part = &parts[i];
+            {
+                let mut q = part.queue.lock();
+                let expired = q.expire(now);
+                if !expired.is_empty() {
+                    self.metrics
+                        .lease_expiries
+                        .get_or_create(&topic.label)
+                        .inc_by(expired.len() as u64);
+                }
+                q.promote_due(now);
+                if !q.may_deliver(max_in_flight) {
+                    continue;
+                }
+            }
+            let log = part.log(&self.env).await?;
+            part.touch(now);
+            let mut seen: HashMap<u64, Arc<Record>> = HashMap::new();
+            let leased = {
+                let mut source = |o: u64| -> Option<i64> {
+                    match log.read(o, 64, 1 << 20) {
+                        Ok(recs) => {
+                            let due = recs.first().filter(|r| r.offset == o).map(|r| r.due_ms());
+                            for r in recs {
+                                seen.insert(r.offset, r);
+                            }
+                            due
+                        }
+                        Err(e) => {
+                            tracing::error!(topic = %topic.label.topic, partition = i, offset = o, error = %e, "cannot read record for delivery");
+                            None
+                        }
+                    }
+                };
+                let mut q = part.queue.lock();
+                let leased = q.take(
+                    now,
+                    max - out.len(),
+                    max_in_flight,
+                    cfg.visibility_timeout_ms,
+                    &mut source,
+                );
+                if let Some(at) = q.next_wakeup() {
+                    self.arm_timer(topic, at);
+                }
+                leased
+            };
+            let topic_id = topic.id();
+            for l in leased {
+                let record = match seen.remove(&l.offset) {
+                    Some(r) => Some(r),
+                    None => log
+                        .read(l.offset, 1, 0)
+                        .ok()
+                        .and_then(|mut v| v.pop())
+                        .filter(|r| r.offset == l.offset),
+                };
+                let Some(record) = record else {
+                    // Unreadable now (e.g. just deleted by retention): give the lease back.
+                    let _ = part.queue.lock().nack(l.offset, l.nonce, now);
+                    continue;
+                };
+                out.push(Delivery {
+                    partition: part.index,
+                    record,
+                    receipt_handle: self.handles.encode(&ReceiptHandle {
+                        topic_id,
+                        partition: part.index,
+                        offset: l.offset,
+                        nonce: l.nonce,
+                    }),
+                    delivery_count: l.delivery_count,
+                    lease_deadline_ms: l.deadline_ms,
+                });
+            }
+        }
+        if !out.is_empty() {
+            self.metrics
+                .consumed_messages
+                .get_or_create(&topic.label)
+                .inc_by(out.len() as u64);
+        }
+        Ok(out)
+    }
+
+    /// Hands deliverable messages to waiting readers, first in line first. Each waiter that
+    /// gets nothing stops the pass (an unpinned waiter that finds nothing means nobody can).
+    async fn dispatch(&self, topic: &Arc<Topic>) {
+        let mut skip_pins: Vec<u32> = Vec::new();
+        let mut skipped: Vec<Waiter> = Vec::new();
+        loop {
+            let Some(w) = topic.waiters.lock().pop_first_except(&skip_pins) else {
+                break;
+            };
+            if w.tx.is_closed() {
+                continue;
+            }
+            let got = match self.try_take(topic, w.partition, w.max).await {
+                Ok(got) => got,
+                Err(e) => {
+                    tracing::warn!(topic = %topic.label.topic, error = %e, "dispatch failed");
+                    Vec::new()
+                }
+            };
+            if got.is_empty() {
+                match w.partition {
+                    Some(p) => {
+                        skip_pins.push(p);
+                        skipped.push(w);
+                        continue;
+                    }
+                    None => {
+                        skipped.push(w);
+                        break;
+                    }
+                }
+            }
+            if let Err(got) = w.tx.send(got) {
+                // The reader left; give its messages back at once.
+                self.release(topic, &got);
+            }
+        }
+        if !skipped.is_empty() {
+            topic.waiters.lock().restore_front(skipped);
+        }
+    }
+
+    fn release(&self, topic: &Arc<Topic>, deliveries: &[Delivery]) {
+        let parts = topic.partitions();
+        let now = self.clock.now_ms();
+        for d in deliveries {
+            if let Ok(h) = self.handles.decode(&d.receipt_handle) {
+                let _ = parts[d.partition as usize]
+                    .queue
+                    .lock()
+                    .nack(h.offset, h.nonce, now);
+            }
+        }
+    }
+
+    // ---- ack / extend / nack ---------------------------------------------------------------
+
+    pub async fn settle(
+        &self,
+        topic_name: &str,
+        handle: &str,
+        action: AckAction,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let h = self.handles.decode(handle).map_err(|e| match e {
+            HandleError::Malformed => BrokerError::HandleMalformed(e),
+            HandleError::OtherEpoch => BrokerError::LeaseGone(e.to_string()),
+        })?;
+        let topic = self.topic(topic_name)?;
+        if topic.id() != h.topic_id {
+            return Err(BrokerError::LeaseGone(
+                "receipt handle belongs to another topic (or an earlier topic of this name)".into(),
+            ));
+        }
+        let parts = topic.partitions();
+        let Some(part) = parts.get(h.partition as usize) else {
+            return Err(BrokerError::LeaseGone(
+                "receipt handle names no partition of this topic".into(),
+            ));
+        };
+        let cfg = topic.config();
+        let now = self.clock.now_ms();
+        let result = {
+            let mut q = part.queue.lock();
+            match action {
+                AckAction::Ack => q.ack(h.offset, h.nonce, now),
+                AckAction::Extend => q
+                    .extend(h.offset, h.nonce, now, cfg.visibility_timeout_ms)
+                    .map(|_| ()),
+                AckAction::Nack => q.nack(h.offset, h.nonce, now),
+            }
+        };
+        let outcome = match (&result, action) {
+            (Ok(()), AckAction::Ack) => "acked",
+            (Ok(()), AckAction::Extend) => "extended",
+            (Ok(()), AckAction::Nack) => "nacked",
+            (Err(LeaseError::Stale), _) => "stale",
+            (Err(LeaseError::AckSetFull), _) => "ack_set_full",
+        };
+        self.metrics
+            .acks
+            .get_or_create(&OutcomeLabel {
+                topic: topic.label.topic.clone(),
+                outcome,
+            })
+            .inc();
+        match result {
+            Ok(()) => {
+                if action != AckAction::Extend {
+                    // Freed capacity (ack) or a released message (nack): serve the line.
+                    self.dispatch(&topic).await;
+                }
+                Ok(())
+            }
+            Err(LeaseError::Stale) => Err(BrokerError::LeaseGone(LeaseError::Stale.to_string())),
+            Err(e @ LeaseError::AckSetFull) => Err(BrokerError::AckSetFull(e)),
+        }
+    }
+
+    // ---- replay ----------------------------------------------------------------------------
+
+    /// Reads history without touching queue state.
+    pub async fn replay(
+        &self,
+        topic_name: &str,
+        partition: u32,
+        from: ReplayFrom,
+        max: usize,
+    ) -> Result<Vec<Arc<Record>>, BrokerError> {
+        self.check_running()?;
+        let topic = self.topic(topic_name)?;
+        let parts = topic.partitions();
+        let Some(part) = parts.get(partition as usize) else {
+            return Err(BrokerError::PartitionOutOfRange {
+                partition,
+                partitions: parts.len() as u32,
+            });
+        };
+        let log = part.log(&self.env).await?;
+        part.touch(self.clock.now_ms());
+        let recs = tokio::task::spawn_blocking(move || -> Result<_, LogError> {
+            let offset = match from {
+                ReplayFrom::Offset(o) => o,
+                ReplayFrom::TimeMs(t) => log.offset_for_time(t)?,
+            };
+            match log.read(offset, max, 4 << 20) {
+                Err(LogError::Truncated { requested, oldest }) => {
+                    Err(LogError::Truncated { requested, oldest })
+                }
+                other => other,
+            }
+        })
+        .await
+        .expect("replay task");
+        match recs {
+            Ok(r) => Ok(r),
+            Err(LogError::Truncated { requested, oldest }) => {
+                Err(BrokerError::OffsetTruncated { requested, oldest })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    // ---- background ------------------------------------------------------------------------
+
+    fn arm_timer(&self, topic: &Topic, at: i64) {
+        if at < topic.timer_at.load(Ordering::Acquire) {
+            topic.timer_at.store(at, Ordering::Release);
+            topic.timer.notify_one();
+        }
+    }
+
+    fn spawn_topic_timer(self: &Arc<Self>, topic: Arc<Topic>) {
+        let weak = Arc::downgrade(self);
+        let handle = tokio::spawn(async move {
+            loop {
+                let Some(broker) = weak.upgrade() else { return };
+                if topic.deleted.load(Ordering::Acquire)
+                    || broker.shutting_down.load(Ordering::Acquire)
+                {
+                    return;
+                }
+                let now = broker.clock.now_ms();
+                let mut next = i64::MAX;
+                let mut released = 0u64;
+                let mut any_ready = false;
+                for p in topic.partitions().iter() {
+                    let mut q = p.queue.lock();
+                    let expired = q.expire(now);
+                    released += expired.len() as u64;
+                    any_ready |= !expired.is_empty() | (q.promote_due(now) > 0);
+                    if let Some(at) = q.next_wakeup() {
+                        next = next.min(at);
+                    }
+                }
+                if released > 0 {
+                    broker
+                        .metrics
+                        .lease_expiries
+                        .get_or_create(&topic.label)
+                        .inc_by(released);
+                }
+                if any_ready {
+                    broker.dispatch(&topic).await;
+                }
+                topic.timer_at.store(next, Ordering::Release);
+                let sleep_ms = if next == i64::MAX {
+                    60_000
+                } else {
+                    (next - broker.clock.now_ms()).clamp(0, 60_000)
+                };
+                drop(broker);
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(sleep_ms as u64)) => {}
+                    () = topic.timer.notified() => {}
+                }
+            }
+        });
+        self.tasks.lock().push(handle);
+    }
+
+    fn spawn_maintenance(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let flush_every = Duration::from_millis(self.cfg.ack_flush_interval_ms.max(1));
+        let retention_every = self.cfg.retention_interval_ms.max(1) as i64;
+        let handle = tokio::spawn(async move {
+            let mut last_retention = i64::MIN;
+            loop {
+                tokio::time::sleep(flush_every).await;
+                let Some(broker) = weak.upgrade() else { return };
+                if broker.shutting_down.load(Ordering::Acquire) {
+                    return;
+                }
+                broker.persist_queues().await;
+                let now = broker.clock.now_ms();
+                if now.saturating_sub(last_retention) >= retention_every {
+                    last_retention = now;
+                    broker.run_retention().await;
+                    broker.close_idle().await;
+                }
+            }
+        });
+        self.tasks.lock().push(handle);
+    }
+
+    fn all_partitions(&self) -> Vec<(Arc<Topic>, Arc<Partition>)> {
+        self.topics
+            .read()
+            .values()
+            .flat_map(|t| {
+                t.partitions()
+                    .iter()
+                    .map(|p| (t.clone(), p.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Writes every changed queue snapshot.
+    pub async fn persist_queues(&self) {
+        let parts: Vec<Arc<Partition>> = self
+            .all_partitions()
+            .into_iter()
+            .map(|(_, p)| p)
+            .filter(|p| p.queue.lock().is_dirty())
+            .collect();
+        if parts.is_empty() {
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || {
+            for p in parts {
+                if let Err(e) = p.persist_queue() {
+                    tracing::error!(dir = %p.dir.display(), error = %e, "could not persist queue state");
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Applies every topic's retention now.
+    pub async fn run_retention(&self) {
+        for (topic, part) in self.all_partitions() {
+            let Some(log) = part.open_log() else { continue };
+            let cfg = topic.config();
+            let (deleted, active_expired) = {
+                let log = log.clone();
+                tokio::task::spawn_blocking(move || {
+                    log.apply_retention(cfg.retention_ms, cfg.retention_bytes)
+                })
+                .await
+                .unwrap_or((0, false))
+            };
+            if active_expired && let Err(e) = log.roll().await {
+                tracing::error!(topic = %topic.label.topic, partition = part.index, error = %e, "could not roll expired segment");
+            }
+            if deleted > 0 {
+                let oldest = log.oldest_offset();
+                let dropped = part.queue.lock().truncate_below(oldest);
+                tracing::info!(topic = %topic.label.topic, partition = part.index, segments = deleted, oldest, "retention deleted segments");
+                if dropped > 0 {
+                    self.metrics
+                        .retention_dropped_unacked
+                        .get_or_create(&topic.label)
+                        .inc_by(dropped);
+                    tracing::warn!(topic = %topic.label.topic, partition = part.index, dropped, "retention deleted messages that were never acked");
+                }
+            }
+        }
+    }
+
+    async fn close_idle(&self) {
+        let now = self.clock.now_ms();
+        for (_, part) in self.all_partitions() {
+            if part.is_open()
+                && now - part.last_used_ms.load(Ordering::Relaxed) > self.cfg.idle_close_ms
+                && part.close_if_unused().await
+            {
+                self.metrics.idle_logs_closed.inc();
+            }
+        }
+    }
+
+    /// Stops background work, answers waiting readers with nothing, persists queue state and
+    /// closes every log (after its queued appends are durable).
+    pub async fn shutdown(&self) {
+        if self.shutting_down.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shutdown.notify_waiters();
+        let topics: Vec<Arc<Topic>> = self.topics.read().values().cloned().collect();
+        for t in &topics {
+            for w in t.waiters.lock().drain() {
+                let _ = w.tx.send(Vec::new());
+            }
+            t.timer.notify_one();
+        }
+        for h in self.tasks.lock().drain(..) {
+            h.abort();
+        }
+        self.persist_queues().await;
+        for (_, p) in self.all_partitions() {
+            p.close().await;
+        }
+        // Acks that raced the close.
+        self.persist_queues().await;
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+}
+
+/// Removes topic directories that no metadata entry names (left by a delete interrupted by a
+/// crash, or a create that failed half-way).
+fn sweep_orphans(data_dir: &Path, metas: &[TopicMeta]) {
+    let known: std::collections::HashSet<String> = metas.iter().map(TopicMeta::dir_name).collect();
+    let Ok(entries) = std::fs::read_dir(data_dir.join("topics")) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !known.contains(&name) {
+            tracing::info!(dir = %e.path().display(), "removing data of a deleted topic");
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                tracing::warn!(dir = %e.path().display(), error = %err, "could not remove orphan topic directory");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

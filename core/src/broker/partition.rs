@@ -1,0 +1,206 @@
+//! One partition of a topic: its log (opened lazily, closed when idle) and its queue state.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::clock::SharedClock;
+use crate::log::{LogConfig, LogError, LogStats, PartitionLog};
+use crate::metrics::CoreMetrics;
+use crate::queue::{PartitionQueue, QueueSnapshot};
+
+pub const QUEUE_STATE_FILE: &str = "queue.state";
+
+pub(crate) struct Partition {
+    pub index: u32,
+    pub dir: PathBuf,
+    log: Mutex<Option<Arc<PartitionLog>>>,
+    /// Serialises opening and closing the log.
+    opening: tokio::sync::Mutex<()>,
+    pub queue: Mutex<PartitionQueue>,
+    pub last_used_ms: AtomicI64,
+    last_stats: Mutex<LogStats>,
+    persist_lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partition")
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+pub(crate) struct LogEnv {
+    pub cfg: LogConfig,
+    pub clock: SharedClock,
+    pub metrics: Arc<CoreMetrics>,
+    pub max_ack_ranges: usize,
+}
+
+impl Partition {
+    /// Opens the partition's log (recovering it) and restores its queue state. Blocking.
+    pub fn open(index: u32, dir: PathBuf, env: &LogEnv) -> Result<Self, LogError> {
+        let (log, report) = PartitionLog::open(
+            &dir,
+            env.cfg.clone(),
+            env.clock.clone(),
+            env.metrics.clone(),
+        )?;
+        if let Some(bytes) = report.torn_tail_bytes {
+            tracing::warn!(dir = %dir.display(), bytes, "recovered partition after truncating a torn tail");
+        }
+        let stats = log.stats();
+        let snapshot = read_snapshot(&dir);
+        let mut snapshot = snapshot.unwrap_or_default();
+        if snapshot.frontier > stats.next_offset {
+            tracing::error!(
+                dir = %dir.display(),
+                frontier = snapshot.frontier,
+                next_offset = stats.next_offset,
+                "queue frontier is past the end of the log; the log lost data, resetting the frontier"
+            );
+            snapshot = QueueSnapshot {
+                frontier: stats.next_offset,
+                acked: Vec::new(),
+            };
+        }
+        snapshot.acked.retain(|&(_, e)| e <= stats.next_offset);
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed).expect("operating system random source");
+        let queue = PartitionQueue::new(
+            snapshot,
+            stats.oldest_offset,
+            stats.next_offset,
+            u64::from_le_bytes(seed),
+            env.max_ack_ranges,
+        );
+        Ok(Self {
+            index,
+            dir,
+            log: Mutex::new(Some(Arc::new(log))),
+            opening: tokio::sync::Mutex::new(()),
+            queue: Mutex::new(queue),
+            last_used_ms: AtomicI64::new(env.clock.now_ms()),
+            last_stats: Mutex::new(stats),
+            persist_lock: Mutex::new(()),
+        })
+    }
+
+    pub fn touch(&self, now_ms: i64) {
+        self.last_used_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.log.lock().is_some()
+    }
+
+    /// The open log, reopening it if it was closed for idleness.
+    pub async fn log(&self, env: &LogEnv) -> Result<Arc<PartitionLog>, LogError> {
+        if let Some(log) = self.log.lock().clone() {
+            return Ok(log);
+        }
+        let _guard = self.opening.lock().await;
+        if let Some(log) = self.log.lock().clone() {
+            return Ok(log);
+        }
+        let dir = self.dir.clone();
+        let (cfg, clock, metrics) = (env.cfg.clone(), env.clock.clone(), env.metrics.clone());
+        let (log, _) =
+            tokio::task::spawn_blocking(move || PartitionLog::open(&dir, cfg, clock, metrics))
+                .await
+                .map_err(|e| LogError::Poisoned(format!("log open task failed: {e}")))??;
+        let log = Arc::new(log);
+        *self.log.lock() = Some(log.clone());
+        Ok(log)
+    }
+
+    /// The log if it is open, without reopening it.
+    pub fn open_log(&self) -> Option<Arc<PartitionLog>> {
+        self.log.lock().clone()
+    }
+
+    pub fn stats(&self) -> LogStats {
+        match self.open_log() {
+            Some(log) => {
+                let s = log.stats();
+                *self.last_stats.lock() = s;
+                s
+            }
+            None => *self.last_stats.lock(),
+        }
+    }
+
+    /// Closes the log if nobody is using it. Returns whether it closed.
+    pub async fn close_if_unused(&self) -> bool {
+        let _guard = self.opening.lock().await;
+        let log = {
+            let mut slot = self.log.lock();
+            match &*slot {
+                Some(l) if Arc::strong_count(l) == 1 => slot.take(),
+                _ => None,
+            }
+        };
+        match log {
+            Some(log) => {
+                *self.last_stats.lock() = log.stats();
+                log.close().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes the log, waiting for its queued appends.
+    pub async fn close(&self) {
+        let _guard = self.opening.lock().await;
+        let log = self.log.lock().take();
+        if let Some(log) = log {
+            *self.last_stats.lock() = log.stats();
+            log.close().await;
+        }
+    }
+
+    /// Writes the queue snapshot if acks changed it. Blocking.
+    pub fn persist_queue(&self) -> std::io::Result<bool> {
+        let _one_writer = self.persist_lock.lock();
+        let snapshot = {
+            let mut q = self.queue.lock();
+            if !q.is_dirty() {
+                return Ok(false);
+            }
+            q.mark_clean();
+            q.snapshot()
+        };
+        let result = write_snapshot(&self.dir, &snapshot);
+        if result.is_err() {
+            // Try again on the next pass.
+            let mut q = self.queue.lock();
+            q.force_dirty();
+        }
+        result.map(|()| true)
+    }
+}
+
+fn read_snapshot(dir: &Path) -> Option<QueueSnapshot> {
+    let path = dir.join(QUEUE_STATE_FILE);
+    let data = std::fs::read(&path).ok()?;
+    let snap = QueueSnapshot::decode(&data);
+    if snap.is_none() {
+        tracing::error!(path = %path.display(), "queue state is corrupt; starting from the beginning of the log (messages will be redelivered)");
+    }
+    snap
+}
+
+fn write_snapshot(dir: &Path, snap: &QueueSnapshot) -> std::io::Result<()> {
+    let path = dir.join(QUEUE_STATE_FILE);
+    let tmp = dir.join(format!("{QUEUE_STATE_FILE}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&snap.encode())?;
+    f.sync_data()?;
+    drop(f);
+    std::fs::rename(&tmp, &path)
+}
