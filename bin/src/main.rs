@@ -1,1 +1,207 @@
-fn main() {}
+//! The `narad` binary: the broker server and a command-line client, both thin over the
+//! libraries (`narad-infra` serves, `client` speaks the HTTP API).
+
+mod client;
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "narad",
+    version,
+    about = "Narad: a durable, replayable message queue"
+)]
+struct Cli {
+    /// Broker address for client commands.
+    #[arg(
+        short = 's',
+        long,
+        global = true,
+        env = "NARAD_ADDR",
+        default_value = "http://127.0.0.1:7942"
+    )]
+    server: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a broker for development.
+    #[command(subcommand)]
+    Server(ServerCmd),
+    /// Run a broker for production (JSON logs, config file).
+    Serve(ServeArgs),
+    /// Manage topics.
+    #[command(subcommand)]
+    Topic(TopicCmd),
+    /// Publish messages.
+    Pub(PubArgs),
+    /// Consume messages (acking them unless --no-ack), or tail with --peek.
+    Sub(SubArgs),
+    /// Read a partition's history without changing queue state.
+    Replay(ReplayArgs),
+}
+
+#[derive(Subcommand)]
+enum ServerCmd {
+    /// Start a broker: `--dev` for zero config on 127.0.0.1 with data under ~/.narad/data.
+    Start(StartArgs),
+}
+
+#[derive(Args)]
+struct StartArgs {
+    /// Development mode: bind 127.0.0.1, human-readable logs, data under ~/.narad/data.
+    #[arg(long)]
+    dev: bool,
+    #[arg(long, default_value_t = 7942)]
+    port: u16,
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Optional TOML config file (same keys as `narad serve`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML config file; every key can also be set as NARAD_<KEY>.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Listen address (overrides the config file).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum TopicCmd {
+    /// Create a topic.
+    Add(TopicAddArgs),
+    /// List topics.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a topic's configuration and partition statistics.
+    Info { name: String },
+    /// Delete a topic and its data.
+    Rm { name: String },
+    /// Change a topic's settings.
+    Edit(TopicEditArgs),
+}
+
+#[derive(Args)]
+struct TopicSettings {
+    #[arg(long)]
+    partitions: Option<u32>,
+    #[arg(long)]
+    visibility_timeout_ms: Option<i64>,
+    #[arg(long)]
+    retention_ms: Option<i64>,
+    #[arg(long)]
+    retention_bytes: Option<u64>,
+    #[arg(long)]
+    max_in_flight: Option<u32>,
+    #[arg(long)]
+    delay_ms: Option<i64>,
+    #[arg(long)]
+    max_message_bytes: Option<u64>,
+}
+
+#[derive(Args)]
+struct TopicAddArgs {
+    name: String,
+    #[command(flatten)]
+    settings: TopicSettings,
+}
+
+#[derive(Args)]
+struct TopicEditArgs {
+    name: String,
+    #[command(flatten)]
+    settings: TopicSettings,
+}
+
+#[derive(Args)]
+struct PubArgs {
+    topic: String,
+    /// The message; read from stdin when absent (and no --file).
+    message: Option<String>,
+    #[arg(short, long)]
+    key: Option<String>,
+    #[arg(long)]
+    partition: Option<u32>,
+    /// Read the message from a file.
+    #[arg(short, long)]
+    file: Option<PathBuf>,
+    /// Send the message this many times.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// Messages per second (0 = as fast as possible).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    #[arg(long)]
+    delay_ms: Option<u64>,
+}
+
+#[derive(Args)]
+struct SubArgs {
+    topic: String,
+    /// Do not ack (messages come back after their visibility timeout).
+    #[arg(long)]
+    no_ack: bool,
+    /// Stop after this many messages.
+    #[arg(long)]
+    max: Option<u64>,
+    /// Tail every partition with replay reads: reserves and acks nothing.
+    #[arg(long)]
+    peek: bool,
+    /// Only this partition.
+    #[arg(long)]
+    partition: Option<u32>,
+    /// With --peek: start at this offset instead of the current end.
+    #[arg(long)]
+    from: Option<u64>,
+    /// Stop when nothing arrives for this many seconds (default: never).
+    #[arg(long)]
+    idle_exit: Option<u64>,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    topic: String,
+    #[arg(long)]
+    partition: u32,
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Stop before this offset (default: the current end).
+    #[arg(long)]
+    to: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("narad: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("narad: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

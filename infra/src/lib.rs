@@ -1,1 +1,16 @@
-pub fn placeholder() {}
+//! Narad infra: configuration, the HTTP API, metrics, logging, and the server entry point.
+//!
+//! ```text
+//!   bin (clap) ──► config::ServerConfig ──► server::run(listener, config, shutdown)
+//!                                               │
+//!             http::router ◄── AppState { broker (opened in the background), metrics }
+//!               │  /healthz /readyz /metrics /v1/topics/...
+//!               ▼
+//!        narad_core::broker::Broker
+//! ```
+
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod server;
+pub mod telemetry;

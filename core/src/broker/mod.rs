@@ -186,6 +186,8 @@ pub struct Broker {
     /// Serialises metadata changes (create, alter, delete).
     meta_lock: tokio::sync::Mutex<()>,
     shutting_down: AtomicBool,
+    /// Set when shutdown begins: consumes stop waiting.
+    draining: AtomicBool,
     shutdown: Notify,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -227,6 +229,7 @@ impl Broker {
             topics: RwLock::new(BTreeMap::new()),
             meta_lock: tokio::sync::Mutex::new(()),
             shutting_down: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             shutdown: Notify::new(),
             tasks: Mutex::new(Vec::new()),
         });
@@ -636,7 +639,7 @@ impl Broker {
             }
         }
         let got = self.try_take(&topic, partition, max).await?;
-        if !got.is_empty() || wait.is_zero() {
+        if !got.is_empty() || wait.is_zero() || self.draining.load(Ordering::Acquire) {
             return Ok(got);
         }
         let (tx, mut rx) = oneshot::channel();
@@ -1097,18 +1100,27 @@ impl Broker {
         }
     }
 
-    /// Stops background work, answers waiting readers with nothing, persists queue state and
-    /// closes every log (after its queued appends are durable).
-    pub async fn shutdown(&self) {
-        if self.shutting_down.swap(true, Ordering::AcqRel) {
-            return;
-        }
+    /// Answers every waiting reader with nothing and makes later consumes return at once;
+    /// the first step of a graceful shutdown (requests in flight can still finish).
+    pub fn drain_waiters(&self) {
+        self.draining.store(true, Ordering::Release);
         self.shutdown.notify_waiters();
         let topics: Vec<Arc<Topic>> = self.topics.read().values().cloned().collect();
         for t in &topics {
             for w in t.waiters.lock().drain() {
                 let _ = w.tx.send(Vec::new());
             }
+        }
+    }
+
+    /// Stops background work, answers waiting readers with nothing, persists queue state and
+    /// closes every log (after its queued appends are durable).
+    pub async fn shutdown(&self) {
+        if self.shutting_down.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.drain_waiters();
+        for t in self.topics.read().values() {
             t.timer.notify_one();
         }
         for h in self.tasks.lock().drain(..) {

@@ -1,0 +1,115 @@
+//! A small HTTP client for the v1 API, used by the CLI.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+#[derive(Debug)]
+pub struct ApiFailure {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}, HTTP {})", self.message, self.code, self.status)
+    }
+}
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl std::error::Error for ApiFailure {}
+
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+pub enum Reply {
+    Json(Value),
+    Empty,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Result<Self, BoxError> {
+        let base = base.trim_end_matches('/').to_owned();
+        let base = if base.starts_with("http://") || base.starts_with("https://") {
+            base
+        } else {
+            format!("http://{base}")
+        };
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        Ok(Self { base, http })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> Result<Reply, BoxError> {
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| format!("cannot reach the broker at {}: {e}", self.base))?;
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await?;
+        if status >= 400 {
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            return Err(Box::new(ApiFailure {
+                status,
+                code: v["code"].as_str().unwrap_or("unknown").to_owned(),
+                message: v["error"].as_str().map_or_else(
+                    || String::from_utf8_lossy(&bytes).into_owned(),
+                    str::to_owned,
+                ),
+            }));
+        }
+        if bytes.is_empty() {
+            return Ok(Reply::Empty);
+        }
+        Ok(Reply::Json(serde_json::from_slice(&bytes)?))
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Reply, BoxError> {
+        self.send(self.http.get(self.url(path))).await
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Reply, BoxError> {
+        self.send(self.http.post(self.url(path)).json(body)).await
+    }
+
+    pub async fn patch_json(&self, path: &str, body: &Value) -> Result<Reply, BoxError> {
+        self.send(self.http.patch(self.url(path)).json(body)).await
+    }
+
+    pub async fn post_bytes(&self, path: &str, body: Vec<u8>) -> Result<Reply, BoxError> {
+        self.send(
+            self.http
+                .post(self.url(path))
+                .header("content-type", "application/octet-stream")
+                .body(body),
+        )
+        .await
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<Reply, BoxError> {
+        self.send(self.http.delete(self.url(path))).await
+    }
+}
+
+/// Percent-encodes a query-string value.
+pub fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,481 @@
+//! What each subcommand does.
+
+use std::io::{IsTerminal, Read, Write};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use narad_infra::config::{LogFormat, ServerConfig};
+use serde_json::{Value, json};
+
+use crate::client::{BoxError, Client, Reply, enc};
+use crate::{
+    Cli, Command, PubArgs, ReplayArgs, ServeArgs, ServerCmd, SubArgs, TopicCmd, TopicSettings,
+};
+
+pub async fn run(cli: Cli) -> Result<(), BoxError> {
+    match cli.command {
+        Command::Server(ServerCmd::Start(a)) => {
+            let mut cfg = ServerConfig::load(a.config.as_deref(), std::env::vars())?;
+            let host = if a.dev { [127, 0, 0, 1] } else { [0, 0, 0, 0] };
+            cfg.listen_addr = std::net::SocketAddr::from((host, a.port));
+            if a.dev {
+                cfg.log_format = LogFormat::Text;
+                cfg.data_dir = a.data_dir.unwrap_or_else(default_dev_dir);
+            } else if let Some(d) = a.data_dir {
+                cfg.data_dir = d;
+            }
+            serve(cfg, a.dev).await
+        }
+        Command::Serve(ServeArgs {
+            config,
+            listen,
+            data_dir,
+        }) => {
+            let mut cfg = ServerConfig::load(config.as_deref(), std::env::vars())?;
+            if let Some(l) = listen {
+                cfg.listen_addr = l;
+            }
+            if let Some(d) = data_dir {
+                cfg.data_dir = d;
+            }
+            serve(cfg, false).await
+        }
+        Command::Topic(t) => topic(&Client::new(&cli.server)?, t).await,
+        Command::Pub(a) => publish(&Client::new(&cli.server)?, a).await,
+        Command::Sub(a) => subscribe(&Client::new(&cli.server)?, a).await,
+        Command::Replay(a) => replay(&Client::new(&cli.server)?, a).await,
+    }
+}
+
+fn default_dev_dir() -> std::path::PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| ".".into(), std::path::PathBuf::from);
+    home.join(".narad").join("data")
+}
+
+async fn serve(cfg: ServerConfig, dev: bool) -> Result<(), BoxError> {
+    narad_infra::telemetry::init(&cfg.log_format, &cfg.log_level);
+    if dev {
+        tracing::info!("development mode: bound to loopback, text logs");
+    }
+    let listener = tokio::net::TcpListener::bind(cfg.listen_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen_addr))?;
+    narad_infra::server::run(listener, cfg, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn settings_json(s: &TopicSettings) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            m.insert(k.into(), v);
+        }
+    };
+    put("partitions", s.partitions.map(Value::from));
+    put(
+        "visibility_timeout_ms",
+        s.visibility_timeout_ms.map(Value::from),
+    );
+    put("retention_ms", s.retention_ms.map(Value::from));
+    put("retention_bytes", s.retention_bytes.map(Value::from));
+    put(
+        "max_in_flight_per_partition",
+        s.max_in_flight.map(Value::from),
+    );
+    put("delay_ms", s.delay_ms.map(Value::from));
+    put("max_message_bytes", s.max_message_bytes.map(Value::from));
+    m
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
+    match cmd {
+        TopicCmd::Add(a) => {
+            let mut body = settings_json(&a.settings);
+            body.insert("name".into(), Value::from(a.name));
+            if let Reply::Json(v) = c.post_json("/v1/topics", &Value::Object(body)).await? {
+                print_json(&v);
+            }
+        }
+        TopicCmd::Ls { json } => {
+            let mut token = String::new();
+            let mut all = Vec::new();
+            loop {
+                let path = format!("/v1/topics?limit=1000&page_token={}", enc(&token));
+                let Reply::Json(v) = c.get(&path).await? else {
+                    break;
+                };
+                all.extend(v["topics"].as_array().cloned().unwrap_or_default());
+                token = v["next_page_token"].as_str().unwrap_or("").to_owned();
+                if token.is_empty() {
+                    break;
+                }
+            }
+            if json {
+                print_json(&Value::Array(all));
+            } else {
+                println!(
+                    "{:<40} {:>10} {:>12} {:>14}",
+                    "NAME", "PARTITIONS", "VISIBILITY", "RETENTION"
+                );
+                for t in all {
+                    println!(
+                        "{:<40} {:>10} {:>10}ms {:>12}ms",
+                        t["name"].as_str().unwrap_or(""),
+                        t["partitions"],
+                        t["visibility_timeout_ms"],
+                        t["retention_ms"]
+                    );
+                }
+            }
+        }
+        TopicCmd::Info { name } => {
+            if let Reply::Json(v) = c.get(&format!("/v1/topics/{}", enc(&name))).await? {
+                print_json(&v);
+            }
+        }
+        TopicCmd::Rm { name } => {
+            c.delete(&format!("/v1/topics/{}", enc(&name))).await?;
+            println!("deleted {name}");
+        }
+        TopicCmd::Edit(a) => {
+            let body = settings_json(&a.settings);
+            if let Reply::Json(v) = c
+                .patch_json(
+                    &format!("/v1/topics/{}", enc(&a.name)),
+                    &Value::Object(body),
+                )
+                .await?
+            {
+                print_json(&v);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn progress(len: Option<u64>, what: &str) -> Option<ProgressBar> {
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let pb = match len {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::new_spinner(),
+    };
+    let template = format!("{{spinner}} {what} {{pos}}/{{len}} [{{elapsed_precise}}] {{per_sec}}");
+    if let Ok(style) = ProgressStyle::with_template(&template) {
+        pb.set_style(style);
+    }
+    Some(pb)
+}
+
+async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
+    let payload = match (&a.message, &a.file) {
+        (Some(m), _) => m.clone().into_bytes(),
+        (None, Some(f)) => {
+            std::fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?
+        }
+        (None, None) => {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf)?;
+            buf
+        }
+    };
+    let mut q = Vec::new();
+    if let Some(k) = &a.key {
+        q.push(format!("key={}", enc(k)));
+    }
+    if let Some(p) = a.partition {
+        q.push(format!("partition={p}"));
+    }
+    if let Some(d) = a.delay_ms {
+        q.push(format!("delay_ms={d}"));
+    }
+    let path = format!("/v1/topics/{}/produce?{}", enc(&a.topic), q.join("&"));
+    if a.count == 1 {
+        if let Reply::Json(v) = c.post_bytes(&path, payload).await? {
+            println!("{v}");
+        }
+        return Ok(());
+    }
+    let pb = progress(Some(a.count), "published");
+    let started = std::time::Instant::now();
+    let mut sent = 0u64;
+    if a.rate > 0.0 {
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / a.rate));
+        while sent < a.count {
+            tick.tick().await;
+            c.post_bytes(&path, payload.clone()).await?;
+            sent += 1;
+            if let Some(pb) = &pb {
+                pb.inc(1);
+            }
+        }
+    } else {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut launched = 0u64;
+        while sent < a.count {
+            while launched < a.count && tasks.len() < 32 {
+                let (c, path, payload) = (c.clone(), path.clone(), payload.clone());
+                tasks.spawn(async move { c.post_bytes(&path, payload).await });
+                launched += 1;
+            }
+            if let Some(r) = tasks.join_next().await {
+                r??;
+                sent += 1;
+                if let Some(pb) = &pb {
+                    pb.inc(1);
+                }
+            }
+        }
+    }
+    if let Some(pb) = pb {
+        pb.finish();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "published {sent} messages in {secs:.2}s ({:.0} msg/s)",
+        sent as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+async fn subscribe(c: &Client, a: SubArgs) -> Result<(), BoxError> {
+    if a.peek {
+        return peek(c, a).await;
+    }
+    let mut got = 0u64;
+    let mut idle_since = std::time::Instant::now();
+    let topic = enc(&a.topic);
+    let part = a
+        .partition
+        .map(|p| format!("&partition={p}"))
+        .unwrap_or_default();
+    let mut out = std::io::stdout().lock();
+    loop {
+        if a.max.is_some_and(|m| got >= m) {
+            break;
+        }
+        let want = a.max.map_or(100, |m| (m - got).min(100));
+        let reply = c
+            .get(&format!(
+                "/v1/topics/{topic}/consume?wait=5s&max={want}{part}"
+            ))
+            .await?;
+        let msgs = match reply {
+            Reply::Json(v) => v["messages"].as_array().cloned().unwrap_or_default(),
+            Reply::Empty => {
+                if a.idle_exit
+                    .is_some_and(|s| idle_since.elapsed() >= Duration::from_secs(s))
+                {
+                    break;
+                }
+                continue;
+            }
+        };
+        idle_since = std::time::Instant::now();
+        let mut handles = Vec::new();
+        for m in &msgs {
+            writeln!(out, "{m}")?;
+            if let Some(h) = m["receipt_handle"].as_str() {
+                handles.push(h.to_owned());
+            }
+        }
+        out.flush()?;
+        got += msgs.len() as u64;
+        if !a.no_ack && !handles.is_empty() {
+            ack_with_retry(c, &topic, handles).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Acks a batch, retrying the handles that answered 503 (not applied) a few times.
+async fn ack_with_retry(c: &Client, topic: &str, mut handles: Vec<String>) -> Result<(), BoxError> {
+    for attempt in 0..5u64 {
+        let reply = c
+            .post_json(
+                &format!("/v1/topics/{topic}/ack"),
+                &json!({"receipt_handles": handles}),
+            )
+            .await?;
+        let Reply::Json(v) = reply else { return Ok(()) };
+        let results = v["results"].as_array().cloned().unwrap_or_default();
+        let retry: Vec<String> = handles
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r["status"] == 503)
+            .map(|(h, _)| h.clone())
+            .collect();
+        for (h, r) in handles.iter().zip(&results) {
+            if r["status"] == 410 {
+                eprintln!(
+                    "ack of {h}: lease gone ({})",
+                    r["error"].as_str().unwrap_or("")
+                );
+            }
+        }
+        if retry.is_empty() {
+            return Ok(());
+        }
+        handles = retry;
+        tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await;
+    }
+    Err(format!(
+        "{} acks were not applied after retries; they will be redelivered",
+        handles.len()
+    )
+    .into())
+}
+
+async fn partitions_of(c: &Client, topic: &str) -> Result<Vec<(u32, u64, u64)>, BoxError> {
+    let Reply::Json(v) = c.get(&format!("/v1/topics/{topic}")).await? else {
+        return Err("empty topic description".into());
+    };
+    Ok(v["partition_stats"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            (
+                p["partition"].as_u64().unwrap_or(0) as u32,
+                p["oldest_offset"].as_u64().unwrap_or(0),
+                p["next_offset"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect())
+}
+
+async fn peek(c: &Client, a: SubArgs) -> Result<(), BoxError> {
+    let topic = enc(&a.topic);
+    let parts = partitions_of(c, &topic).await?;
+    let mut cursors: Vec<(u32, u64)> = parts
+        .iter()
+        .filter(|(p, _, _)| a.partition.is_none_or(|only| only == *p))
+        .map(|&(p, oldest, next)| (p, a.from.map_or(next, |f| f.max(oldest))))
+        .collect();
+    let mut got = 0u64;
+    let mut idle_since = std::time::Instant::now();
+    let mut out = std::io::stdout().lock();
+    loop {
+        let mut any = false;
+        for (p, next) in cursors.iter_mut() {
+            if a.max.is_some_and(|m| got >= m) {
+                return Ok(());
+            }
+            let reply = c
+                .get(&format!(
+                    "/v1/topics/{topic}/consume?partition={p}&offset={next}&max=100"
+                ))
+                .await;
+            let msgs = match reply {
+                Ok(Reply::Json(v)) => v["messages"].as_array().cloned().unwrap_or_default(),
+                Ok(Reply::Empty) => continue,
+                Err(e) => match e.downcast_ref::<crate::client::ApiFailure>() {
+                    Some(f) if f.code == "offset_truncated" => {
+                        // Retention overtook the cursor: skip to what is left.
+                        let parts = partitions_of(c, &topic).await?;
+                        if let Some(&(_, oldest, _)) = parts.iter().find(|(q, _, _)| q == p) {
+                            *next = oldest;
+                        }
+                        continue;
+                    }
+                    _ => return Err(e),
+                },
+            };
+            for m in &msgs {
+                writeln!(out, "{m}")?;
+                *next = m["offset"].as_u64().unwrap_or(*next) + 1;
+                got += 1;
+                any = true;
+            }
+        }
+        out.flush()?;
+        if a.max.is_some_and(|m| got >= m) {
+            return Ok(());
+        }
+        if any {
+            idle_since = std::time::Instant::now();
+        } else {
+            if a.idle_exit
+                .is_some_and(|s| idle_since.elapsed() >= Duration::from_secs(s))
+            {
+                return Ok(());
+            }
+            // Replay reads do not long-poll: poll gently while the topic is quiet.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+async fn replay(c: &Client, a: ReplayArgs) -> Result<(), BoxError> {
+    let topic = enc(&a.topic);
+    let to = match a.to {
+        Some(t) => t,
+        None => partitions_of(c, &topic)
+            .await?
+            .iter()
+            .find(|(p, _, _)| *p == a.partition)
+            .map(|&(_, _, next)| next)
+            .ok_or_else(|| format!("partition {} does not exist", a.partition))?,
+    };
+    let pb = progress(Some(to.saturating_sub(a.from)), "replayed");
+    let mut next = a.from;
+    let mut out = std::io::stdout().lock();
+    while next < to {
+        let max = (to - next).min(100);
+        let reply = c
+            .get(&format!(
+                "/v1/topics/{topic}/consume?partition={}&offset={next}&max={max}",
+                a.partition
+            ))
+            .await?;
+        let Reply::Json(v) = reply else { break };
+        let msgs = v["messages"].as_array().cloned().unwrap_or_default();
+        if msgs.is_empty() {
+            break;
+        }
+        for m in &msgs {
+            let off = m["offset"].as_u64().unwrap_or(next);
+            if off >= to {
+                next = to;
+                break;
+            }
+            writeln!(out, "{m}")?;
+            next = off + 1;
+            if let Some(pb) = &pb {
+                pb.inc(1);
+            }
+        }
+    }
+    out.flush()?;
+    if let Some(pb) = pb {
+        pb.finish();
+    }
+    Ok(())
+}

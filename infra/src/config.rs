@@ -1,0 +1,299 @@
+//! Server configuration: defaults, then a TOML file, then `NARAD_*` environment variables,
+//! then command-line flags (applied by the binary). Unknown keys are an error; an invalid value
+//! names its key.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use narad_core::broker::BrokerConfig;
+use narad_core::log::LogConfig;
+use narad_core::topic::TopicConfig;
+use serde::{Deserialize, Serialize};
+
+/// Longest long-poll a consumer may ask for; longer requests are clamped (and told so).
+pub const MAX_WAIT_MS_LIMIT: u64 = 20_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address of the HTTP listener.
+    pub listen_addr: SocketAddr,
+    /// Where partition logs, queue state and topic metadata live.
+    pub data_dir: PathBuf,
+    /// `text` (human) or `json` (one object per line, for log shippers).
+    pub log_format: LogFormat,
+    /// `tracing` filter, e.g. `info` or `narad_core=debug,info`.
+    pub log_level: String,
+
+    /// Seal a segment at this size. Larger segments mean fewer files; retention and tiering
+    /// work in whole segments, so they also mean coarser deletion.
+    pub segment_max_bytes: u64,
+    /// Seal a segment this long after its first record, so quiet partitions seal too.
+    pub segment_max_age_ms: i64,
+    /// Newest records per partition kept decoded in memory (fresh reads skip the disk).
+    pub tail_cache_bytes: usize,
+    /// Close a partition's files after this long unused; reopening costs a scan of its active
+    /// segment.
+    pub idle_close_ms: i64,
+    /// How often acked state is persisted. A crash redelivers acks younger than this;
+    /// shorter means more small fsyncs.
+    pub ack_flush_interval_ms: u64,
+    /// How often retention runs.
+    pub retention_interval_ms: u64,
+    /// Bound on out-of-order acked ranges per partition; beyond it acks answer 503 (retry).
+    pub max_ack_ranges: usize,
+
+    /// Longest `wait` a consume may ask for (at most 20 s).
+    pub max_wait_ms: u64,
+    /// Most messages in one batch produce.
+    pub max_batch_messages: usize,
+    /// Largest batch produce body (before and after decompression).
+    pub max_batch_bytes: usize,
+    /// How long a graceful shutdown waits for in-flight requests.
+    pub shutdown_grace_ms: u64,
+
+    /// Defaults for topics created without these fields.
+    pub default_partitions: u32,
+    pub default_visibility_timeout_ms: i64,
+    pub default_retention_ms: i64,
+    pub default_retention_bytes: u64,
+    pub default_max_in_flight_per_partition: u32,
+    pub default_delay_ms: i64,
+    pub default_max_message_bytes: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let log = LogConfig::default();
+        let topic = TopicConfig::default();
+        Self {
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 7942)),
+            data_dir: PathBuf::from("data"),
+            log_format: LogFormat::Json,
+            log_level: "info".into(),
+            segment_max_bytes: log.segment_max_bytes,
+            segment_max_age_ms: log.segment_max_age_ms,
+            tail_cache_bytes: log.tail_cache_bytes,
+            idle_close_ms: 10 * 60 * 1000,
+            ack_flush_interval_ms: 100,
+            retention_interval_ms: 30_000,
+            max_ack_ranges: 65_536,
+            max_wait_ms: MAX_WAIT_MS_LIMIT,
+            max_batch_messages: 1000,
+            max_batch_bytes: 16 * 1024 * 1024,
+            shutdown_grace_ms: 10_000,
+            default_partitions: topic.partitions,
+            default_visibility_timeout_ms: topic.visibility_timeout_ms,
+            default_retention_ms: topic.retention_ms,
+            default_retention_bytes: topic.retention_bytes,
+            default_max_in_flight_per_partition: topic.max_in_flight_per_partition,
+            default_delay_ms: topic.delay_ms,
+            default_max_message_bytes: topic.max_message_bytes,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("config key {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+impl ServerConfig {
+    /// Defaults overlaid by `file` (if any), then by `NARAD_<KEY>` variables from `env`.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut table = toml::Table::try_from(Self::default()).expect("defaults serialise");
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            let file_table: toml::Table =
+                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: path.to_owned(),
+                    message: e.to_string(),
+                })?;
+            for (k, v) in file_table {
+                if !table.contains_key(&k) {
+                    return Err(ConfigError::Parse {
+                        path: path.to_owned(),
+                        message: format!("unknown key '{k}'"),
+                    });
+                }
+                table.insert(k, v);
+            }
+        }
+        for (var, raw) in env {
+            let Some(key) = var.strip_prefix("NARAD_") else {
+                continue;
+            };
+            let key = key.to_ascii_lowercase();
+            let Some(current) = table.get(&key) else {
+                // Other NARAD_* variables belong to the CLI (NARAD_ADDR, NARAD_USER, ...).
+                continue;
+            };
+            let value = match current {
+                toml::Value::Integer(_) => raw
+                    .trim()
+                    .parse::<i64>()
+                    .map(toml::Value::Integer)
+                    .map_err(|e| ConfigError::Env {
+                        var: var.clone(),
+                        message: format!("expected an integer: {e}"),
+                    })?,
+                toml::Value::Boolean(_) => raw
+                    .trim()
+                    .parse::<bool>()
+                    .map(toml::Value::Boolean)
+                    .map_err(|e| ConfigError::Env {
+                        var: var.clone(),
+                        message: format!("expected true or false: {e}"),
+                    })?,
+                _ => toml::Value::String(raw),
+            };
+            table.insert(key, value);
+        }
+        let cfg: Self = table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid {
+                key: "(config)".into(),
+                message: e.to_string(),
+            })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: &str| {
+            Err(ConfigError::Invalid {
+                key: key.into(),
+                message: message.into(),
+            })
+        };
+        if self.segment_max_bytes < 4096 {
+            return bad("segment_max_bytes", "must be at least 4096");
+        }
+        if self.segment_max_age_ms < 1000 {
+            return bad("segment_max_age_ms", "must be at least 1000");
+        }
+        if self.idle_close_ms < 1000 {
+            return bad("idle_close_ms", "must be at least 1000");
+        }
+        if !(1..=60_000).contains(&self.ack_flush_interval_ms) {
+            return bad("ack_flush_interval_ms", "must be between 1 and 60000");
+        }
+        if self.retention_interval_ms < 10 {
+            return bad("retention_interval_ms", "must be at least 10");
+        }
+        if self.max_ack_ranges < 16 {
+            return bad("max_ack_ranges", "must be at least 16");
+        }
+        if self.max_wait_ms > MAX_WAIT_MS_LIMIT {
+            return bad("max_wait_ms", "must be at most 20000");
+        }
+        if !(1..=10_000).contains(&self.max_batch_messages) {
+            return bad("max_batch_messages", "must be between 1 and 10000");
+        }
+        if !(1024..=256 * 1024 * 1024).contains(&self.max_batch_bytes) {
+            return bad("max_batch_bytes", "must be between 1 KiB and 256 MiB");
+        }
+        self.topic_defaults()
+            .validate()
+            .map_err(|e| ConfigError::Invalid {
+                key: format!("default_{}", e.field),
+                message: e.reason,
+            })
+    }
+
+    pub fn topic_defaults(&self) -> TopicConfig {
+        TopicConfig {
+            partitions: self.default_partitions,
+            visibility_timeout_ms: self.default_visibility_timeout_ms,
+            retention_ms: self.default_retention_ms,
+            retention_bytes: self.default_retention_bytes,
+            max_in_flight_per_partition: self.default_max_in_flight_per_partition,
+            delay_ms: self.default_delay_ms,
+            max_message_bytes: self.default_max_message_bytes,
+        }
+    }
+
+    pub fn broker_config(&self) -> BrokerConfig {
+        BrokerConfig {
+            data_dir: self.data_dir.clone(),
+            log: LogConfig {
+                segment_max_bytes: self.segment_max_bytes,
+                segment_max_age_ms: self.segment_max_age_ms,
+                tail_cache_bytes: self.tail_cache_bytes,
+            },
+            topic_defaults: self.topic_defaults(),
+            idle_close_ms: self.idle_close_ms,
+            ack_flush_interval_ms: self.ack_flush_interval_ms,
+            retention_interval_ms: self.retention_interval_ms,
+            max_ack_ranges: self.max_ack_ranges,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        ServerConfig::default().validate().unwrap();
+        ServerConfig::load(None, Vec::new()).unwrap();
+    }
+
+    #[test]
+    fn file_then_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("narad.toml");
+        std::fs::write(&path, "data_dir = \"/tmp/x\"\ndefault_partitions = 5\n").unwrap();
+        let cfg = ServerConfig::load(
+            Some(&path),
+            vec![
+                ("NARAD_DEFAULT_PARTITIONS".into(), "7".into()),
+                ("NARAD_ADDR".into(), "ignored by the server".into()),
+                ("HOME".into(), "/root".into()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(cfg.default_partitions, 7);
+    }
+
+    #[test]
+    fn unknown_and_invalid_keys_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("narad.toml");
+        std::fs::write(&path, "segment_bytes = 5\n").unwrap();
+        let e = ServerConfig::load(Some(&path), Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("segment_bytes"), "{e}");
+        let e =
+            ServerConfig::load(None, vec![("NARAD_MAX_WAIT_MS".into(), "x".into())]).unwrap_err();
+        assert!(e.to_string().contains("NARAD_MAX_WAIT_MS"), "{e}");
+        let e = ServerConfig::load(None, vec![("NARAD_DEFAULT_PARTITIONS".into(), "0".into())])
+            .unwrap_err();
+        assert!(e.to_string().contains("default_partitions"), "{e}");
+    }
+}

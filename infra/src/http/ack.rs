@@ -1,0 +1,113 @@
+//! Ack, extend and nack: one handle in the query string, or up to 100 in a JSON body.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::IntoResponse;
+use narad_core::broker::AckAction;
+use serde::Deserialize;
+
+use super::query::Query;
+use super::{
+    ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
+};
+
+pub const MAX_BATCH_ACK: usize = 100;
+
+fn action(extend: Option<&str>) -> Result<AckAction, ApiError> {
+    match extend {
+        None | Some("") | Some("false") => Ok(AckAction::Ack),
+        Some("true") | Some("1") => Ok(AckAction::Extend),
+        Some("0") => Ok(AckAction::Nack),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_parameter",
+            format!("extend must be true or 1 (extend), 0 (nack) or false (ack), got '{other}'"),
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchAck {
+    receipt_handles: Vec<String>,
+    #[serde(default)]
+    extend: Option<serde_json::Value>,
+}
+
+pub async fn ack(
+    State(state): State<SharedState>,
+    Path(topic): Path<String>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    let q = Query::parse(uri.query(), &["receipt_handle", "extend"])?;
+    let broker = state.broker()?.clone();
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    if q.has("receipt_handle") {
+        if !body.is_empty() {
+            return Err(ApiError::bad_request(
+                "invalid_request",
+                "give one receipt_handle in the query string or a JSON body with receipt_handles, not both",
+            ));
+        }
+        let handle = q.str("receipt_handle").unwrap_or_default();
+        if handle.is_empty() {
+            return Err(ApiError::bad_request(
+                "invalid_receipt_handle",
+                "receipt_handle is empty",
+            ));
+        }
+        let act = action(q.str("extend"))?;
+        broker.settle(&topic, handle, act).await?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    if body.is_empty() {
+        return Err(ApiError::bad_request(
+            "invalid_receipt_handle",
+            "receipt_handle is required (query string), or a JSON body {\"receipt_handles\": [...]}",
+        ));
+    }
+    if q.has("extend") {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            "for a batch ack put extend in the JSON body",
+        ));
+    }
+    let req: BatchAck = parse_json(&body)?;
+    if req.receipt_handles.is_empty() || req.receipt_handles.len() > MAX_BATCH_ACK {
+        return Err(ApiError::bad_request(
+            "invalid_batch",
+            format!("receipt_handles must hold 1 to {MAX_BATCH_ACK} handles"),
+        ));
+    }
+    let extend = match &req.extend {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Bool(b)) => Some(if *b { "true" } else { "false" }.to_owned()),
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "invalid_field",
+                format!("extend: expected true, false, 0 or 1, got {other}"),
+            ));
+        }
+    };
+    let act = action(extend.as_deref())?;
+    // The topic must exist: a batch against an unknown topic is a 404, not 410s.
+    broker.topic_info(&topic)?;
+    let mut results = Vec::with_capacity(req.receipt_handles.len());
+    for h in &req.receipt_handles {
+        let r = match broker.settle(&topic, h, act).await {
+            Ok(()) => serde_json::json!({"status": 204}),
+            Err(e) => {
+                let e = ApiError::from(e);
+                serde_json::json!({"status": e.status.as_u16(), "code": e.code, "error": e.message})
+            }
+        };
+        results.push(r);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({"results": results}),
+    ))
+}

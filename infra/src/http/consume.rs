@@ -1,0 +1,111 @@
+//! Consume: queue reads with a lease (long-poll), or replay reads that change nothing.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::response::IntoResponse;
+use narad_core::broker::ReplayFrom;
+
+use super::query::{Query, parse_duration, parse_time_ms};
+use super::{ApiError, ApiResult, SharedState, json_response, render};
+
+/// Most messages one consume may return.
+pub const MAX_CONSUME_BATCH: u64 = 100;
+/// Header set when the requested wait was longer than the server allows.
+pub const WAIT_CLAMPED_HEADER: &str = "x-narad-wait-clamped";
+
+pub async fn consume(
+    State(state): State<SharedState>,
+    Path(topic): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    let q = Query::parse(
+        uri.query(),
+        &["wait", "max", "partition", "offset", "from_time"],
+    )?;
+    let broker = state.broker()?.clone();
+    let max = match q.u64("max")? {
+        None => None,
+        Some(n) if (1..=MAX_CONSUME_BATCH).contains(&n) => Some(n as usize),
+        Some(n) => {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                format!("max must be between 1 and {MAX_CONSUME_BATCH}, got {n}"),
+            ));
+        }
+    };
+    let partition = q.u32("partition")?;
+    let offset = q.u64("offset")?;
+    let from_time = match q.str("from_time") {
+        None => None,
+        Some(v) => Some(parse_time_ms(v).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_parameter",
+                format!("from_time must be RFC 3339 or unix milliseconds, got '{v}'"),
+            )
+        })?),
+    };
+    let wait_raw = q.str("wait");
+    let wait = match wait_raw {
+        None | Some("") => Duration::ZERO,
+        Some(v) => parse_duration(v).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_parameter",
+                format!("wait must be a duration like 500ms, 2s or 1m, got '{v}'"),
+            )
+        })?,
+    };
+
+    if offset.is_some() || from_time.is_some() {
+        let Some(p) = partition else {
+            return Err(ApiError::bad_request(
+                "partition_required",
+                "a replay read (offset or from_time) needs partition",
+            ));
+        };
+        if offset.is_some() && from_time.is_some() {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                "give offset or from_time, not both",
+            ));
+        }
+        let from = match offset {
+            Some(o) => ReplayFrom::Offset(o),
+            None => ReplayFrom::TimeMs(from_time.unwrap_or_default()),
+        };
+        let recs = broker.replay(&topic, p, from, max.unwrap_or(1)).await?;
+        if recs.is_empty() {
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        let msgs: Vec<_> = recs.iter().map(|r| render::record(&topic, p, r)).collect();
+        return Ok(match max {
+            None => json_response(StatusCode::OK, &msgs[0]),
+            Some(_) => json_response(StatusCode::OK, &serde_json::json!({"messages": msgs})),
+        });
+    }
+
+    let limit = Duration::from_millis(state.cfg.max_wait_ms);
+    let clamped = wait > limit;
+    let wait = wait.min(limit);
+    let got = broker
+        .consume(&topic, partition, max.unwrap_or(1), wait)
+        .await?;
+    let mut resp = if got.is_empty() {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        let msgs: Vec<_> = got.iter().map(|d| render::delivery(&topic, d)).collect();
+        match max {
+            None => json_response(StatusCode::OK, &msgs[0]),
+            Some(_) => json_response(StatusCode::OK, &serde_json::json!({"messages": msgs})),
+        }
+    };
+    if clamped {
+        let v = format!("{}ms", limit.as_millis());
+        resp.headers_mut().insert(
+            WAIT_CLAMPED_HEADER,
+            HeaderValue::from_str(&v).expect("ascii header value"),
+        );
+    }
+    Ok(resp)
+}

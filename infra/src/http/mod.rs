@@ -1,0 +1,309 @@
+//! HTTP API v1: routing, error mapping, request parsing helpers.
+//!
+//! Every error is JSON `{"error": "...", "code": "snake_case"}`; client mistakes are 4xx.
+//! Status codes are decided in one place: [`ApiError::from`] over [`BrokerError`].
+
+mod ack;
+mod consume;
+mod produce;
+pub mod query;
+mod render;
+mod topics;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use narad_core::broker::{Broker, BrokerError};
+use narad_core::log::LogError;
+use serde::Serialize;
+
+use crate::config::ServerConfig;
+use crate::metrics::{HttpLabels, Metrics};
+
+/// Largest JSON body for topic and ack requests.
+pub const MAX_JSON_BODY: usize = 1024 * 1024;
+
+pub struct AppState {
+    pub cfg: ServerConfig,
+    pub broker: std::sync::OnceLock<Arc<Broker>>,
+    pub ready: AtomicBool,
+    pub shutting_down: AtomicBool,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    pub fn broker(&self) -> Result<&Arc<Broker>, ApiError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(ApiError::unavailable(
+                "shutting_down",
+                "the broker is shutting down",
+            ));
+        }
+        self.broker.get().ok_or_else(|| {
+            ApiError::unavailable(
+                "not_ready",
+                "the broker is still recovering its data; retry shortly",
+            )
+        })
+    }
+}
+
+pub type SharedState = Arc<AppState>;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    code: &'a str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            retry_after: Some(1),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&ErrorBody {
+            error: &self.message,
+            code: self.code,
+        })
+        .expect("error body serialises");
+        let mut resp = (self.status, body).into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(s) = self.retry_after {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> Self {
+        let msg = e.to_string();
+        match e {
+            BrokerError::TopicNotFound(_) => {
+                Self::new(StatusCode::NOT_FOUND, "topic_not_found", msg)
+            }
+            BrokerError::TopicExists(_) => Self::new(StatusCode::CONFLICT, "topic_exists", msg),
+            BrokerError::InvalidField(_) => Self::bad_request("invalid_field", msg),
+            BrokerError::InvalidMessage { .. } => Self::bad_request("invalid_message", msg),
+            BrokerError::MessageTooLarge { .. } => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "message_too_large", msg)
+            }
+            BrokerError::PartitionOutOfRange { .. } => {
+                Self::bad_request("partition_out_of_range", msg)
+            }
+            BrokerError::HandleMalformed(_) => Self::bad_request("invalid_receipt_handle", msg),
+            BrokerError::LeaseGone(_) => Self::new(StatusCode::GONE, "lease_gone", msg),
+            BrokerError::OffsetTruncated { .. } => {
+                Self::new(StatusCode::GONE, "offset_truncated", msg)
+            }
+            BrokerError::AckSetFull(_) => Self::unavailable("ack_set_full", msg),
+            BrokerError::ShuttingDown => Self::unavailable("shutting_down", msg),
+            BrokerError::Storage(ref inner) => {
+                tracing::error!(error = %msg, "storage failure");
+                match inner {
+                    LogError::Poisoned(_) | LogError::Closed => {
+                        Self::unavailable("storage_unavailable", msg)
+                    }
+                    LogError::Io { .. }
+                    | LogError::Recovery(_)
+                    | LogError::Truncated { .. }
+                    | LogError::Corrupt { .. } => {
+                        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage_failed", msg)
+                    }
+                }
+            }
+            BrokerError::Meta(_) => {
+                tracing::error!(error = %msg, "metadata failure");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "metadata_failed", msg)
+            }
+        }
+    }
+}
+
+pub type ApiResult = Result<Response, ApiError>;
+
+/// Reads a request body of at most `limit` bytes (413 beyond).
+pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+        let mut too_large = false;
+        while let Some(s) = source {
+            too_large |= s.is::<http_body_util::LengthLimitError>();
+            source = s.source();
+        }
+        if too_large {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body exceeds {limit} bytes"),
+            )
+        } else {
+            ApiError::bad_request(
+                "body_unreadable",
+                format!("could not read request body: {e}"),
+            )
+        }
+    })
+}
+
+/// Parses a strict JSON body (unknown fields and trailing data are errors).
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request(
+            "invalid_json",
+            "request body is empty; a JSON object is required",
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))
+}
+
+pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    let body = serde_json::to_vec(value).expect("response serialises");
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Every route the server answers, as `(method, path pattern)`. The OpenAPI test compares
+/// this list with `docs/openapi.yaml`.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("POST", "/v1/topics"),
+    ("GET", "/v1/topics"),
+    ("GET", "/v1/topics/{topic}"),
+    ("PATCH", "/v1/topics/{topic}"),
+    ("DELETE", "/v1/topics/{topic}"),
+    ("POST", "/v1/topics/{topic}/produce"),
+    ("POST", "/v1/topics/{topic}/produce/batch"),
+    ("GET", "/v1/topics/{topic}/consume"),
+    ("POST", "/v1/topics/{topic}/ack"),
+];
+
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/topics", post(topics::create).get(topics::list))
+        .route(
+            "/v1/topics/{topic}",
+            get(topics::get).patch(topics::alter).delete(topics::delete),
+        )
+        .route("/v1/topics/{topic}/produce", post(produce::single))
+        .route("/v1/topics/{topic}/produce/batch", post(produce::batch))
+        .route("/v1/topics/{topic}/consume", get(consume::consume))
+        .route("/v1/topics/{topic}/ack", post(ack::ack))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "route_not_found",
+        format!("no route for {method} {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let method = req.method().as_str().to_owned();
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    let labels = HttpLabels {
+        route,
+        method,
+        status: resp.status().as_u16(),
+    };
+    state.metrics.http_requests.get_or_create(&labels).inc();
+    state
+        .metrics
+        .http_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}
+
+async fn healthz(State(state): State<SharedState>) -> Response {
+    if state.shutting_down.load(Ordering::Acquire) {
+        return json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "shutting down"}),
+        );
+    }
+    json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<SharedState>) -> Response {
+    if state.ready.load(Ordering::Acquire) && !state.shutting_down.load(Ordering::Acquire) {
+        json_response(StatusCode::OK, &serde_json::json!({"status": "ready"}))
+    } else {
+        ApiError::unavailable("not_ready", "not ready").into_response()
+    }
+}
+
+async fn metrics(State(state): State<SharedState>) -> Response {
+    let text = state.metrics.render(state.broker.get().map(Arc::as_ref));
+    let mut resp = (StatusCode::OK, text).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    resp
+}

@@ -1,0 +1,259 @@
+//! Produce: one raw message per request, or a JSON batch of up to `max_batch_messages`.
+//! A 202 means every message of the request is fsynced.
+
+use std::io::Read;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use narad_core::broker::ProduceMessage;
+use narad_core::topic::MAX_MESSAGE_BYTES_LIMIT;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::query::Query;
+use super::{ApiError, ApiResult, SharedState, json_response, parse_json, read_body};
+
+/// Longest key, in bytes.
+pub const MAX_KEY_BYTES: usize = 4096;
+/// Most headers on one message, and their sizes.
+pub const MAX_HEADERS: usize = 64;
+pub const MAX_HEADER_NAME: usize = 256;
+pub const MAX_HEADER_VALUE: usize = 16 * 1024;
+/// Request headers of this prefix become message headers on single produce.
+const HEADER_PREFIX: &str = "x-narad-header-";
+
+fn check_key(key: &str, index: Option<usize>) -> Result<(), ApiError> {
+    if key.len() > MAX_KEY_BYTES {
+        let at = index.map(|i| format!("message {i}: ")).unwrap_or_default();
+        return Err(ApiError::bad_request(
+            "invalid_key",
+            format!("{at}key is longer than {MAX_KEY_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_headers(h: &[(String, Bytes)], at: &str) -> Result<(), ApiError> {
+    if h.len() > MAX_HEADERS {
+        return Err(ApiError::bad_request(
+            "invalid_headers",
+            format!("{at}more than {MAX_HEADERS} headers"),
+        ));
+    }
+    for (k, v) in h {
+        if k.is_empty() || k.len() > MAX_HEADER_NAME || v.len() > MAX_HEADER_VALUE {
+            return Err(ApiError::bad_request(
+                "invalid_headers",
+                format!(
+                    "{at}header names must be 1 to {MAX_HEADER_NAME} bytes and values at most {MAX_HEADER_VALUE} bytes"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn delay(v: Option<u64>) -> Result<Option<i64>, ApiError> {
+    Ok(v.map(|d| d.min(i64::MAX as u64) as i64))
+}
+
+pub async fn single(
+    State(state): State<SharedState>,
+    Path(topic): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let q = Query::parse(uri.query(), &["key", "partition", "delay_ms"])?;
+    let broker = state.broker()?.clone();
+    let payload = read_body(body, MAX_MESSAGE_BYTES_LIMIT as usize).await?;
+    if payload.is_empty() {
+        return Err(ApiError::bad_request(
+            "empty_message",
+            "message body is empty: send the payload as the request body",
+        ));
+    }
+    let key = q.str("key").filter(|k| !k.is_empty());
+    if let Some(k) = key {
+        check_key(k, None)?;
+    }
+    let mut msg_headers = Vec::new();
+    for (name, value) in &headers {
+        if let Some(h) = name.as_str().strip_prefix(HEADER_PREFIX) {
+            msg_headers.push((h.to_owned(), Bytes::copy_from_slice(value.as_bytes())));
+        }
+    }
+    check_headers(&msg_headers, "")?;
+    let msg = ProduceMessage {
+        key: key.map(|k| Bytes::copy_from_slice(k.as_bytes())),
+        partition: q.u32("partition")?,
+        delay_ms: delay(q.u64("delay_ms")?)?,
+        headers: msg_headers,
+        payload,
+    };
+    let r = broker.produce(&topic, vec![msg]).await.map_err(|e| {
+        // A single message: its index is noise in the error text.
+        let mut api = ApiError::from(e);
+        if let Some(rest) = api.message.strip_prefix("message 0: ") {
+            api.message = rest.to_owned();
+        } else if let Some(rest) = api.message.strip_prefix("message 0 ") {
+            api.message = format!("message {rest}");
+        }
+        api
+    })?;
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &serde_json::json!({"partition": r[0].partition, "offset": r[0].offset}),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    messages: Vec<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchMessage {
+    payload: Box<RawValue>,
+    #[serde(default)]
+    payload_encoding: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    partition: Option<u32>,
+    #[serde(default)]
+    delay_ms: Option<u64>,
+    #[serde(default)]
+    headers: Option<std::collections::BTreeMap<String, String>>,
+}
+
+fn decompress(encoding: Option<&str>, body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
+    let mut out = Vec::new();
+    let read = match encoding.map(str::trim) {
+        None | Some("") | Some("identity") => return Ok(body),
+        Some("zstd") => zstd::stream::read::Decoder::new(&body[..])
+            .and_then(|d| d.take(limit as u64 + 1).read_to_end(&mut out)),
+        Some("gzip") => flate2::read::GzDecoder::new(&body[..])
+            .take(limit as u64 + 1)
+            .read_to_end(&mut out),
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_encoding",
+                format!("Content-Encoding '{other}' is not supported (use zstd or gzip)"),
+            ));
+        }
+    };
+    read.map_err(|e| {
+        ApiError::bad_request("invalid_encoding", format!("cannot decompress body: {e}"))
+    })?;
+    if out.len() > limit {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("decompressed body exceeds {limit} bytes"),
+        ));
+    }
+    Ok(Bytes::from(out))
+}
+
+fn message(i: usize, raw: &RawValue) -> Result<ProduceMessage, ApiError> {
+    let bad =
+        |code: &'static str, m: String| ApiError::bad_request(code, format!("message {i}: {m}"));
+    let m: BatchMessage =
+        serde_json::from_str(raw.get()).map_err(|e| bad("invalid_message", e.to_string()))?;
+    let encoding = m.payload_encoding.as_deref().unwrap_or("json");
+    let as_string = || -> Result<String, ApiError> {
+        serde_json::from_str::<String>(m.payload.get()).map_err(|_| {
+            bad(
+                "invalid_message",
+                format!("payload must be a JSON string with payload_encoding {encoding}"),
+            )
+        })
+    };
+    let payload = match encoding {
+        "json" => Bytes::copy_from_slice(m.payload.get().trim().as_bytes()),
+        "utf8" => Bytes::from(as_string()?),
+        "base64" => Bytes::from(STANDARD.decode(as_string()?).map_err(|e| {
+            bad(
+                "invalid_message",
+                format!("payload is not valid base64: {e}"),
+            )
+        })?),
+        other => {
+            return Err(bad(
+                "invalid_message",
+                format!("payload_encoding must be json, utf8 or base64, got '{other}'"),
+            ));
+        }
+    };
+    if payload.is_empty() {
+        return Err(bad("empty_message", "payload is empty".into()));
+    }
+    if let Some(k) = &m.key {
+        check_key(k, Some(i))?;
+    }
+    let headers: Vec<(String, Bytes)> = m
+        .headers
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, Bytes::from(v)))
+        .collect();
+    check_headers(&headers, &format!("message {i}: "))?;
+    Ok(ProduceMessage {
+        key: m.key.filter(|k| !k.is_empty()).map(Bytes::from),
+        partition: m.partition,
+        delay_ms: delay(m.delay_ms)?,
+        headers,
+        payload,
+    })
+}
+
+pub async fn batch(
+    State(state): State<SharedState>,
+    Path(topic): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let broker = state.broker()?.clone();
+    let limit = state.cfg.max_batch_bytes;
+    let body = read_body(body, limit).await?;
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("(invalid)"));
+    let body = decompress(encoding, body, limit)?;
+    let batch: Batch = parse_json(&body)?;
+    let max = state.cfg.max_batch_messages;
+    if batch.messages.is_empty() || batch.messages.len() > max {
+        return Err(ApiError::bad_request(
+            "invalid_batch",
+            format!(
+                "messages must hold 1 to {max} messages, got {}",
+                batch.messages.len()
+            ),
+        ));
+    }
+    let msgs = batch
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| message(i, raw))
+        .collect::<Result<Vec<_>, _>>()?;
+    let results = broker.produce(&topic, msgs).await?;
+    let results: Vec<_> = results
+        .iter()
+        .map(|r| serde_json::json!({"partition": r.partition, "offset": r.offset}))
+        .collect();
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &serde_json::json!({"accepted": results.len(), "results": results}),
+    ))
+}

@@ -1,0 +1,240 @@
+//! Strict query-string parsing: each route names the parameters it accepts; an unknown or
+//! repeated parameter is a 400, never silently ignored.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::ApiError;
+
+#[derive(Debug, Default)]
+pub struct Query {
+    params: HashMap<String, String>,
+}
+
+fn percent_decode(s: &str) -> Result<String, ApiError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "invalid_query",
+                            "bad percent-encoding in query string",
+                        )
+                    })?;
+                out.push(hex);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out)
+        .map_err(|_| ApiError::bad_request("invalid_query", "query string is not valid UTF-8"))
+}
+
+impl Query {
+    /// Parses `raw`, accepting only the parameter names in `allowed`.
+    pub fn parse(raw: Option<&str>, allowed: &[&str]) -> Result<Self, ApiError> {
+        let mut params = HashMap::new();
+        for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let k = percent_decode(k)?;
+            let v = percent_decode(v)?;
+            if !allowed.contains(&k.as_str()) {
+                return Err(ApiError::bad_request(
+                    "unknown_parameter",
+                    format!(
+                        "unknown query parameter '{k}' (accepted: {})",
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+            if params.insert(k.clone(), v).is_some() {
+                return Err(ApiError::bad_request(
+                    "duplicate_parameter",
+                    format!("query parameter '{k}' is given more than once"),
+                ));
+            }
+        }
+        Ok(Self { params })
+    }
+
+    pub fn str(&self, name: &str) -> Option<&str> {
+        self.params.get(name).map(String::as_str)
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.params.contains_key(name)
+    }
+
+    /// An unsigned integer parameter.
+    pub fn u64(&self, name: &str) -> Result<Option<u64>, ApiError> {
+        self.str(name)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    ApiError::bad_request(
+                        "invalid_parameter",
+                        format!(
+                            "query parameter '{name}' must be a non-negative integer, got '{v}'"
+                        ),
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    pub fn u32(&self, name: &str) -> Result<Option<u32>, ApiError> {
+        match self.u64(name)? {
+            None => Ok(None),
+            Some(v) => u32::try_from(v).map(Some).map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_parameter",
+                    format!("query parameter '{name}' is too large"),
+                )
+            }),
+        }
+    }
+}
+
+/// Parses a wait duration: `500ms`, `2s`, `1.5s`, `1m`, or a bare number of seconds.
+pub fn parse_duration(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    let (num, unit_ms) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 60_000.0)
+    } else {
+        (v, 1000.0)
+    };
+    let x: f64 = num.parse().ok()?;
+    if !x.is_finite() || x < 0.0 || num.starts_with('+') {
+        return None;
+    }
+    let ms = x * unit_ms;
+    if ms > 1e12 {
+        return Some(Duration::from_millis(1_000_000_000_000));
+    }
+    Some(Duration::from_millis(ms as u64))
+}
+
+/// Parses a point in time: RFC 3339 (`2026-11-29T10:00:00Z`, `...+01:00`, fractional seconds)
+/// or unix milliseconds.
+pub fn parse_time_ms(v: &str) -> Option<i64> {
+    if let Ok(ms) = v.parse::<i64>() {
+        return Some(ms);
+    }
+    let b = v.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    let num = |s: &str| s.parse::<i64>().ok();
+    let year = num(v.get(0..4)?)?;
+    let month = num(v.get(5..7)?)?;
+    let day = num(v.get(8..10)?)?;
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let hour = num(v.get(11..13)?)?;
+    let min = num(v.get(14..16)?)?;
+    let sec = num(v.get(17..19)?)?;
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || min > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = &v[19..];
+    let mut millis = 0i64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let mut f = frac[..digits.min(3)].to_owned();
+        while f.len() < 3 {
+            f.push('0');
+        }
+        millis = f.parse().ok()?;
+        rest = &frac[digits..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            if rest.len() != 6 || rest.as_bytes()[3] != b':' {
+                return None;
+            }
+            sign * (num(&rest[1..3])? * 60 + num(&rest[4..6])?)
+        }
+    };
+    // days from civil (Howard Hinnant's algorithm)
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3600 + min * 60 + sec - offset_min * 60;
+    Some(secs * 1000 + millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_params() {
+        let q = Query::parse(Some("key=a%20b&partition=2"), &["key", "partition"]).unwrap();
+        assert_eq!(q.str("key"), Some("a b"));
+        assert_eq!(q.u32("partition").unwrap(), Some(2));
+        assert!(Query::parse(Some("key=a&key=b"), &["key"]).is_err());
+        assert!(Query::parse(Some("nope=1"), &["key"]).is_err());
+        let q = Query::parse(Some("partition=-1"), &["partition"]).unwrap();
+        assert!(q.u32("partition").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
+        for bad in ["abc", "-1s", "", "1h", "NaNs", "+2s"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(parse_time_ms("1700000000000"), Some(1_700_000_000_000));
+        assert_eq!(parse_time_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            parse_time_ms("2023-11-14T22:13:20Z"),
+            Some(1_700_000_000_000)
+        );
+        assert_eq!(
+            parse_time_ms("2023-11-14T22:13:20.5Z"),
+            Some(1_700_000_000_500)
+        );
+        assert_eq!(
+            parse_time_ms("2023-11-14T23:13:20+01:00"),
+            Some(1_700_000_000_000)
+        );
+        for bad in ["yesterday", "2023-13-01T00:00:00Z", "2023-11-14T22:13:20"] {
+            assert_eq!(parse_time_ms(bad), None, "{bad}");
+        }
+    }
+}

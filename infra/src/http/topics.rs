@@ -1,0 +1,165 @@
+//! Topic administration: create, list, get (with partition stats), alter, delete.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::IntoResponse;
+use narad_core::broker::{TopicInfo, TopicMeta};
+use narad_core::topic::{CreateTopic, TopicConfig, TopicPatch};
+use serde::Serialize;
+
+use super::query::Query;
+use super::{
+    ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
+};
+
+#[derive(Serialize)]
+pub struct TopicJson<'a> {
+    name: &'a str,
+    id: String,
+    created_at_ms: i64,
+    #[serde(flatten)]
+    config: &'a TopicConfig,
+}
+
+pub fn topic_json(m: &TopicMeta) -> TopicJson<'_> {
+    TopicJson {
+        name: &m.name,
+        id: format!("{:016x}", m.id),
+        created_at_ms: m.created_at_ms,
+        config: &m.config,
+    }
+}
+
+#[derive(Serialize)]
+struct PartitionStatsJson {
+    partition: u32,
+    oldest_offset: u64,
+    next_offset: u64,
+    /// Every offset below this is acked.
+    frontier: u64,
+    unacked: u64,
+    in_flight: usize,
+    delayed: usize,
+    acked_ahead: u64,
+    bytes: u64,
+    segments: usize,
+    open: bool,
+}
+
+#[derive(Serialize)]
+struct TopicDetailsJson<'a> {
+    #[serde(flatten)]
+    topic: TopicJson<'a>,
+    waiters: usize,
+    partition_stats: Vec<PartitionStatsJson>,
+}
+
+pub async fn create(State(state): State<SharedState>, uri: Uri, body: Body) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let broker = state.broker()?.clone();
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    let req: CreateTopic = parse_json(&body)?;
+    let meta = broker.create_topic(req).await?;
+    Ok(json_response(StatusCode::CREATED, &topic_json(&meta)))
+}
+
+pub async fn list(State(state): State<SharedState>, uri: Uri) -> ApiResult {
+    let q = Query::parse(uri.query(), &["limit", "page_token"])?;
+    let broker = state.broker()?;
+    let limit = match q.u64("limit")? {
+        None => 100,
+        Some(0) => {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                "limit must be at least 1",
+            ));
+        }
+        Some(n) => n.min(1000) as usize,
+    };
+    let after = q.str("page_token").filter(|t| !t.is_empty());
+    let (topics, more) = broker.list_topics(after, limit);
+    let next = if more {
+        topics.last().map(|t| t.name.clone()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let items: Vec<_> = topics.iter().map(topic_json).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({"topics": items, "next_page_token": next}),
+    ))
+}
+
+pub async fn get(
+    State(state): State<SharedState>,
+    Path(topic): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    let q = Query::parse(uri.query(), &["partition"])?;
+    let broker = state.broker()?;
+    let info: TopicInfo = broker.topic_info(&topic)?;
+    let only = q.u32("partition")?;
+    if let Some(p) = only
+        && p >= info.meta.config.partitions
+    {
+        return Err(ApiError::bad_request(
+            "partition_out_of_range",
+            format!(
+                "partition {p} is out of range: the topic has {} partitions",
+                info.meta.config.partitions
+            ),
+        ));
+    }
+    let stats = info
+        .partitions
+        .iter()
+        .filter(|p| only.is_none_or(|o| o == p.partition))
+        .map(|p| PartitionStatsJson {
+            partition: p.partition,
+            oldest_offset: p.log.oldest_offset,
+            next_offset: p.log.next_offset.max(p.queue.frontier),
+            frontier: p.queue.frontier,
+            unacked: p.queue.unacked,
+            in_flight: p.queue.in_flight,
+            delayed: p.queue.delayed,
+            acked_ahead: p.queue.acked_ahead,
+            bytes: p.log.bytes,
+            segments: p.log.segments,
+            open: p.open,
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &TopicDetailsJson {
+            topic: topic_json(&info.meta),
+            waiters: info.waiters,
+            partition_stats: stats,
+        },
+    ))
+}
+
+pub async fn alter(
+    State(state): State<SharedState>,
+    Path(topic): Path<String>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let broker = state.broker()?.clone();
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    let patch: TopicPatch = parse_json(&body)?;
+    let meta = broker.alter_topic(&topic, patch).await?;
+    Ok(json_response(StatusCode::OK, &topic_json(&meta)))
+}
+
+pub async fn delete(
+    State(state): State<SharedState>,
+    Path(topic): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let broker = state.broker()?.clone();
+    broker.delete_topic(&topic).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

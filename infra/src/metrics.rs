@@ -1,0 +1,189 @@
+//! The Prometheus registry: core counters, HTTP metrics, and gauges sampled at scrape time.
+
+use std::sync::Arc;
+
+use narad_core::broker::Broker;
+use narad_core::metrics::CoreMetrics;
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub route: String,
+    pub method: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabels {
+    pub topic: String,
+    pub partition: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    pub topic: String,
+}
+
+type HistogramFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub core: Arc<CoreMetrics>,
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_duration: HistogramFamily,
+    unacked: Family<PartitionLabels, Gauge>,
+    in_flight: Family<PartitionLabels, Gauge>,
+    delayed: Family<PartitionLabels, Gauge>,
+    next_offset: Family<PartitionLabels, Gauge>,
+    partition_bytes: Family<PartitionLabels, Gauge>,
+    segments: Family<PartitionLabels, Gauge>,
+    waiters: Family<TopicLabels, Gauge>,
+    topics: Gauge,
+    open_logs: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let core = Arc::new(CoreMetrics::default());
+        let mut registry = Registry::default();
+        core.register(&mut registry);
+        let m = Self {
+            core,
+            http_requests: Family::default(),
+            http_duration: Family::new_with_constructor(latency_histogram),
+            unacked: Family::default(),
+            in_flight: Family::default(),
+            delayed: Family::default(),
+            next_offset: Family::default(),
+            partition_bytes: Family::default(),
+            segments: Family::default(),
+            waiters: Family::default(),
+            topics: Gauge::default(),
+            open_logs: Gauge::default(),
+            registry: Mutex::new(Registry::default()),
+        };
+        registry.register(
+            "narad_http_requests",
+            "HTTP requests by route, method and status",
+            m.http_requests.clone(),
+        );
+        registry.register(
+            "narad_http_request_duration_seconds",
+            "HTTP request latency",
+            m.http_duration.clone(),
+        );
+        registry.register(
+            "narad_consumer_lag_messages",
+            "messages not yet acked (next offset - frontier - acked ahead)",
+            m.unacked.clone(),
+        );
+        registry.register(
+            "narad_in_flight_messages",
+            "leased messages awaiting ack",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "narad_delayed_messages",
+            "messages seen by consumers but not yet due",
+            m.delayed.clone(),
+        );
+        registry.register(
+            "narad_partition_next_offset",
+            "next offset to be written",
+            m.next_offset.clone(),
+        );
+        registry.register(
+            "narad_partition_size_bytes",
+            "bytes of log on local disk",
+            m.partition_bytes.clone(),
+        );
+        registry.register(
+            "narad_partition_segments",
+            "segments on local disk",
+            m.segments.clone(),
+        );
+        registry.register(
+            "narad_consume_waiters",
+            "readers long-polling a topic",
+            m.waiters.clone(),
+        );
+        registry.register("narad_topics", "topics", m.topics.clone());
+        registry.register(
+            "narad_open_partition_logs",
+            "partition logs with open files",
+            m.open_logs.clone(),
+        );
+        *m.registry.lock() = registry;
+        m
+    }
+
+    /// Samples state gauges from the broker and encodes everything in the text format.
+    pub fn render(&self, broker: Option<&Broker>) -> String {
+        for f in [
+            &self.unacked,
+            &self.in_flight,
+            &self.delayed,
+            &self.next_offset,
+            &self.partition_bytes,
+            &self.segments,
+        ] {
+            f.clear();
+        }
+        self.waiters.clear();
+        if let Some(b) = broker {
+            let names = b.topic_names();
+            self.topics.set(names.len() as i64);
+            let mut open = 0;
+            for name in names {
+                let Ok(info) = b.topic_info(&name) else {
+                    continue;
+                };
+                self.waiters
+                    .get_or_create(&TopicLabels {
+                        topic: name.clone(),
+                    })
+                    .set(info.waiters as i64);
+                for p in info.partitions {
+                    let l = PartitionLabels {
+                        topic: name.clone(),
+                        partition: p.partition,
+                    };
+                    self.unacked.get_or_create(&l).set(p.queue.unacked as i64);
+                    self.in_flight
+                        .get_or_create(&l)
+                        .set(p.queue.in_flight as i64);
+                    self.delayed.get_or_create(&l).set(p.queue.delayed as i64);
+                    self.next_offset
+                        .get_or_create(&l)
+                        .set(p.log.next_offset as i64);
+                    self.partition_bytes
+                        .get_or_create(&l)
+                        .set(p.log.bytes as i64);
+                    self.segments.get_or_create(&l).set(p.log.segments as i64);
+                    open += i64::from(p.open);
+                }
+            }
+            self.open_logs.set(open);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry.lock())
+            .expect("writing to a String cannot fail");
+        out
+    }
+}

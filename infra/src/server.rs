@@ -1,0 +1,132 @@
+//! The server: binds nothing itself (tests and the binary pass a listener), recovers the broker
+//! in the background while `/healthz` already answers, serves HTTP, and shuts down in order.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use narad_core::broker::Broker;
+use narad_core::clock::SystemClock;
+use tokio::net::TcpListener;
+
+use crate::config::ServerConfig;
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("broker failed to start: {0}")]
+    Broker(#[from] narad_core::broker::BrokerError),
+    #[error("http server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves the API on `listener` until `shutdown` resolves, then:
+/// 1. reports not ready and answers waiting long-polls with 204,
+/// 2. stops accepting and lets in-flight requests finish (up to `shutdown_grace_ms`),
+/// 3. persists queue state and closes every partition log after its queued appends.
+pub async fn run(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let metrics = Arc::new(Metrics::new());
+    let state = Arc::new(AppState {
+        cfg: config.clone(),
+        broker: std::sync::OnceLock::new(),
+        ready: AtomicBool::new(false),
+        shutting_down: AtomicBool::new(false),
+        metrics: metrics.clone(),
+    });
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), "narad listening; recovering data");
+
+    let started = std::time::Instant::now();
+    let broker = Broker::open(
+        config.broker_config(),
+        Arc::new(SystemClock),
+        metrics.core.clone(),
+    );
+    let (broker_tx, broker_rx) = tokio::sync::oneshot::channel();
+    let opener = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            match broker.await {
+                Ok(b) => {
+                    let _ = state.broker.set(b);
+                    state.ready.store(true, Ordering::Release);
+                    tracing::info!(
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "narad ready"
+                    );
+                    let _ = broker_tx.send(Ok(()));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "broker failed to open");
+                    let _ = broker_tx.send(Err(e));
+                }
+            }
+        })
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let failed: Arc<parking_lot::Mutex<Option<ServerError>>> = Arc::default();
+    {
+        let state = state.clone();
+        let failed = failed.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown => {}
+                r = broker_rx => {
+                    match r {
+                        Ok(Err(e)) => *failed.lock() = Some(e.into()),
+                        _ => std::future::pending::<()>().await,
+                    }
+                }
+            }
+            tracing::info!("shutting down");
+            state.ready.store(false, Ordering::Release);
+            state.shutting_down.store(true, Ordering::Release);
+            if let Some(b) = state.broker.get() {
+                b.drain_waiters();
+            }
+            let _ = stop_tx.send(());
+        });
+    }
+    let app = http::router(state.clone());
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = stop_rx.await;
+    });
+    let serve = tokio::spawn(async move { serve.await });
+    // Once shutdown starts, in-flight requests get `grace` to finish.
+    let mut serve = serve;
+    let result = loop {
+        tokio::select! {
+            r = &mut serve => break r.map_err(std::io::Error::other).and_then(|r| r),
+            () = tokio::time::sleep(Duration::from_millis(50)) => {
+                if state.shutting_down.load(Ordering::Acquire) {
+                    match tokio::time::timeout(grace, &mut serve).await {
+                        Ok(r) => break r.map_err(std::io::Error::other).and_then(|r| r),
+                        Err(_) => {
+                            tracing::warn!("in-flight requests did not finish within the shutdown grace period");
+                            serve.abort();
+                            break Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let _ = opener.await;
+    if let Some(b) = state.broker.get() {
+        b.shutdown().await;
+    }
+    tracing::info!("narad stopped");
+    if let Some(e) = failed.lock().take() {
+        return Err(e);
+    }
+    result?;
+    Ok(())
+}
