@@ -24,12 +24,13 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             } else if let Some(d) = a.data_dir {
                 cfg.data_dir = d;
             }
-            serve(cfg, a.dev).await
+            serve(cfg, a.dev, a.addr_file).await
         }
         Command::Serve(ServeArgs {
             config,
             listen,
             data_dir,
+            addr_file,
         }) => {
             let mut cfg = ServerConfig::load(config.as_deref(), std::env::vars())?;
             if let Some(l) = listen {
@@ -38,7 +39,7 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             if let Some(d) = data_dir {
                 cfg.data_dir = d;
             }
-            serve(cfg, false).await
+            serve(cfg, false, addr_file).await
         }
         Command::Topic(t) => topic(&Client::new(&cli.server)?, t).await,
         Command::Pub(a) => publish(&Client::new(&cli.server)?, a).await,
@@ -52,7 +53,11 @@ fn default_dev_dir() -> std::path::PathBuf {
     home.join(".narad").join("data")
 }
 
-async fn serve(cfg: ServerConfig, dev: bool) -> Result<(), BoxError> {
+async fn serve(
+    cfg: ServerConfig,
+    dev: bool,
+    addr_file: Option<std::path::PathBuf>,
+) -> Result<(), BoxError> {
     narad_infra::telemetry::init(&cfg.log_format, &cfg.log_level);
     if dev {
         tracing::info!("development mode: bound to loopback, text logs");
@@ -60,6 +65,11 @@ async fn serve(cfg: ServerConfig, dev: bool) -> Result<(), BoxError> {
     let listener = tokio::net::TcpListener::bind(cfg.listen_addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen_addr))?;
+    if let Some(path) = addr_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, listener.local_addr()?.to_string())?;
+        std::fs::rename(&tmp, &path)?;
+    }
     narad_infra::server::run(listener, cfg, shutdown_signal()).await?;
     Ok(())
 }

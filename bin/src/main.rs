@@ -65,6 +65,9 @@ struct StartArgs {
     /// Optional TOML config file (same keys as `narad serve`).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Write the bound address to this file once listening (useful with --port 0).
+    #[arg(long)]
+    addr_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -77,6 +80,9 @@ struct ServeArgs {
     listen: Option<std::net::SocketAddr>,
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Write the bound address to this file once listening.
+    #[arg(long)]
+    addr_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]

@@ -76,14 +76,17 @@ pub async fn run(
         let state = state.clone();
         let failed = failed.clone();
         tokio::spawn(async move {
+            // Only a failed open ends the wait early; a successful one keeps waiting for
+            // the shutdown signal.
+            let open_failed = async {
+                match broker_rx.await {
+                    Ok(Err(e)) => e,
+                    _ => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = shutdown => {}
-                r = broker_rx => {
-                    match r {
-                        Ok(Err(e)) => *failed.lock() = Some(e.into()),
-                        _ => std::future::pending::<()>().await,
-                    }
-                }
+                e = open_failed => *failed.lock() = Some(e.into()),
             }
             tracing::info!("shutting down");
             state.ready.store(false, Ordering::Release);

@@ -1,1 +1,8 @@
+//! Black-box tests: each starts the real `narad` binary on 127.0.0.1 with an ephemeral port
+//! and a temporary data directory, and talks HTTP to it.
 
+mod api;
+mod crash;
+mod openapi;
+mod queue;
+mod support;

@@ -371,6 +371,13 @@ impl PartitionLog {
         if from >= end || max_records == 0 {
             return Ok(out);
         }
+        let oldest = self.oldest_offset();
+        if from < oldest {
+            return Err(LogError::Truncated {
+                requested: from,
+                oldest,
+            });
+        }
         {
             let cache = self.shared.cache.lock();
             if let Some(first) = cache.records.front()

@@ -113,6 +113,8 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
         (n, 1000.0)
     } else if let Some(n) = v.strip_suffix('m') {
         (n, 60_000.0)
+    } else if let Some(n) = v.strip_suffix('h') {
+        (n, 3_600_000.0)
     } else {
         (v, 1000.0)
     };
@@ -212,7 +214,7 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
         assert_eq!(parse_duration("1m"), Some(Duration::from_secs(60)));
         assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
-        for bad in ["abc", "-1s", "", "1h", "NaNs", "+2s"] {
+        for bad in ["abc", "-1s", "", "1d", "NaNs", "+2s"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
     }

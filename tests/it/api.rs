@@ -1,0 +1,577 @@
+//! Topic administration, produce and replay over HTTP, with every status code.
+
+use std::io::Write;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+#[tokio::test]
+async fn topic_lifecycle_and_validation() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let t = s.create_topic(json!({"name": "orders"})).await;
+    assert_eq!(t["partitions"], 3);
+    assert_eq!(t["visibility_timeout_ms"], 30000);
+    assert_eq!(t["max_in_flight_per_partition"], 1024);
+    assert_eq!(t["retention_ms"], 604800000);
+    expect_error(
+        s.post_json("/v1/topics", &json!({"name": "orders"})).await,
+        StatusCode::CONFLICT,
+        "topic_exists",
+    )
+    .await;
+    for bad in [
+        json!({"name": ""}),
+        json!({"name": "."}),
+        json!({"name": "a/b"}),
+        json!({"name": "x", "partitions": 0}),
+        json!({"name": "x", "partitions": 257}),
+        json!({"name": "x", "delay_ms": 900001}),
+    ] {
+        expect_error(
+            s.post_json("/v1/topics", &bad).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+        )
+        .await;
+    }
+    expect_error(
+        s.post_json("/v1/topics", &json!({"name": "x", "bogus": 1}))
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_json",
+    )
+    .await;
+    let r = s
+        .http
+        .post(s.url("/v1/topics"))
+        .body("{\"name\":\"x\"} {}")
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_json").await;
+    // the server answers 413 without reading the rest and closes the connection: use a
+    // client of its own so the pooled connections of `s.http` stay usable
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/topics"))
+        .body(vec![b' '; 2 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large").await;
+
+    // pagination
+    for n in ["a1", "a2", "a3", "a4"] {
+        s.create_topic(json!({"name": n, "partitions": 1})).await;
+    }
+    let mut token = String::new();
+    let mut names = Vec::new();
+    let mut pages = 0;
+    loop {
+        let v: Value = s
+            .get(&format!("/v1/topics?limit=2&page_token={token}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        pages += 1;
+        names.extend(
+            v["topics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["name"].as_str().unwrap().to_owned()),
+        );
+        token = v["next_page_token"].as_str().unwrap().to_owned();
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(names, ["a1", "a2", "a3", "a4", "orders"]);
+    assert_eq!(pages, 3);
+    expect_error(
+        s.get("/v1/topics?limit=0").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_parameter",
+    )
+    .await;
+    expect_error(
+        s.get("/v1/topics?limit=x").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_parameter",
+    )
+    .await;
+    expect_error(
+        s.get("/v1/topics?bogus=1").await,
+        StatusCode::BAD_REQUEST,
+        "unknown_parameter",
+    )
+    .await;
+
+    // get with stats
+    assert_eq!(
+        s.produce("orders", "?partition=1", "hello").await.status(),
+        StatusCode::ACCEPTED
+    );
+    let v: Value = s
+        .get("/v1/topics/orders?partition=1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["partition_stats"][0]["next_offset"], 1);
+    assert_eq!(v["partition_stats"][0]["frontier"], 0);
+    assert_eq!(v["partition_stats"][0]["unacked"], 1);
+    expect_error(
+        s.get("/v1/topics/orders?partition=99").await,
+        StatusCode::BAD_REQUEST,
+        "partition_out_of_range",
+    )
+    .await;
+    expect_error(
+        s.get("/v1/topics/nope").await,
+        StatusCode::NOT_FOUND,
+        "topic_not_found",
+    )
+    .await;
+
+    // alter
+    let patch = |b: Value| s.http.patch(s.url("/v1/topics/orders")).json(&b).send();
+    let r = patch(json!({"visibility_timeout_ms": 1000, "partitions": 4}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (
+            v["visibility_timeout_ms"].as_i64(),
+            v["partitions"].as_i64()
+        ),
+        (Some(1000), Some(4))
+    );
+    expect_error(
+        patch(json!({"partitions": 2})).await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "invalid_field",
+    )
+    .await;
+    expect_error(
+        patch(json!({})).await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "invalid_field",
+    )
+    .await;
+    expect_error(
+        patch(json!({"name": "y"})).await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "invalid_json",
+    )
+    .await;
+    assert_eq!(
+        s.produce("orders", "?partition=3", "p3").await.status(),
+        StatusCode::ACCEPTED
+    );
+
+    // delete, then re-create: nothing of the old topic comes back
+    assert_eq!(
+        s.http
+            .delete(s.url("/v1/topics/orders"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::NO_CONTENT
+    );
+    expect_error(
+        s.get("/v1/topics/orders").await,
+        StatusCode::NOT_FOUND,
+        "topic_not_found",
+    )
+    .await;
+    expect_error(
+        s.http
+            .delete(s.url("/v1/topics/orders"))
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::NOT_FOUND,
+        "topic_not_found",
+    )
+    .await;
+    s.create_topic(json!({"name": "orders"})).await;
+    assert!(s.consume("orders", "").await.is_none());
+
+    // unknown routes and methods are JSON too
+    expect_error(
+        s.get("/v2/nothing").await,
+        StatusCode::NOT_FOUND,
+        "route_not_found",
+    )
+    .await;
+    expect_error(
+        s.http.put(s.url("/v1/topics")).send().await.unwrap(),
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    )
+    .await;
+    assert_eq!(s.get("/healthz").await.status(), StatusCode::OK);
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    for name in [
+        "narad_messages_produced_total",
+        "narad_storage_fsyncs_total",
+        "narad_http_requests_total",
+        "narad_consumer_lag_messages",
+        "narad_storage_records_per_fsync",
+    ] {
+        assert!(metrics.contains(name), "missing {name}");
+    }
+}
+
+#[tokio::test]
+async fn produce_validation_and_payload_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "t", "partitions": 3, "max_message_bytes": 1000}))
+        .await;
+    expect_error(
+        s.produce("t", "", "").await,
+        StatusCode::BAD_REQUEST,
+        "empty_message",
+    )
+    .await;
+    expect_error(
+        s.produce("t", "", vec![b'x'; 1001]).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "message_too_large",
+    )
+    .await;
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/topics/t/produce"))
+        .body(vec![b'x'; 9 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large").await;
+    expect_error(
+        s.produce("t", "?key=a&key=b", "x").await,
+        StatusCode::BAD_REQUEST,
+        "duplicate_parameter",
+    )
+    .await;
+    expect_error(
+        s.produce("t", "?partition=-1", "x").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_parameter",
+    )
+    .await;
+    expect_error(
+        s.produce("t", "?partition=3", "x").await,
+        StatusCode::BAD_REQUEST,
+        "partition_out_of_range",
+    )
+    .await;
+    expect_error(
+        s.produce("t", "?delay_ms=900001", "x").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_message",
+    )
+    .await;
+    expect_error(
+        s.produce("t", "?nope=1", "x").await,
+        StatusCode::BAD_REQUEST,
+        "unknown_parameter",
+    )
+    .await;
+    expect_error(
+        s.produce("missing", "", "x").await,
+        StatusCode::NOT_FOUND,
+        "topic_not_found",
+    )
+    .await;
+
+    let bin: Vec<u8> = (0..=255u8).collect();
+    let mut expect = Vec::new();
+    for (body, enc) in [
+        (b"{\"a\": 1}".to_vec(), "json"),
+        (b"hello".to_vec(), "utf8"),
+        (bin.clone(), "base64"),
+    ] {
+        let r = s
+            .http
+            .post(s.url("/v1/topics/t/produce?partition=0&key=k%201"))
+            .header("x-narad-header-trace", "abc")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["partition"], 0);
+        expect.push((v["offset"].as_u64().unwrap(), enc));
+    }
+    for (offset, enc) in expect {
+        let m = s
+            .consume("t", &format!("?partition=0&offset={offset}"))
+            .await
+            .unwrap();
+        assert_eq!(m["payload_encoding"], enc);
+        assert_eq!(m["key"], "k 1");
+        assert_eq!(m["headers"]["trace"], "abc");
+        assert!(
+            m.get("receipt_handle").is_none(),
+            "replay reads carry no handle"
+        );
+        match enc {
+            "json" => assert_eq!(m["payload"], json!({"a": 1})),
+            "utf8" => assert_eq!(m["payload"], "hello"),
+            _ => {
+                use base64::Engine;
+                let b = base64::engine::general_purpose::STANDARD
+                    .decode(m["payload"].as_str().unwrap())
+                    .unwrap();
+                assert_eq!(b, bin);
+            }
+        }
+    }
+    // keyless messages carry no key and spread evenly
+    let mut counts = [0; 3];
+    for _ in 0..30 {
+        let v: Value = s.produce("t", "", "x").await.json().await.unwrap();
+        counts[v["partition"].as_u64().unwrap() as usize] += 1;
+    }
+    assert_eq!(counts, [10, 10, 10]);
+    let m = s.consume("t", "?partition=1&offset=0").await.unwrap();
+    assert!(m.get("key").is_none());
+    // same key, same partition
+    let mut parts = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let v: Value = s
+            .produce("t", "?key=user-42", "x")
+            .await
+            .json()
+            .await
+            .unwrap();
+        parts.insert(v["partition"].as_u64());
+    }
+    assert_eq!(parts.len(), 1);
+}
+
+#[tokio::test]
+async fn batch_produce_is_all_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "t", "partitions": 2})).await;
+    let msgs: Vec<Value> = (0..100)
+        .map(|i| json!({"payload": {"i": i}, "key": format!("k{}", i % 7)}))
+        .collect();
+    let r = s
+        .post_json("/v1/topics/t/produce/batch", &json!({"messages": msgs}))
+        .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["accepted"], 100);
+    assert_eq!(v["results"].as_array().unwrap().len(), 100);
+
+    assert_eq!(stored(&s).await, 100);
+    let mut bad: Vec<Value> = (0..10).map(|i| json!({"payload": i})).collect();
+    bad[7] = json!({"payload": "%%%", "payload_encoding": "base64"});
+    let r = s
+        .post_json("/v1/topics/t/produce/batch", &json!({"messages": bad}))
+        .await;
+    let text = r.text().await.unwrap();
+    assert!(text.contains("message 7"), "{text}");
+    bad[7] = json!({"payload": 1, "partition": 5});
+    expect_error(
+        s.post_json("/v1/topics/t/produce/batch", &json!({"messages": bad}))
+            .await,
+        StatusCode::BAD_REQUEST,
+        "partition_out_of_range",
+    )
+    .await;
+    bad[7] = json!({"payload": 1, "bogus": true});
+    expect_error(
+        s.post_json("/v1/topics/t/produce/batch", &json!({"messages": bad}))
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_message",
+    )
+    .await;
+    assert_eq!(
+        stored(&s).await,
+        100,
+        "nothing of a rejected batch is stored"
+    );
+    let too_many: Vec<Value> = (0..1001).map(|i| json!({"payload": i})).collect();
+    expect_error(
+        s.post_json("/v1/topics/t/produce/batch", &json!({"messages": too_many}))
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_batch",
+    )
+    .await;
+    expect_error(
+        s.post_json("/v1/topics/t/produce/batch", &json!({"messages": []}))
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_batch",
+    )
+    .await;
+    expect_error(
+        s.post_json(
+            "/v1/topics/t/produce/batch?key=a",
+            &json!({"messages": [{"payload": 1}]}),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "unknown_parameter",
+    )
+    .await;
+
+    // compressed bodies
+    let body = serde_json::to_vec(&json!({"messages": [{"payload": "hi", "payload_encoding": "utf8"}, {"payload": "aGk=", "payload_encoding": "base64"}]})).unwrap();
+    let z = zstd::encode_all(&body[..], 3).unwrap();
+    let r = s
+        .http
+        .post(s.url("/v1/topics/t/produce/batch"))
+        .header("content-encoding", "zstd")
+        .body(z)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&body).unwrap();
+    let r = s
+        .http
+        .post(s.url("/v1/topics/t/produce/batch"))
+        .header("content-encoding", "gzip")
+        .body(gz.finish().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let r = s
+        .http
+        .post(s.url("/v1/topics/t/produce/batch"))
+        .header("content-encoding", "br")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    expect_error(
+        r,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_encoding",
+    )
+    .await;
+    assert_eq!(stored(&s).await, 104);
+}
+
+async fn stored(s: &Server) -> u64 {
+    let v: Value = s.get("/v1/topics/t").await.json().await.unwrap();
+    v["partition_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["next_offset"].as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn replay_reads_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "t", "partitions": 1})).await;
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for i in 0..5 {
+        s.produce("t", "", format!("m{i}")).await;
+    }
+    for _ in 0..2 {
+        let m = s.consume("t", "?partition=0&offset=0").await.unwrap();
+        assert_eq!(m["offset"], 0);
+    }
+    let v = s
+        .consume("t", "?partition=0&offset=1&max=10")
+        .await
+        .unwrap();
+    assert_eq!(v["messages"].as_array().unwrap().len(), 4);
+    let v = s
+        .consume("t", &format!("?partition=0&from_time={before}&max=10"))
+        .await
+        .unwrap();
+    assert_eq!(v["messages"][0]["offset"], 0);
+    assert!(
+        s.consume("t", "?partition=0&from_time=2999-01-01T00:00:00Z")
+            .await
+            .is_none()
+    );
+    assert!(s.consume("t", "?partition=0&offset=5").await.is_none());
+    expect_error(
+        s.get("/v1/topics/t/consume?offset=0").await,
+        StatusCode::BAD_REQUEST,
+        "partition_required",
+    )
+    .await;
+    expect_error(
+        s.get("/v1/topics/t/consume?partition=0&from_time=yesterday")
+            .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_parameter",
+    )
+    .await;
+    expect_error(
+        s.get("/v1/topics/t/consume?partition=9&offset=0").await,
+        StatusCode::BAD_REQUEST,
+        "partition_out_of_range",
+    )
+    .await;
+    // the queue still starts at offset 0
+    let m = s.consume("t", "").await.unwrap();
+    assert_eq!(m["offset"], 0);
+}
+
+#[tokio::test]
+async fn retention_deletes_old_segments_and_replay_answers_410() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(
+        dir.path(),
+        &[
+            ("NARAD_SEGMENT_MAX_BYTES", "4096"),
+            ("NARAD_RETENTION_INTERVAL_MS", "50"),
+        ],
+    )
+    .await;
+    s.create_topic(json!({"name": "t", "partitions": 1, "retention_ms": 1000}))
+        .await;
+    for i in 0..200 {
+        s.produce("t", "", format!("message-{i:05}-{}", "x".repeat(40)))
+            .await;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let v: Value = s.get("/v1/topics/t").await.json().await.unwrap();
+        if v["partition_stats"][0]["oldest_offset"].as_u64().unwrap() > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "retention never ran: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    expect_error(
+        s.get("/v1/topics/t/consume?partition=0&offset=0").await,
+        StatusCode::GONE,
+        "offset_truncated",
+    )
+    .await;
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("narad_retention_dropped_unacked_messages_total{topic=\"t\"}"),
+        "unacked losses are counted"
+    );
+}

@@ -1,0 +1,214 @@
+//! Starts the real `narad` binary on 127.0.0.1 with an ephemeral port and a temp data dir.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use reqwest::StatusCode;
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_narad");
+
+pub struct Server {
+    pub child: Option<Child>,
+    pub base: String,
+    pub data_dir: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub http: reqwest::Client,
+}
+
+impl Server {
+    /// Starts a dev server with its own data directory (kept in `dir`).
+    pub async fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[]).await
+    }
+
+    pub async fn start_with(dir: &Path, env: &[(&str, &str)]) -> Self {
+        let mut s = Self {
+            child: None,
+            base: String::new(),
+            data_dir: dir.join("data"),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        };
+        s.launch().await;
+        s
+    }
+
+    async fn launch(&mut self) {
+        let addr_file = self.data_dir.with_extension("addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data_dir.with_extension("log"))
+            .unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["server", "start", "--dev", "--port", "0", "--data-dir"])
+            .arg(&self.data_dir)
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("start narad"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addr = loop {
+            if let Ok(a) = std::fs::read_to_string(&addr_file) {
+                break a;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("narad exited early ({status}); log:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "narad did not bind in time");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        self.base = format!("http://{addr}");
+        loop {
+            if let Ok(r) = self.http.get(self.url("/readyz")).send().await
+                && r.status() == StatusCode::OK
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "narad not ready in time; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.with_extension("log")).unwrap_or_default()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// kill -9, no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Some(st) = c.try_wait().unwrap() {
+                    assert!(st.success(), "narad exited with {st}; log:\n{}", self.log());
+                    break;
+                }
+                assert!(Instant::now() < deadline, "narad did not stop on SIGTERM");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.launch().await;
+    }
+
+    pub async fn create_topic(&self, body: Value) -> Value {
+        let r = self
+            .http
+            .post(self.url("/v1/topics"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+        r.json().await.unwrap()
+    }
+
+    pub async fn produce(
+        &self,
+        topic: &str,
+        query: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        self.http
+            .post(self.url(&format!("/v1/topics/{topic}/produce{query}")))
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.http.get(self.url(path)).send().await.unwrap()
+    }
+
+    pub async fn post(&self, path: &str) -> reqwest::Response {
+        self.http.post(self.url(path)).send().await.unwrap()
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// One queue consume; `None` on 204.
+    pub async fn consume(&self, topic: &str, query: &str) -> Option<Value> {
+        let r = self
+            .get(&format!("/v1/topics/{topic}/consume{query}"))
+            .await;
+        match r.status() {
+            StatusCode::NO_CONTENT => None,
+            StatusCode::OK => Some(r.json().await.unwrap()),
+            s => panic!("consume answered {s}: {}", r.text().await.unwrap()),
+        }
+    }
+
+    pub async fn ack(&self, topic: &str, handle: &str, extend: Option<&str>) -> StatusCode {
+        let ext = extend.map(|e| format!("&extend={e}")).unwrap_or_default();
+        self.post(&format!(
+            "/v1/topics/{topic}/ack?receipt_handle={handle}{ext}"
+        ))
+        .await
+        .status()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Asserts an error response: status and JSON `code`.
+pub async fn expect_error(r: reqwest::Response, status: StatusCode, code: &str) {
+    let got = r.status();
+    let text = r.text().await.unwrap();
+    assert_eq!(got, status, "body: {text}");
+    let v: Value =
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("error body is not JSON: {text}"));
+    assert_eq!(v["code"], code, "body: {text}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "body: {text}"
+    );
+}
