@@ -16,8 +16,13 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
     match cli.command {
         Command::Server(ServerCmd::Start(a)) => {
             let mut cfg = ServerConfig::load(a.config.as_deref(), std::env::vars())?;
-            let host = if a.dev { [127, 0, 0, 1] } else { [0, 0, 0, 0] };
-            cfg.listen_addr = std::net::SocketAddr::from((host, a.port));
+            // --dev always binds loopback; otherwise the configured address (loopback by
+            // default) keeps its IP and --port picks the port.
+            if a.dev {
+                cfg.listen_addr = std::net::SocketAddr::from(([127, 0, 0, 1], a.port));
+            } else {
+                cfg.listen_addr.set_port(a.port);
+            }
             if a.dev {
                 cfg.log_format = LogFormat::Text;
                 cfg.data_dir = a.data_dir.unwrap_or_else(default_dev_dir);

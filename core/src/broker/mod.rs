@@ -441,6 +441,7 @@ impl Broker {
         let _guard = self.meta_lock.lock().await;
         let topic = self.topic(name)?;
         let old = topic.meta.read().clone();
+        let old_parts = topic.partitions();
         let config = old.config.patched(&patch)?;
         if config.partitions > old.config.partitions {
             let new = self
@@ -453,6 +454,7 @@ impl Broker {
         topic.meta.write().config = config;
         if let Err(e) = self.store_meta().await {
             topic.meta.write().config = old.config;
+            *topic.partitions.write() = old_parts;
             return Err(e);
         }
         // New capacity or partitions may make messages deliverable to waiting readers.
@@ -696,6 +698,11 @@ impl Broker {
             let part = &parts[i];
             {
                 let mut q = part.queue.lock();
+                // Appends whose producer went away before telling the queue are still
+                // durable: the log's end is the truth.
+                if let Some(log) = part.open_log() {
+                    q.on_append(log.next_offset());
+                }
                 let expired = q.expire(now);
                 if !expired.is_empty() {
                     self.metrics

@@ -140,7 +140,9 @@ impl Partition {
         let log = {
             let mut slot = self.log.lock();
             match &*slot {
-                Some(l) if Arc::strong_count(l) == 1 => slot.take(),
+                // A poisoned log stays open: reopening would re-run recovery and could serve
+                // bytes that never reached the disk. It recovers at the next restart.
+                Some(l) if Arc::strong_count(l) == 1 && l.is_poisoned().is_none() => slot.take(),
                 _ => None,
             }
         };

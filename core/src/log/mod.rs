@@ -109,10 +109,12 @@ pub struct LogStats {
     pub segments: usize,
 }
 
+type AppendReply = oneshot::Sender<Result<Appended, LogError>>;
+
 enum Cmd {
     Append {
         records: Vec<NewRecord>,
-        reply: oneshot::Sender<Result<Appended, LogError>>,
+        reply: AppendReply,
     },
     Roll {
         reply: oneshot::Sender<Result<(), LogError>>,
@@ -568,7 +570,9 @@ impl Writer {
 
     async fn roll_logged(&mut self) {
         if let Err(e) = self.roll().await {
-            tracing::error!(dir = %self.shared.dir.display(), error = %e, "segment roll failed");
+            tracing::error!(dir = %self.shared.dir.display(), error = %e, "segment roll failed; retrying in 1s");
+            // The age deadline stays in the past: back off instead of spinning.
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
     }
 
@@ -586,10 +590,7 @@ impl Writer {
         self.append_group(appends).await;
     }
 
-    async fn append_group(
-        &mut self,
-        group: Vec<(Vec<NewRecord>, oneshot::Sender<Result<Appended, LogError>>)>,
-    ) {
+    async fn append_group(&mut self, group: Vec<(Vec<NewRecord>, AppendReply)>) {
         if group.is_empty() {
             return;
         }
@@ -608,13 +609,14 @@ impl Writer {
             let m = self.active.meta.lock();
             (m.size, m.min_ts.is_some())
         };
-        if has_records && size + total > self.shared.cfg.segment_max_bytes {
-            if let Err(e) = self.roll().await {
-                for (_, reply) in group {
-                    let _ = reply.send(Err(LogError::Poisoned(e.to_string())));
-                }
-                return;
+        if has_records
+            && size + total > self.shared.cfg.segment_max_bytes
+            && let Err(e) = self.roll().await
+        {
+            for (_, reply) in group {
+                let _ = reply.send(Err(LogError::Poisoned(e.to_string())));
             }
+            return;
         }
         let ts = self.shared.clock.now_ms().max(self.last_ts);
         let start_pos = self.active.meta.lock().size;
