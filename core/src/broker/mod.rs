@@ -1066,19 +1066,47 @@ impl Broker {
 
     /// Applies every topic's retention now.
     pub async fn run_retention(&self) {
+        let now = self.clock.now_ms();
         for (topic, part) in self.all_partitions() {
-            let Some(log) = part.open_log() else { continue };
             let cfg = topic.config();
-            let (deleted, active_expired) = {
-                let log = log.clone();
-                tokio::task::spawn_blocking(move || {
-                    log.apply_retention(cfg.retention_ms, cfg.retention_bytes)
-                })
-                .await
-                .unwrap_or((0, false))
+            let log = match part.open_log() {
+                Some(log) => log,
+                None => {
+                    // A closed (idle) partition was last written before it was last used, so
+                    // once that is older than the retention all its data has expired: reopen
+                    // it to delete the data, unless it is already empty.
+                    let idle_for = now - part.last_used_ms.load(Ordering::Relaxed);
+                    let stats = part.stats();
+                    if cfg.retention_ms == 0
+                        || idle_for <= cfg.retention_ms
+                        || stats.oldest_offset >= stats.next_offset
+                    {
+                        continue;
+                    }
+                    match part.log(&self.env).await {
+                        Ok(log) => log,
+                        Err(e) => {
+                            tracing::error!(topic = %topic.label.topic, partition = part.index, error = %e, "could not reopen partition for retention");
+                            continue;
+                        }
+                    }
+                }
             };
-            if active_expired && let Err(e) = log.roll().await {
-                tracing::error!(topic = %topic.label.topic, partition = part.index, error = %e, "could not roll expired segment");
+            let (retention_ms, retention_bytes) = (cfg.retention_ms, cfg.retention_bytes);
+            let apply = |log: Arc<crate::log::PartitionLog>| {
+                tokio::task::spawn_blocking(move || {
+                    log.apply_retention(retention_ms, retention_bytes)
+                })
+            };
+            let (mut deleted, active_expired) = apply(log.clone()).await.unwrap_or((0, false));
+            if active_expired {
+                match log.roll().await {
+                    // The segment just sealed is expired too: delete it in this pass.
+                    Ok(()) => deleted += apply(log.clone()).await.unwrap_or((0, false)).0,
+                    Err(e) => {
+                        tracing::error!(topic = %topic.label.topic, partition = part.index, error = %e, "could not roll expired segment");
+                    }
+                }
             }
             if deleted > 0 {
                 let oldest = log.oldest_offset();

@@ -205,3 +205,38 @@ async fn keys_stick_to_a_partition_and_keyless_spread() {
     assert_eq!(counts, [100, 100, 100], "keyless produces spread evenly");
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_reaches_idle_closed_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = BrokerConfig::new(dir.path());
+    cfg.idle_close_ms = 50;
+    cfg.retention_interval_ms = 20;
+    cfg.ack_flush_interval_ms = 10;
+    let b = Broker::open(cfg, Arc::new(SystemClock), Arc::new(CoreMetrics::default()))
+        .await
+        .unwrap();
+    let mut req = create("t", 1);
+    req.retention_ms = Some(1000);
+    b.create_topic(req).await.unwrap();
+    b.produce("t", vec![msg("old")]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut was_closed = false;
+    loop {
+        let p = &b.topic_info("t").unwrap().partitions[0];
+        was_closed |= !p.open;
+        if p.log.oldest_offset == 1 && p.log.next_offset == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expired data of an idle partition was never deleted: {p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        was_closed,
+        "the partition was closed for idleness before retention ran"
+    );
+    b.shutdown().await;
+}
