@@ -86,11 +86,16 @@ impl Client {
         self.send(self.http.patch(self.url(path)).json(body)).await
     }
 
-    pub async fn post_bytes(&self, path: &str, body: Vec<u8>) -> Result<Reply, BoxError> {
+    pub async fn post_body(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &'static str,
+    ) -> Result<Reply, BoxError> {
         self.send(
             self.http
                 .post(self.url(path))
-                .header("content-type", "application/octet-stream")
+                .header("content-type", content_type)
                 .body(body),
         )
         .await

@@ -230,40 +230,67 @@ async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
     if let Some(d) = a.delay_ms {
         q.push(format!("delay_ms={d}"));
     }
-    let path = format!("/v1/topics/{}/produce?{}", enc(&a.topic), q.join("&"));
-    if a.count == 1 {
-        if let Reply::Json(v) = c.post_bytes(&path, payload).await? {
+    // One request carries `per_request` messages: the raw body, or a JSON batch of copies.
+    let (path, body, content_type, per_request) = if a.batch > 1 {
+        let (value, encoding) = match std::str::from_utf8(&payload) {
+            Ok(s) => (Value::from(s), "utf8"),
+            Err(_) => {
+                use base64::Engine;
+                let b64 = base64::engine::general_purpose::STANDARD.encode(&payload);
+                (Value::from(b64), "base64")
+            }
+        };
+        let mut m = json!({"payload": value, "payload_encoding": encoding});
+        if let Some(k) = &a.key {
+            m["key"] = Value::from(k.as_str());
+        }
+        if let Some(p) = a.partition {
+            m["partition"] = Value::from(p);
+        }
+        if let Some(d) = a.delay_ms {
+            m["delay_ms"] = Value::from(d);
+        }
+        let body = serde_json::to_vec(&json!({"messages": vec![m; a.batch as usize]}))?;
+        let path = format!("/v1/topics/{}/produce/batch", enc(&a.topic));
+        (path, body, "application/json", a.batch)
+    } else {
+        let path = format!("/v1/topics/{}/produce?{}", enc(&a.topic), q.join("&"));
+        (path, payload, "application/octet-stream", 1)
+    };
+    if a.count == 1 && per_request == 1 {
+        if let Reply::Json(v) = c.post_body(&path, body, content_type).await? {
             println!("{v}");
         }
         return Ok(());
     }
-    let pb = progress(Some(a.count), "published");
+    let requests = a.count.div_ceil(per_request);
+    let pb = progress(Some(requests * per_request), "published");
     let started = std::time::Instant::now();
     let mut sent = 0u64;
     if a.rate > 0.0 {
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / a.rate));
-        while sent < a.count {
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(per_request as f64 / a.rate));
+        for _ in 0..requests {
             tick.tick().await;
-            c.post_bytes(&path, payload.clone()).await?;
-            sent += 1;
+            c.post_body(&path, body.clone(), content_type).await?;
+            sent += per_request;
             if let Some(pb) = &pb {
-                pb.inc(1);
+                pb.inc(per_request);
             }
         }
     } else {
         let mut tasks = tokio::task::JoinSet::new();
         let mut launched = 0u64;
-        while sent < a.count {
-            while launched < a.count && tasks.len() < 32 {
-                let (c, path, payload) = (c.clone(), path.clone(), payload.clone());
-                tasks.spawn(async move { c.post_bytes(&path, payload).await });
+        while sent < requests * per_request {
+            while launched < requests && tasks.len() < a.concurrency.max(1) {
+                let (c, path, body) = (c.clone(), path.clone(), body.clone());
+                tasks.spawn(async move { c.post_body(&path, body, content_type).await });
                 launched += 1;
             }
             if let Some(r) = tasks.join_next().await {
                 r??;
-                sent += 1;
+                sent += per_request;
                 if let Some(pb) = &pb {
-                    pb.inc(1);
+                    pb.inc(per_request);
                 }
             }
         }

@@ -154,6 +154,13 @@ struct PubArgs {
     rate: f64,
     #[arg(long)]
     delay_ms: Option<u64>,
+    /// Send copies in batches of this size through the batch endpoint (`--count` is rounded up
+    /// to a whole number of batches).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    batch: u64,
+    /// Requests in flight when no --rate is given.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
 }
 
 #[derive(Args)]

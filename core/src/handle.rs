@@ -62,10 +62,14 @@ impl HandleCodec {
         Self { epoch, key }
     }
 
-    fn tag(&self, body: &[u8]) -> [u8; TAG_LEN] {
+    fn mac(&self, body: &[u8]) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("any key length");
         mac.update(body);
-        let full = mac.finalize().into_bytes();
+        mac
+    }
+
+    fn tag(&self, body: &[u8]) -> [u8; TAG_LEN] {
+        let full = self.mac(body).finalize().into_bytes();
         let mut tag = [0u8; TAG_LEN];
         tag.copy_from_slice(&full[..TAG_LEN]);
         tag
@@ -100,9 +104,8 @@ impl HandleCodec {
         }
         let (body, tag) = buf.split_at(BODY_LEN);
         // Constant-time comparison through the MAC API.
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("any key length");
-        mac.update(body);
-        mac.verify_truncated_left(tag)
+        self.mac(body)
+            .verify_truncated_left(tag)
             .map_err(|_| HandleError::Malformed)?;
         Ok(ReceiptHandle {
             topic_id: u64_at(9),

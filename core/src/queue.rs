@@ -450,6 +450,16 @@ impl PartitionQueue {
         Ok(())
     }
 
+    /// Takes back a lease whose message never reached a consumer (the reader left, or the
+    /// record could not be read): deliverable again at once, and not counted as a delivery.
+    pub fn unlease(&mut self, offset: u64, nonce: u64, now_ms: i64) -> Result<(), LeaseError> {
+        self.nack(offset, nonce, now_ms)?;
+        if let Some(c) = self.deliveries.get_mut(&offset) {
+            *c = c.saturating_sub(1);
+        }
+        Ok(())
+    }
+
     fn mark_acked(&mut self, offset: u64) {
         if offset == self.frontier {
             self.frontier += 1;
@@ -561,6 +571,14 @@ mod tests {
         let b = q.take(1, 1, 100, VIS, &mut now_due)[0];
         assert_eq!(b.offset, 0);
         assert_eq!(b.delivery_count, 2);
+    }
+
+    #[test]
+    fn unlease_does_not_count_a_delivery() {
+        let mut q = q(1);
+        let a = q.take(0, 1, 100, VIS, &mut now_due)[0];
+        q.unlease(0, a.nonce, 1).unwrap();
+        assert_eq!(q.take(1, 1, 100, VIS, &mut now_due)[0].delivery_count, 1);
     }
 
     #[test]

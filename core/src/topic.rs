@@ -122,68 +122,37 @@ impl TopicConfig {
 
     /// Applies a change; the partition count may only grow.
     pub fn patched(&self, patch: &TopicPatch) -> Result<Self, InvalidField> {
-        let mut next = self.clone();
-        if let Some(p) = patch.partitions {
-            if p < self.partitions {
-                return Err(invalid(
-                    "partitions",
-                    format!("can only grow (currently {})", self.partitions),
-                ));
-            }
-            next.partitions = p;
+        if let Some(p) = patch.partitions
+            && p < self.partitions
+        {
+            return Err(invalid(
+                "partitions",
+                format!("can only grow (currently {})", self.partitions),
+            ));
         }
-        macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = patch.$f { next.$f = v; } )* };
-        }
-        set!(
-            visibility_timeout_ms,
-            retention_ms,
-            retention_bytes,
-            max_in_flight_per_partition,
-            delay_ms,
-            max_message_bytes
-        );
+        let next = patch.apply_to(self.clone());
         next.validate()?;
         Ok(next)
     }
 }
 
-/// Fields a topic is created with; absent fields take the server's defaults.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A topic to create: its name and the settings that differ from the server's defaults.
+#[derive(Debug, Clone, Default)]
 pub struct CreateTopic {
     pub name: String,
-    pub partitions: Option<u32>,
-    pub visibility_timeout_ms: Option<i64>,
-    pub retention_ms: Option<i64>,
-    pub retention_bytes: Option<u64>,
-    pub max_in_flight_per_partition: Option<u32>,
-    pub delay_ms: Option<i64>,
-    pub max_message_bytes: Option<u64>,
+    pub settings: TopicPatch,
 }
 
 impl CreateTopic {
     pub fn resolve(&self, defaults: &TopicConfig) -> Result<TopicConfig, InvalidField> {
         validate_name(&self.name)?;
-        let cfg = TopicConfig {
-            partitions: self.partitions.unwrap_or(defaults.partitions),
-            visibility_timeout_ms: self
-                .visibility_timeout_ms
-                .unwrap_or(defaults.visibility_timeout_ms),
-            retention_ms: self.retention_ms.unwrap_or(defaults.retention_ms),
-            retention_bytes: self.retention_bytes.unwrap_or(defaults.retention_bytes),
-            max_in_flight_per_partition: self
-                .max_in_flight_per_partition
-                .unwrap_or(defaults.max_in_flight_per_partition),
-            delay_ms: self.delay_ms.unwrap_or(defaults.delay_ms),
-            max_message_bytes: self.max_message_bytes.unwrap_or(defaults.max_message_bytes),
-        };
+        let cfg = self.settings.apply_to(defaults.clone());
         cfg.validate()?;
         Ok(cfg)
     }
 }
 
-/// A change to a topic. Every field is optional; at least one must be present.
+/// Topic settings, each optional: the body of a change, and of a create beside its `name`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TopicPatch {
@@ -197,6 +166,23 @@ pub struct TopicPatch {
 }
 
 impl TopicPatch {
+    /// `base` with every given field replaced (not validated).
+    fn apply_to(&self, mut base: TopicConfig) -> TopicConfig {
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f { base.$f = v; } )* };
+        }
+        set!(
+            partitions,
+            visibility_timeout_ms,
+            retention_ms,
+            retention_bytes,
+            max_in_flight_per_partition,
+            delay_ms,
+            max_message_bytes
+        );
+        base
+    }
+
     pub fn is_empty(&self) -> bool {
         self.partitions.is_none()
             && self.visibility_timeout_ms.is_none()
@@ -237,12 +223,12 @@ mod tests {
     fn defaults_validate_and_bounds_hold() {
         let d = TopicConfig::default();
         d.validate().unwrap();
-        let c = |f: fn(&mut CreateTopic)| {
+        let c = |f: fn(&mut TopicPatch)| {
             let mut c = CreateTopic {
                 name: "t".into(),
                 ..Default::default()
             };
-            f(&mut c);
+            f(&mut c.settings);
             c.resolve(&d)
         };
         assert!(c(|c| c.partitions = Some(0)).is_err());

@@ -70,11 +70,10 @@ pub async fn run(
         })
     };
 
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stopping = tokio_util::sync::CancellationToken::new();
     let failed: Arc<parking_lot::Mutex<Option<ServerError>>> = Arc::default();
     {
-        let state = state.clone();
-        let failed = failed.clone();
+        let (state, failed, stopping) = (state.clone(), failed.clone(), stopping.clone());
         tokio::spawn(async move {
             // Only a failed open ends the wait early; a successful one keeps waiting for
             // the shutdown signal.
@@ -94,32 +93,25 @@ pub async fn run(
             if let Some(b) = state.broker.get() {
                 b.drain_waiters();
             }
-            let _ = stop_tx.send(());
+            stopping.cancel();
         });
     }
     let app = http::router(state.clone());
     let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = stop_rx.await;
-    });
-    let serve = tokio::spawn(async move { serve.await });
-    // Once shutdown starts, in-flight requests get `grace` to finish.
-    let mut serve = serve;
-    let result = loop {
-        tokio::select! {
-            r = &mut serve => break r.map_err(std::io::Error::other).and_then(|r| r),
-            () = tokio::time::sleep(Duration::from_millis(50)) => {
-                if state.shutting_down.load(Ordering::Acquire) {
-                    match tokio::time::timeout(grace, &mut serve).await {
-                        Ok(r) => break r.map_err(std::io::Error::other).and_then(|r| r),
-                        Err(_) => {
-                            tracing::warn!("in-flight requests did not finish within the shutdown grace period");
-                            serve.abort();
-                            break Ok(());
-                        }
-                    }
-                }
-            }
+    let serve =
+        axum::serve(listener, app).with_graceful_shutdown(stopping.clone().cancelled_owned());
+    let mut serve = tokio::spawn(async move { serve.await });
+    let joined = tokio::select! {
+        r = &mut serve => Some(r),
+        // Once shutdown starts, in-flight requests get `grace` to finish.
+        () = stopping.cancelled() => tokio::time::timeout(grace, &mut serve).await.ok(),
+    };
+    let result = match joined {
+        Some(r) => r.map_err(std::io::Error::other).and_then(|r| r),
+        None => {
+            tracing::warn!("in-flight requests did not finish within the shutdown grace period");
+            serve.abort();
+            Ok(())
         }
     };
     let _ = opener.await;

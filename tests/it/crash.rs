@@ -11,11 +11,17 @@ use crate::support::*;
 /// Ids whose produce got a 202, shared by the producer tasks.
 type Acked = std::sync::Mutex<Vec<String>>;
 
-async fn load(s: &Server, round: usize, acked: Arc<Acked>, run_for: Duration) -> (u64, u64) {
+async fn load(
+    http: reqwest::Client,
+    base: String,
+    round: usize,
+    acked: Arc<Acked>,
+    run_for: Duration,
+) -> (u64, u64) {
     let mut tasks = Vec::new();
     let stop_at = Instant::now() + run_for;
     for w in 0..6 {
-        let (http, base, acked) = (s.http.clone(), s.base.clone(), acked.clone());
+        let (http, base, acked) = (http.clone(), base.clone(), acked.clone());
         tasks.push(tokio::spawn(async move {
             let (mut ok, mut failed) = (0u64, 0u64);
             let mut i = 0u64;
@@ -95,16 +101,13 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
     let acked: Arc<Acked> = Arc::default();
     for round in 0..3 {
         let kill_after = Duration::from_millis(600 + 300 * round as u64);
-        let loader = {
-            let (http, base, data_dir) = (s.http.clone(), s.base.clone(), s.data_dir.clone());
-            let shadow = ShadowServer {
-                http,
-                base,
-                data_dir,
-            };
-            let acked = acked.clone();
-            tokio::spawn(async move { load(&shadow.as_server(), round, acked, kill_after).await })
-        };
+        let loader = tokio::spawn(load(
+            s.http.clone(),
+            s.base.clone(),
+            round,
+            acked.clone(),
+            kill_after,
+        ));
         tokio::time::sleep(kill_after).await;
         s.kill9();
         let (ok, failed) = loader.await.unwrap();
@@ -151,23 +154,4 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
         delivered.len()
     );
     assert_eq!(undelivered, 0);
-}
-
-/// A view of a running server for the load task (the real one stays with the test to kill it).
-struct ShadowServer {
-    http: reqwest::Client,
-    base: String,
-    data_dir: std::path::PathBuf,
-}
-
-impl ShadowServer {
-    fn as_server(&self) -> Server {
-        Server {
-            child: None,
-            base: self.base.clone(),
-            data_dir: self.data_dir.clone(),
-            env: Vec::new(),
-            http: self.http.clone(),
-        }
-    }
 }

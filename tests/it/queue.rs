@@ -321,7 +321,7 @@ async fn restart_redelivers_only_unacked_and_old_handles_are_stale() {
     {
         assert_eq!(s.ack("t", &handle(m), None).await, StatusCode::NO_CONTENT);
     }
-    s.stop();
+    s.stop().await;
     s.restart().await;
     let v = s.consume("t", "?max=10").await.unwrap();
     let offsets: Vec<u64> = v["messages"]

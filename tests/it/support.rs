@@ -13,7 +13,7 @@ pub struct Server {
     pub child: Option<Child>,
     pub base: String,
     pub data_dir: PathBuf,
-    pub env: Vec<(String, String)>,
+    env: Vec<(String, String)>,
     pub http: reqwest::Client,
 }
 
@@ -106,7 +106,7 @@ impl Server {
     }
 
     /// SIGTERM and wait for a clean exit.
-    pub fn stop(&mut self) {
+    pub async fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = Command::new("kill")
                 .arg("-TERM")
@@ -119,7 +119,7 @@ impl Server {
                     break;
                 }
                 assert!(Instant::now() < deadline, "narad did not stop on SIGTERM");
-                std::thread::sleep(Duration::from_millis(10));
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
     }

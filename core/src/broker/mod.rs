@@ -91,9 +91,21 @@ pub enum BrokerError {
     #[error("the broker is shutting down")]
     ShuttingDown,
     #[error("storage failure: {0}")]
-    Storage(#[from] LogError),
+    Storage(LogError),
     #[error("metadata failure: {0}")]
     Meta(#[from] meta::MetaError),
+}
+
+impl From<LogError> for BrokerError {
+    fn from(e: LogError) -> Self {
+        match e {
+            // Reading below the retained range is the caller's business, not a storage fault.
+            LogError::Truncated { requested, oldest } => {
+                Self::OffsetTruncated { requested, oldest }
+            }
+            other => Self::Storage(other),
+        }
+    }
 }
 
 /// One message to produce.
@@ -326,13 +338,16 @@ impl Broker {
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_owned()))
     }
 
-    async fn store_meta(&self) -> Result<(), BrokerError> {
-        let metas: Vec<TopicMeta> = self
+    /// Persists the metadata of every registered topic, plus `adding` (a topic about to be
+    /// registered: it becomes visible only once its metadata is durable).
+    async fn store_meta(&self, adding: Option<&TopicMeta>) -> Result<(), BrokerError> {
+        let mut metas: Vec<TopicMeta> = self
             .topics
             .read()
             .values()
             .map(|t| t.meta.read().clone())
             .collect();
+        metas.extend(adding.cloned());
         let dir = self.cfg.data_dir.clone();
         tokio::task::spawn_blocking(move || meta::store(&dir, metas))
             .await
@@ -359,15 +374,14 @@ impl Broker {
             config,
         };
         let topic = self.open_topic(meta.clone()).await?;
-        self.topics.write().insert(req.name.clone(), topic.clone());
-        if let Err(e) = self.store_meta().await {
-            self.topics.write().remove(&req.name);
+        if let Err(e) = self.store_meta(Some(&meta)).await {
             for p in topic.partitions().iter() {
                 p.close().await;
             }
             let _ = std::fs::remove_dir_all(&topic.dir);
             return Err(e);
         }
+        self.topics.write().insert(req.name.clone(), topic.clone());
         self.spawn_topic_timer(topic);
         tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
         Ok(meta)
@@ -421,6 +435,11 @@ impl Broker {
         })
     }
 
+    /// `Ok` if the topic exists (cheap: no statistics are gathered).
+    pub fn check_topic(&self, name: &str) -> Result<(), BrokerError> {
+        self.topic(name).map(|_| ())
+    }
+
     pub fn topic_names(&self) -> Vec<String> {
         self.topics.read().keys().cloned().collect()
     }
@@ -452,7 +471,7 @@ impl Broker {
             *topic.partitions.write() = Arc::new(all);
         }
         topic.meta.write().config = config;
-        if let Err(e) = self.store_meta().await {
+        if let Err(e) = self.store_meta(None).await {
             topic.meta.write().config = old.config;
             *topic.partitions.write() = old_parts;
             return Err(e);
@@ -471,7 +490,7 @@ impl Broker {
             .write()
             .remove(name)
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_owned()))?;
-        if let Err(e) = self.store_meta().await {
+        if let Err(e) = self.store_meta(None).await {
             self.topics.write().insert(name.to_owned(), topic);
             return Err(e);
         }
@@ -556,41 +575,36 @@ impl Broker {
             };
             total
         ];
-        let mut pending = tokio::task::JoinSet::new();
-        let mut only: Option<(u32, Vec<usize>, Vec<NewRecord>)> = None;
-        let group_count = groups.len();
+        // Open every log first, so no append starts unless all can be attempted.
+        let mut batches = Vec::with_capacity(groups.len());
         for (p, items) in groups {
             let (indices, records): (Vec<usize>, Vec<NewRecord>) = items.into_iter().unzip();
-            if group_count == 1 {
-                only = Some((p, indices, records));
-                break;
-            }
-            let part = parts[p as usize].clone();
-            let log = part.log(&self.env).await?;
-            pending.spawn(async move { (p, indices, log.append(records).await) });
+            batches.push((p, indices, records, parts[p as usize].log(&self.env).await?));
         }
-        let mut touched = Vec::new();
-        let mut record_result = |p: u32, indices: Vec<usize>, appended: crate::log::Appended| {
-            for (i, idx) in indices.into_iter().enumerate() {
-                results[idx] = Produced {
-                    partition: p,
-                    offset: appended.base_offset + i as u64,
-                };
+        let outcomes = if batches.len() == 1 {
+            let (p, indices, records, log) = batches.pop().expect("one batch");
+            vec![(p, indices, log.append(records).await)]
+        } else {
+            // Partitions have their own writers and fsyncs: append to them in parallel.
+            let mut set = tokio::task::JoinSet::new();
+            for (p, indices, records, log) in batches {
+                set.spawn(async move { (p, indices, log.append(records).await) });
             }
-            touched.push((p, appended.base_offset + u64::from(appended.count)));
+            set.join_all().await
         };
+        let mut touched = Vec::new();
         let mut first_err = None;
-        if let Some((p, indices, records)) = only {
-            let log = parts[p as usize].log(&self.env).await?;
-            match log.append(records).await {
-                Ok(a) => record_result(p, indices, a),
-                Err(e) => first_err = Some(e),
-            }
-        }
-        while let Some(joined) = pending.join_next().await {
-            let (p, indices, result) = joined.expect("append task");
+        for (p, indices, result) in outcomes {
             match result {
-                Ok(a) => record_result(p, indices, a),
+                Ok(appended) => {
+                    for (i, idx) in indices.into_iter().enumerate() {
+                        results[idx] = Produced {
+                            partition: p,
+                            offset: appended.base_offset + i as u64,
+                        };
+                    }
+                    touched.push((p, appended.base_offset + u64::from(appended.count)));
+                }
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -642,6 +656,7 @@ impl Broker {
         }
         let got = self.try_take(&topic, partition, max).await?;
         if !got.is_empty() || wait.is_zero() || self.draining.load(Ordering::Acquire) {
+            self.count_consumed(&topic, got.len() as u64);
             return Ok(got);
         }
         let (tx, mut rx) = oneshot::channel();
@@ -662,7 +677,7 @@ impl Broker {
             Some(got) => Ok(got),
             None => {
                 topic.waiters.lock().remove(id);
-                // A dispatcher may have served us just before we left the line.
+                // A dispatcher may have served us just before we left the line (it counted it).
                 Ok(rx.try_recv().unwrap_or_default())
             }
         }
@@ -720,6 +735,10 @@ impl Broker {
             let mut seen: HashMap<u64, Arc<Record>> = HashMap::new();
             let leased = {
                 let mut source = |o: u64| -> Option<i64> {
+                    if let Some(r) = seen.get(&o) {
+                        return Some(r.due_ms());
+                    }
+                    // Read ahead: the next offsets are usually scanned right after this one.
                     match log.read(o, 64, 1 << 20) {
                         Ok(recs) => {
                             let due = recs.first().filter(|r| r.offset == o).map(|r| r.due_ms());
@@ -759,7 +778,7 @@ impl Broker {
                 };
                 let Some(record) = record else {
                     // Unreadable now (e.g. just deleted by retention): give the lease back.
-                    let _ = part.queue.lock().nack(l.offset, l.nonce, now);
+                    let _ = part.queue.lock().unlease(l.offset, l.nonce, now);
                     continue;
                 };
                 out.push(Delivery {
@@ -775,12 +794,6 @@ impl Broker {
                     lease_deadline_ms: l.deadline_ms,
                 });
             }
-        }
-        if !out.is_empty() {
-            self.metrics
-                .consumed_messages
-                .get_or_create(&topic.label)
-                .inc_by(out.len() as u64);
         }
         Ok(out)
     }
@@ -817,13 +830,24 @@ impl Broker {
                     }
                 }
             }
-            if let Err(got) = w.tx.send(got) {
+            let n = got.len() as u64;
+            match w.tx.send(got) {
+                Ok(()) => self.count_consumed(topic, n),
                 // The reader left; give its messages back at once.
-                self.release(topic, &got);
+                Err(got) => self.release(topic, &got),
             }
         }
         if !skipped.is_empty() {
             topic.waiters.lock().restore_front(skipped);
+        }
+    }
+
+    fn count_consumed(&self, topic: &Topic, n: u64) {
+        if n > 0 {
+            self.metrics
+                .consumed_messages
+                .get_or_create(&topic.label)
+                .inc_by(n);
         }
     }
 
@@ -835,7 +859,7 @@ impl Broker {
                 let _ = parts[d.partition as usize]
                     .queue
                     .lock()
-                    .nack(h.offset, h.nonce, now);
+                    .unlease(h.offset, h.nonce, now);
             }
         }
     }
@@ -930,22 +954,11 @@ impl Broker {
                 ReplayFrom::Offset(o) => o,
                 ReplayFrom::TimeMs(t) => log.offset_for_time(t)?,
             };
-            match log.read(offset, max, 4 << 20) {
-                Err(LogError::Truncated { requested, oldest }) => {
-                    Err(LogError::Truncated { requested, oldest })
-                }
-                other => other,
-            }
+            log.read(offset, max, 4 << 20)
         })
         .await
         .expect("replay task");
-        match recs {
-            Ok(r) => Ok(r),
-            Err(LogError::Truncated { requested, oldest }) => {
-                Err(BrokerError::OffsetTruncated { requested, oldest })
-            }
-            Err(e) => Err(e.into()),
-        }
+        Ok(recs?)
     }
 
     // ---- background ------------------------------------------------------------------------

@@ -20,8 +20,10 @@ fn msg(s: &str) -> ProduceMessage {
 fn create(name: &str, partitions: u32) -> CreateTopic {
     CreateTopic {
         name: name.into(),
-        partitions: Some(partitions),
-        ..Default::default()
+        settings: TopicPatch {
+            partitions: Some(partitions),
+            ..Default::default()
+        },
     }
 }
 
@@ -217,7 +219,7 @@ async fn retention_reaches_idle_closed_partitions() {
         .await
         .unwrap();
     let mut req = create("t", 1);
-    req.retention_ms = Some(1000);
+    req.settings.retention_ms = Some(1000);
     b.create_topic(req).await.unwrap();
     b.produce("t", vec![msg("old")]).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -94,7 +94,7 @@ pub async fn ack(
     };
     let act = action(extend.as_deref())?;
     // The topic must exist: a batch against an unknown topic is a 404, not 410s.
-    broker.topic_info(&topic)?;
+    broker.check_topic(&topic)?;
     let mut results = Vec::with_capacity(req.receipt_handles.len());
     for h in &req.receipt_handles {
         let r = match broker.settle(&topic, h, act).await {

@@ -59,8 +59,21 @@ pub async fn create(State(state): State<SharedState>, uri: Uri, body: Body) -> A
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
     let body = read_body(body, MAX_JSON_BODY).await?;
-    let req: CreateTopic = parse_json(&body)?;
-    let meta = broker.create_topic(req).await?;
+    // `name` beside the settings; the settings are parsed strictly (unknown fields are a 400).
+    let mut fields: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
+    let name = match fields.remove("name") {
+        Some(serde_json::Value::String(n)) => n,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid_field",
+                "name: must be a string",
+            ));
+        }
+        None => return Err(ApiError::bad_request("invalid_field", "name: is required")),
+    };
+    let settings: TopicPatch = serde_json::from_value(serde_json::Value::Object(fields))
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))?;
+    let meta = broker.create_topic(CreateTopic { name, settings }).await?;
     Ok(json_response(StatusCode::CREATED, &topic_json(&meta)))
 }
 
