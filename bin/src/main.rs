@@ -1,6 +1,11 @@
 //! The `narad` binary: the broker server and a command-line client, both thin over the
 //! libraries (`narad-infra` serves, `client` speaks the HTTP API).
 
+/// mimalloc: the broker's hot paths allocate per message (records, tail cache entries, HTTP
+/// buffers); glibc malloc cost about a fifth of the CPU of a batch produce.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod client;
 mod commands;
 

@@ -185,6 +185,11 @@ pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiErro
 
 /// Parses a strict JSON body (unknown fields and trailing data are errors).
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    parse_json_borrowed(body)
+}
+
+/// [`parse_json`] for types that borrow from the body (no copies of strings without escapes).
+pub fn parse_json_borrowed<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     if body.is_empty() {
         return Err(ApiError::bad_request(
             "invalid_json",
@@ -196,7 +201,14 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiE
 }
 
 pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
-    let body = serde_json::to_vec(value).expect("response serialises");
+    json_text_response(
+        status,
+        serde_json::to_string(value).expect("response serialises"),
+    )
+}
+
+/// A response whose body is already JSON text.
+pub fn json_text_response(status: StatusCode, body: String) -> Response {
     let mut resp = (status, body).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -1,0 +1,682 @@
+//! Message-lifecycle checker: records every send, 2xx, delivery, ack outcome and injected fault
+//! with one monotonic clock, then checks the whole history against the delivery contract.
+//!
+//! Every rule is checked *soundly*: a violation is reported only when the recorded times prove
+//! it. The broker's own instants (commit, lease start, ack) are unknown to the client, but each
+//! lies between a request leaving and its response arriving, so the checker compares the bounds
+//! that make a violation certain:
+//!
+//! - **lost**: a message whose produce got a 2xx was never delivered.
+//! - **double lease**: delivery B of a message was *answered* before the earliest moment
+//!   delivery A's lease could have ended (A's request sent + visibility timeout, or the send of a
+//!   successful ack/nack of A's handle), with no fault in between.
+//! - **redelivered after ack**: a delivery *requested* after a successful ack of the message was
+//!   answered, unless a recorded fault window covers the ack (acks are persisted periodically, so
+//!   a kill may forget the newest ones).
+//! - **early**: a delayed message was answered before produce-sent + delay.
+//! - **phantom**: a delivery of a message that was never sent.
+//!
+//! Memory: about 100 bytes per message while its history is open; call [`Recorder::compact`]
+//! in long runs to fold settled messages into 24 bytes each.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// Nanoseconds since the recorder was created.
+pub type Nanos = u64;
+
+/// A message identity chosen by the client (it travels inside the payload).
+pub type MsgId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// The broker process was killed with SIGKILL and restarted.
+    Kill,
+    /// The broker was stopped gracefully and restarted.
+    Restart,
+}
+
+/// A fault and the window during which its effects may be observed: from the moment it was
+/// injected (minus the broker's ack persistence lag) until the broker was ready again.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Fault {
+    pub kind: FaultKind,
+    pub start: Nanos,
+    pub end: Nanos,
+}
+
+#[derive(Debug, Clone)]
+struct Delivery {
+    reader: u32,
+    req_at: Nanos,
+    resp_at: Nanos,
+    partition: u32,
+    offset: u64,
+    handle: String,
+    /// Earliest moment this lease could have ended; `None` until known (set from the visibility
+    /// timeout at delivery, lowered by a settle).
+    lease_end_lb: Nanos,
+}
+
+#[derive(Debug, Clone)]
+struct AckOk {
+    sent_at: Nanos,
+    resp_at: Nanos,
+}
+
+#[derive(Debug, Clone, Default)]
+struct History {
+    sent_at: Option<Nanos>,
+    delay: Duration,
+    accepted_at: Option<Nanos>,
+    rejected: Option<u16>,
+    deliveries: Vec<Delivery>,
+    acks: Vec<AckOk>,
+    ack_failures: u32,
+}
+
+#[derive(Debug, Clone)]
+enum Entry {
+    Open(Box<History>),
+    /// Settled and compacted: accepted, delivered, acked at `acked_at`, never redelivered since.
+    Done {
+        acked_at: Nanos,
+        deliveries: u32,
+    },
+}
+
+#[derive(Default)]
+struct State {
+    messages: HashMap<MsgId, Entry>,
+    faults: Vec<Fault>,
+    phantoms: Vec<(Nanos, String)>,
+    /// Deliveries of compacted messages found later (counted, checked against faults).
+    late_after_compact: Vec<(MsgId, Nanos, Nanos)>,
+}
+
+/// The running counts of a history, cheap to compute for a live tally.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Tally {
+    pub sent: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub delivered: u64,
+    pub acked: u64,
+    /// Accepted and not yet acked.
+    pub outstanding: u64,
+    /// Deliveries beyond the first, per message.
+    pub duplicates: u64,
+}
+
+/// Records one run's history. Share it behind an `Arc`; every method takes `&self`.
+pub struct Recorder {
+    t0: Instant,
+    visibility: Duration,
+    ack_lag: Duration,
+    state: Mutex<State>,
+}
+
+impl Recorder {
+    /// `visibility` is the topic's lease length. `ack_lag` is how long an ack may stay
+    /// unpersisted (the broker's `ack_flush_interval_ms` plus scheduling slack): a kill may forget
+    /// acks that happened within `ack_lag` before it.
+    pub fn new(visibility: Duration, ack_lag: Duration) -> Self {
+        Self {
+            t0: Instant::now(),
+            visibility,
+            ack_lag,
+            state: Mutex::default(),
+        }
+    }
+
+    pub fn now(&self) -> Nanos {
+        self.t0.elapsed().as_nanos() as Nanos
+    }
+
+    /// Before the request leaves.
+    pub fn sent(&self, id: MsgId, at: Nanos, delay: Duration) {
+        let mut st = self.state.lock();
+        let h = open(&mut st.messages, id);
+        h.sent_at.get_or_insert(at);
+        h.delay = delay;
+    }
+
+    /// The produce got a 2xx.
+    pub fn accepted(&self, id: MsgId, at: Nanos) {
+        let mut st = self.state.lock();
+        open(&mut st.messages, id).accepted_at.get_or_insert(at);
+    }
+
+    /// The produce got a definite non-2xx answer (not a transport error: that outcome is unknown).
+    pub fn rejected(&self, id: MsgId, status: u16) {
+        let mut st = self.state.lock();
+        open(&mut st.messages, id).rejected = Some(status);
+    }
+
+    /// A queue read returned the message. `payload` is only kept for reporting phantoms.
+    #[allow(clippy::too_many_arguments)]
+    pub fn delivered(
+        &self,
+        id: Option<MsgId>,
+        payload: &str,
+        reader: u32,
+        req_at: Nanos,
+        resp_at: Nanos,
+        partition: u32,
+        offset: u64,
+        handle: &str,
+    ) {
+        let mut st = self.state.lock();
+        let Some(id) = id else {
+            st.phantoms
+                .push((resp_at, payload.chars().take(64).collect()));
+            return;
+        };
+        let lease_end_lb = req_at + self.visibility.as_nanos() as Nanos;
+        match st.messages.get_mut(&id) {
+            None => st
+                .phantoms
+                .push((resp_at, payload.chars().take(64).collect())),
+            Some(Entry::Done { acked_at, .. }) => {
+                let acked_at = *acked_at;
+                st.late_after_compact.push((id, acked_at, req_at));
+            }
+            Some(Entry::Open(h)) => h.deliveries.push(Delivery {
+                reader,
+                req_at,
+                resp_at,
+                partition,
+                offset,
+                handle: handle.to_owned(),
+                lease_end_lb,
+            }),
+        }
+    }
+
+    /// A successful ack (or nack) of `handle` for message `id`: the lease ended after `sent_at`.
+    /// `acked` is false for a nack (the message stays pending).
+    pub fn settled(&self, id: MsgId, handle: &str, sent_at: Nanos, resp_at: Nanos, acked: bool) {
+        let mut st = self.state.lock();
+        let Some(Entry::Open(h)) = st.messages.get_mut(&id) else {
+            return;
+        };
+        if let Some(d) = h.deliveries.iter_mut().rev().find(|d| d.handle == handle) {
+            d.lease_end_lb = d.lease_end_lb.min(sent_at);
+        }
+        if acked {
+            h.acks.push(AckOk { sent_at, resp_at });
+        }
+    }
+
+    /// An ack that the broker refused (e.g. 410 for an expired or pre-restart handle).
+    pub fn settle_failed(&self, id: MsgId) {
+        let mut st = self.state.lock();
+        if let Some(Entry::Open(h)) = st.messages.get_mut(&id) {
+            h.ack_failures += 1;
+        }
+    }
+
+    /// A fault was injected at `start` and the broker was ready again at `end`.
+    pub fn fault(&self, kind: FaultKind, start: Nanos, end: Nanos) {
+        let lag = self.ack_lag.as_nanos() as Nanos;
+        self.state.lock().faults.push(Fault {
+            kind,
+            start: start.saturating_sub(lag),
+            end,
+        });
+    }
+
+    /// Folds settled messages (accepted, acked, delivered, no lease open) into compact entries
+    /// so a run of days keeps memory bounded. Their rules were already checked here.
+    pub fn compact(&self, older_than: Duration) -> Vec<Violation> {
+        let horizon = self.now().saturating_sub(older_than.as_nanos() as Nanos);
+        let mut st = self.state.lock();
+        let faults = st.faults.clone();
+        let mut out = Vec::new();
+        for (id, e) in st.messages.iter_mut() {
+            let Entry::Open(h) = e else { continue };
+            let Some(last_ack) = h.acks.iter().map(|a| a.resp_at).max() else {
+                continue;
+            };
+            if last_ack > horizon || h.deliveries.iter().any(|d| d.resp_at > horizon) {
+                continue;
+            }
+            check_one(*id, h, &faults, &mut out);
+            *e = Entry::Done {
+                acked_at: last_ack,
+                deliveries: h.deliveries.len() as u32,
+            };
+        }
+        out
+    }
+
+    pub fn tally(&self) -> Tally {
+        let st = self.state.lock();
+        let mut t = Tally::default();
+        for e in st.messages.values() {
+            match e {
+                Entry::Done { deliveries, .. } => {
+                    t.sent += 1;
+                    t.accepted += 1;
+                    t.delivered += 1;
+                    t.acked += 1;
+                    t.duplicates += u64::from(deliveries.saturating_sub(1));
+                }
+                Entry::Open(h) => {
+                    t.sent += u64::from(h.sent_at.is_some());
+                    t.accepted += u64::from(h.accepted_at.is_some());
+                    t.rejected += u64::from(h.rejected.is_some());
+                    t.delivered += u64::from(!h.deliveries.is_empty());
+                    t.acked += u64::from(!h.acks.is_empty());
+                    t.outstanding += u64::from(h.accepted_at.is_some() && h.acks.is_empty());
+                    t.duplicates += h.deliveries.len().saturating_sub(1) as u64;
+                }
+            }
+        }
+        t.duplicates += st.late_after_compact.len() as u64;
+        t
+    }
+
+    /// Messages accepted more than `age` ago and never delivered: lost unless they show up.
+    pub fn overdue(&self, age: Duration) -> u64 {
+        let horizon = self.now().saturating_sub(age.as_nanos() as Nanos);
+        let st = self.state.lock();
+        st.messages
+            .values()
+            .filter(|e| match e {
+                Entry::Open(h) => {
+                    h.deliveries.is_empty() && h.accepted_at.is_some_and(|t| t < horizon)
+                }
+                Entry::Done { .. } => false,
+            })
+            .count() as u64
+    }
+
+    /// Checks every rule over the whole history.
+    pub fn check(&self) -> Report {
+        let st = self.state.lock();
+        let mut violations = Vec::new();
+        let mut report = Report {
+            tally: Tally::default(),
+            faults: st.faults.clone(),
+            violations: Vec::new(),
+            counts: RuleCounts::default(),
+        };
+        let mut ids: Vec<&MsgId> = st.messages.keys().collect();
+        ids.sort_unstable();
+        for id in ids {
+            if let Entry::Open(h) = &st.messages[id] {
+                check_one(*id, h, &st.faults, &mut violations);
+            }
+        }
+        for (id, acked_at, req_at) in &st.late_after_compact {
+            if !fault_covers_ack(&st.faults, *acked_at, *req_at) {
+                violations.push(Violation {
+                    rule: Rule::RedeliveredAfterAck,
+                    id: *id,
+                    detail: format!(
+                        "delivery requested at {} after an ack answered at {} (compacted history)",
+                        ms(*req_at),
+                        ms(*acked_at)
+                    ),
+                });
+            }
+        }
+        for (at, payload) in &st.phantoms {
+            violations.push(Violation {
+                rule: Rule::Phantom,
+                id: 0,
+                detail: format!("delivered at {} a payload never sent: {payload:?}", ms(*at)),
+            });
+        }
+        drop(st);
+        report.tally = self.tally();
+        for v in &violations {
+            report.count(v.rule);
+        }
+        report.violations = violations;
+        report
+    }
+}
+
+fn open(messages: &mut HashMap<MsgId, Entry>, id: MsgId) -> &mut History {
+    let e = messages
+        .entry(id)
+        .or_insert_with(|| Entry::Open(Box::default()));
+    if let Entry::Done { .. } = e {
+        // An id reused after compaction: start a fresh history (clients never reuse ids).
+        *e = Entry::Open(Box::default());
+    }
+    match e {
+        Entry::Open(h) => h,
+        Entry::Done { .. } => unreachable!("replaced above"),
+    }
+}
+
+fn ms(n: Nanos) -> String {
+    format!("{:.3}ms", n as f64 / 1e6)
+}
+
+fn fault_between(faults: &[Fault], from: Nanos, to: Nanos) -> bool {
+    faults.iter().any(|f| f.end >= from && f.start <= to)
+}
+
+/// An ack answered at `ack_at` may be forgotten by a fault whose window contains it, and the
+/// message may then come back in any later delivery.
+fn fault_covers_ack(faults: &[Fault], ack_at: Nanos, delivery_req: Nanos) -> bool {
+    faults
+        .iter()
+        .any(|f| f.start <= ack_at && ack_at <= f.end && f.start <= delivery_req)
+}
+
+fn check_one(id: MsgId, h: &History, faults: &[Fault], out: &mut Vec<Violation>) {
+    let history = || describe(h);
+    if h.accepted_at.is_some() && h.deliveries.is_empty() {
+        out.push(Violation {
+            rule: Rule::Lost,
+            id,
+            detail: format!("got a 2xx but was never delivered; {}", history()),
+        });
+    }
+    let mut ds: Vec<&Delivery> = h.deliveries.iter().collect();
+    ds.sort_by_key(|d| d.resp_at);
+    for (i, a) in ds.iter().enumerate() {
+        for b in &ds[i + 1..] {
+            // b answered before a's lease could have ended, and no fault in between
+            if b.resp_at < a.lease_end_lb && !fault_between(faults, a.req_at, b.resp_at) {
+                out.push(Violation {
+                    rule: Rule::DoubleLease,
+                    id,
+                    detail: format!(
+                        "leased to reader {} (p{} o{}) and reader {} at overlapping times; {}",
+                        a.reader,
+                        a.partition,
+                        a.offset,
+                        b.reader,
+                        history()
+                    ),
+                });
+            }
+        }
+    }
+    for ack in &h.acks {
+        for d in ds.iter().filter(|d| d.req_at > ack.resp_at) {
+            if !fault_covers_ack(faults, ack.resp_at, d.req_at) {
+                out.push(Violation {
+                    rule: Rule::RedeliveredAfterAck,
+                    id,
+                    detail: format!(
+                        "delivered again (requested {}) after an ack answered at {} outside any fault window; {}",
+                        ms(d.req_at),
+                        ms(ack.resp_at),
+                        history()
+                    ),
+                });
+            }
+        }
+    }
+    if let (Some(sent), Some(first)) = (h.sent_at, ds.first())
+        && !h.delay.is_zero()
+        && first.resp_at < sent + h.delay.as_nanos() as Nanos
+    {
+        out.push(Violation {
+            rule: Rule::Early,
+            id,
+            detail: format!(
+                "delay {:?} but delivered {} after the produce was sent; {}",
+                h.delay,
+                ms(first.resp_at - sent),
+                history()
+            ),
+        });
+    }
+}
+
+fn describe(h: &History) -> String {
+    let mut s = String::new();
+    if let Some(t) = h.sent_at {
+        s += &format!("sent {}", ms(t));
+    }
+    if let Some(t) = h.accepted_at {
+        s += &format!(", 2xx {}", ms(t));
+    }
+    for d in &h.deliveries {
+        s += &format!(
+            ", delivered to reader {} [{}..{}] p{} o{} lease-end>={}",
+            d.reader,
+            ms(d.req_at),
+            ms(d.resp_at),
+            d.partition,
+            d.offset,
+            ms(d.lease_end_lb)
+        );
+    }
+    for a in &h.acks {
+        s += &format!(", acked [{}..{}]", ms(a.sent_at), ms(a.resp_at));
+    }
+    if h.ack_failures > 0 {
+        s += &format!(", {} refused acks", h.ack_failures);
+    }
+    s
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rule {
+    Lost,
+    DoubleLease,
+    RedeliveredAfterAck,
+    Early,
+    Phantom,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Violation {
+    pub rule: Rule,
+    pub id: MsgId,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct RuleCounts {
+    pub lost: u64,
+    pub double_lease: u64,
+    pub redelivered_after_ack: u64,
+    pub early: u64,
+    pub phantom: u64,
+}
+
+impl RuleCounts {
+    fn bump(&mut self, r: Rule) {
+        *match r {
+            Rule::Lost => &mut self.lost,
+            Rule::DoubleLease => &mut self.double_lease,
+            Rule::RedeliveredAfterAck => &mut self.redelivered_after_ack,
+            Rule::Early => &mut self.early,
+            Rule::Phantom => &mut self.phantom,
+        } += 1;
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub tally: Tally,
+    pub faults: Vec<Fault>,
+    pub counts: RuleCounts,
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// Counts a violation found outside [`Recorder::check`] (e.g. by a replay reader).
+    pub fn count(&mut self, rule: Rule) {
+        self.counts.bump(rule);
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.tally;
+        writeln!(
+            f,
+            "lifecycle: sent {} accepted {} rejected {} delivered {} acked {} outstanding {} duplicates {} faults {}",
+            t.sent,
+            t.accepted,
+            t.rejected,
+            t.delivered,
+            t.acked,
+            t.outstanding,
+            t.duplicates,
+            self.faults.len()
+        )?;
+        let c = &self.counts;
+        writeln!(
+            f,
+            "violations: lost {} double_lease {} redelivered_after_ack {} early {} phantom {}",
+            c.lost, c.double_lease, c.redelivered_after_ack, c.early, c.phantom
+        )?;
+        for v in self.violations.iter().take(10) {
+            writeln!(f, "  {:?} message {}: {}", v.rule, v.id, v.detail)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Nanos = 1_000_000_000;
+
+    fn rec() -> Recorder {
+        Recorder::new(Duration::from_secs(30), Duration::from_millis(500))
+    }
+
+    fn deliver(r: &Recorder, id: MsgId, reader: u32, req: Nanos, resp: Nanos, h: &str) {
+        r.delivered(Some(id), "", reader, req, resp, 0, id, h);
+    }
+
+    fn clean_cycle(r: &Recorder, id: MsgId, t: Nanos) {
+        r.sent(id, t, Duration::ZERO);
+        r.accepted(id, t + 1);
+        deliver(r, id, 1, t + 2, t + 3, "h");
+        r.settled(id, "h", t + 4, t + 5, true);
+    }
+
+    #[test]
+    fn clean_history_has_no_violations() {
+        let r = rec();
+        for id in 0..100 {
+            clean_cycle(&r, id, id * 10);
+        }
+        let rep = r.check();
+        assert!(rep.is_clean(), "{rep}");
+        assert_eq!(rep.tally.acked, 100);
+        assert_eq!(rep.tally.outstanding, 0);
+    }
+
+    #[test]
+    fn accepted_but_never_delivered_is_lost() {
+        let r = rec();
+        r.sent(1, 0, Duration::ZERO);
+        r.accepted(1, 5);
+        r.sent(2, 0, Duration::ZERO); // no 2xx: not owed
+        let rep = r.check();
+        assert_eq!(rep.counts.lost, 1, "{rep}");
+        assert_eq!(rep.violations[0].id, 1);
+    }
+
+    #[test]
+    fn overlapping_leases_are_caught_but_expiry_and_faults_are_not() {
+        let r = rec();
+        r.sent(1, 0, Duration::ZERO);
+        r.accepted(1, 1);
+        deliver(&r, 1, 1, 10, 20, "a");
+        deliver(&r, 1, 2, 30, 40, "b"); // inside a's 30 s lease
+        assert_eq!(r.check().counts.double_lease, 1);
+
+        let r = rec();
+        r.sent(1, 0, Duration::ZERO);
+        deliver(&r, 1, 1, 10, 20, "a");
+        deliver(&r, 1, 2, 31 * SEC, 31 * SEC + 5, "b"); // after expiry
+        r.settled(1, "a", 5 * SEC, 5 * SEC + 1, false); // nacked early
+        deliver(&r, 1, 3, 6 * SEC, 6 * SEC + 1, "c");
+        assert_eq!(
+            r.check().counts.double_lease,
+            1,
+            "b is answered inside c's lease"
+        );
+
+        let r = rec();
+        r.sent(1, 0, Duration::ZERO);
+        deliver(&r, 1, 1, 10, 20, "a");
+        r.fault(FaultKind::Kill, SEC, 2 * SEC);
+        deliver(&r, 1, 2, 3 * SEC, 3 * SEC + 1, "b");
+        assert!(r.check().is_clean());
+    }
+
+    #[test]
+    fn redelivery_after_ack_needs_a_fault_covering_the_ack() {
+        let r = rec();
+        clean_cycle(&r, 1, 0);
+        deliver(&r, 1, 2, 40 * SEC, 40 * SEC + 1, "b");
+        assert_eq!(r.check().counts.redelivered_after_ack, 1);
+
+        // ack 100 ms before a kill (within the 500 ms lag): may be forgotten
+        let r = rec();
+        clean_cycle(&r, 1, 10 * SEC);
+        r.fault(FaultKind::Kill, 10 * SEC + 100_000_000, 12 * SEC);
+        deliver(&r, 1, 2, 13 * SEC, 13 * SEC + 1, "b");
+        assert!(r.check().is_clean(), "{}", r.check());
+
+        // ack 5 s before the kill: must have been persisted
+        let r = rec();
+        clean_cycle(&r, 1, 10 * SEC);
+        r.fault(FaultKind::Kill, 15 * SEC, 16 * SEC);
+        deliver(&r, 1, 2, 17 * SEC, 17 * SEC + 1, "b");
+        assert_eq!(r.check().counts.redelivered_after_ack, 1);
+    }
+
+    #[test]
+    fn early_delayed_delivery_is_caught() {
+        let r = rec();
+        r.sent(1, 0, Duration::from_secs(2));
+        r.accepted(1, 10);
+        deliver(&r, 1, 1, SEC, SEC + 10, "a");
+        assert_eq!(r.check().counts.early, 1);
+
+        let r = rec();
+        r.sent(1, 0, Duration::from_secs(2));
+        deliver(&r, 1, 1, 2 * SEC, 2 * SEC + 10, "a");
+        assert!(r.check().is_clean());
+    }
+
+    #[test]
+    fn phantoms_and_compaction() {
+        let r = rec();
+        r.delivered(None, "garbage", 1, 0, 1, 0, 0, "h");
+        r.delivered(Some(99), "m99", 1, 0, 1, 0, 0, "h");
+        assert_eq!(r.check().counts.phantom, 2);
+
+        let r = rec();
+        for id in 0..10 {
+            clean_cycle(&r, id, id);
+        }
+        assert!(r.compact(Duration::ZERO).is_empty());
+        let t = r.tally();
+        assert_eq!((t.sent, t.acked, t.duplicates), (10, 10, 0));
+        // a compacted message coming back without a fault is still caught
+        deliver(&r, 3, 2, 100 * SEC, 100 * SEC + 1, "z");
+        let rep = r.check();
+        assert_eq!(rep.counts.redelivered_after_ack, 1, "{rep}");
+        assert_eq!(rep.tally.duplicates, 1);
+    }
+}

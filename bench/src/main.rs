@@ -1,0 +1,281 @@
+//! `narad-bench`: run a workload against Narad or a peer broker, soak a broker, or render the
+//! benchmark report.
+
+use std::process::ExitCode;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use narad_bench::peers::{nats::NatsJetStream, rabbit::RabbitQuorum, redis::RedisStreams};
+use narad_bench::workload::{self, RunConfig, RunResult, Workload};
+use narad_bench::{narad::Narad, report, soak, target::Target};
+
+#[derive(Parser)]
+#[command(name = "narad-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Broker {
+    Narad,
+    Redis,
+    Rabbitmq,
+    Nats,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one workload against one broker and print its figures.
+    Run(RunArgs),
+    /// Send, read and ack nonstop, tracking every message; exit 1 on any lost or misdelivered.
+    Soak(SoakArgs),
+    /// Render JSON-lines results (from `run --json`) as a Markdown table.
+    Report {
+        /// File of JSON lines.
+        results: std::path::PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long, value_enum, default_value = "narad")]
+    target: Broker,
+    /// narad: host:port; redis: redis://127.0.0.1:6379; rabbitmq: amqp://127.0.0.1:5672/%2f;
+    /// nats: nats://127.0.0.1:4222.
+    #[arg(long, default_value = "127.0.0.1:7942")]
+    url: String,
+    #[arg(long, value_enum, default_value = "produce")]
+    workload: Workload,
+    /// Producer connections (consumer connections for `consume`).
+    #[arg(long, short = 'c', default_value_t = 64)]
+    connections: usize,
+    /// Consumer connections for `flow` (default: same as --connections).
+    #[arg(long)]
+    consumers: Option<usize>,
+    /// Idle long-polling readers for `fanin`.
+    #[arg(long, default_value_t = 10)]
+    waiters: usize,
+    /// Message size in bytes.
+    #[arg(long, short = 's', default_value_t = 256)]
+    size: usize,
+    /// Messages per produce request / max per consume.
+    #[arg(long, short = 'b', default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value_t = 4)]
+    partitions: u32,
+    /// How long to run, e.g. 10s, 500ms, 2m.
+    #[arg(long, short = 'd', default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Produce: stop after this many requests. Consume: messages to prefill and drain.
+    #[arg(long, short = 'n')]
+    count: Option<u64>,
+    /// Open-loop rate: requests/s over all producers (fanin: messages/s, default 100).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// The broker's pid, to report its CPU time.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Queue/topic/stream name.
+    #[arg(long, default_value = "bench")]
+    queue: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct SoakArgs {
+    /// Narad's host:port.
+    #[arg(long, default_value = "127.0.0.1:7942")]
+    url: String,
+    #[arg(long, short = 'd', default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Messages per second over all producers.
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    report_every: Duration,
+    #[arg(long, default_value = "soak")]
+    topic: String,
+    #[arg(long, default_value_t = 2000)]
+    visibility_ms: u64,
+    #[arg(long, default_value_t = 128)]
+    size: usize,
+    /// Print tallies and the report as JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num.parse().map_err(|_| format!("bad duration '{s}'"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        _ => return Err(format!("bad duration unit in '{s}' (ms, s, m, h, d)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(real_main(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("narad-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    match cli.cmd {
+        Cmd::Run(a) => {
+            let cfg = RunConfig {
+                workload: a.workload,
+                connections: a.connections,
+                consumers: a.consumers.unwrap_or(a.connections),
+                waiters: a.waiters,
+                message_bytes: a.size.max(34),
+                batch: a.batch,
+                partitions: a.partitions,
+                duration: a.duration,
+                count: a.count,
+                rate: a.rate,
+                pid: a.pid,
+            };
+            let res = match a.target {
+                Broker::Narad => {
+                    let t = Narad {
+                        addr: a.url.trim_start_matches("http://").to_owned(),
+                        topic: a.queue,
+                        visibility_ms: 60_000,
+                    };
+                    run(t, cfg).await?
+                }
+                Broker::Redis => {
+                    let t = RedisStreams {
+                        url: a.url,
+                        stream: a.queue,
+                    };
+                    run(t, cfg).await?
+                }
+                Broker::Rabbitmq => {
+                    let t = RabbitQuorum {
+                        url: a.url,
+                        queue: a.queue,
+                    };
+                    run(t, cfg).await?
+                }
+                Broker::Nats => {
+                    let t = NatsJetStream {
+                        url: a.url,
+                        stream: a.queue,
+                    };
+                    run(t, cfg).await?
+                }
+            };
+            if a.json {
+                println!("{}", serde_json::to_string(&res)?);
+            } else {
+                print_text(&res);
+            }
+            let errors: u64 = res.summary.errors.values().sum();
+            Ok(if errors == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Cmd::Soak(a) => {
+            let cfg = soak::SoakConfig {
+                addr: a.url.trim_start_matches("http://").to_owned(),
+                topic: a.topic,
+                duration: a.duration,
+                rate: a.rate,
+                report_every: a.report_every,
+                visibility_ms: a.visibility_ms,
+                payload_bytes: a.size,
+            };
+            let json = a.json;
+            let report = soak::soak(cfg, |t| {
+                if json {
+                    println!("{}", serde_json::to_string(t).unwrap_or_default());
+                } else {
+                    println!("{t}");
+                }
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(if report.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Cmd::Report { results } => {
+            let text = std::fs::read_to_string(&results)?;
+            print!("{}", report::table(&report::parse_lines(&text)?));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn run<T: Target>(t: T, cfg: RunConfig) -> Result<RunResult, Box<dyn std::error::Error>> {
+    Ok(workload::run(Arc::new(t), cfg).await?)
+}
+
+fn print_text(r: &RunResult) {
+    let s = &r.summary;
+    let c = &r.config;
+    println!(
+        "{} {:?}: {} conns, batch {}, {} B: {} messages in {:.2}s = {:.0} msg/s, {:.1} MB/s",
+        r.target,
+        c.workload,
+        c.connections,
+        c.batch,
+        c.message_bytes,
+        s.messages,
+        s.elapsed_s,
+        s.msgs_per_s,
+        s.mb_per_s
+    );
+    let l = &s.latency_ms;
+    println!(
+        "  latency ms: p50 {:.3} p90 {:.3} p99 {:.3} p99.9 {:.3} max {:.3} ({} samples)",
+        l.p50, l.p90, l.p99, l.p999, l.max, l.samples
+    );
+    if let Some(l) = &r.e2e_latency_ms {
+        println!(
+            "  end-to-end ms: p50 {:.3} p90 {:.3} p99 {:.3} p99.9 {:.3} max {:.3}",
+            l.p50, l.p90, l.p99, l.p999, l.max
+        );
+    }
+    if let Some(cpu) = r.broker_cpu_s {
+        println!("  broker CPU: {cpu:.2}s");
+    }
+    if let Some(c) = r.cpu_ms_per_msg {
+        println!("  broker CPU per delivered message: {c:.3} ms");
+    }
+    if !s.errors.is_empty() {
+        println!("  errors: {:?}", s.errors);
+    }
+}

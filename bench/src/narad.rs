@@ -1,0 +1,339 @@
+//! Narad over its HTTP API: one keep-alive HTTP/1.1 connection per worker, driven with hyper's
+//! connection-level client so the load generator adds no pooling or retry behaviour of its own.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::target::{BenchError, Conn, Received, Result, Target};
+
+/// The address and topic a run uses.
+#[derive(Clone)]
+pub struct Narad {
+    /// `host:port`
+    pub addr: String,
+    pub topic: String,
+    pub visibility_ms: u64,
+}
+
+/// One HTTP/1.1 connection.
+pub struct Http {
+    addr: String,
+    tx: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Http {
+    pub async fn connect(addr: &str) -> Result<Self> {
+        let mut h = Self {
+            addr: addr.to_owned(),
+            tx: None,
+        };
+        h.ensure().await?;
+        Ok(h)
+    }
+
+    async fn ensure(&mut self) -> Result<&mut SendRequest<Full<Bytes>>> {
+        if self.tx.as_ref().is_none_or(|tx| tx.is_closed()) {
+            let stream = tokio::net::TcpStream::connect(&self.addr)
+                .await
+                .map_err(|e| BenchError::new("connect", e))?;
+            stream
+                .set_nodelay(true)
+                .map_err(|e| BenchError::new("connect", e))?;
+            let (tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| BenchError::new("connect", e))?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            self.tx = Some(tx);
+        }
+        let tx = self.tx.as_mut().expect("connected above");
+        if tx.ready().await.is_err() {
+            self.tx = None;
+            return Err(BenchError::new("io", "connection closed"));
+        }
+        Ok(self.tx.as_mut().expect("connected above"))
+    }
+
+    /// Sends one request; any transport failure drops the connection so the next call redials.
+    pub async fn request(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes)> {
+        let host = self.addr.clone();
+        let tx = self.ensure().await?;
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, host)
+            .body(Full::new(body))
+            .map_err(|e| BenchError::new("request", e))?;
+        let res = match tx.send_request(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.tx = None;
+                return Err(BenchError::new("io", e));
+            }
+        };
+        let status = res.status();
+        match res.into_body().collect().await {
+            Ok(b) => Ok((status, b.to_bytes())),
+            Err(e) => {
+                self.tx = None;
+                Err(BenchError::new("io", e))
+            }
+        }
+    }
+
+    /// Like [`request`](Self::request) but a non-2xx is an error counted under its status.
+    pub async fn expect_2xx(&mut self, method: Method, path: &str, body: Bytes) -> Result<Bytes> {
+        let (status, body) = self.request(method, path, body).await?;
+        if status.is_success() {
+            Ok(body)
+        } else {
+            Err(BenchError::new(
+                format!("http {}", status.as_u16()),
+                String::from_utf8_lossy(&body),
+            ))
+        }
+    }
+}
+
+/// A message as returned by a queue read.
+#[derive(Debug, Deserialize)]
+pub struct Message {
+    pub partition: u32,
+    pub offset: u64,
+    pub payload: serde_json::Value,
+    #[serde(default)]
+    pub receipt_handle: Option<String>,
+    #[serde(default)]
+    pub delivery_count: Option<u32>,
+}
+
+impl Message {
+    /// The payload as bytes: the bench sends UTF-8 text, which comes back as a JSON string.
+    pub fn payload_bytes(&self) -> Bytes {
+        match &self.payload {
+            serde_json::Value::String(s) => Bytes::copy_from_slice(s.as_bytes()),
+            other => Bytes::from(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_body_is_valid_json() {
+        let body = batch_body(
+            &[Bytes::from_static(b"abc"), Bytes::from_static(b"q\"uote\n")],
+            Some(5),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["messages"][0]["payload"], "abc");
+        assert_eq!(v["messages"][1]["payload"], "q\"uote\n");
+        assert_eq!(v["messages"][1]["delay_ms"], 5);
+    }
+}
+
+#[derive(Deserialize)]
+struct Messages {
+    messages: Vec<Message>,
+}
+
+/// Builds a batch-produce body of UTF-8 payloads. Written by hand (the bench's payloads are
+/// ASCII without quotes or backslashes) so the load generator spends little CPU per message.
+pub fn batch_body(payloads: &[Bytes], delay_ms: Option<u32>) -> Bytes {
+    let per: usize = payloads.iter().map(|p| p.len() + 64).sum();
+    let mut out = Vec::with_capacity(16 + per);
+    out.extend_from_slice(b"{\"messages\":[");
+    for (i, p) in payloads.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let plain = p
+            .iter()
+            .all(|&c| (0x20..0x7f).contains(&c) && c != b'"' && c != b'\\');
+        out.extend_from_slice(b"{\"payload_encoding\":\"utf8\",\"payload\":");
+        if plain {
+            out.push(b'"');
+            out.extend_from_slice(p);
+            out.push(b'"');
+        } else {
+            let s = String::from_utf8_lossy(p);
+            out.extend_from_slice(serde_json::to_string(&s).expect("string").as_bytes());
+        }
+        if let Some(d) = delay_ms {
+            out.extend_from_slice(format!(",\"delay_ms\":{d}").as_bytes());
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    Bytes::from(out)
+}
+
+/// A queue read: `max` messages, waiting up to `wait`. 204 is an empty vector.
+pub async fn consume(
+    http: &mut Http,
+    topic: &str,
+    max: usize,
+    wait: Duration,
+) -> Result<Vec<Message>> {
+    let path = if wait.is_zero() {
+        format!("/v1/topics/{topic}/consume?max={max}")
+    } else {
+        format!(
+            "/v1/topics/{topic}/consume?max={max}&wait={}ms",
+            wait.as_millis()
+        )
+    };
+    let (status, body) = http.request(Method::GET, &path, Bytes::new()).await?;
+    match status {
+        StatusCode::NO_CONTENT => Ok(Vec::new()),
+        StatusCode::OK => serde_json::from_slice::<Messages>(&body)
+            .map(|m| m.messages)
+            .map_err(|e| BenchError::new("bad response", e)),
+        s => Err(BenchError::new(
+            format!("http {}", s.as_u16()),
+            String::from_utf8_lossy(&body),
+        )),
+    }
+}
+
+/// Per-handle outcome of a batch ack: the HTTP status of each item.
+pub async fn ack(
+    http: &mut Http,
+    topic: &str,
+    handles: &[String],
+    extend: &str,
+) -> Result<Vec<u16>> {
+    #[derive(Deserialize)]
+    struct Item {
+        status: u16,
+    }
+    #[derive(Deserialize)]
+    struct Results {
+        results: Vec<Item>,
+    }
+    let body = serde_json::to_vec(&json!({"receipt_handles": handles, "extend": extend}))
+        .expect("serializable");
+    let res = http
+        .expect_2xx(
+            Method::POST,
+            &format!("/v1/topics/{topic}/ack"),
+            Bytes::from(body),
+        )
+        .await?;
+    let r: Results =
+        serde_json::from_slice(&res).map_err(|e| BenchError::new("bad response", e))?;
+    Ok(r.results.into_iter().map(|i| i.status).collect())
+}
+
+impl Target for Narad {
+    type Conn = NaradConn;
+
+    fn name(&self) -> &'static str {
+        "narad"
+    }
+
+    async fn prepare(&self, partitions: u32) -> Result<()> {
+        let mut http = Http::connect(&self.addr).await?;
+        let path = format!("/v1/topics/{}", self.topic);
+        let (status, body) = http.request(Method::DELETE, &path, Bytes::new()).await?;
+        if !status.is_success() && status != StatusCode::NOT_FOUND {
+            return Err(BenchError::new(
+                format!("http {}", status.as_u16()),
+                String::from_utf8_lossy(&body),
+            ));
+        }
+        let create = json!({
+            "name": self.topic,
+            "partitions": partitions,
+            "visibility_timeout_ms": self.visibility_ms,
+            "max_in_flight_per_partition": 1_000_000,
+        });
+        http.expect_2xx(Method::POST, "/v1/topics", Bytes::from(create.to_string()))
+            .await?;
+        Ok(())
+    }
+
+    async fn connect(&self, _worker: usize) -> Result<NaradConn> {
+        Ok(NaradConn {
+            http: Http::connect(&self.addr).await?,
+            produce_path: format!("/v1/topics/{}/produce", self.topic),
+            batch_path: format!("/v1/topics/{}/produce/batch", self.topic),
+            topic: self.topic.clone(),
+        })
+    }
+
+    fn notes(&self) -> Vec<String> {
+        vec![
+            "HTTP/1.1 keep-alive, one connection per worker; 202 only after fdatasync (group commit)"
+                .into(),
+        ]
+    }
+}
+
+pub struct NaradConn {
+    http: Http,
+    produce_path: String,
+    batch_path: String,
+    topic: String,
+}
+
+impl Conn for NaradConn {
+    type Token = String;
+
+    async fn produce(&mut self, payloads: &[Bytes]) -> Result<()> {
+        if let [one] = payloads {
+            self.http
+                .expect_2xx(Method::POST, &self.produce_path, one.clone())
+                .await?;
+        } else {
+            self.http
+                .expect_2xx(Method::POST, &self.batch_path, batch_body(payloads, None))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn consume(&mut self, max: usize, wait: Duration) -> Result<Vec<Received<String>>> {
+        let msgs = consume(&mut self.http, &self.topic, max, wait).await?;
+        Ok(msgs
+            .into_iter()
+            .map(|m| Received {
+                payload: m.payload_bytes(),
+                token: m.receipt_handle.unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    async fn ack(&mut self, tokens: Vec<String>) -> Result<()> {
+        if let [one] = tokens.as_slice() {
+            let path = format!("/v1/topics/{}/ack?receipt_handle={one}", self.topic);
+            self.http
+                .expect_2xx(Method::POST, &path, Bytes::new())
+                .await?;
+            return Ok(());
+        }
+        let statuses = ack(&mut self.http, &self.topic, &tokens, "").await?;
+        match statuses.iter().find(|s| **s != 204) {
+            None => Ok(()),
+            Some(s) => Err(BenchError::new(
+                format!("ack item {s}"),
+                "batch ack item failed",
+            )),
+        }
+    }
+}

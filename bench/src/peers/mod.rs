@@ -1,0 +1,5 @@
+//! Drivers for the peer brokers, each implementing [`crate::target::Target`].
+
+pub mod nats;
+pub mod rabbit;
+pub mod redis;

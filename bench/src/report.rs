@@ -1,0 +1,199 @@
+//! Renders bench results (JSON lines of [`RunResult`]) as the Markdown table in
+//! `docs/benchmarks.md`: absolute figures per broker and Narad's ratio to each peer.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Deserialize;
+
+use crate::stats::{Latency, Summary};
+
+/// The parts of a result line the report reads (a subset of `RunResult`).
+#[derive(Debug, Deserialize)]
+pub struct ResultLine {
+    pub target: String,
+    pub config: ConfigLine,
+    pub summary: Summary,
+    pub e2e_latency_ms: Option<Latency>,
+    pub cpu_ms_per_msg: Option<f64>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ConfigLine {
+    pub workload: String,
+    pub connections: usize,
+    pub consumers: usize,
+    pub waiters: usize,
+    pub message_bytes: usize,
+    pub batch: usize,
+    pub rate: Option<f64>,
+}
+
+impl ConfigLine {
+    fn scenario(&self) -> String {
+        let size = self.message_bytes;
+        match self.workload.as_str() {
+            "produce" => format!(
+                "produce, batch {}, {size} B, {} conns{}",
+                self.batch,
+                self.connections,
+                rate(self.rate)
+            ),
+            "consume" => format!(
+                "consume + ack, max {}, {size} B, {} conns",
+                self.batch, self.connections
+            ),
+            "flow" => format!(
+                "full flow, batch {}, {size} B, {} producers + {} consumers{}",
+                self.batch,
+                self.connections,
+                self.consumers,
+                rate(self.rate)
+            ),
+            "fanin" => format!(
+                "long-poll fan-in, {} idle readers{}",
+                self.waiters,
+                rate(self.rate)
+            ),
+            other => other.to_owned(),
+        }
+    }
+}
+
+fn rate(r: Option<f64>) -> String {
+    r.map(|r| format!(", open loop {r:.0}/s"))
+        .unwrap_or_default()
+}
+
+const TARGETS: [&str; 4] = ["narad", "redis", "rabbitmq", "nats"];
+
+fn cell(r: &ResultLine) -> String {
+    let s = &r.summary;
+    let mut c = if r.config.workload == "fanin" {
+        match r.cpu_ms_per_msg {
+            Some(cpu) => format!("{cpu:.3} ms CPU/msg ({} delivered)", s.messages),
+            None => format!("{} delivered (no CPU figure)", s.messages),
+        }
+    } else {
+        let lat = r.e2e_latency_ms.as_ref().unwrap_or(&s.latency_ms);
+        let what = if r.e2e_latency_ms.is_some() {
+            "e2e "
+        } else {
+            ""
+        };
+        format!(
+            "{:.0} msg/s, {what}p50 {:.2} / p99 {:.2} ms",
+            s.msgs_per_s, lat.p50, lat.p99
+        )
+    };
+    let errors: u64 = s.errors.values().sum();
+    if errors > 0 {
+        let _ = write!(c, " **{errors} errors** {:?}", s.errors);
+    }
+    c
+}
+
+/// Narad's advantage: throughput ratio, or the peer's CPU per message over Narad's for fan-in
+/// (> 1 means Narad is better either way).
+fn ratio(narad: &ResultLine, peer: &ResultLine) -> String {
+    if narad.config.workload == "fanin" {
+        match (narad.cpu_ms_per_msg, peer.cpu_ms_per_msg) {
+            (Some(n), Some(p)) if n > 0.0 => format!("{:.2}×", p / n),
+            _ => "–".into(),
+        }
+    } else if peer.summary.msgs_per_s > 0.0 {
+        format!("{:.2}×", narad.summary.msgs_per_s / peer.summary.msgs_per_s)
+    } else {
+        "–".into()
+    }
+}
+
+pub fn parse_lines(text: &str) -> Result<Vec<ResultLine>, serde_json::Error> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect()
+}
+
+/// The Markdown table: one row per scenario, in first-seen order.
+pub fn table(results: &[ResultLine]) -> String {
+    let mut order: Vec<String> = Vec::new();
+    let mut rows: BTreeMap<String, BTreeMap<&str, &ResultLine>> = BTreeMap::new();
+    for r in results {
+        let key = r.config.scenario();
+        if !order.contains(&key) {
+            order.push(key.clone());
+        }
+        rows.entry(key).or_default().insert(r.target.as_str(), r);
+    }
+    let mut out = String::new();
+    out += "| scenario | narad | redis | rabbitmq | nats | narad ÷ redis | narad ÷ rabbitmq | narad ÷ nats |\n";
+    out += "|---|---|---|---|---|---|---|---|\n";
+    for key in &order {
+        let row = &rows[key];
+        let _ = write!(out, "| {key} |");
+        for t in TARGETS {
+            let _ = write!(
+                out,
+                " {} |",
+                row.get(t).map(|r| cell(r)).unwrap_or_else(|| "–".into())
+            );
+        }
+        for peer in &TARGETS[1..] {
+            let r = match (row.get("narad"), row.get(peer)) {
+                (Some(n), Some(p)) => ratio(n, p),
+                _ => "–".into(),
+            };
+            let _ = write!(out, " {r} |");
+        }
+        out.push('\n');
+    }
+    let mut notes: BTreeMap<&str, &str> = BTreeMap::new();
+    for r in results {
+        for n in &r.notes {
+            notes.entry(r.target.as_str()).or_insert(n.as_str());
+        }
+    }
+    out += "\nHow each broker was driven:\n\n";
+    for (t, n) in notes {
+        let _ = writeln!(out, "- **{t}**: {n}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(target: &str, workload: &str, rate: f64, cpu: Option<f64>) -> String {
+        serde_json::json!({
+            "target": target,
+            "config": {"workload": workload, "connections": 64, "consumers": 0, "waiters": 10,
+                       "message_bytes": 256, "batch": 1, "rate": null},
+            "summary": {"elapsed_s": 1.0, "messages": 10, "requests": 10, "msgs_per_s": rate,
+                        "mb_per_s": 1.0, "errors": {},
+                        "latency_ms": {"p50": 1.0, "p90": 2.0, "p99": 3.0, "p999": 4.0,
+                                       "max": 5.0, "samples": 10}},
+            "e2e_latency_ms": null, "cpu_ms_per_msg": cpu, "notes": [format!("{target} note")]
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn ratios_per_scenario() {
+        let text = [
+            line("narad", "produce", 30000.0, None),
+            line("redis", "produce", 20000.0, None),
+            line("narad", "fanin", 0.0, Some(0.1)),
+            line("nats", "fanin", 0.0, Some(0.3)),
+        ]
+        .join("\n");
+        let t = table(&parse_lines(&text).unwrap());
+        assert!(t.contains("| produce, batch 1, 256 B, 64 conns |"), "{t}");
+        assert!(t.contains("1.50×"), "{t}");
+        assert!(t.contains("3.00×"), "{t}");
+        assert!(t.contains("- **redis**: redis note"), "{t}");
+    }
+}
