@@ -146,6 +146,14 @@ pub struct PartitionQueue {
     dirty: bool,
 }
 
+/// When a lease taken at `now_ms` ends. Clock readings are truncated to the millisecond, so
+/// the lease may really have started up to 1 ms after `now_ms`; one extra millisecond keeps
+/// every lease at least `visibility_ms` long in real time (the soak's lifecycle checker found
+/// leases 0.1 ms short without it).
+fn lease_deadline(now_ms: i64, visibility_ms: i64) -> i64 {
+    now_ms.saturating_add(visibility_ms).saturating_add(1)
+}
+
 impl PartitionQueue {
     /// Restores a queue from its last snapshot over a log that ends at `hwm` and begins at
     /// `oldest` (retention may have removed offsets the snapshot still counts as unacked).
@@ -371,7 +379,7 @@ impl PartitionQueue {
         self.next_nonce = self.next_nonce.wrapping_add(1).max(1);
         let count = self.deliveries.entry(offset).or_insert(0);
         *count += 1;
-        let deadline_ms = now_ms.saturating_add(visibility_ms);
+        let deadline_ms = lease_deadline(now_ms, visibility_ms);
         let lease = Lease {
             nonce,
             deadline_ms,
@@ -430,7 +438,7 @@ impl PartitionQueue {
     ) -> Result<i64, LeaseError> {
         let lease = self.live_lease(offset, nonce, now_ms)?;
         self.expiries.remove(&(lease.deadline_ms, offset));
-        let deadline_ms = now_ms.saturating_add(visibility_ms);
+        let deadline_ms = lease_deadline(now_ms, visibility_ms);
         self.expiries.insert((deadline_ms, offset));
         self.leases.insert(
             offset,
@@ -536,29 +544,30 @@ mod tests {
     fn expiry_redelivers_with_a_new_nonce_and_count() {
         let mut q = q(1);
         let a = q.take(0, 1, 100, VIS, &mut now_due)[0];
-        assert_eq!(q.next_wakeup(), Some(VIS));
-        assert!(q.expire(VIS - 1).is_empty());
-        assert_eq!(q.expire(VIS), vec![0]);
-        let b = q.take(VIS, 1, 100, VIS, &mut now_due)[0];
+        // a lease lasts at least VIS in real time: clock readings are whole milliseconds
+        assert_eq!(q.next_wakeup(), Some(VIS + 1));
+        assert!(q.expire(VIS).is_empty());
+        assert_eq!(q.expire(VIS + 1), vec![0]);
+        let b = q.take(VIS + 1, 1, 100, VIS, &mut now_due)[0];
         assert_eq!(b.offset, 0);
         assert_ne!(a.nonce, b.nonce);
         assert_eq!(b.delivery_count, 2);
-        assert_eq!(q.ack(0, a.nonce, VIS + 1), Err(LeaseError::Stale));
-        q.ack(0, b.nonce, VIS + 1).unwrap();
+        assert_eq!(q.ack(0, a.nonce, VIS + 2), Err(LeaseError::Stale));
+        q.ack(0, b.nonce, VIS + 2).unwrap();
     }
 
     #[test]
     fn an_unreaped_expired_lease_is_stale() {
         let mut q = q(1);
         let a = q.take(0, 1, 100, VIS, &mut now_due)[0];
-        assert_eq!(q.ack(0, a.nonce, VIS), Err(LeaseError::Stale));
+        assert_eq!(q.ack(0, a.nonce, VIS + 1), Err(LeaseError::Stale));
     }
 
     #[test]
     fn extend_resets_to_a_full_timeout() {
         let mut q = q(1);
         let a = q.take(0, 1, 100, VIS, &mut now_due)[0];
-        assert_eq!(q.extend(0, a.nonce, 900, VIS), Ok(1900));
+        assert_eq!(q.extend(0, a.nonce, 900, VIS), Ok(1901));
         assert!(q.expire(1500).is_empty());
         q.ack(0, a.nonce, 1800).unwrap();
     }
@@ -595,7 +604,7 @@ mod tests {
         let mut due = |o: u64| Some(if o == 0 { 5000 } else { 0 });
         let l = q.take(100, 10, 100, VIS, &mut due);
         assert_eq!(l.iter().map(|l| l.offset).collect::<Vec<_>>(), vec![1, 2]);
-        assert_eq!(q.next_wakeup(), Some(1100));
+        assert_eq!(q.next_wakeup(), Some(1101));
         assert!(q.take(4999, 10, 100, VIS, &mut due).is_empty());
         let l = q.take(5000, 10, 100, VIS, &mut due);
         assert_eq!(l[0].offset, 0);

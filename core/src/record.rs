@@ -118,8 +118,17 @@ pub struct Record {
 
 impl Record {
     /// The earliest time (unix ms) at which this record may be delivered.
+    ///
+    /// `timestamp_ms` is the commit time truncated to the millisecond, so the real commit may
+    /// be up to 1 ms later; a delayed record waits one more millisecond so that it is never
+    /// delivered before (real commit + delay). The lifecycle checker caught the 1 ms.
     pub fn due_ms(&self) -> i64 {
-        self.timestamp_ms.saturating_add(i64::from(self.delay_ms))
+        if self.delay_ms == 0 {
+            return self.timestamp_ms;
+        }
+        self.timestamp_ms
+            .saturating_add(i64::from(self.delay_ms))
+            .saturating_add(1)
     }
 
     /// Bytes this record takes on disk.

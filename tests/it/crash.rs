@@ -1,77 +1,64 @@
-//! kill -9 under load: every message that got a 202 must survive, and be delivered.
+//! kill -9 under load, three times: every message that got a 2xx must survive and be
+//! delivered, and the lifecycle checker must find redeliveries only inside fault windows.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use narad_bench::lifecycle::{FaultKind, MsgId, Recorder};
+use narad_bench::narad::Http;
+use narad_bench::soak::parse_id;
 use serde_json::{Value, json};
 
+use crate::lifecycle::{addr, consume_and_ack, produce_recorded};
 use crate::support::*;
 
-/// Ids whose produce got a 202, shared by the producer tasks.
-type Acked = std::sync::Mutex<Vec<String>>;
-
-async fn load(
-    http: reqwest::Client,
-    base: String,
-    round: usize,
-    acked: Arc<Acked>,
-    run_for: Duration,
-) -> (u64, u64) {
+/// Producers (single and batch-of-20) and consumers (consume + batch ack), all recorded, until
+/// `run_for` plus 2 s: they keep going through the kill, failing while the process is gone.
+async fn load(a: String, round: u64, rec: Arc<Recorder>, run_for: Duration) {
+    let stop_at = Instant::now() + run_for + Duration::from_secs(2);
     let mut tasks = Vec::new();
-    let stop_at = Instant::now() + run_for;
-    for w in 0..6 {
-        let (http, base, acked) = (http.clone(), base.clone(), acked.clone());
+    for w in 0..6u64 {
+        let (a, rec) = (a.clone(), rec.clone());
         tasks.push(tokio::spawn(async move {
-            let (mut ok, mut failed) = (0u64, 0u64);
+            let mut http = Http::connect(&a).await.unwrap();
             let mut i = 0u64;
-            // keep sending through the kill: requests fail once the process is gone
-            while Instant::now() < stop_at + Duration::from_secs(2) {
+            while Instant::now() < stop_at {
                 i += 1;
-                let ids: Vec<String> = if w % 3 == 0 {
-                    (0..20).map(|j| format!("r{round}-w{w}-{i}-{j}")).collect()
+                // ids are unique across rounds and workers
+                let base = (round << 40) | (w << 32) | (i << 5);
+                let ids: Vec<MsgId> = if w % 3 == 0 {
+                    (base..base + 20).collect()
                 } else {
-                    vec![format!("r{round}-w{w}-{i}")]
+                    vec![base]
                 };
-                let req = if ids.len() == 1 {
-                    http.post(format!("{base}/v1/topics/crash/produce?key={}", ids[0]))
-                        .body(ids[0].clone())
-                } else {
-                    let msgs: Vec<Value> = ids
-                        .iter()
-                        .map(|id| json!({"payload": id, "payload_encoding": "utf8", "key": id}))
-                        .collect();
-                    http.post(format!("{base}/v1/topics/crash/produce/batch"))
-                        .json(&json!({"messages": msgs}))
-                };
-                match req.timeout(Duration::from_secs(5)).send().await {
-                    Ok(r) if r.status() == StatusCode::ACCEPTED => {
-                        ok += ids.len() as u64;
-                        acked.lock().unwrap().extend(ids);
-                    }
-                    Ok(r) => panic!("unexpected status {}", r.status()),
-                    Err(_) => {
-                        failed += 1;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
+                if !produce_recorded(&mut http, "crash", &rec, &ids).await {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
-            (ok, failed)
         }));
     }
-    let mut totals = (0, 0);
-    for t in tasks {
-        let (ok, failed) = t.await.unwrap();
-        totals.0 += ok;
-        totals.1 += failed;
+    for r in 0..2u32 {
+        let (a, rec) = (a.clone(), rec.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut http = Http::connect(&a).await.unwrap();
+            while Instant::now() < stop_at {
+                let wait = Duration::from_millis(100);
+                if consume_and_ack(&mut http, "crash", &rec, r, wait).await == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
     }
-    totals
+    for t in tasks {
+        t.await.unwrap();
+    }
 }
 
-/// Reads every partition from offset 0 with replay reads and returns the payload strings.
-async fn replay_all(s: &Server) -> Vec<String> {
+/// Reads every partition from offset 0 with replay reads and returns the message ids.
+async fn replay_all(s: &Server) -> HashSet<MsgId> {
     let v: Value = s.get("/v1/topics/crash").await.json().await.unwrap();
-    let mut out = Vec::new();
+    let mut out = HashSet::new();
     for p in v["partition_stats"].as_array().unwrap() {
         let (part, end) = (
             p["partition"].as_u64().unwrap(),
@@ -84,7 +71,7 @@ async fn replay_all(s: &Server) -> Vec<String> {
                 .await
                 .unwrap();
             for m in m["messages"].as_array().unwrap() {
-                out.push(m["payload"].as_str().unwrap().to_owned());
+                out.insert(parse_id(m["payload"].as_str().unwrap()).unwrap());
                 next = m["offset"].as_u64().unwrap() + 1;
             }
         }
@@ -98,32 +85,29 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
     let mut s = Server::start(dir.path()).await;
     s.create_topic(json!({"name": "crash", "partitions": 4}))
         .await;
-    let acked: Arc<Acked> = Arc::default();
-    for round in 0..3 {
-        let kill_after = Duration::from_millis(600 + 300 * round as u64);
-        let loader = tokio::spawn(load(
-            s.http.clone(),
-            s.base.clone(),
-            round,
-            acked.clone(),
-            kill_after,
-        ));
+    // default visibility 30 s; acks are persisted every 100 ms, 1 s covers scheduling slack
+    let rec = Arc::new(Recorder::new(
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    ));
+    for round in 0..3u64 {
+        let kill_after = Duration::from_millis(600 + 300 * round);
+        let loader = tokio::spawn(load(addr(&s), round, rec.clone(), kill_after));
         tokio::time::sleep(kill_after).await;
+        let killed_at = rec.now();
         s.kill9();
-        let (ok, failed) = loader.await.unwrap();
-        println!("round {round}: {ok} messages got 202, {failed} requests failed around the kill");
+        loader.await.unwrap();
         s.restart().await;
-        let present: HashSet<String> = replay_all(&s).await.into_iter().collect();
-        let acked_now = acked.lock().unwrap().clone();
-        let missing: Vec<&String> = acked_now
-            .iter()
-            .filter(|id| !present.contains(*id))
-            .collect();
+        rec.fault(FaultKind::Kill, killed_at, rec.now());
+        let present = replay_all(&s).await;
+        let accepted = rec.accepted_ids();
+        let missing: Vec<&MsgId> = accepted.iter().filter(|id| !present.contains(id)).collect();
         println!(
-            "round {round}: {} acknowledged in total, {} stored, {} missing",
-            acked_now.len(),
+            "round {round}: {} accepted so far, {} stored, {} missing; {:?}",
+            accepted.len(),
             present.len(),
-            missing.len()
+            missing.len(),
+            rec.tally()
         );
         assert!(
             missing.is_empty(),
@@ -132,26 +116,15 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
         );
         assert!(s.log().contains("narad ready"));
     }
-    // and the queue delivers every one of them
-    let mut delivered = HashSet::new();
-    while let Some(v) = s.consume("crash", "?max=100").await {
-        let mut handles = Vec::new();
-        for m in v["messages"].as_array().unwrap() {
-            delivered.insert(m["payload"].as_str().unwrap().to_owned());
-            handles.push(m["receipt_handle"].as_str().unwrap().to_owned());
-        }
-        s.post_json("/v1/topics/crash/ack", &json!({"receipt_handles": handles}))
-            .await;
-    }
-    let acked_all = acked.lock().unwrap().clone();
-    let undelivered = acked_all
-        .iter()
-        .filter(|id| !delivered.contains(*id))
-        .count();
-    println!(
-        "queue: {} acknowledged, {} delivered, {undelivered} undelivered",
-        acked_all.len(),
-        delivered.len()
+    // drain: the queue delivers everything not yet acked
+    let mut http = Http::connect(&addr(&s)).await.unwrap();
+    while consume_and_ack(&mut http, "crash", &rec, 9, Duration::ZERO).await > 0 {}
+    let report = rec.check();
+    println!("{report}");
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.tally.outstanding, 0, "{:?}", report.tally);
+    assert!(
+        report.tally.accepted > 1000,
+        "load too small to mean anything"
     );
-    assert_eq!(undelivered, 0);
 }

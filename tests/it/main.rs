@@ -4,6 +4,7 @@
 mod api;
 mod cli;
 mod crash;
+mod lifecycle;
 mod openapi;
 mod queue;
 mod support;
