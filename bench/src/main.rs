@@ -1,6 +1,7 @@
 //! `narad-bench`: run a workload against Narad or a peer broker, soak a broker, or render the
 //! benchmark report.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 #[global_allocator]
@@ -244,9 +245,12 @@ async fn run<T: Target>(t: T, cfg: RunConfig) -> Result<RunResult, Box<dyn std::
 }
 
 fn print_text(r: &RunResult) {
+    // a closed pipe (`| head`) is not an error worth a panic
+    let mut out = std::io::stdout().lock();
     let s = &r.summary;
     let c = &r.config;
-    println!(
+    let _ = writeln!(
+        out,
         "{} {:?}: {} conns, batch {}, {} B: {} messages in {:.2}s = {:.0} msg/s, {:.1} MB/s",
         r.target,
         c.workload,
@@ -259,23 +263,25 @@ fn print_text(r: &RunResult) {
         s.mb_per_s
     );
     let l = &s.latency_ms;
-    println!(
+    let _ = writeln!(
+        out,
         "  latency ms: p50 {:.3} p90 {:.3} p99 {:.3} p99.9 {:.3} max {:.3} ({} samples)",
         l.p50, l.p90, l.p99, l.p999, l.max, l.samples
     );
     if let Some(l) = &r.e2e_latency_ms {
-        println!(
+        let _ = writeln!(
+            out,
             "  end-to-end ms: p50 {:.3} p90 {:.3} p99 {:.3} p99.9 {:.3} max {:.3}",
             l.p50, l.p90, l.p99, l.p999, l.max
         );
     }
     if let Some(cpu) = r.broker_cpu_s {
-        println!("  broker CPU: {cpu:.2}s");
+        let _ = writeln!(out, "  broker CPU: {cpu:.2}s");
     }
     if let Some(c) = r.cpu_ms_per_msg {
-        println!("  broker CPU per delivered message: {c:.3} ms");
+        let _ = writeln!(out, "  broker CPU per delivered message: {c:.3} ms");
     }
     if !s.errors.is_empty() {
-        println!("  errors: {:?}", s.errors);
+        let _ = writeln!(out, "  errors: {:?}", s.errors);
     }
 }
