@@ -17,6 +17,8 @@ pub struct ResultLine {
     pub e2e_latency_ms: Option<Latency>,
     pub cpu_ms_per_msg: Option<f64>,
     #[serde(default)]
+    pub broker_cpu_s: Option<f64>,
+    #[serde(default)]
     pub notes: Vec<String>,
 }
 
@@ -83,10 +85,15 @@ fn cell(r: &ResultLine) -> String {
         } else {
             ""
         };
-        format!(
+        let mut c = format!(
             "{:.0} msg/s, {what}p50 {:.2} / p99 {:.2} ms",
             s.msgs_per_s, lat.p50, lat.p99
-        )
+        );
+        // the broker's own CPU per message: what the throughput costs, independent of noise
+        if let Some(cpu) = r.broker_cpu_s.filter(|_| s.messages > 0) {
+            let _ = write!(c, ", {:.1} µs CPU/msg", cpu * 1e6 / s.messages as f64);
+        }
+        c
     };
     let errors: u64 = s.errors.values().sum();
     if errors > 0 {

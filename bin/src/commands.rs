@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use crate::client::{BoxError, Client, Reply, enc};
 use crate::{
-    Cli, Command, PubArgs, ReplayArgs, ServeArgs, ServerCmd, SubArgs, TopicCmd, TopicSettings,
+    Cli, Command, PubArgs, ReplayArgs, ServeArgs, ServerCmd, StorageArgs, SubArgs, TopicCmd,
+    TopicSettings,
 };
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
@@ -29,6 +30,13 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             } else if let Some(d) = a.data_dir {
                 cfg.data_dir = d;
             }
+            apply_storage(&mut cfg, &a.storage)?;
+            if a.dev && cfg.archive_url.trim().is_empty() {
+                // --dev tiers too, into a directory beside the data
+                let dir = std::path::absolute(&cfg.data_dir)?.join("archive");
+                cfg.archive_url = format!("file://{}", dir.display());
+            }
+            cfg.validate()?;
             serve(cfg, a.dev, a.addr_file).await
         }
         Command::Serve(ServeArgs {
@@ -36,6 +44,7 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             listen,
             data_dir,
             addr_file,
+            storage,
         }) => {
             let mut cfg = ServerConfig::load(config.as_deref(), std::env::vars())?;
             if let Some(l) = listen {
@@ -44,6 +53,8 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             if let Some(d) = data_dir {
                 cfg.data_dir = d;
             }
+            apply_storage(&mut cfg, &storage)?;
+            cfg.validate()?;
             serve(cfg, false, addr_file).await
         }
         Command::Topic(t) => topic(&Client::new(&cli.server)?, t).await,
@@ -51,6 +62,22 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
         Command::Sub(a) => subscribe(&Client::new(&cli.server)?, a).await,
         Command::Replay(a) => replay(&Client::new(&cli.server)?, a).await,
     }
+}
+
+fn apply_storage(cfg: &mut ServerConfig, a: &StorageArgs) -> Result<(), BoxError> {
+    if let Some(u) = &a.archive_url {
+        cfg.archive_url = u.clone();
+    }
+    if let Some(v) = a.segment_max_age_ms {
+        cfg.segment_max_age_ms = v;
+    }
+    if let Some(v) = a.segment_max_bytes {
+        cfg.segment_max_bytes = v;
+    }
+    if let Some(v) = a.local_retention_ms {
+        cfg.local_retention_ms = v;
+    }
+    Ok(())
 }
 
 fn default_dev_dir() -> std::path::PathBuf {

@@ -73,6 +73,27 @@ struct StartArgs {
     /// Write the bound address to this file once listening (useful with --port 0).
     #[arg(long)]
     addr_file: Option<PathBuf>,
+    #[command(flatten)]
+    storage: StorageArgs,
+}
+
+/// Storage and archive settings shared by `server start` and `serve`; each overrides the
+/// config file and its `NARAD_*` variable.
+#[derive(Args, Default)]
+pub struct StorageArgs {
+    /// Archive for sealed segments: file:///dir, s3://bucket/prefix, memory:// or off
+    /// (`--dev` default: file://<data-dir>/archive).
+    #[arg(long)]
+    pub archive_url: Option<String>,
+    /// Seal the active segment this long after its first record.
+    #[arg(long)]
+    pub segment_max_age_ms: Option<i64>,
+    /// Seal the active segment at this size.
+    #[arg(long)]
+    pub segment_max_bytes: Option<u64>,
+    /// Delete archived local segments older than this (0 = only topic retention).
+    #[arg(long)]
+    pub local_retention_ms: Option<i64>,
 }
 
 #[derive(Args)]
@@ -88,6 +109,8 @@ struct ServeArgs {
     /// Write the bound address to this file once listening.
     #[arg(long)]
     addr_file: Option<PathBuf>,
+    #[command(flatten)]
+    storage: StorageArgs,
 }
 
 #[derive(Subcommand)]

@@ -59,6 +59,27 @@ pub struct ServerConfig {
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
 
+    /// Where sealed segments are archived as Parquet: `file:///abs/dir`, `s3://bucket/prefix`
+    /// or `memory://` (tests). Empty or `off`: no archive (`server start --dev` turns empty
+    /// into `file://<data_dir>/archive`; `off` opts out). With an archive, local retention deletes only segments
+    /// the archive has verified.
+    pub archive_url: String,
+    /// S3 endpoint (e.g. `http://127.0.0.1:5055`); empty: `AWS_ENDPOINT_URL` or AWS.
+    pub archive_endpoint: String,
+    /// S3 region; empty: `AWS_REGION` / `AWS_DEFAULT_REGION`.
+    pub archive_region: String,
+    /// Allow a plain-HTTP endpoint (loopback test servers); also `AWS_ALLOW_HTTP=true`.
+    pub archive_allow_http: bool,
+    /// Archive objects whose newest record is older than this are deleted; 0 keeps forever.
+    pub archive_retention_ms: i64,
+    /// Local segments older than this are deleted once archived (0: only the topic's
+    /// `retention_ms`/`retention_bytes` apply). Without an archive it has no effect.
+    pub local_retention_ms: i64,
+    /// How often the tiering loop looks for newly sealed segments.
+    pub tiering_interval_ms: u64,
+    /// Partitions uploaded at the same time.
+    pub tiering_concurrency: usize,
+
     /// Defaults for topics created without these fields.
     pub default_partitions: u32,
     pub default_visibility_timeout_ms: i64,
@@ -89,6 +110,14 @@ impl Default for ServerConfig {
             max_batch_messages: 1000,
             max_batch_bytes: 16 * 1024 * 1024,
             shutdown_grace_ms: 10_000,
+            archive_url: String::new(),
+            archive_endpoint: String::new(),
+            archive_region: String::new(),
+            archive_allow_http: false,
+            archive_retention_ms: 0,
+            local_retention_ms: 0,
+            tiering_interval_ms: 1000,
+            tiering_concurrency: 2,
             default_partitions: topic.partitions,
             default_visibility_timeout_ms: topic.visibility_timeout_ms,
             default_retention_ms: topic.retention_ms,
@@ -217,6 +246,30 @@ impl ServerConfig {
         if !(1024..=256 * 1024 * 1024).contains(&self.max_batch_bytes) {
             return bad("max_batch_bytes", "must be between 1 KiB and 256 MiB");
         }
+        let url = self.archive_url.trim();
+        if !(url.is_empty()
+            || url == "off"
+            || url.starts_with("s3://")
+            || url.starts_with("file:///")
+            || url.starts_with("memory://"))
+        {
+            return bad(
+                "archive_url",
+                "must be empty, off, s3://bucket/prefix, file:///absolute/dir or memory://",
+            );
+        }
+        if self.archive_retention_ms < 0 || self.local_retention_ms < 0 {
+            return bad(
+                "archive_retention_ms",
+                "retentions must be >= 0 (0 = keep forever)",
+            );
+        }
+        if self.tiering_interval_ms < 10 {
+            return bad("tiering_interval_ms", "must be at least 10");
+        }
+        if !(1..=64).contains(&self.tiering_concurrency) {
+            return bad("tiering_concurrency", "must be between 1 and 64");
+        }
         self.topic_defaults()
             .validate()
             .map_err(|e| ConfigError::Invalid {
@@ -250,7 +303,25 @@ impl ServerConfig {
             ack_flush_interval_ms: self.ack_flush_interval_ms,
             retention_interval_ms: self.retention_interval_ms,
             max_ack_ranges: self.max_ack_ranges,
+            archive_gate: self.archive_settings().is_some(),
+            local_retention_ms: self.local_retention_ms,
         }
+    }
+
+    /// The archive settings, if an archive is configured.
+    pub fn archive_settings(&self) -> Option<narad_tiering::archive::ArchiveSettings> {
+        let url = self.archive_url.trim();
+        if url.is_empty() || url == "off" {
+            return None;
+        }
+        let opt = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_owned());
+        Some(narad_tiering::archive::ArchiveSettings {
+            url: url.to_owned(),
+            endpoint: opt(&self.archive_endpoint),
+            region: opt(&self.archive_region),
+            allow_http: self.archive_allow_http.then_some(true),
+            ..Default::default()
+        })
     }
 }
 

@@ -59,6 +59,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Lets another component (the tiering loop) add its metrics to the same registry.
+    pub fn register_with(&self, f: impl FnOnce(&mut Registry)) {
+        f(&mut self.registry.lock());
+    }
+
     pub fn new() -> Self {
         let core = Arc::new(CoreMetrics::default());
         let mut registry = Registry::default();

@@ -10,6 +10,9 @@ use narad_core::broker::Broker;
 use narad_core::clock::SystemClock;
 use tokio::net::TcpListener;
 
+use narad_tiering::archive::Archive;
+use narad_tiering::tierer::{Tierer, TieringConfig, TieringMetrics};
+
 use crate::config::ServerConfig;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -20,6 +23,8 @@ pub enum ServerError {
     Broker(#[from] narad_core::broker::BrokerError),
     #[error("http server failed: {0}")]
     Io(#[from] std::io::Error),
+    #[error("archive: {0}")]
+    Archive(#[from] narad_tiering::archive::ArchiveError),
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then:
@@ -32,12 +37,23 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let metrics = Arc::new(Metrics::new());
+    let archive = config
+        .archive_settings()
+        .map(|s| Archive::open(&s))
+        .transpose()?;
+    let tiering_metrics = Arc::new(TieringMetrics::default());
+    if archive.is_some() {
+        metrics.register_with(|r| tiering_metrics.register(r));
+    }
     let state = Arc::new(AppState {
         cfg: config.clone(),
         broker: std::sync::OnceLock::new(),
         ready: AtomicBool::new(false),
         shutting_down: AtomicBool::new(false),
         metrics: metrics.clone(),
+        archive: archive
+            .clone()
+            .map(|a| Arc::new(narad_replay::ArchiveReader::new(a))),
     });
     let addr = listener.local_addr()?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "narad listening; recovering data");
@@ -49,11 +65,24 @@ pub async fn run(
         metrics.core.clone(),
     );
     let (broker_tx, broker_rx) = tokio::sync::oneshot::channel();
+    let stopping = tokio_util::sync::CancellationToken::new();
     let opener = {
-        let state = state.clone();
+        let (state, stopping, config) = (state.clone(), stopping.clone(), config.clone());
         tokio::spawn(async move {
             match broker.await {
                 Ok(b) => {
+                    if let Some(a) = archive {
+                        tracing::info!(archive = %a.url, "tiering sealed segments to the archive");
+                        let cfg = TieringConfig {
+                            interval: Duration::from_millis(config.tiering_interval_ms),
+                            archive_retention_ms: config.archive_retention_ms,
+                            concurrency: config.tiering_concurrency,
+                            ..TieringConfig::default()
+                        };
+                        let t =
+                            Tierer::new(b.clone(), a, cfg, Arc::new(SystemClock), tiering_metrics);
+                        tokio::spawn(t.run(stopping));
+                    }
                     let _ = state.broker.set(b);
                     state.ready.store(true, Ordering::Release);
                     tracing::info!(
@@ -70,7 +99,6 @@ pub async fn run(
         })
     };
 
-    let stopping = tokio_util::sync::CancellationToken::new();
     let failed: Arc<parking_lot::Mutex<Option<ServerError>>> = Arc::default();
     {
         let (state, failed, stopping) = (state.clone(), failed.clone(), stopping.clone());

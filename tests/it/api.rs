@@ -542,6 +542,8 @@ async fn retention_deletes_old_segments_and_replay_answers_410() {
         &[
             ("NARAD_SEGMENT_MAX_BYTES", "4096"),
             ("NARAD_RETENTION_INTERVAL_MS", "50"),
+            // local retention alone (archive replay is tests/it/archive.rs)
+            ("NARAD_ARCHIVE_URL", "off"),
         ],
     )
     .await;

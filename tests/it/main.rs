@@ -2,6 +2,7 @@
 //! and a temporary data directory, and talks HTTP to it.
 
 mod api;
+mod archive;
 mod cli;
 mod crash;
 mod lifecycle;

@@ -72,6 +72,7 @@ fn router_serves_every_listed_route() {
             ready: Default::default(),
             shutting_down: Default::default(),
             metrics: std::sync::Arc::new(narad_infra::metrics::Metrics::new()),
+            archive: None,
         });
         let app = narad_infra::http::router(state);
         for (m, p) in narad_infra::http::ROUTES {

@@ -25,7 +25,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::clock::SharedClock;
 use crate::handle::{HandleCodec, HandleError, ReceiptHandle};
-use crate::log::{LogConfig, LogError, LogStats};
+use crate::log::{LogConfig, LogError, LogStats, SealedSegment};
 use crate::metrics::{CoreMetrics, OutcomeLabel, TopicLabel};
 use crate::queue::{LeaseError, QueueStats};
 use crate::record::{NewRecord, Record};
@@ -49,6 +49,12 @@ pub struct BrokerConfig {
     pub retention_interval_ms: u64,
     /// Bound on out-of-order acked ranges per partition (beyond it acks answer "retry").
     pub max_ack_ranges: usize,
+    /// An archive takes sealed segments: retention then deletes only what it has verified
+    /// (see [`Broker::set_archived`]).
+    pub archive_gate: bool,
+    /// With an archive: local segments older than this go once archived (0 = only the
+    /// topic's retention applies).
+    pub local_retention_ms: i64,
 }
 
 impl BrokerConfig {
@@ -61,6 +67,8 @@ impl BrokerConfig {
             ack_flush_interval_ms: 100,
             retention_interval_ms: 30_000,
             max_ack_ranges: 65_536,
+            archive_gate: false,
+            local_retention_ms: 0,
         }
     }
 }
@@ -1082,6 +1090,16 @@ impl Broker {
         let now = self.clock.now_ms();
         for (topic, part) in self.all_partitions() {
             let cfg = topic.config();
+            let local = if self.cfg.archive_gate {
+                self.cfg.local_retention_ms
+            } else {
+                0
+            };
+            let retention_ms = match (cfg.retention_ms, local) {
+                (0, l) => l,
+                (r, 0) => r,
+                (r, l) => r.min(l),
+            };
             let log = match part.open_log() {
                 Some(log) => log,
                 None => {
@@ -1090,8 +1108,8 @@ impl Broker {
                     // it to delete the data, unless it is already empty.
                     let idle_for = now - part.last_used_ms.load(Ordering::Relaxed);
                     let stats = part.stats();
-                    if cfg.retention_ms == 0
-                        || idle_for <= cfg.retention_ms
+                    if retention_ms == 0
+                        || idle_for <= retention_ms
                         || stats.oldest_offset >= stats.next_offset
                     {
                         continue;
@@ -1105,10 +1123,12 @@ impl Broker {
                     }
                 }
             };
-            let (retention_ms, retention_bytes) = (cfg.retention_ms, cfg.retention_bytes);
+            let retention_bytes = cfg.retention_bytes;
+            let gate = self.cfg.archive_gate;
             let apply = |log: Arc<crate::log::PartitionLog>| {
+                let archived = gate.then(|| part.archived_below.load(Ordering::Acquire));
                 tokio::task::spawn_blocking(move || {
-                    log.apply_retention(retention_ms, retention_bytes)
+                    log.apply_retention(retention_ms, retention_bytes, archived)
                 })
             };
             let (mut deleted, active_expired) = apply(log.clone()).await.unwrap_or((0, false));
@@ -1134,6 +1154,62 @@ impl Broker {
                 }
             }
         }
+    }
+
+    /// A topic's metadata (incarnation id, settings).
+    pub fn topic_meta(&self, name: &str) -> Result<TopicMeta, BrokerError> {
+        Ok(self.topic(name)?.meta.read().clone())
+    }
+
+    fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition>, BrokerError> {
+        let t = self.topic(topic)?;
+        let parts = t.partitions();
+        parts
+            .get(partition as usize)
+            .cloned()
+            .ok_or(BrokerError::PartitionOutOfRange {
+                partition,
+                partitions: parts.len() as u32,
+            })
+    }
+
+    /// The sealed segments of a partition, oldest first (opens an idle partition's log).
+    pub async fn sealed_segments(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<Vec<SealedSegment>, BrokerError> {
+        let part = self.partition(topic, partition)?;
+        Ok(part.log(&self.env).await?.sealed_segments())
+    }
+
+    /// Every record of one sealed segment, for the archive.
+    pub async fn read_segment(
+        &self,
+        topic: &str,
+        partition: u32,
+        base: u64,
+    ) -> Result<Vec<Record>, BrokerError> {
+        let part = self.partition(topic, partition)?;
+        let log = part.log(&self.env).await?;
+        tokio::task::spawn_blocking(move || log.read_segment(base))
+            .await
+            .map_err(|e| BrokerError::Storage(LogError::Poisoned(e.to_string())))?
+            .map_err(Into::into)
+    }
+
+    /// Records that the archive holds (uploaded and verified) every offset below `below`;
+    /// retention may then delete local segments that end at or before it. Never moves back.
+    pub fn set_archived(&self, topic: &str, partition: u32, below: u64) -> Result<(), BrokerError> {
+        let part = self.partition(topic, partition)?;
+        part.archived_below.fetch_max(below, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The oldest offset still on local disk and the next offset to be written.
+    pub fn local_range(&self, topic: &str, partition: u32) -> Result<(u64, u64), BrokerError> {
+        let s = self.partition(topic, partition)?.stats();
+        Ok((s.oldest_offset, s.next_offset))
     }
 
     async fn close_idle(&self) {

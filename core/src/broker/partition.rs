@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -22,6 +22,9 @@ pub(crate) struct Partition {
     opening: tokio::sync::Mutex<()>,
     pub queue: Mutex<PartitionQueue>,
     pub last_used_ms: AtomicI64,
+    /// Offsets below this are in the archive (uploaded and verified); with an archive
+    /// configured, retention deletes nothing at or above it.
+    pub archived_below: AtomicU64,
     last_stats: Mutex<LogStats>,
     persist_lock: Mutex<()>,
 }
@@ -85,6 +88,7 @@ impl Partition {
             opening: tokio::sync::Mutex::new(()),
             queue: Mutex::new(queue),
             last_used_ms: AtomicI64::new(env.clock.now_ms()),
+            archived_below: AtomicU64::new(0),
             last_stats: Mutex::new(stats),
             persist_lock: Mutex::new(()),
         })

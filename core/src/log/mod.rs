@@ -93,6 +93,17 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     }
 }
 
+/// A sealed segment's extent, for the archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SealedSegment {
+    pub base: u64,
+    /// One past its last offset.
+    pub end: u64,
+    pub size: u64,
+    pub min_ts: i64,
+    pub max_ts: i64,
+}
+
 /// What an append made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Appended {
@@ -360,6 +371,58 @@ impl PartitionLog {
         }
     }
 
+    /// The sealed, non-empty segments, oldest first: what the archive may take.
+    pub fn sealed_segments(&self) -> Vec<SealedSegment> {
+        self.shared
+            .segments
+            .read()
+            .iter()
+            .filter_map(|seg| {
+                let m = seg.meta.lock();
+                match (m.sealed, m.min_ts, m.max_ts) {
+                    (true, Some(min_ts), Some(max_ts)) => Some(SealedSegment {
+                        base: seg.base,
+                        end: m.end,
+                        size: m.size,
+                        min_ts,
+                        max_ts,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Every record of the sealed segment starting at `base`. Blocking (positional reads).
+    pub fn read_segment(&self, base: u64) -> Result<Vec<Record>, LogError> {
+        let seg = self
+            .shared
+            .segments
+            .read()
+            .iter()
+            .find(|s| s.base == base)
+            .cloned();
+        let Some(seg) = seg else {
+            return Err(LogError::Truncated {
+                requested: base,
+                oldest: self.oldest_offset(),
+            });
+        };
+        let (size, count) = {
+            let m = seg.meta.lock();
+            (m.size, m.end.saturating_sub(base))
+        };
+        let mut reader = SegmentReader::new(&seg.file, 0, size);
+        let mut out = Vec::with_capacity(count as usize);
+        while let Some((rec, _)) = reader.next_record().map_err(|source| LogError::Corrupt {
+            path: seg.path.clone(),
+            source,
+        })? {
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
     /// Reads up to `max_records` records (and roughly `max_bytes` of payload, at least one
     /// record) starting at `from`. Blocking on a cache miss (positional reads).
     pub fn read(
@@ -467,20 +530,29 @@ impl PartitionLog {
     /// time; 0 = keep forever) or beyond `retention_bytes` (0 = no size limit), oldest first.
     /// Returns the number of segments deleted and whether the active segment is itself past
     /// the age limit (the caller then rolls it so the next pass can delete it).
-    pub fn apply_retention(&self, retention_ms: i64, retention_bytes: u64) -> (usize, bool) {
+    ///
+    /// With `archived_below`, a segment is deleted only if every record of it is below that
+    /// offset (uploaded to the archive and verified): nothing unarchived is ever deleted.
+    pub fn apply_retention(
+        &self,
+        retention_ms: i64,
+        retention_bytes: u64,
+        archived_below: Option<u64>,
+    ) -> (usize, bool) {
         let now = self.shared.clock.now_ms();
         let cutoff = (retention_ms > 0).then(|| now.saturating_sub(retention_ms));
         let mut segs = self.shared.segments.write();
         let mut total: u64 = segs.iter().map(|s| s.meta.lock().size).sum();
         let mut deleted = 0;
         while segs.len() > 1 {
-            let (sealed, max_ts, size) = {
+            let (sealed, max_ts, size, end) = {
                 let m = segs[0].meta.lock();
-                (m.sealed, m.max_ts, m.size)
+                (m.sealed, m.max_ts, m.size, m.end)
             };
             let too_old = matches!((cutoff, max_ts), (Some(c), Some(t)) if t < c);
             let too_big = retention_bytes > 0 && total > retention_bytes;
-            if !sealed || !(too_old || too_big || size == 0) {
+            let archived = archived_below.is_none_or(|a| end <= a || size == 0);
+            if !sealed || !(too_old || too_big || size == 0) || !archived {
                 break;
             }
             let seg = segs.remove(0);

@@ -195,9 +195,9 @@ async fn retention_deletes_only_whole_sealed_segments() {
     let before = log.stats();
     assert!(before.segments >= 3);
     // nothing is old enough yet
-    assert_eq!(log.apply_retention(10_000, 0), (0, false));
+    assert_eq!(log.apply_retention(10_000, 0, None), (0, false));
     clock.advance(20_000);
-    let (deleted, active_expired) = log.apply_retention(10_000, 0);
+    let (deleted, active_expired) = log.apply_retention(10_000, 0, None);
     assert_eq!(deleted, before.segments - 1, "every sealed segment went");
     assert!(active_expired, "the quiet active segment is past retention");
     let oldest = log.oldest_offset();
@@ -207,7 +207,7 @@ async fn retention_deletes_only_whole_sealed_segments() {
         Err(LogError::Truncated { .. })
     ));
     log.roll().await.unwrap();
-    assert_eq!(log.apply_retention(10_000, 0).0, 1);
+    assert_eq!(log.apply_retention(10_000, 0, None).0, 1);
     assert_eq!(log.oldest_offset(), 60);
     assert_eq!(log.next_offset(), 60);
     assert_eq!(log.append(vec![rec("x")]).await.unwrap().base_offset, 60);
@@ -215,6 +215,33 @@ async fn retention_deletes_only_whole_sealed_segments() {
     // the truncated log reopens at the right place
     let (log, _) = open_with(dir.path(), small_segments(), clock);
     assert_eq!((log.oldest_offset(), log.next_offset()), (60, 61));
+    log.close().await;
+}
+
+#[tokio::test]
+async fn retention_never_deletes_what_the_archive_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let (log, _) = open_with(dir.path(), small_segments(), clock.clone());
+    for i in 0..60 {
+        log.append(vec![rec(&format!("payload-{i:04}"))])
+            .await
+            .unwrap();
+    }
+    let sealed = log.sealed_segments();
+    assert!(sealed.len() >= 2);
+    assert_eq!(sealed[0].base, 0);
+    let first = log.read_segment(sealed[0].base).unwrap();
+    assert_eq!(first.len() as u64, sealed[0].end);
+    assert_eq!(first.last().unwrap().offset, sealed[0].end - 1);
+    clock.advance(20_000);
+    // nothing archived: everything stays, however old
+    assert_eq!(log.apply_retention(10_000, 0, Some(0)).0, 0);
+    // the first segment archived: only it goes
+    assert_eq!(log.apply_retention(10_000, 0, Some(sealed[0].end)).0, 1);
+    assert_eq!(log.oldest_offset(), sealed[1].base);
+    // an archive mark inside a segment does not delete that segment
+    assert_eq!(log.apply_retention(10_000, 0, Some(sealed[1].end - 1)).0, 0);
     log.close().await;
 }
 
@@ -228,7 +255,7 @@ async fn retention_by_size_keeps_the_newest() {
             .await
             .unwrap();
     }
-    let (deleted, _) = log.apply_retention(0, 2048);
+    let (deleted, _) = log.apply_retention(0, 2048, None);
     assert!(deleted > 0);
     assert!(log.stats().bytes <= 2048 + 1024);
     assert_eq!(log.next_offset(), 100);

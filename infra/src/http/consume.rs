@@ -5,10 +5,66 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::IntoResponse;
-use narad_core::broker::ReplayFrom;
+use narad_core::broker::{Broker, BrokerError, ReplayFrom};
+use narad_core::record::Record;
+use narad_replay::ArchiveRead;
 
 use super::query::{Query, parse_duration, parse_time_ms};
 use super::{ApiError, ApiResult, SharedState, json_response, render};
+
+/// Serves a replay read from the archive when it starts below the oldest local offset;
+/// `None` means the local log serves it (or answers 410 when neither holds the offset).
+async fn replay_archive(
+    state: &SharedState,
+    broker: &Broker,
+    topic: &str,
+    partition: u32,
+    from: ReplayFrom,
+    max: usize,
+) -> Result<Option<Vec<Record>>, ApiError> {
+    let Some(reader) = &state.archive else {
+        return Ok(None);
+    };
+    let meta = broker.topic_meta(topic)?;
+    let (oldest_local, _) = broker.local_range(topic, partition)?;
+    let offset = match from {
+        ReplayFrom::Offset(o) => o,
+        ReplayFrom::TimeMs(t) => {
+            match reader
+                .offset_for_time(topic, meta.id, partition, t)
+                .await
+                .map_err(archive_error)?
+            {
+                Some(o) => o,
+                None => return Ok(None),
+            }
+        }
+    };
+    if offset >= oldest_local {
+        return Ok(None);
+    }
+    match reader
+        .read(topic, meta.id, partition, offset, max)
+        .await
+        .map_err(archive_error)?
+    {
+        ArchiveRead::Records(r) => Ok(Some(r)),
+        ArchiveRead::Expired { oldest } => Err(BrokerError::OffsetTruncated {
+            requested: offset,
+            oldest,
+        }
+        .into()),
+        ArchiveRead::Absent => Ok(None),
+    }
+}
+
+fn archive_error(e: narad_replay::ReplayError) -> ApiError {
+    tracing::warn!(error = %e, "archive read failed");
+    ApiError::unavailable(
+        "archive_unavailable",
+        format!("the archive could not serve this read: {e}"),
+    )
+}
 
 /// Most messages one consume may return.
 pub const MAX_CONSUME_BATCH: u64 = 100;
@@ -74,7 +130,21 @@ pub async fn consume(
             Some(o) => ReplayFrom::Offset(o),
             None => ReplayFrom::TimeMs(from_time.unwrap_or_default()),
         };
-        let recs = broker.replay(&topic, p, from, max.unwrap_or(1)).await?;
+        let n = max.unwrap_or(1);
+        if let Some(archived) = replay_archive(&state, &broker, &topic, p, from, n).await? {
+            if archived.is_empty() {
+                return Ok(StatusCode::NO_CONTENT.into_response());
+            }
+            let msgs: Vec<_> = archived
+                .iter()
+                .map(|r| render::record(&topic, p, r))
+                .collect();
+            return Ok(match max {
+                None => json_response(StatusCode::OK, &msgs[0]),
+                Some(_) => json_response(StatusCode::OK, &serde_json::json!({"messages": msgs})),
+            });
+        }
+        let recs = broker.replay(&topic, p, from, n).await?;
         if recs.is_empty() {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }

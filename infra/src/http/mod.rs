@@ -37,6 +37,8 @@ pub struct AppState {
     pub ready: AtomicBool,
     pub shutting_down: AtomicBool,
     pub metrics: Arc<Metrics>,
+    /// Reads history below the oldest local offset from the archive, when one is configured.
+    pub archive: Option<Arc<narad_replay::ArchiveReader>>,
 }
 
 impl AppState {

@@ -1,0 +1,266 @@
+//! Reading history from the archive: by offset and by time, through the partition manifests
+//! and the Parquet row-group statistics, with small caches so a sequential replay fetches each
+//! object once and decodes each row group once.
+//!
+//! Local segments are read by the broker; the HTTP replay and the CLI come here for offsets
+//! below the oldest local one (see `narad-infra`'s consume handler).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use narad_core::record::Record;
+use narad_tiering::archive::{Archive, ArchiveError, ArchivedSegment, PartitionManifest};
+use narad_tiering::format::{self, FormatError};
+use object_store::ObjectStoreExt;
+use parking_lot::Mutex;
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+
+/// Manifests are re-read after this long (the tiering loop keeps appending to them).
+const MANIFEST_TTL: Duration = Duration::from_secs(1);
+const OBJECT_CACHE: usize = 2;
+const GROUP_CACHE: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error("archive object {path}: {source}")]
+    Format {
+        path: String,
+        #[source]
+        source: FormatError,
+    },
+}
+
+/// What the archive holds at a position.
+#[derive(Debug)]
+pub enum ArchiveRead {
+    /// Records from the requested offset on (possibly fewer than asked: the caller continues
+    /// from the last offset + 1).
+    Records(Vec<Record>),
+    /// The offset is older than archive retention kept; `oldest` is the first archived one.
+    Expired { oldest: u64 },
+    /// The archive does not hold this offset (not archived yet, or no archive for the topic).
+    Absent,
+}
+
+type Decoded = Arc<Vec<Record>>;
+/// A manifest as fetched, per (topic, partition), with when it was fetched.
+type CachedManifest = (String, u32, Instant, Arc<PartitionManifest>);
+
+pub struct ArchiveReader {
+    archive: Archive,
+    manifests: Mutex<Vec<CachedManifest>>,
+    objects: Mutex<VecDeque<(String, Bytes, Arc<ParquetMetaData>)>>,
+    groups: Mutex<VecDeque<(String, usize, Decoded)>>,
+}
+
+impl ArchiveReader {
+    pub fn new(archive: Archive) -> Self {
+        Self {
+            archive,
+            manifests: Mutex::default(),
+            objects: Mutex::default(),
+            groups: Mutex::default(),
+        }
+    }
+
+    pub fn archive(&self) -> &Archive {
+        &self.archive
+    }
+
+    /// The partition's manifest for this topic incarnation (`None` if none, or another one).
+    pub async fn manifest(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+    ) -> Result<Option<Arc<PartitionManifest>>, ReplayError> {
+        {
+            let cache = self.manifests.lock();
+            if let Some((_, _, at, m)) = cache
+                .iter()
+                .find(|(t, p, _, _)| t == topic && *p == partition)
+                && at.elapsed() < MANIFEST_TTL
+            {
+                return Ok((m.topic_id == topic_id).then(|| m.clone()));
+            }
+        }
+        let Some(m) = self.archive.load_manifest(topic, partition).await? else {
+            return Ok(None);
+        };
+        let m = Arc::new(m);
+        let mut cache = self.manifests.lock();
+        cache.retain(|(t, p, _, _)| !(t == topic && *p == partition));
+        cache.push((topic.to_owned(), partition, Instant::now(), m.clone()));
+        if cache.len() > 1024 {
+            cache.remove(0);
+        }
+        Ok((m.topic_id == topic_id).then_some(m))
+    }
+
+    /// Up to `max` records from `from` on, from the archive.
+    pub async fn read(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<ArchiveRead, ReplayError> {
+        let Some(m) = self.manifest(topic, topic_id, partition).await? else {
+            return Ok(ArchiveRead::Absent);
+        };
+        if from < m.start_offset {
+            return Ok(ArchiveRead::Expired {
+                oldest: m.start_offset,
+            });
+        }
+        let Some(seg) = m.segment_at_or_after(from) else {
+            return Ok(ArchiveRead::Absent);
+        };
+        let seg = seg.clone();
+        let (path, meta) = self.object(topic, partition, &seg).await?;
+        let mut out = Vec::new();
+        for (g, rg) in meta.row_groups().iter().enumerate() {
+            let Some((_, hi)) = format::int64_range(rg.column(0).statistics()) else {
+                continue;
+            };
+            if (hi as u64) < from {
+                continue;
+            }
+            let recs = self.group(&path, g).await?;
+            out.extend(
+                recs.iter()
+                    .filter(|r| r.offset >= from)
+                    .take(max - out.len())
+                    .cloned(),
+            );
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(ArchiveRead::Records(out))
+    }
+
+    /// The first archived offset committed at or after `ts_ms`, if the archive has one.
+    pub async fn offset_for_time(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        ts_ms: i64,
+    ) -> Result<Option<u64>, ReplayError> {
+        let Some(m) = self.manifest(topic, topic_id, partition).await? else {
+            return Ok(None);
+        };
+        let Some(seg) = m.segment_for_time(ts_ms).cloned() else {
+            return Ok(None);
+        };
+        if seg.min_ts >= ts_ms {
+            return Ok(Some(seg.first_offset));
+        }
+        let (path, meta) = self.object(topic, partition, &seg).await?;
+        for (g, rg) in meta.row_groups().iter().enumerate() {
+            match format::int64_range(rg.column(1).statistics()) {
+                Some((_, hi)) if hi < ts_ms => continue,
+                _ => {}
+            }
+            let recs = self.group(&path, g).await?;
+            if let Some(r) = recs.iter().find(|r| r.timestamp_ms >= ts_ms) {
+                return Ok(Some(r.offset));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Fetches (or finds cached) an archived object and its footer.
+    async fn object(
+        &self,
+        topic: &str,
+        partition: u32,
+        seg: &ArchivedSegment,
+    ) -> Result<(String, Arc<ParquetMetaData>), ReplayError> {
+        let path = self
+            .archive
+            .partition_dir(topic, partition)
+            .join(seg.object.as_str());
+        let key = path.to_string();
+        if let Some((_, _, meta)) = self.objects.lock().iter().find(|(k, _, _)| *k == key) {
+            return Ok((key, meta.clone()));
+        }
+        let bytes = self
+            .archive
+            .store
+            .get(&path)
+            .await
+            .map_err(ArchiveError::from)?
+            .bytes()
+            .await
+            .map_err(ArchiveError::from)?;
+        let reader = SerializedFileReader::new(bytes.clone()).map_err(|e| ReplayError::Format {
+            path: key.clone(),
+            source: e.into(),
+        })?;
+        let meta = Arc::new(reader.metadata().clone());
+        let mut cache = self.objects.lock();
+        cache.push_back((key.clone(), bytes, meta.clone()));
+        while cache.len() > OBJECT_CACHE {
+            cache.pop_front();
+        }
+        Ok((key, meta))
+    }
+
+    /// Decodes one row group of a cached object (the object is refetched if evicted).
+    async fn group(&self, key: &str, g: usize) -> Result<Decoded, ReplayError> {
+        if let Some((_, _, d)) = self
+            .groups
+            .lock()
+            .iter()
+            .find(|(k, i, _)| k == key && *i == g)
+        {
+            return Ok(d.clone());
+        }
+        let cached = self
+            .objects
+            .lock()
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, b, _)| b.clone());
+        let bytes = match cached {
+            Some(b) => b,
+            None => {
+                let path = object_store::path::Path::from(key);
+                self.archive
+                    .store
+                    .get(&path)
+                    .await
+                    .map_err(ArchiveError::from)?
+                    .bytes()
+                    .await
+                    .map_err(ArchiveError::from)?
+            }
+        };
+        let k = key.to_owned();
+        let decoded = tokio::task::spawn_blocking(move || format::decode(bytes, Some(vec![g])))
+            .await
+            .map_err(|e| ReplayError::Format {
+                path: k.clone(),
+                source: FormatError::Foreign(e.to_string()),
+            })?
+            .map_err(|source| ReplayError::Format { path: k, source })?;
+        let d = Arc::new(decoded);
+        let mut cache = self.groups.lock();
+        cache.push_back((key.to_owned(), g, d.clone()));
+        while cache.len() > GROUP_CACHE {
+            cache.pop_front();
+        }
+        Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod tests;
