@@ -27,6 +27,35 @@ pub enum ServerError {
     Archive(#[from] narad_tiering::archive::ArchiveError),
 }
 
+/// A node with an empty data directory rebuilds its topics from the archive before it reports
+/// ready; while the archive cannot be read it stays not-ready and retries (with a log line
+/// each time). Returns false if shutdown began first.
+async fn restore_from_archive(
+    broker: &Arc<Broker>,
+    archive: &Archive,
+    stopping: &tokio_util::sync::CancellationToken,
+) -> bool {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match narad_tiering::tierer::restore(broker, archive).await {
+            Ok(r) => {
+                if !r.restored.is_empty() {
+                    tracing::info!(archive = %archive.url, topics = r.restored.len(), "restored topics from the archive");
+                }
+                return true;
+            }
+            Err(e) => {
+                tracing::error!(archive = %archive.url, error = %e, retry_in = ?backoff, "cannot restore from the archive; not ready until it can");
+            }
+        }
+        tokio::select! {
+            () = stopping.cancelled() => return false,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
 /// Serves the API on `listener` until `shutdown` resolves, then:
 /// 1. reports not ready and answers waiting long-polls with 204,
 /// 2. stops accepting and lets in-flight requests finish (up to `shutdown_grace_ms`),
@@ -71,6 +100,12 @@ pub async fn run(
         tokio::spawn(async move {
             match broker.await {
                 Ok(b) => {
+                    if let Some(a) = &archive
+                        && b.is_fresh()
+                        && !restore_from_archive(&b, a, &stopping).await
+                    {
+                        return; // shutting down before the restore could finish
+                    }
                     if let Some(a) = archive {
                         tracing::info!(archive = %a.url, "tiering sealed segments to the archive");
                         let cfg = TieringConfig {

@@ -100,3 +100,68 @@ async fn sealed_segments_are_archived_and_replayed_from_the_archive() {
     let again = replay_all(&s, 400).await;
     assert_eq!(again, all);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_loss_restores_topics_from_the_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive_url = format!("file://{}", dir.path().join("bucket").display());
+    let env = [
+        ("NARAD_SEGMENT_MAX_BYTES", "4096"),
+        ("NARAD_TIERING_INTERVAL_MS", "50"),
+        ("NARAD_ARCHIVE_URL", archive_url.as_str()),
+    ];
+    let mut s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "arch", "partitions": 1, "visibility_timeout_ms": 4321}))
+        .await;
+    for i in 0..300 {
+        s.produce("arch", "", format!("{{\"i\":{i}}}")).await;
+    }
+    // wait until the archive's manifest covers most of the partition
+    let manifest = dir
+        .path()
+        .join("bucket/topic=arch/partition=0/_manifest.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let archived = loop {
+        if let Ok(text) = std::fs::read_to_string(&manifest) {
+            let m: Value = serde_json::from_str(&text).unwrap();
+            let next = m["next_offset"].as_u64().unwrap();
+            if next >= 200 {
+                break next;
+            }
+        }
+        assert!(Instant::now() < deadline, "archive did not catch up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // the disk is lost
+    s.kill9();
+    std::fs::remove_dir_all(&s.data_dir).unwrap();
+    s.restart().await;
+    let v: Value = s.get("/v1/topics/arch").await.json().await.unwrap();
+    assert_eq!(v["visibility_timeout_ms"], 4321, "settings restored: {v}");
+    let p = &v["partition_stats"][0];
+    assert_eq!(p["next_offset"].as_u64().unwrap(), archived, "{v}");
+    // every archived message replays from the archive
+    let all = replay_all(&s, archived).await;
+    for (i, m) in all.iter().enumerate() {
+        assert_eq!(m["payload"], json!({ "i": i }));
+    }
+    // new produces continue after the archived offsets, never reusing one
+    let r = s.produce("arch", "", "after").await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["offset"].as_u64().unwrap(), archived);
+    // the queue does not redeliver archived history as new work
+    let m = s.consume("arch", "").await.unwrap();
+    assert_eq!(m["offset"].as_u64().unwrap(), archived);
+    // deleting the topic keeps a later restore from bringing it back
+    let topic_json = dir.path().join("bucket/topic=arch/_topic.json");
+    assert!(topic_json.exists());
+    let r = s
+        .http
+        .delete(s.url("/v1/topics/arch"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert!(!topic_json.exists());
+}

@@ -210,6 +210,9 @@ pub struct Broker {
     draining: AtomicBool,
     shutdown: Notify,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The data directory held no topic metadata when the broker opened (a new node, or one
+    /// that lost its disk): the server may restore topics from the archive.
+    fresh: AtomicBool,
 }
 
 impl std::fmt::Debug for Broker {
@@ -252,6 +255,7 @@ impl Broker {
             draining: AtomicBool::new(false),
             shutdown: Notify::new(),
             tasks: Mutex::new(Vec::new()),
+            fresh: AtomicBool::new(false),
         });
         let data_dir = broker.cfg.data_dir.clone();
         let metas = {
@@ -268,6 +272,9 @@ impl Broker {
             .await
             .expect("metadata load task")?
         };
+        broker
+            .fresh
+            .store(!data_dir.join(meta::META_FILE).exists(), Ordering::Release);
         sweep_orphans(&data_dir, &metas);
         for m in metas {
             let topic = broker.open_topic(m).await?;
@@ -393,6 +400,57 @@ impl Broker {
         self.spawn_topic_timer(topic);
         tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
         Ok(meta)
+    }
+
+    /// Whether the data directory had no topic metadata at open (see `fresh`).
+    pub fn is_fresh(&self) -> bool {
+        self.fresh.load(Ordering::Acquire)
+    }
+
+    /// Re-creates a topic from the archive after a disk loss: same incarnation id and settings,
+    /// each partition's log starting at `starts[p]` (the first offset the archive does not
+    /// hold), so new produces never reuse an archived offset.
+    pub async fn restore_topic(
+        self: &Arc<Self>,
+        meta: TopicMeta,
+        starts: &[u64],
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        meta.config.validate()?;
+        let _guard = self.meta_lock.lock().await;
+        if self.topics.read().contains_key(&meta.name) {
+            return Err(BrokerError::TopicExists(meta.name));
+        }
+        let dir = self.cfg.data_dir.join("topics").join(meta.dir_name());
+        for p in 0..meta.config.partitions {
+            let start = starts.get(p as usize).copied().unwrap_or(0);
+            if start == 0 {
+                continue;
+            }
+            let pdir = dir.join(format!("p{p:05}"));
+            let made = std::fs::create_dir_all(&pdir)
+                .and_then(|()| {
+                    std::fs::File::create(crate::log::segment::segment_path(&pdir, start))
+                        .and_then(|f| f.sync_all())
+                })
+                .and_then(|()| crate::log::segment::sync_dir(&pdir));
+            made.map_err(|source| LogError::Io {
+                path: pdir.clone(),
+                source,
+            })?;
+        }
+        let topic = self.open_topic(meta.clone()).await?;
+        if let Err(e) = self.store_meta(Some(&meta)).await {
+            for p in topic.partitions().iter() {
+                p.close().await;
+            }
+            let _ = std::fs::remove_dir_all(&topic.dir);
+            return Err(e);
+        }
+        self.topics.write().insert(meta.name.clone(), topic.clone());
+        self.spawn_topic_timer(topic);
+        tracing::info!(topic = %meta.name, id = meta.id, ?starts, "topic restored from the archive");
+        Ok(())
     }
 
     pub fn list_topics(&self, after: Option<&str>, limit: usize) -> (Vec<TopicMeta>, bool) {

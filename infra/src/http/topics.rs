@@ -6,6 +6,7 @@ use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
 use narad_core::broker::{TopicInfo, TopicMeta};
 use narad_core::topic::{CreateTopic, TopicConfig, TopicPatch};
+use object_store::ObjectStoreExt as _;
 use serde::Serialize;
 
 use super::query::Query;
@@ -174,5 +175,15 @@ pub async fn delete(
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
     broker.delete_topic(&topic).await?;
+    if let Some(reader) = &state.archive {
+        // A node restored from the archive must not bring the topic back. Its objects stay
+        // until a new incarnation of the name replaces them (docs/archive-format.md).
+        let a = reader.archive();
+        if let Err(e) = a.store.delete(&a.topic_manifest_path(&topic)).await
+            && !matches!(e, object_store::Error::NotFound { .. })
+        {
+            tracing::warn!(topic = %topic, error = %e, "could not remove the deleted topic's _topic.json from the archive; a restore from it would bring the topic back");
+        }
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
