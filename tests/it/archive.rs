@@ -165,3 +165,116 @@ async fn disk_loss_restores_topics_from_the_archive() {
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     assert!(!topic_json.exists());
 }
+
+/// pyarrow and DuckDB read the archive straight from the S3-compatible server and agree with
+/// the manifests, including a filter on a JSON field inside `payload`. Needs the S3 endpoint
+/// `scripts/test` starts (moto) and the Python readers `.ci/run` installs; says why it skips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn analytics_engines_read_the_archive_in_place() {
+    let Ok(base) = std::env::var("NARAD_TEST_S3_URL") else {
+        eprintln!("NARAD_TEST_S3_URL not set: analytics read skipped");
+        return;
+    };
+    let readers = std::process::Command::new("python3")
+        .args(["-c", "import pyarrow, duckdb, duckdb_extension_httpfs"])
+        .status();
+    if !readers.is_ok_and(|s| s.success()) {
+        eprintln!("pyarrow/duckdb not installed: analytics read skipped");
+        return;
+    }
+    let url = format!("{base}/analytics-{}", std::process::id());
+    let (bucket, prefix) = url.strip_prefix("s3://").unwrap().split_once('/').unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("NARAD_SEGMENT_MAX_BYTES", "4096"),
+        ("NARAD_TIERING_INTERVAL_MS", "50"),
+        ("NARAD_ARCHIVE_URL", url.as_str()),
+    ];
+    let s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "events", "partitions": 2}))
+        .await;
+    let mut kinds = Vec::new();
+    for i in 0..600 {
+        let kind = if i % 3 == 0 { "a" } else { "b" };
+        let r = s
+            .produce(
+                "events",
+                &format!("?key=u{}", i % 11),
+                format!("{{\"i\":{i},\"kind\":\"{kind}\"}}"),
+            )
+            .await;
+        let v: Value = r.json().await.unwrap();
+        kinds.push((
+            v["partition"].as_u64().unwrap(),
+            v["offset"].as_u64().unwrap(),
+            kind,
+        ));
+    }
+    // wait until both manifests cover at least half of each partition, then read them
+    let archive = narad_tiering::archive::Archive::open(&narad_tiering::archive::ArchiveSettings {
+        url: url.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let archived: Vec<u64> = loop {
+        let mut got = Vec::new();
+        for p in 0..2u32 {
+            let m = archive.load_manifest("events", p).await.unwrap();
+            got.push(m.map_or(0, |m| m.next_offset));
+        }
+        let produced: Vec<u64> = (0..2)
+            .map(|p| kinds.iter().filter(|(pp, _, _)| *pp == p).count() as u64)
+            .collect();
+        if got
+            .iter()
+            .zip(&produced)
+            .all(|(a, n)| *a > 0 && a * 2 >= *n)
+        {
+            break got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "archive did not catch up: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let out = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/analytics/read_archive.py"
+        ))
+        .args([bucket, prefix, "events"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "reader failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let total: u64 = archived.iter().sum();
+    assert_eq!(seen["pyarrow"]["rows"], total, "{seen}");
+    assert_eq!(seen["duckdb"]["rows"], total, "{seen}");
+    for p in 0..2 {
+        let part = &seen["pyarrow"]["partitions"][p.to_string()];
+        assert_eq!(part["rows"], archived[p], "{seen}");
+        assert_eq!(part["min"], 0);
+        assert_eq!(part["dense"], true);
+    }
+    let kind_a = kinds
+        .iter()
+        .filter(|(p, o, k)| *o < archived[*p as usize] && *k == "a")
+        .count();
+    assert_eq!(seen["duckdb"]["kind_a"], kind_a as u64, "{seen}");
+    // timestamps are real UTC instants: the oldest equals the broker's oldest commit time
+    let mut first_ts = i64::MAX;
+    for p in 0..2 {
+        let m = s
+            .consume("events", &format!("?partition={p}&offset=0"))
+            .await
+            .unwrap();
+        first_ts = first_ts.min(m["timestamp_ms"].as_i64().unwrap());
+    }
+    assert_eq!(seen["duckdb"]["first_ts_ms"], first_ts, "{seen}");
+}
