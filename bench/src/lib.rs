@@ -10,4 +10,5 @@ pub mod report;
 pub mod soak;
 pub mod stats;
 pub mod target;
+pub mod tiering;
 pub mod workload;

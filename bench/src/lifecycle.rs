@@ -214,6 +214,41 @@ impl Recorder {
         }
     }
 
+    /// A settle whose outcome is unknown (the request was sent, no answer came): it may have
+    /// ended the lease, so the lease counts as possibly ended from `sent_at`.
+    pub fn settle_unknown(&self, id: MsgId, handle: &str, sent_at: Nanos) {
+        let mut st = self.state.lock();
+        let Some(Entry::Open(h)) = st.messages.get_mut(&id) else {
+            return;
+        };
+        if let Some(d) = h.deliveries.iter_mut().rev().find(|d| d.handle == handle) {
+            d.lease_end_lb = d.lease_end_lb.min(sent_at);
+        }
+    }
+
+    /// Accepted messages with no successful ack: after a drain, each of these is lost (or
+    /// stuck), whether or not it was ever delivered.
+    pub fn unacked(&self) -> Vec<Violation> {
+        let st = self.state.lock();
+        let mut out: Vec<Violation> = st
+            .messages
+            .iter()
+            .filter_map(|(id, e)| match e {
+                Entry::Open(h) if h.accepted_at.is_some() && h.acks.is_empty() => Some(Violation {
+                    rule: Rule::Lost,
+                    id: *id,
+                    detail: format!(
+                        "accepted but never acked by the end of the drain; {}",
+                        describe(h)
+                    ),
+                }),
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|v| v.id);
+        out
+    }
+
     /// An ack that the broker refused (e.g. 410 for an expired or pre-restart handle).
     pub fn settle_failed(&self, id: MsgId) {
         let mut st = self.state.lock();
@@ -411,8 +446,12 @@ fn check_one(id: MsgId, h: &History, faults: &[Fault], out: &mut Vec<Violation>)
     ds.sort_by_key(|d| d.resp_at);
     for (i, a) in ds.iter().enumerate() {
         for b in &ds[i + 1..] {
-            // b answered before a's lease could have ended, and no fault in between
-            if b.resp_at < a.lease_end_lb && !fault_between(faults, a.req_at, b.resp_at) {
+            // each was answered (so had started) before the other's lease could have ended,
+            // and no fault in between: the two leases overlapped
+            if b.resp_at < a.lease_end_lb
+                && a.resp_at < b.lease_end_lb
+                && !fault_between(faults, a.req_at, b.resp_at)
+            {
                 out.push(Violation {
                     rule: Rule::DoubleLease,
                     id,
@@ -657,6 +696,27 @@ mod tests {
         r.fault(FaultKind::Kill, SEC, 2 * SEC);
         deliver(&r, 1, 2, 3 * SEC, 3 * SEC + 1, "b");
         assert!(r.check().is_clean());
+    }
+
+    #[test]
+    fn a_late_answer_does_not_prove_an_overlap() {
+        // B was leased first but its answer arrived after its lease could have expired; A was
+        // then leased legitimately and answered earlier than B
+        let r = Recorder::new(Duration::from_secs(2), Duration::ZERO);
+        r.sent(1, 0, Duration::ZERO);
+        deliver(&r, 1, 2, 0, 5 * SEC, "b");
+        deliver(&r, 1, 1, 4 * SEC, 4 * SEC + SEC / 5, "a");
+        assert!(r.check().is_clean(), "{}", r.check());
+        // a nack whose answer was lost may still have ended the lease
+        let r = rec();
+        r.sent(1, 0, Duration::ZERO);
+        deliver(&r, 1, 1, 0, 10, "a");
+        r.settle_unknown(1, "a", SEC);
+        deliver(&r, 1, 2, 2 * SEC, 2 * SEC + 1, "b");
+        assert!(r.check().is_clean());
+        // and accepted-but-unacked messages are reported after a drain
+        r.accepted(1, 5);
+        assert_eq!(r.unacked().len(), 1);
     }
 
     #[test]

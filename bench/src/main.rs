@@ -35,6 +35,9 @@ enum Cmd {
     Run(RunArgs),
     /// Send, read and ack nonstop, tracking every message; exit 1 on any lost or misdelivered.
     Soak(SoakArgs),
+    /// Archive costs and speeds: Parquet conversion, compression, replay from the archive vs
+    /// local segments, time lookups in a large archived partition.
+    Tiering(TieringArgs),
     /// Render JSON-lines results (from `run --json`) as a Markdown table.
     Report {
         /// File of JSON lines.
@@ -85,6 +88,25 @@ struct RunArgs {
     #[arg(long, default_value = "bench")]
     queue: String,
     /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct TieringArgs {
+    /// Raw size of the archived partition, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    partition_mib: u64,
+    /// Segment size, in MiB (the broker's default is 64).
+    #[arg(long, default_value_t = 64)]
+    segment_mib: u64,
+    /// Scratch directory (created, removed afterwards).
+    #[arg(long, default_value = "target/bench-tiering")]
+    dir: std::path::PathBuf,
+    #[arg(long, default_value_t = 200_000)]
+    replay_records: usize,
+    #[arg(long, default_value_t = 20)]
+    lookups: usize,
     #[arg(long)]
     json: bool,
 }
@@ -231,6 +253,22 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Cmd::Tiering(a) => {
+            let r = narad_bench::tiering::run(narad_bench::tiering::TieringBenchConfig {
+                partition_bytes: a.partition_mib << 20,
+                segment_bytes: a.segment_mib << 20,
+                dir: a.dir,
+                replay_records: a.replay_records,
+                lookups: a.lookups,
+            })
+            .await?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("{r:#?}");
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Report { results } => {
             let text = std::fs::read_to_string(&results)?;

@@ -183,6 +183,14 @@ pub async fn soak(cfg: SoakConfig, mut on_tally: impl FnMut(&TallyLine)) -> Resu
     let mut report = sh.rec.check();
     let mut extra = compacted;
     extra.extend(sh.replay_errors.lock().drain(..));
+    // after the drain nothing may remain unacked: a message delivered once and then dropped
+    // by the broker is lost too, even though it was delivered
+    extra.extend(
+        sh.rec
+            .unacked()
+            .into_iter()
+            .filter(|v| !report.violations.iter().any(|w| w.id == v.id)),
+    );
     for v in &extra {
         report.count(v.rule);
     }
@@ -330,6 +338,11 @@ async fn settle(sh: &Shared, http: &mut Http, items: Vec<(MsgId, String)>, exten
     let sent_at = sh.rec.now();
     let res = narad::ack(http, &sh.cfg.topic, &handles, extend).await;
     let resp_at = sh.rec.now();
+    if res.is_err() {
+        for (id, handle) in &items {
+            sh.rec.settle_unknown(*id, handle, sent_at);
+        }
+    }
     if let Ok(statuses) = res {
         for ((id, handle), status) in items.iter().zip(statuses) {
             if status == 204 {

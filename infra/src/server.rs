@@ -36,9 +36,16 @@ async fn restore_from_archive(
     stopping: &tokio_util::sync::CancellationToken,
 ) -> bool {
     let mut backoff = Duration::from_millis(200);
+    // a node stopped half way through still counts as fresh next time
+    if let Err(e) = broker.set_restore_pending(true) {
+        tracing::error!(error = %e, "cannot mark the restore in progress");
+    }
     loop {
         match narad_tiering::tierer::restore(broker, archive).await {
             Ok(r) => {
+                if let Err(e) = broker.set_restore_pending(false) {
+                    tracing::error!(error = %e, "cannot clear the restore marker; the next start will look for archived topics again");
+                }
                 if !r.restored.is_empty() {
                     tracing::info!(archive = %archive.url, topics = r.restored.len(), "restored topics from the archive");
                 }

@@ -122,8 +122,12 @@ impl ArchiveReader {
         let Some(seg) = m.segment_at_or_after(from) else {
             return Ok(ArchiveRead::Absent);
         };
+        if seg.first_offset > from {
+            // a gap in the archive (it was off for a while): never skip offsets silently
+            return Ok(ArchiveRead::Absent);
+        }
         let seg = seg.clone();
-        let (path, meta) = self.object(topic, partition, &seg).await?;
+        let (path, meta) = self.object(topic, topic_id, partition, &seg).await?;
         let mut out = Vec::new();
         for (g, rg) in meta.row_groups().iter().enumerate() {
             let Some((_, hi)) = format::int64_range(rg.column(0).statistics()) else {
@@ -163,7 +167,7 @@ impl ArchiveReader {
         if seg.min_ts >= ts_ms {
             return Ok(Some(seg.first_offset));
         }
-        let (path, meta) = self.object(topic, partition, &seg).await?;
+        let (path, meta) = self.object(topic, topic_id, partition, &seg).await?;
         for (g, rg) in meta.row_groups().iter().enumerate() {
             match format::int64_range(rg.column(1).statistics()) {
                 Some((_, hi)) if hi < ts_ms => continue,
@@ -177,10 +181,13 @@ impl ArchiveReader {
         Ok(None)
     }
 
-    /// Fetches (or finds cached) an archived object and its footer.
+    /// Fetches (or finds cached) an archived object and its footer. Cache keys carry the
+    /// incarnation and the object size: a re-created topic's object at the same path is a
+    /// different entry.
     async fn object(
         &self,
         topic: &str,
+        topic_id: u64,
         partition: u32,
         seg: &ArchivedSegment,
     ) -> Result<(String, Arc<ParquetMetaData>), ReplayError> {
@@ -188,7 +195,7 @@ impl ArchiveReader {
             .archive
             .partition_dir(topic, partition)
             .join(seg.object.as_str());
-        let key = path.to_string();
+        let key = format!("{topic_id}:{}:{path}", seg.object_bytes);
         if let Some((_, _, meta)) = self.objects.lock().iter().find(|(k, _, _)| *k == key) {
             return Ok((key, meta.clone()));
         }
@@ -233,7 +240,8 @@ impl ArchiveReader {
         let bytes = match cached {
             Some(b) => b,
             None => {
-                let path = object_store::path::Path::from(key);
+                // the key is "<topic id>:<size>:<path>"
+                let path = object_store::path::Path::from(key.splitn(3, ':').nth(2).unwrap_or(key));
                 self.archive
                     .store
                     .get(&path)

@@ -110,6 +110,21 @@ async fn conformance(archive: Archive) {
             assert_eq!(head.size, s.object_bytes);
         }
     }
+    // a mark for another incarnation of the name is refused
+    assert!(b.set_archived("t", id + 1, 0, 1_000_000).is_err());
+    // _topic.json follows the topic's settings
+    b.alter_topic(
+        "t",
+        TopicPatch {
+            visibility_timeout_ms: Some(12_345),
+            ..TopicPatch::default()
+        },
+    )
+    .await
+    .unwrap();
+    t.clone().pass().await.unwrap();
+    let saved = archive.load_topic("t").await.unwrap().unwrap();
+    assert_eq!(saved.config.visibility_timeout_ms, 12_345);
     // retention may now delete every archived segment (retention_bytes = 1)
     b.run_retention().await;
     for p in 0..2u32 {

@@ -92,7 +92,13 @@ pub async fn consume_and_ack(
     }
     let hs: Vec<String> = handles.iter().map(|(_, h)| h.clone()).collect();
     let sent_at = rec.now();
-    if let Ok(statuses) = client::ack(http, topic, &hs, "").await {
+    let res = client::ack(http, topic, &hs, "").await;
+    if res.is_err() {
+        for (id, h) in &handles {
+            rec.settle_unknown(*id, h, sent_at);
+        }
+    }
+    if let Ok(statuses) = res {
         let resp = rec.now();
         for ((id, h), st) in handles.iter().zip(statuses) {
             if st == 204 {

@@ -117,6 +117,8 @@ pub struct Tierer {
     pub metrics: Arc<TieringMetrics>,
     /// Manifests as last written, per (topic, partition).
     manifests: tokio::sync::Mutex<HashMap<(String, u32), PartitionManifest>>,
+    /// `_topic.json` as last written, per topic.
+    topics_saved: tokio::sync::Mutex<HashMap<String, TopicManifest>>,
 }
 
 impl Tierer {
@@ -134,6 +136,7 @@ impl Tierer {
             clock,
             metrics,
             manifests: tokio::sync::Mutex::new(HashMap::new()),
+            topics_saved: tokio::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -216,12 +219,16 @@ impl Tierer {
             Some(m) if m.topic_id == topic_id => m,
             Some(old) => {
                 // An earlier incarnation of this topic name: its objects must never mix with
-                // this one's, so they go before anything new is written.
+                // this one's, so they go before anything new is written, and the fresh
+                // manifest is saved at once so later passes do not delete them again.
                 self.delete_incarnation(&old).await?;
-                PartitionManifest::new(topic, topic_id, partition)
+                let m = PartitionManifest::new(topic, topic_id, partition);
+                self.archive.save_manifest(&m).await?;
+                m
             }
             None => PartitionManifest::new(topic, topic_id, partition),
         };
+        self.manifests.lock().await.insert(key, m.clone());
         Ok(m)
     }
 
@@ -254,16 +261,22 @@ impl Tierer {
             }
         };
         let mut manifest = self.manifest(topic, meta.id, partition).await?;
-        if partition == 0 && manifest.segments.is_empty() {
-            self.archive
-                .save_topic(&TopicManifest {
-                    format_version: FORMAT_VERSION,
-                    name: meta.name.clone(),
-                    topic_id: meta.id,
-                    created_at_ms: meta.created_at_ms,
-                    config: meta.config.clone(),
-                })
-                .await?;
+        // `_topic.json` follows the topic's settings (a restore rebuilds from it: partition
+        // count included), written whenever they differ from what was last saved
+        let wanted = TopicManifest {
+            format_version: FORMAT_VERSION,
+            name: meta.name.clone(),
+            topic_id: meta.id,
+            created_at_ms: meta.created_at_ms,
+            config: meta.config.clone(),
+        };
+        let saved = self.topics_saved.lock().await.get(topic).cloned();
+        if saved.as_ref() != Some(&wanted) {
+            self.archive.save_topic(&wanted).await?;
+            self.topics_saved
+                .lock()
+                .await
+                .insert(topic.to_owned(), wanted);
         }
         let labels = PartitionLabels {
             topic: topic.to_owned(),
@@ -333,8 +346,9 @@ impl Tierer {
                 .lock()
                 .await
                 .insert((topic.to_owned(), partition), manifest.clone());
-            // only now may local retention delete the segment
-            let _ = self.broker.set_archived(topic, partition, seg.end);
+            // only now may local retention delete the segment (refused if the topic was
+            // deleted and re-created meanwhile)
+            let _ = self.broker.set_archived(topic, meta.id, partition, seg.end);
             self.metrics.segments_archived.inc();
             self.metrics.bytes_archived.inc_by(object_bytes);
             self.metrics.segment_bytes_archived.inc_by(seg.size);
@@ -351,7 +365,7 @@ impl Tierer {
         // A restart forgets the in-memory mark: the manifest restores it.
         let _ = self
             .broker
-            .set_archived(topic, partition, manifest.next_offset);
+            .set_archived(topic, meta.id, partition, manifest.next_offset);
         self.apply_archive_retention(&mut manifest).await
     }
 
@@ -525,7 +539,7 @@ pub async fn restore(
             }
         }
         for (p, &next) in starts.iter().enumerate() {
-            let _ = broker.set_archived(&name, p as u32, next);
+            let _ = broker.set_archived(&name, t.topic_id, p as u32, next);
         }
         report.restored.push((name, starts));
     }

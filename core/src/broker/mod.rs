@@ -36,6 +36,9 @@ pub use meta::TopicMeta;
 use partition::{LogEnv, Partition};
 use waiters::{Waiter, Waiters};
 
+/// Present in the data directory while a restore from the archive is unfinished.
+pub const RESTORE_MARKER: &str = "restore.pending";
+
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     pub data_dir: PathBuf,
@@ -1256,12 +1259,61 @@ impl Broker {
             .map_err(Into::into)
     }
 
-    /// Records that the archive holds (uploaded and verified) every offset below `below`;
-    /// retention may then delete local segments that end at or before it. Never moves back.
-    pub fn set_archived(&self, topic: &str, partition: u32, below: u64) -> Result<(), BrokerError> {
-        let part = self.partition(topic, partition)?;
+    /// Records that the archive holds (uploaded and verified) every offset below `below` of
+    /// incarnation `topic_id`; retention may then delete local segments that end at or before
+    /// it. Never moves back. A mark for another incarnation of the name (the topic was deleted
+    /// and re-created while its segment was uploading) is refused with `TopicNotFound`.
+    pub fn set_archived(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        below: u64,
+    ) -> Result<(), BrokerError> {
+        let t = self.topic(topic)?;
+        if t.meta.read().id != topic_id {
+            return Err(BrokerError::TopicNotFound(topic.to_owned()));
+        }
+        let parts = t.partitions();
+        let part = parts
+            .get(partition as usize)
+            .ok_or(BrokerError::PartitionOutOfRange {
+                partition,
+                partitions: parts.len() as u32,
+            })?;
         part.archived_below.fetch_max(below, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// The first local offset committed at or after `ts_ms` (the oldest local offset when all
+    /// local data is newer; the next offset when none is).
+    pub async fn local_offset_for_time(
+        &self,
+        topic: &str,
+        partition: u32,
+        ts_ms: i64,
+    ) -> Result<u64, BrokerError> {
+        let part = self.partition(topic, partition)?;
+        let log = part.log(&self.env).await?;
+        tokio::task::spawn_blocking(move || log.offset_for_time(ts_ms))
+            .await
+            .map_err(|e| BrokerError::Storage(LogError::Poisoned(e.to_string())))?
+            .map_err(Into::into)
+    }
+
+    /// Marks (or clears) a restore from the archive in progress, so that a node stopped half
+    /// way through restoring still counts as fresh on its next start.
+    pub fn set_restore_pending(&self, pending: bool) -> std::io::Result<()> {
+        let marker = self.cfg.data_dir.join(RESTORE_MARKER);
+        if pending {
+            std::fs::write(&marker, b"restore from the archive in progress\n")?;
+        } else {
+            match std::fs::remove_file(&marker) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        crate::log::segment::sync_dir(&self.cfg.data_dir)
     }
 
     /// The oldest offset still on local disk and the next offset to be written.

@@ -30,6 +30,11 @@ async fn replay_archive(
     let offset = match from {
         ReplayFrom::Offset(o) => o,
         ReplayFrom::TimeMs(t) => {
+            // when local data already has a record before `t`, everything archived (older) is
+            // before it too: no need to ask the archive (and no need for it to be reachable)
+            if broker.local_offset_for_time(topic, partition, t).await? > oldest_local {
+                return Ok(None);
+            }
             match reader
                 .offset_for_time(topic, meta.id, partition, t)
                 .await
