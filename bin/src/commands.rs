@@ -513,8 +513,34 @@ async fn replay(c: &Client, a: ReplayArgs) -> Result<(), BoxError> {
             .map(|&(_, _, next)| next)
             .ok_or_else(|| format!("partition {} does not exist", a.partition))?,
     };
-    let pb = progress(Some(to.saturating_sub(a.from)), "replayed");
-    let mut next = a.from;
+    let to_time = match &a.to_time {
+        None => i64::MAX,
+        Some(t) => narad_infra::http::query::parse_time_ms(t)
+            .ok_or_else(|| format!("--to-time '{t}': expected RFC 3339 or unix milliseconds"))?,
+    };
+    let from = match &a.from_time {
+        None => a.from,
+        Some(t) => {
+            if narad_infra::http::query::parse_time_ms(t).is_none() {
+                return Err(
+                    format!("--from-time '{t}': expected RFC 3339 or unix milliseconds").into(),
+                );
+            }
+            let reply = c
+                .get(&format!(
+                    "/v1/topics/{topic}/consume?partition={}&from_time={}",
+                    a.partition,
+                    enc(t)
+                ))
+                .await?;
+            match reply {
+                Reply::Json(v) => v["offset"].as_u64().unwrap_or(to),
+                _ => to, // nothing at or after that time
+            }
+        }
+    };
+    let pb = progress(Some(to.saturating_sub(from)), "replayed");
+    let mut next = from;
     let mut out = std::io::stdout().lock();
     while next < to {
         let max = (to - next).min(100);
@@ -531,7 +557,8 @@ async fn replay(c: &Client, a: ReplayArgs) -> Result<(), BoxError> {
         }
         for m in &msgs {
             let off = m["offset"].as_u64().unwrap_or(next);
-            if off >= to {
+            let ts = m["timestamp_ms"].as_i64().unwrap_or(i64::MIN);
+            if off >= to || ts > to_time {
                 next = to;
                 break;
             }

@@ -219,11 +219,18 @@ struct ReplayArgs {
     topic: String,
     #[arg(long)]
     partition: u32,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, conflicts_with = "from_time")]
     from: u64,
     /// Stop before this offset (default: the current end).
     #[arg(long)]
     to: Option<u64>,
+    /// Start at the first message committed at or after this time (RFC 3339 or unix ms);
+    /// found through the archive when older than local data.
+    #[arg(long)]
+    from_time: Option<String>,
+    /// Stop after the last message committed at or before this time (RFC 3339 or unix ms).
+    #[arg(long)]
+    to_time: Option<String>,
 }
 
 fn main() -> ExitCode {

@@ -256,3 +256,69 @@ async fn unreachable_archive_keeps_every_local_segment() {
     .unwrap();
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_retention_deletes_old_objects_and_reads_answer_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path()).await;
+    fill(&b, 600).await;
+    let id = b.topic_meta("t").unwrap().id;
+    let archive = Archive::open(&ArchiveSettings {
+        url: "memory://".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let t = Tierer::new(
+        b.clone(),
+        archive.clone(),
+        TieringConfig {
+            archive_retention_ms: 1,
+            ..TieringConfig::default()
+        },
+        Arc::new(SystemClock),
+        Arc::new(TieringMetrics::default()),
+    );
+    // the first pass archives, later ones expire what is older than 1 ms
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let m = loop {
+        t.clone().pass().await.unwrap();
+        let m = archive.load_manifest("t", 0).await.unwrap().unwrap();
+        if m.segments.is_empty() && m.start_offset > 0 {
+            break m;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m:?}");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(m.start_offset, m.next_offset);
+    let listed = archive
+        .store
+        .list_with_delimiter(Some(&archive.partition_dir("t", 0)))
+        .await
+        .unwrap();
+    assert!(
+        listed
+            .objects
+            .iter()
+            .all(|o| !o.location.as_ref().ends_with(".parquet")),
+        "expired objects deleted: {listed:?}"
+    );
+    let reader = ArchiveReader::new(archive);
+    assert!(matches!(
+        reader.read("t", id, 0, 0, 10).await.unwrap(),
+        ArchiveRead::Expired { oldest } if oldest == m.start_offset
+    ));
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn large_objects_go_up_in_parts() {
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let path = object_store::path::Path::from("big.bin");
+    let data: Vec<u8> = (0..20 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    narad_tiering::tierer::upload(store.as_ref(), &path, Bytes::from(data.clone()))
+        .await
+        .unwrap();
+    let back = store.get(&path).await.unwrap().bytes().await.unwrap();
+    assert_eq!(back.len(), data.len());
+    assert!(back == data);
+}

@@ -82,6 +82,39 @@ async fn sealed_segments_are_archived_and_replayed_from_the_archive() {
         assert_eq!(m["payload_encoding"], "json");
     }
     assert!(oldest > 0 && oldest <= 400);
+    // the CLI replays a time window as JSON lines, found through the archive
+    let (t_from, t_to) = (
+        all[10]["timestamp_ms"].as_i64().unwrap(),
+        all[20]["timestamp_ms"].as_i64().unwrap(),
+    );
+    let lines = crate::cli::narad(
+        &s,
+        &[
+            "replay",
+            "arch",
+            "--partition",
+            "0",
+            "--from-time",
+            &t_from.to_string(),
+            "--to-time",
+            &t_to.to_string(),
+        ],
+    )
+    .await;
+    let got: Vec<u64> = lines
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["offset"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    let want: Vec<u64> = all
+        .iter()
+        .filter(|m| (t_from..=t_to).contains(&m["timestamp_ms"].as_i64().unwrap()))
+        .map(|m| m["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, want);
     // a time lookup below local data is answered from the archive
     let t0 = all[0]["timestamp_ms"].as_i64().unwrap();
     let m = s

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::support::*;
 
-async fn narad(s: &Server, args: &[&str]) -> String {
+pub async fn narad(s: &Server, args: &[&str]) -> String {
     let out = tokio::process::Command::new(BIN)
         .args(args)
         .env("NARAD_ADDR", &s.base)
