@@ -199,15 +199,7 @@ impl ArchiveReader {
         if let Some((_, _, meta)) = self.objects.lock().iter().find(|(k, _, _)| *k == key) {
             return Ok((key, meta.clone()));
         }
-        let bytes = self
-            .archive
-            .store
-            .get(&path)
-            .await
-            .map_err(ArchiveError::from)?
-            .bytes()
-            .await
-            .map_err(ArchiveError::from)?;
+        let bytes = self.fetch(&path).await?;
         let reader = SerializedFileReader::new(bytes.clone()).map_err(|e| ReplayError::Format {
             path: key.clone(),
             source: e.into(),
@@ -219,6 +211,16 @@ impl ArchiveReader {
             cache.pop_front();
         }
         Ok((key, meta))
+    }
+
+    async fn fetch(&self, path: &object_store::path::Path) -> Result<Bytes, ReplayError> {
+        let got = self
+            .archive
+            .store
+            .get(path)
+            .await
+            .map_err(ArchiveError::from)?;
+        Ok(got.bytes().await.map_err(ArchiveError::from)?)
     }
 
     /// Decodes one row group of a cached object (the object is refetched if evicted).
@@ -242,14 +244,7 @@ impl ArchiveReader {
             None => {
                 // the key is "<topic id>:<size>:<path>"
                 let path = object_store::path::Path::from(key.splitn(3, ':').nth(2).unwrap_or(key));
-                self.archive
-                    .store
-                    .get(&path)
-                    .await
-                    .map_err(ArchiveError::from)?
-                    .bytes()
-                    .await
-                    .map_err(ArchiveError::from)?
+                self.fetch(&path).await?
             }
         };
         let k = key.to_owned();

@@ -391,16 +391,7 @@ impl Broker {
             created_at_ms: self.clock.now_ms(),
             config,
         };
-        let topic = self.open_topic(meta.clone()).await?;
-        if let Err(e) = self.store_meta(Some(&meta)).await {
-            for p in topic.partitions().iter() {
-                p.close().await;
-            }
-            let _ = std::fs::remove_dir_all(&topic.dir);
-            return Err(e);
-        }
-        self.topics.write().insert(req.name.clone(), topic.clone());
-        self.spawn_topic_timer(topic);
+        self.install_topic(&meta).await?;
         tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
         Ok(meta)
     }
@@ -442,8 +433,16 @@ impl Broker {
                 source,
             })?;
         }
+        self.install_topic(&meta).await?;
+        tracing::info!(topic = %meta.name, id = meta.id, ?starts, "topic restored from the archive");
+        Ok(())
+    }
+
+    /// Opens a new topic's partitions, persists the metadata (undoing the open if that fails)
+    /// and registers the topic. The caller holds `meta_lock`.
+    async fn install_topic(self: &Arc<Self>, meta: &TopicMeta) -> Result<(), BrokerError> {
         let topic = self.open_topic(meta.clone()).await?;
-        if let Err(e) = self.store_meta(Some(&meta)).await {
+        if let Err(e) = self.store_meta(Some(meta)).await {
             for p in topic.partitions().iter() {
                 p.close().await;
             }
@@ -452,7 +451,6 @@ impl Broker {
         }
         self.topics.write().insert(meta.name.clone(), topic.clone());
         self.spawn_topic_timer(topic);
-        tracing::info!(topic = %meta.name, id = meta.id, ?starts, "topic restored from the archive");
         Ok(())
     }
 
