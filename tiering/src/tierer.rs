@@ -438,10 +438,17 @@ pub async fn upload(store: &dyn ObjectStore, path: &Path, file: Bytes) -> Result
     }
     let upload = store.put_multipart(path).await?;
     let mut w = WriteMultipart::new_with_chunk_size(upload, MULTIPART_BYTES);
-    for chunk in file.chunks(MULTIPART_BYTES) {
-        w.wait_for_capacity(4).await?;
-        w.write(chunk);
+    let mut rest = file;
+    while !rest.is_empty() {
+        if let Err(e) = w.wait_for_capacity(4).await {
+            // a failed part: abort so the store does not keep the parts already uploaded
+            let _ = w.abort().await;
+            return Err(e.into());
+        }
+        let n = rest.len().min(MULTIPART_BYTES);
+        w.put(rest.split_to(n));
     }
+    // `finish` aborts the upload itself when completing fails
     w.finish().await?;
     Ok(())
 }
