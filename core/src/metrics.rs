@@ -36,6 +36,11 @@ pub struct CoreMetrics {
     pub logs_opened: Counter,
     pub idle_logs_closed: Counter,
     pub log_poisoned: Counter,
+    /// Records copied into a fan-out child (labelled by the child).
+    pub fanout_copied: Family<TopicLabel, Counter>,
+    /// Parent records deleted by retention before a child's cursor copied them.
+    pub fanout_dropped: Family<TopicLabel, Counter>,
+    pub fanout_errors: Family<TopicLabel, Counter>,
 }
 
 impl Default for CoreMetrics {
@@ -57,12 +62,30 @@ impl Default for CoreMetrics {
             logs_opened: Counter::default(),
             idle_logs_closed: Counter::default(),
             log_poisoned: Counter::default(),
+            fanout_copied: Family::default(),
+            fanout_dropped: Family::default(),
+            fanout_errors: Family::default(),
         }
     }
 }
 
 impl CoreMetrics {
     pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "narad_fanout_copied_messages",
+            "records copied from a parent into this child",
+            self.fanout_copied.clone(),
+        );
+        r.register(
+            "narad_fanout_child_dropped_messages",
+            "parent records deleted by retention before this child copied them (data loss)",
+            self.fanout_dropped.clone(),
+        );
+        r.register(
+            "narad_fanout_cursor_errors",
+            "failed fan-out copy attempts (retried from the same offset)",
+            self.fanout_errors.clone(),
+        );
         r.register(
             "narad_storage_fsyncs",
             "fdatasync calls on partition logs",

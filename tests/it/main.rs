@@ -5,6 +5,7 @@ mod api;
 mod archive;
 mod cli;
 mod crash;
+mod fanout;
 mod lifecycle;
 mod openapi;
 mod queue;

@@ -534,6 +534,7 @@ pub async fn restore(
             name: t.name.clone(),
             created_at_ms: t.created_at_ms,
             config: t.config.clone(),
+            parent: None,
         };
         match broker.restore_topic(meta, &starts).await {
             Ok(()) => {}

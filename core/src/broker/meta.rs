@@ -20,6 +20,9 @@ pub struct TopicMeta {
     pub name: String,
     pub created_at_ms: i64,
     pub config: TopicConfig,
+    /// Set when this topic is a fan-out child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<super::fanout::ParentLink>,
 }
 
 impl TopicMeta {

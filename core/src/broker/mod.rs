@@ -9,6 +9,7 @@
 //!  maintenance: queue snapshots (every ack_flush_interval), retention, idle log close
 //! ```
 
+mod fanout;
 mod meta;
 mod partition;
 mod waiters;
@@ -32,6 +33,7 @@ use crate::record::{NewRecord, Record};
 use crate::topic::{
     CreateTopic, InvalidField, MAX_DELAY_MS, TopicConfig, TopicPatch, partition_for_key,
 };
+pub use fanout::{ChildInfo, MAX_CHILDREN, ParentLink};
 pub use meta::TopicMeta;
 use partition::{LogEnv, Partition};
 use waiters::{Waiter, Waiters};
@@ -101,6 +103,16 @@ pub enum BrokerError {
     AckSetFull(LeaseError),
     #[error("the broker is shutting down")]
     ShuttingDown,
+    /// A fan-out rule forbids this (second parent, grandchild, duplicate, too many children,
+    /// produce to a delay child).
+    #[error("{0}")]
+    FanoutConflict(String),
+    /// A fan-out request is malformed (self-attach, delay out of range or too close to the
+    /// parent's retention).
+    #[error("{0}")]
+    FanoutInvalid(String),
+    #[error("{0}")]
+    FanoutNotChild(String),
     #[error("storage failure: {0}")]
     Storage(LogError),
     #[error("metadata failure: {0}")]
@@ -181,6 +193,8 @@ pub(crate) struct Topic {
     produce_rr: AtomicU64,
     consume_rr: AtomicU64,
     timer: Notify,
+    /// Signalled after every append (fan-out cursors wait on it).
+    appended: Notify,
     /// Earliest time the timer task is currently sleeping until.
     timer_at: AtomicI64,
     deleted: AtomicBool,
@@ -216,6 +230,8 @@ pub struct Broker {
     /// The data directory held no topic metadata when the broker opened (a new node, or one
     /// that lost its disk): the server may restore topics from the archive.
     fresh: AtomicBool,
+    /// Fan-out cursor positions, per (child, parent partition), for lag reporting.
+    fanout: Mutex<HashMap<(String, u32), Arc<fanout::CursorState>>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -259,6 +275,7 @@ impl Broker {
             shutdown: Notify::new(),
             tasks: Mutex::new(Vec::new()),
             fresh: AtomicBool::new(false),
+            fanout: Mutex::new(HashMap::new()),
         });
         let data_dir = broker.cfg.data_dir.clone();
         let metas = {
@@ -286,6 +303,7 @@ impl Broker {
             broker.spawn_topic_timer(topic);
         }
         broker.spawn_maintenance();
+        broker.spawn_all_cursors();
         Ok(broker)
     }
 
@@ -313,6 +331,7 @@ impl Broker {
             produce_rr: AtomicU64::new(random_u64()),
             consume_rr: AtomicU64::new(0),
             timer: Notify::new(),
+            appended: Notify::new(),
             timer_at: AtomicI64::new(i64::MAX),
             deleted: AtomicBool::new(false),
         }))
@@ -390,6 +409,7 @@ impl Broker {
             name: req.name.clone(),
             created_at_ms: self.clock.now_ms(),
             config,
+            parent: None,
         };
         self.install_topic(&meta).await?;
         tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
@@ -512,7 +532,7 @@ impl Broker {
     }
 
     pub async fn alter_topic(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         patch: TopicPatch,
     ) -> Result<TopicMeta, BrokerError> {
@@ -543,6 +563,19 @@ impl Broker {
             *topic.partitions.write() = old_parts;
             return Err(e);
         }
+        // a grown parent: its children copy the new partitions too (from offset 0)
+        let (before, after) = (old.config.partitions, topic.config().partitions);
+        if after > before {
+            for child in self.child_names(name) {
+                let Ok(c) = self.topic(&child) else { continue };
+                let Some(link) = c.meta.read().parent.clone() else {
+                    continue;
+                };
+                for p in before..after {
+                    self.spawn_cursor_from(topic.clone(), p, c.clone(), link.clone(), 0);
+                }
+            }
+        }
         // New capacity or partitions may make messages deliverable to waiting readers.
         self.dispatch(&topic).await;
         topic.timer.notify_one();
@@ -557,9 +590,38 @@ impl Broker {
             .write()
             .remove(name)
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_owned()))?;
+        // its children survive, standalone with their data
+        let children: Vec<Arc<Topic>> = self
+            .topics
+            .read()
+            .values()
+            .filter(|t| {
+                t.meta
+                    .read()
+                    .parent
+                    .as_ref()
+                    .is_some_and(|l| l.parent == name)
+            })
+            .cloned()
+            .collect();
+        let unlinked: Vec<_> = children
+            .iter()
+            .map(|c| c.meta.write().parent.take())
+            .collect();
         if let Err(e) = self.store_meta(None).await {
+            for (c, l) in children.iter().zip(unlinked) {
+                c.meta.write().parent = l;
+            }
             self.topics.write().insert(name.to_owned(), topic);
             return Err(e);
+        }
+        self.fanout.lock().retain(|(child, _), _| child != name);
+        if let Some(l) = topic.meta.read().parent.clone()
+            && let Ok(p) = self.topic(&l.parent)
+        {
+            for part in p.partitions().iter() {
+                let _ = std::fs::remove_file(part.dir.join(format!("fanout-{name}.offset")));
+            }
         }
         topic.deleted.store(true, Ordering::Release);
         topic.timer.notify_one();
@@ -590,6 +652,14 @@ impl Broker {
     ) -> Result<Vec<Produced>, BrokerError> {
         self.check_running()?;
         let topic = self.topic(topic_name)?;
+        if let Some(l) = &topic.meta.read().parent
+            && l.delay_ms > 0
+        {
+            return Err(BrokerError::FanoutConflict(format!(
+                "'{topic_name}' is a delay child of '{}': it only receives copies from its parent",
+                l.parent
+            )));
+        }
         let cfg = topic.config();
         let n = cfg.partitions;
         let mut groups: HashMap<u32, Vec<(usize, NewRecord)>> = HashMap::new();
@@ -684,6 +754,7 @@ impl Broker {
             part.queue.lock().on_append(end);
         }
         if !touched.is_empty() {
+            topic.appended.notify_waiters();
             self.dispatch(&topic).await;
         }
         if let Some(e) = first_err {

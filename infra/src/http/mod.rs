@@ -137,6 +137,11 @@ impl From<BrokerError> for ApiError {
             }
             BrokerError::AckSetFull(_) => Self::unavailable("ack_set_full", msg),
             BrokerError::ShuttingDown => Self::unavailable("shutting_down", msg),
+            BrokerError::FanoutConflict(_) => {
+                Self::new(StatusCode::CONFLICT, "fanout_conflict", msg)
+            }
+            BrokerError::FanoutInvalid(_) => Self::bad_request("invalid_child", msg),
+            BrokerError::FanoutNotChild(_) => Self::new(StatusCode::NOT_FOUND, "not_a_child", msg),
             BrokerError::Storage(ref inner) => {
                 tracing::error!(error = %msg, "storage failure");
                 match inner {
@@ -234,6 +239,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/topics/{topic}/produce/batch"),
     ("GET", "/v1/topics/{topic}/consume"),
     ("POST", "/v1/topics/{topic}/ack"),
+    ("POST", "/v1/topics/{topic}/children"),
+    ("GET", "/v1/topics/{topic}/children"),
+    ("DELETE", "/v1/topics/{topic}/children/{child}"),
 ];
 
 pub fn router(state: SharedState) -> Router {
@@ -250,6 +258,14 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/topics/{topic}/produce/batch", post(produce::batch))
         .route("/v1/topics/{topic}/consume", get(consume::consume))
         .route("/v1/topics/{topic}/ack", post(ack::ack))
+        .route(
+            "/v1/topics/{topic}/children",
+            post(topics::attach).get(topics::children),
+        )
+        .route(
+            "/v1/topics/{topic}/children/{child}",
+            axum::routing::delete(topics::detach),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))

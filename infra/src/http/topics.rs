@@ -21,6 +21,11 @@ pub struct TopicJson<'a> {
     created_at_ms: i64,
     #[serde(flatten)]
     config: &'a TopicConfig,
+    /// Present when the topic is a fan-out child.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fanout_delay_ms: Option<i64>,
 }
 
 pub fn topic_json(m: &TopicMeta) -> TopicJson<'_> {
@@ -29,7 +34,81 @@ pub fn topic_json(m: &TopicMeta) -> TopicJson<'_> {
         id: format!("{:016x}", m.id),
         created_at_ms: m.created_at_ms,
         config: &m.config,
+        parent: m.parent.as_ref().map(|l| l.parent.as_str()),
+        fanout_delay_ms: m.parent.as_ref().map(|l| l.delay_ms),
     }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttachBody {
+    child: String,
+    #[serde(default)]
+    delay_ms: i64,
+    /// `latest` (default: start at the parent's tail) or `earliest` (backfill what the parent
+    /// still holds).
+    #[serde(default)]
+    from: Option<String>,
+}
+
+fn from_earliest(from: Option<&str>) -> Result<bool, ApiError> {
+    match from {
+        None | Some("latest") => Ok(false),
+        Some("earliest") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_field",
+            format!("from: must be \"latest\" or \"earliest\", got \"{other}\""),
+        )),
+    }
+}
+
+/// `POST /v1/topics/{parent}/children`: attach an existing topic as a child.
+pub async fn attach(
+    State(state): State<SharedState>,
+    Path(parent): Path<String>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let broker = state.broker()?.clone();
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    let a: AttachBody = parse_json(&body)?;
+    let earliest = from_earliest(a.from.as_deref())?;
+    broker
+        .attach_child(&parent, &a.child, a.delay_ms, earliest)
+        .await?;
+    children_response(&state, &parent)
+}
+
+fn children_response(state: &SharedState, parent: &str) -> ApiResult {
+    let broker = state.broker()?;
+    let list = broker.children(parent)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({"parent": parent, "children": list}),
+    ))
+}
+
+/// `GET /v1/topics/{parent}/children`: children with their lag.
+pub async fn children(
+    State(state): State<SharedState>,
+    Path(parent): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    children_response(&state, &parent)
+}
+
+/// `DELETE /v1/topics/{parent}/children/{child}`: detach; the child keeps its data.
+pub async fn detach(
+    State(state): State<SharedState>,
+    Path((parent, child)): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let broker = state.broker()?.clone();
+    broker.detach_child(&parent, &child).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[derive(Serialize)]
@@ -72,9 +151,65 @@ pub async fn create(State(state): State<SharedState>, uri: Uri, body: Body) -> A
         }
         None => return Err(ApiError::bad_request("invalid_field", "name: is required")),
     };
+    // `parent` (+ `fanout_delay_ms`, `from`): create and attach in one step
+    let parent = match fields.remove("parent") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(p)) => Some(p),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid_field",
+                "parent: must be a string",
+            ));
+        }
+    };
+    let delay = match fields.remove("fanout_delay_ms") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(v.as_i64().ok_or_else(|| {
+            ApiError::bad_request("invalid_field", "fanout_delay_ms: must be an integer")
+        })?),
+    };
+    let from = match fields.remove("from") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(f)) => Some(f),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid_field",
+                "from: must be a string",
+            ));
+        }
+    };
+    if parent.is_none() && (delay.is_some() || from.is_some()) {
+        return Err(ApiError::bad_request(
+            "invalid_field",
+            "fanout_delay_ms and from need parent",
+        ));
+    }
+    let earliest = from_earliest(from.as_deref())?;
     let settings: TopicPatch = serde_json::from_value(serde_json::Value::Object(fields))
         .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))?;
-    let meta = broker.create_topic(CreateTopic { name, settings }).await?;
+    if let Some(p) = &parent {
+        broker.topic_meta(p)?; // 404 before anything is created
+    }
+    let meta = broker
+        .create_topic(CreateTopic {
+            name: name.clone(),
+            settings,
+        })
+        .await?;
+    let Some(p) = parent else {
+        return Ok(json_response(StatusCode::CREATED, &topic_json(&meta)));
+    };
+    if let Err(e) = broker
+        .attach_child(&p, &name, delay.unwrap_or(0), earliest)
+        .await
+    {
+        // the one-step create is all or nothing
+        if let Err(undo) = broker.delete_topic(&name).await {
+            tracing::error!(topic = %name, error = %undo, "could not roll back a topic whose attach failed");
+        }
+        return Err(e.into());
+    }
+    let meta = broker.topic_meta(&name)?;
     Ok(json_response(StatusCode::CREATED, &topic_json(&meta)))
 }
 

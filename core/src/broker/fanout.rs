@@ -1,0 +1,600 @@
+//! Fan-out children: every record committed to a parent topic is copied, durably and in
+//! order per parent partition, to each child topic, re-keyed into the child's partitions by the
+//! same key hash (the key is preserved). A delay child receives a record only once
+//! `parent commit time + delay` has passed.
+//!
+//! One cursor per (parent partition, child): read a slab of committed parent records, append
+//! them to the child (one group commit per child partition), then persist the cursor
+//! (`fanout-<child>.offset` in the parent partition's directory, temp file + rename + fsync).
+//! The cursor moves only after the copy is durable: a crash duplicates, never skips. A cursor
+//! file carries the attach epoch; a file from another epoch is never resumed.
+//!
+//! The copy target is a [`Sink`], so a remote sender can take the local child's place later.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Broker, BrokerError, Topic, random_u64};
+use crate::log::LogError;
+use crate::record::{NewRecord, Record};
+use crate::topic::partition_for_key;
+
+/// Most children one parent may have.
+pub const MAX_CHILDREN: usize = 64;
+/// A delay child needs the parent to keep records at least this much longer than the delay.
+pub const DELAY_RETENTION_MARGIN_MS: i64 = 3_600_000;
+/// Longest delay a child may have (one year).
+pub const MAX_CHILD_DELAY_MS: i64 = 365 * 24 * 3_600_000;
+/// Records and bytes one cursor copies per slab.
+const SLAB_RECORDS: usize = 4096;
+const SLAB_BYTES: usize = 4 << 20;
+
+/// A child's link to its parent, kept in the child's metadata.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ParentLink {
+    pub parent: String,
+    /// The parent's incarnation: a re-created parent is a different topic.
+    pub parent_id: u64,
+    pub delay_ms: i64,
+    /// Changes on every attach: cursors of an earlier attachment are never resumed.
+    pub epoch: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct CursorFile {
+    epoch: u64,
+    next_offset: u64,
+}
+
+/// A child as `GET /v1/topics/{parent}/children` lists it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChildInfo {
+    pub name: String,
+    pub delay_ms: i64,
+    /// Parent records not yet copied, over all parent partitions.
+    pub lag_messages: u64,
+    /// Delay children: how far behind its due time the oldest uncopied due record is.
+    pub due_lag_seconds: f64,
+}
+
+/// Where a cursor's records go.
+pub trait Sink: Send + Sync {
+    /// Appends `records` durably to partition `partition` of the target; returns once they
+    /// are fsynced.
+    fn append(
+        &self,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> impl std::future::Future<Output = Result<(), BrokerError>> + Send;
+    fn partitions(&self) -> u32;
+}
+
+/// The local child topic as a sink.
+struct LocalChild {
+    broker: Arc<Broker>,
+    topic: Arc<Topic>,
+}
+
+impl Sink for LocalChild {
+    async fn append(&self, partition: u32, records: Vec<NewRecord>) -> Result<(), BrokerError> {
+        self.broker
+            .append_internal(&self.topic, partition, records)
+            .await
+    }
+
+    fn partitions(&self) -> u32 {
+        self.topic.config().partitions
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct CursorState {
+    next: AtomicU64,
+    due_lag_ms: AtomicI64,
+}
+
+fn cursor_path(parent_partition_dir: &Path, child: &str) -> PathBuf {
+    parent_partition_dir.join(format!("fanout-{child}.offset"))
+}
+
+fn read_cursor(path: &Path, epoch: u64) -> Option<u64> {
+    let text = std::fs::read(path).ok()?;
+    let c: CursorFile = serde_json::from_slice(&text).ok()?;
+    (c.epoch == epoch).then_some(c.next_offset)
+}
+
+fn write_cursor(path: &Path, epoch: u64, next_offset: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("offset.tmp");
+    let body = serde_json::to_vec(&CursorFile { epoch, next_offset }).expect("cursor serialises");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        crate::log::segment::sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+impl Broker {
+    /// Attaches `child` to `parent`. The child starts at the parent's tail (or its oldest
+    /// retained record with `from_earliest`); a detached and re-attached child starts fresh.
+    pub async fn attach_child(
+        self: &Arc<Self>,
+        parent: &str,
+        child: &str,
+        delay_ms: i64,
+        from_earliest: bool,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let conflict = |m: String| Err(BrokerError::FanoutConflict(m));
+        if parent == child {
+            return Err(BrokerError::FanoutInvalid(
+                "a topic cannot be its own child".into(),
+            ));
+        }
+        if !(0..=MAX_CHILD_DELAY_MS).contains(&delay_ms) {
+            return Err(BrokerError::FanoutInvalid(format!(
+                "delay_ms must be between 0 and {MAX_CHILD_DELAY_MS}"
+            )));
+        }
+        let _guard = self.meta_lock.lock().await;
+        let p = self.topic(parent)?;
+        let c = self.topic(child)?;
+        let pmeta = p.meta.read().clone();
+        if let Some(l) = &pmeta.parent {
+            return conflict(format!(
+                "'{parent}' is itself a child of '{}': no grandchildren",
+                l.parent
+            ));
+        }
+        if let Some(l) = &c.meta.read().parent {
+            return conflict(if l.parent == parent {
+                format!("'{child}' is already a child of '{parent}'")
+            } else {
+                format!("'{child}' already has a parent ('{}')", l.parent)
+            });
+        }
+        let siblings = self.child_names(parent);
+        if !self.child_names(child).is_empty() {
+            return conflict(format!(
+                "'{child}' has children of its own: no grandchildren"
+            ));
+        }
+        if siblings.len() >= MAX_CHILDREN {
+            return conflict(format!("'{parent}' already has {MAX_CHILDREN} children"));
+        }
+        let retention = pmeta.config.retention_ms;
+        if delay_ms > 0 && retention > 0 && retention < delay_ms + DELAY_RETENTION_MARGIN_MS {
+            return Err(BrokerError::FanoutInvalid(format!(
+                "the parent keeps records {retention} ms; a delay child needs at least delay + 1 h ({} ms)",
+                delay_ms + DELAY_RETENTION_MARGIN_MS
+            )));
+        }
+        let link = ParentLink {
+            parent: parent.to_owned(),
+            parent_id: pmeta.id,
+            delay_ms,
+            epoch: random_u64() | 1,
+        };
+        // cursors first: once the metadata names the link, its start positions exist
+        for part in p.partitions().iter() {
+            let stats = part.stats();
+            let start = if from_earliest {
+                stats.oldest_offset
+            } else {
+                stats.next_offset
+            };
+            let path = cursor_path(&part.dir, child);
+            let (epoch, dir) = (link.epoch, part.dir.clone());
+            tokio::task::spawn_blocking(move || {
+                std::fs::create_dir_all(&dir)?;
+                write_cursor(&path, epoch, start)
+            })
+            .await
+            .expect("cursor write task")
+            .map_err(|source| LogError::Io {
+                path: part.dir.clone(),
+                source,
+            })?;
+        }
+        let old = c.meta.read().clone();
+        let mut meta = old.clone();
+        meta.parent = Some(link.clone());
+        *c.meta.write() = meta;
+        if let Err(e) = self.store_meta(None).await {
+            *c.meta.write() = old;
+            return Err(e);
+        }
+        for i in 0..p.partitions().len() as u32 {
+            self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
+        }
+        tracing::info!(parent, child, delay_ms, "child attached");
+        Ok(())
+    }
+
+    /// Detaches `child` from `parent`; the child keeps its data and becomes standalone.
+    pub async fn detach_child(&self, parent: &str, child: &str) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let c = self.topic(child)?;
+        self.topic(parent)?;
+        let old = c.meta.read().clone();
+        if old.parent.as_ref().is_none_or(|l| l.parent != parent) {
+            return Err(BrokerError::FanoutNotChild(format!(
+                "'{child}' is not a child of '{parent}'"
+            )));
+        }
+        let mut meta = old.clone();
+        meta.parent = None;
+        *c.meta.write() = meta;
+        if let Err(e) = self.store_meta(None).await {
+            *c.meta.write() = old;
+            return Err(e);
+        }
+        self.forget_cursors(parent, child);
+        tracing::info!(parent, child, "child detached");
+        Ok(())
+    }
+
+    /// The children of `parent` with their lag.
+    pub fn children(&self, parent: &str) -> Result<Vec<ChildInfo>, BrokerError> {
+        let p = self.topic(parent)?;
+        let parts = p.partitions();
+        let mut out = Vec::new();
+        for name in self.child_names(parent) {
+            let Ok(c) = self.topic(&name) else { continue };
+            let Some(link) = c.meta.read().parent.clone() else {
+                continue;
+            };
+            let (mut lag, mut due_lag) = (0u64, 0i64);
+            let cursors = self.fanout.lock();
+            for part in parts.iter() {
+                if let Some(s) = cursors.get(&(name.clone(), part.index)) {
+                    lag += part
+                        .stats()
+                        .next_offset
+                        .saturating_sub(s.next.load(Ordering::Acquire));
+                    due_lag = due_lag.max(s.due_lag_ms.load(Ordering::Acquire));
+                }
+            }
+            out.push(ChildInfo {
+                name,
+                delay_ms: link.delay_ms,
+                lag_messages: lag,
+                due_lag_seconds: due_lag as f64 / 1000.0,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Names of the topics attached to `parent`, sorted.
+    pub fn child_names(&self, parent: &str) -> Vec<String> {
+        self.topics
+            .read()
+            .values()
+            .filter(|t| {
+                t.meta
+                    .read()
+                    .parent
+                    .as_ref()
+                    .is_some_and(|l| l.parent == parent)
+            })
+            .map(|t| t.meta.read().name.clone())
+            .collect()
+    }
+
+    fn forget_cursors(&self, parent: &str, child: &str) {
+        self.fanout.lock().retain(|(c, _), _| c != child);
+        if let Ok(p) = self.topic(parent) {
+            for part in p.partitions().iter() {
+                let _ = std::fs::remove_file(cursor_path(&part.dir, child));
+            }
+        }
+    }
+
+    /// Starts the cursors of every attached child (at open).
+    pub(crate) fn spawn_all_cursors(self: &Arc<Self>) {
+        let topics: Vec<Arc<Topic>> = self.topics.read().values().cloned().collect();
+        for c in topics {
+            let Some(link) = c.meta.read().parent.clone() else {
+                continue;
+            };
+            let Ok(p) = self.topic(&link.parent) else {
+                continue;
+            };
+            if p.id() != link.parent_id {
+                continue;
+            }
+            for i in 0..p.partitions().len() as u32 {
+                self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
+            }
+        }
+    }
+
+    fn spawn_cursor(
+        self: &Arc<Self>,
+        parent: Arc<Topic>,
+        pidx: u32,
+        child: Arc<Topic>,
+        link: ParentLink,
+    ) {
+        self.spawn_cursor_inner(parent, pidx, child, link, None);
+    }
+
+    /// A cursor for a parent partition created after the attach: it starts at `start` (the
+    /// partition's first offset), written down before the copy starts.
+    pub(crate) fn spawn_cursor_from(
+        self: &Arc<Self>,
+        parent: Arc<Topic>,
+        pidx: u32,
+        child: Arc<Topic>,
+        link: ParentLink,
+        start: u64,
+    ) {
+        self.spawn_cursor_inner(parent, pidx, child, link, Some(start));
+    }
+
+    fn spawn_cursor_inner(
+        self: &Arc<Self>,
+        parent: Arc<Topic>,
+        pidx: u32,
+        child: Arc<Topic>,
+        link: ParentLink,
+        start: Option<u64>,
+    ) {
+        let state = Arc::new(CursorState::default());
+        let name = child.meta.read().name.clone();
+        self.fanout
+            .lock()
+            .insert((name.clone(), pidx), state.clone());
+        let weak = Arc::downgrade(self);
+        let handle = tokio::spawn(async move {
+            if let Some(start) = start {
+                let part = parent.partitions()[pidx as usize].clone();
+                let path = cursor_path(&part.dir, &name);
+                if let Err(e) = persist(&path, link.epoch, start).await {
+                    tracing::error!(child = %name, partition = pidx, error = %e, "cannot write the cursor of a new parent partition");
+                }
+            }
+            run_cursor(weak, parent, pidx, child, name, link, state).await;
+        });
+        self.tasks.lock().push(handle);
+    }
+
+    /// Appends records to one partition of a topic outside the produce path (fan-out copies):
+    /// same durability, same wake-up of waiting consumers.
+    async fn append_internal(
+        &self,
+        topic: &Arc<Topic>,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> Result<(), BrokerError> {
+        let parts = topic.partitions();
+        let part = parts
+            .get(partition as usize)
+            .ok_or(BrokerError::PartitionOutOfRange {
+                partition,
+                partitions: parts.len() as u32,
+            })?;
+        let n = records.len() as u64;
+        let appended = part.log(&self.env).await?.append(records).await?;
+        part.touch(self.clock.now_ms());
+        part.queue
+            .lock()
+            .on_append(appended.base_offset + u64::from(appended.count));
+        topic.appended.notify_waiters();
+        self.dispatch(topic).await;
+        self.metrics
+            .fanout_copied
+            .get_or_create(&topic.label)
+            .inc_by(n);
+        Ok(())
+    }
+}
+
+/// One cursor: copies parent partition `pidx` to `child` until the link ends.
+async fn run_cursor(
+    weak: std::sync::Weak<Broker>,
+    parent: Arc<Topic>,
+    pidx: u32,
+    child: Arc<Topic>,
+    child_name: String,
+    link: ParentLink,
+    state: Arc<CursorState>,
+) {
+    let part = parent.partitions()[pidx as usize].clone();
+    let path = cursor_path(&part.dir, &child_name);
+    let mut next = match read_cursor(&path, link.epoch) {
+        Some(n) => n,
+        None => {
+            let tail = part.stats().next_offset;
+            tracing::warn!(parent = %link.parent, child = %child_name, partition = pidx, tail, "no cursor for this attachment; starting at the parent's tail");
+            tail
+        }
+    };
+    state.next.store(next, Ordering::Release);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(b) = weak.upgrade() else { return };
+        let alive = !b.shutting_down.load(Ordering::Acquire)
+            && !parent.deleted.load(Ordering::Acquire)
+            && !child.deleted.load(Ordering::Acquire)
+            && child.meta.read().parent.as_ref() == Some(&link);
+        if !alive {
+            return;
+        }
+        // armed before reading, so an append right after the read still wakes us
+        let appended = parent.appended.notified();
+        tokio::pin!(appended);
+        appended.as_mut().enable();
+        let sink = LocalChild {
+            broker: b.clone(),
+            topic: child.clone(),
+        };
+        match copy_slab(
+            &b,
+            &part,
+            pidx,
+            &sink,
+            &link,
+            &child_name,
+            &path,
+            &state,
+            next,
+        )
+        .await
+        {
+            Ok(Step::Copied(n)) => {
+                next = n;
+                backoff = Duration::from_millis(100);
+                continue;
+            }
+            Ok(Step::Idle(wait)) => {
+                drop(b);
+                tokio::select! {
+                    () = &mut appended => {}
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(parent = %link.parent, child = %child_name, partition = pidx, error = %e, retry_in = ?backoff, "fan-out copy failed; retrying from the same offset");
+                b.metrics.fanout_errors.get_or_create(&child.label).inc();
+                drop(b);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+enum Step {
+    /// Copied up to (excluding) this offset.
+    Copied(u64),
+    /// Nothing to copy now; look again after this long at most.
+    Idle(Duration),
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn copy_slab<S: Sink>(
+    b: &Arc<Broker>,
+    part: &Arc<super::partition::Partition>,
+    pidx: u32,
+    sink: &S,
+    link: &ParentLink,
+    child_name: &str,
+    path: &Path,
+    state: &CursorState,
+    next: u64,
+) -> Result<Step, BrokerError> {
+    let log = part.log(&b.env).await?;
+    let read = {
+        let log = log.clone();
+        tokio::task::spawn_blocking(move || log.read(next, SLAB_RECORDS, SLAB_BYTES))
+            .await
+            .expect("fan-out read task")
+    };
+    let records = match read {
+        Ok(r) => r,
+        Err(LogError::Truncated { oldest, .. }) => {
+            // retention deleted records this child never got: data loss, made visible
+            let dropped = oldest - next;
+            tracing::error!(parent = %link.parent, child = %child_name, partition = pidx, dropped, "fan-out fell behind the parent's retention; records were never copied");
+            b.metrics
+                .fanout_dropped
+                .get_or_create(&crate::metrics::TopicLabel {
+                    topic: child_name.to_owned(),
+                })
+                .inc_by(dropped);
+            persist(path, link.epoch, oldest).await?;
+            state.next.store(oldest, Ordering::Release);
+            return Ok(Step::Copied(oldest));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // a delay child takes only what is due: the first undue record ends the slab
+    let now = b.clock.now_ms();
+    let due: Vec<&Arc<Record>> = if link.delay_ms > 0 {
+        records
+            .iter()
+            .take_while(|r| r.timestamp_ms + link.delay_ms < now)
+            .collect()
+    } else {
+        records.iter().collect()
+    };
+    if link.delay_ms > 0 {
+        let lag = due
+            .first()
+            .map_or(0, |r| now - (r.timestamp_ms + link.delay_ms));
+        state.due_lag_ms.store(lag.max(0), Ordering::Release);
+    }
+    if due.is_empty() {
+        let wait = match records.first() {
+            // sleep until the first record is due (plus the millisecond that keeps it from
+            // being early), at most a second
+            Some(r) => Duration::from_millis(
+                (r.timestamp_ms + link.delay_ms + 1 - now).clamp(1, 1000) as u64,
+            ),
+            None => Duration::from_secs(1),
+        };
+        return Ok(Step::Idle(wait));
+    }
+    let n = sink.partitions().max(1);
+    let mut groups: Vec<Vec<NewRecord>> = (0..n).map(|_| Vec::new()).collect();
+    for r in &due {
+        let p = match &r.key {
+            Some(k) => partition_for_key(k, n),
+            None => pidx % n,
+        };
+        groups[p as usize].push(NewRecord {
+            key: r.key.clone(),
+            headers: r.headers.clone(),
+            payload: r.payload.clone(),
+            delay_ms: 0,
+        });
+    }
+    let last = due.last().expect("non-empty").offset;
+    let mut set = Vec::new();
+    for (p, g) in groups.into_iter().enumerate() {
+        if !g.is_empty() {
+            set.push(sink.append(p as u32, g));
+        }
+    }
+    for r in futures_join(set).await {
+        r?;
+    }
+    // only now, with every copy durable, may the cursor move
+    persist(path, link.epoch, last + 1).await?;
+    state.next.store(last + 1, Ordering::Release);
+    Ok(Step::Copied(last + 1))
+}
+
+async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut out = Vec::with_capacity(futs.len());
+    for f in futs {
+        out.push(f.await);
+    }
+    out
+}
+
+async fn persist(path: &Path, epoch: u64, next: u64) -> Result<(), BrokerError> {
+    let p = path.to_owned();
+    tokio::task::spawn_blocking(move || write_cursor(&p, epoch, next))
+        .await
+        .expect("cursor write task")
+        .map_err(|source| {
+            LogError::Io {
+                path: path.to_owned(),
+                source,
+            }
+            .into()
+        })
+}
