@@ -204,6 +204,36 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
             c.delete(&format!("/v1/topics/{}", enc(&name))).await?;
             println!("deleted {name}");
         }
+        TopicCmd::Attach {
+            parent,
+            child,
+            delay_ms,
+            earliest,
+        } => {
+            let body = json!({"child": child, "delay_ms": delay_ms,
+                              "from": if earliest { "earliest" } else { "latest" }});
+            let path = format!("/v1/topics/{}/children", enc(&parent));
+            if let Reply::Json(v) = c.post_json(&path, &body).await? {
+                print_json(&v);
+            }
+        }
+        TopicCmd::Detach { parent, child } => {
+            c.delete(&format!(
+                "/v1/topics/{}/children/{}",
+                enc(&parent),
+                enc(&child)
+            ))
+            .await?;
+            println!("detached {child} from {parent}");
+        }
+        TopicCmd::Children { parent } => {
+            if let Reply::Json(v) = c
+                .get(&format!("/v1/topics/{}/children", enc(&parent)))
+                .await?
+            {
+                print_json(&v);
+            }
+        }
         TopicCmd::Edit(a) => {
             let body = settings_json(&a.settings);
             if let Reply::Json(v) = c

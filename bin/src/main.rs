@@ -128,6 +128,21 @@ enum TopicCmd {
     Rm { name: String },
     /// Change a topic's settings.
     Edit(TopicEditArgs),
+    /// Attach CHILD as a fan-out child of PARENT (every parent record is copied to it).
+    Attach {
+        parent: String,
+        child: String,
+        /// A delay child: records arrive this long after their parent commit.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: i64,
+        /// Copy what the parent already holds, not only new records.
+        #[arg(long)]
+        earliest: bool,
+    },
+    /// Detach CHILD from PARENT (the child keeps its data).
+    Detach { parent: String, child: String },
+    /// List PARENT's children with their lag.
+    Children { parent: String },
 }
 
 #[derive(Args)]

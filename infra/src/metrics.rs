@@ -26,6 +26,12 @@ pub struct PartitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChildLabels {
+    pub parent: String,
+    pub child: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopicLabels {
     pub topic: String,
 }
@@ -44,6 +50,8 @@ pub struct Metrics {
     partition_bytes: Family<PartitionLabels, Gauge>,
     segments: Family<PartitionLabels, Gauge>,
     waiters: Family<TopicLabels, Gauge>,
+    fanout_lag: Family<ChildLabels, Gauge>,
+    fanout_due_lag: Family<ChildLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     topics: Gauge,
     open_logs: Gauge,
 }
@@ -79,6 +87,8 @@ impl Metrics {
             partition_bytes: Family::default(),
             segments: Family::default(),
             waiters: Family::default(),
+            fanout_lag: Family::default(),
+            fanout_due_lag: Family::default(),
             topics: Gauge::default(),
             open_logs: Gauge::default(),
             registry: Mutex::new(Registry::default()),
@@ -128,6 +138,16 @@ impl Metrics {
             "readers long-polling a topic",
             m.waiters.clone(),
         );
+        registry.register(
+            "narad_fanout_lag_messages",
+            "parent records not yet copied to a fan-out child",
+            m.fanout_lag.clone(),
+        );
+        registry.register(
+            "narad_fanout_due_lag_seconds",
+            "delay children: how far past its due time the oldest uncopied due record is",
+            m.fanout_due_lag.clone(),
+        );
         registry.register("narad_topics", "topics", m.topics.clone());
         registry.register(
             "narad_open_partition_logs",
@@ -151,6 +171,8 @@ impl Metrics {
             f.clear();
         }
         self.waiters.clear();
+        self.fanout_lag.clear();
+        self.fanout_due_lag.clear();
         if let Some(b) = broker {
             let names = b.topic_names();
             self.topics.set(names.len() as i64);
@@ -164,6 +186,14 @@ impl Metrics {
                         topic: name.clone(),
                     })
                     .set(info.waiters as i64);
+                for c in b.children(&name).unwrap_or_default() {
+                    let l = ChildLabels {
+                        parent: name.clone(),
+                        child: c.name.clone(),
+                    };
+                    self.fanout_lag.get_or_create(&l).set(c.lag_messages as i64);
+                    self.fanout_due_lag.get_or_create(&l).set(c.due_lag_seconds);
+                }
                 for p in info.partitions {
                     let l = PartitionLabels {
                         topic: name.clone(),

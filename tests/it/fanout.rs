@@ -443,3 +443,31 @@ async fn kill_9_while_copying_loses_nothing_in_the_child() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "a", "partitions": 1})).await;
+    s.create_topic(json!({"name": "b", "partitions": 1})).await;
+    let out = crate::cli::narad(&s, &["topic", "attach", "a", "b", "--delay-ms", "0"]).await;
+    assert!(out.contains("\"b\""), "{out}");
+    s.produce("a", "", "one").await;
+    wait_total(&s, "b", 1).await;
+    let kids = crate::cli::narad(&s, &["topic", "children", "a"]).await;
+    let v: Value = serde_json::from_str(&kids).unwrap();
+    assert_eq!(v["children"][0]["name"], "b");
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("narad_fanout_lag_messages{parent=\"a\",child=\"b\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("narad_fanout_copied_messages_total{topic=\"b\"} 1"),
+        "{metrics}"
+    );
+    crate::cli::narad(&s, &["topic", "detach", "a", "b"]).await;
+    let kids = crate::cli::narad(&s, &["topic", "children", "a"]).await;
+    let v: Value = serde_json::from_str(&kids).unwrap();
+    assert_eq!(v["children"], json!([]));
+}
