@@ -2,6 +2,7 @@
 //! the brokers a user would pick instead (RabbitMQ, Redis Streams, NATS JetStream), a soak
 //! runner, and the message-lifecycle checker that the crash tests use to prove no loss.
 
+pub mod fanout;
 pub mod lifecycle;
 pub mod narad;
 pub mod peers;

@@ -35,6 +35,8 @@ enum Cmd {
     Run(RunArgs),
     /// Send, read and ack nonstop, tracking every message; exit 1 on any lost or misdelivered.
     Soak(SoakArgs),
+    /// Fan-out copy rate with N children and the produce-rate cost of adding them.
+    Fanout(FanoutArgs),
     /// Archive costs and speeds: Parquet conversion, compression, replay from the archive vs
     /// local segments, time lookups in a large archived partition.
     Tiering(TieringArgs),
@@ -88,6 +90,26 @@ struct RunArgs {
     #[arg(long, default_value = "bench")]
     queue: String,
     /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct FanoutArgs {
+    /// Narad's host:port.
+    #[arg(long, default_value = "127.0.0.1:7942")]
+    url: String,
+    /// Child counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,4,16")]
+    children: Vec<usize>,
+    #[arg(long, short = 'n', default_value_t = 200_000)]
+    count: u64,
+    #[arg(long, short = 'c', default_value_t = 8)]
+    connections: usize,
+    #[arg(long, short = 'b', default_value_t = 100)]
+    batch: usize,
+    #[arg(long, short = 's', default_value_t = 256)]
+    size: usize,
     #[arg(long)]
     json: bool,
 }
@@ -253,6 +275,28 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Cmd::Fanout(a) => {
+            for n in a.children {
+                let r = narad_bench::fanout::run(
+                    a.url.trim_start_matches("http://"),
+                    n,
+                    a.count,
+                    a.connections,
+                    a.batch,
+                    a.size.max(34),
+                )
+                .await?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    println!(
+                        "{n:>3} children: produce {:.0} msg/s, copy {:.0} records/s, caught up {:.2}s after the last produce",
+                        r.produce_msgs_per_s, r.copy_records_per_s, r.catch_up_s
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Tiering(a) => {
             let r = narad_bench::tiering::run(narad_bench::tiering::TieringBenchConfig {

@@ -163,6 +163,15 @@ async fn attach_rules() {
             .status(),
         StatusCode::OK
     );
+    // ... and the parent cannot later shrink its retention below that
+    let r = s
+        .http
+        .patch(s.url("/v1/topics/p"))
+        .json(&json!({"retention_ms": 3_600_000}))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_child").await;
     expect_error(
         s.produce("d", "", "direct").await,
         StatusCode::CONFLICT,

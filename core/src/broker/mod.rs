@@ -549,6 +549,23 @@ impl Broker {
         let old = topic.meta.read().clone();
         let old_parts = topic.partitions();
         let config = old.config.patched(&patch)?;
+        // a parent must keep outliving its delay children's delays
+        if config.retention_ms > 0 {
+            for child in self.child_names(name) {
+                let delay = self
+                    .topic(&child)
+                    .ok()
+                    .and_then(|c| c.meta.read().parent.as_ref().map(|l| l.delay_ms))
+                    .unwrap_or(0);
+                if delay > 0 && config.retention_ms < delay + fanout::DELAY_RETENTION_MARGIN_MS {
+                    return Err(BrokerError::FanoutInvalid(format!(
+                        "retention_ms {} is shorter than delay child '{child}' needs ({} ms: its delay + 1 h)",
+                        config.retention_ms,
+                        delay + fanout::DELAY_RETENTION_MARGIN_MS
+                    )));
+                }
+            }
+        }
         if config.partitions > old.config.partitions {
             let new = self
                 .open_partitions(&topic.dir, old.config.partitions, config.partitions)
