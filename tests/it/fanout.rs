@@ -203,6 +203,10 @@ async fn attach_rules() {
     );
     // create + attach in one step, rolled back when the attach fails
     let r = s
+        .post_json("/v1/topics", &json!({"name": "x", "parent": "x"}))
+        .await;
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_child").await;
+    let r = s
         .post_json("/v1/topics", &json!({"name": "e", "parent": "c"}))
         .await;
     expect_error(r, StatusCode::CONFLICT, "fanout_conflict").await;
@@ -387,6 +391,23 @@ async fn delay_child_is_never_early() {
         .await
         .unwrap();
     assert_eq!(kids["children"][0]["delay_ms"], 400);
+    // a record's own delay holds in a plain child too
+    s.create_topic(json!({"name": "plain", "partitions": 1, "parent": "work"}))
+        .await;
+    let sent = Instant::now();
+    assert_eq!(
+        s.produce("work", "?delay_ms=300", "later").await.status(),
+        StatusCode::ACCEPTED
+    );
+    let m = s
+        .consume("plain", "?wait=5s")
+        .await
+        .expect("copied and due");
+    assert_eq!(m["payload"], "later");
+    assert!(
+        sent.elapsed() >= Duration::from_millis(300),
+        "delivered early"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

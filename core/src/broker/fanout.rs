@@ -92,14 +92,40 @@ impl Sink for LocalChild {
     }
 }
 
-#[derive(Default)]
 pub(crate) struct CursorState {
+    /// `u64::MAX` until the task has loaded its position.
     next: AtomicU64,
     due_lag_ms: AtomicI64,
 }
 
-fn cursor_path(parent_partition_dir: &Path, child: &str) -> PathBuf {
-    parent_partition_dir.join(format!("fanout-{child}.offset"))
+impl Default for CursorState {
+    fn default() -> Self {
+        Self {
+            next: AtomicU64::new(u64::MAX),
+            due_lag_ms: AtomicI64::new(0),
+        }
+    }
+}
+
+/// The cursor file of one attachment. The epoch is in the name: a cursor task of an earlier
+/// attachment that is still finishing its last slab can only ever write its own file.
+fn cursor_path(parent_partition_dir: &Path, child: &str, epoch: u64) -> PathBuf {
+    parent_partition_dir.join(format!("fanout-{child}.{epoch:016x}.offset"))
+}
+
+/// Removes every cursor file of `child` in a parent partition directory (all epochs).
+pub(crate) fn remove_cursor_files(parent_partition_dir: &Path, child: &str) {
+    let prefix = format!("fanout-{child}.");
+    let Ok(entries) = std::fs::read_dir(parent_partition_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && (name.ends_with(".offset") || name.ends_with(".tmp")) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 fn read_cursor(path: &Path, epoch: u64) -> Option<u64> {
@@ -111,6 +137,7 @@ fn read_cursor(path: &Path, epoch: u64) -> Option<u64> {
 fn write_cursor(path: &Path, epoch: u64, next_offset: u64) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("offset.tmp");
+    // (the epoch in the file name makes the temp file per attachment too)
     let body = serde_json::to_vec(&CursorFile { epoch, next_offset }).expect("cursor serialises");
     {
         let mut f = std::fs::File::create(&tmp)?;
@@ -193,10 +220,11 @@ impl Broker {
             } else {
                 stats.next_offset
             };
-            let path = cursor_path(&part.dir, child);
-            let (epoch, dir) = (link.epoch, part.dir.clone());
+            let path = cursor_path(&part.dir, child, link.epoch);
+            let (epoch, dir, name) = (link.epoch, part.dir.clone(), child.to_owned());
             tokio::task::spawn_blocking(move || {
                 std::fs::create_dir_all(&dir)?;
+                remove_cursor_files(&dir, &name); // earlier attachments' leftovers
                 write_cursor(&path, epoch, start)
             })
             .await
@@ -258,7 +286,9 @@ impl Broker {
             let (mut lag, mut due_lag) = (0u64, 0i64);
             let cursors = self.fanout.lock();
             for part in parts.iter() {
-                if let Some(s) = cursors.get(&(name.clone(), part.index)) {
+                if let Some(s) = cursors.get(&(name.clone(), part.index))
+                    && s.next.load(Ordering::Acquire) != u64::MAX
+                {
                     lag += part
                         .stats()
                         .next_offset
@@ -296,7 +326,7 @@ impl Broker {
         self.fanout.lock().retain(|(c, _), _| c != child);
         if let Ok(p) = self.topic(parent) {
             for part in p.partitions().iter() {
-                let _ = std::fs::remove_file(cursor_path(&part.dir, child));
+                remove_cursor_files(&part.dir, child);
             }
         }
     }
@@ -330,8 +360,20 @@ impl Broker {
         self.spawn_cursor_inner(parent, pidx, child, link, None);
     }
 
-    /// A cursor for a parent partition created after the attach: it starts at `start` (the
-    /// partition's first offset), written down before the copy starts.
+    /// Writes the start position of a cursor for a parent partition created after the attach,
+    /// before that partition takes any record.
+    pub(crate) fn write_start_cursor(
+        part_dir: &Path,
+        child: &str,
+        epoch: u64,
+        start: u64,
+    ) -> std::io::Result<()> {
+        std::fs::create_dir_all(part_dir)?;
+        write_cursor(&cursor_path(part_dir, child, epoch), epoch, start)
+    }
+
+    /// A cursor for a parent partition created after the attach (its start position was
+    /// written by [`Broker::write_start_cursor`]).
     pub(crate) fn spawn_cursor_from(
         self: &Arc<Self>,
         parent: Arc<Topic>,
@@ -357,17 +399,13 @@ impl Broker {
             .lock()
             .insert((name.clone(), pidx), state.clone());
         let weak = Arc::downgrade(self);
+        let _ = start; // written before the partition went live (see `write_start_cursor`)
         let handle = tokio::spawn(async move {
-            if let Some(start) = start {
-                let part = parent.partitions()[pidx as usize].clone();
-                let path = cursor_path(&part.dir, &name);
-                if let Err(e) = persist(&path, link.epoch, start).await {
-                    tracing::error!(child = %name, partition = pidx, error = %e, "cannot write the cursor of a new parent partition");
-                }
-            }
             run_cursor(weak, parent, pidx, child, name, link, state).await;
         });
-        self.tasks.lock().push(handle);
+        let mut tasks = self.tasks.lock();
+        tasks.retain(|h| !h.is_finished());
+        tasks.push(handle);
     }
 
     /// Appends records to one partition of a topic outside the produce path (fan-out copies):
@@ -412,13 +450,15 @@ async fn run_cursor(
     state: Arc<CursorState>,
 ) {
     let part = parent.partitions()[pidx as usize].clone();
-    let path = cursor_path(&part.dir, &child_name);
+    let path = cursor_path(&part.dir, &child_name, link.epoch);
     let mut next = match read_cursor(&path, link.epoch) {
         Some(n) => n,
         None => {
-            let tail = part.stats().next_offset;
-            tracing::warn!(parent = %link.parent, child = %child_name, partition = pidx, tail, "no cursor for this attachment; starting at the parent's tail");
-            tail
+            // the start is written before the link exists, so this is damage: copy again
+            // from the oldest record (duplicates) rather than skip any (a gap)
+            let oldest = part.stats().oldest_offset;
+            tracing::error!(parent = %link.parent, child = %child_name, partition = pidx, oldest, "cursor file missing or unreadable; copying again from the parent's oldest record");
+            oldest
         }
     };
     state.next.store(next, Ordering::Release);
@@ -558,7 +598,9 @@ async fn copy_slab<S: Sink>(
             key: r.key.clone(),
             headers: r.headers.clone(),
             payload: r.payload.clone(),
-            delay_ms: 0,
+            // a record's own delay holds in the child too (counted from the copy's commit,
+            // which is later: never early)
+            delay_ms: r.delay_ms,
         });
     }
     let last = due.last().expect("non-empty").offset;

@@ -567,6 +567,25 @@ impl Broker {
             }
         }
         if config.partitions > old.config.partitions {
+            // children's cursors for the new partitions exist before any record can land there
+            for child in self.child_names(name) {
+                let Some(link) = self
+                    .topic(&child)
+                    .ok()
+                    .and_then(|c| c.meta.read().parent.clone())
+                else {
+                    continue;
+                };
+                for p in old.config.partitions..config.partitions {
+                    let dir = topic.dir.join(format!("p{p:05}"));
+                    Self::write_start_cursor(&dir, &child, link.epoch, 0).map_err(|source| {
+                        LogError::Io {
+                            path: dir.clone(),
+                            source,
+                        }
+                    })?;
+                }
+            }
             let new = self
                 .open_partitions(&topic.dir, old.config.partitions, config.partitions)
                 .await?;
@@ -632,12 +651,20 @@ impl Broker {
             self.topics.write().insert(name.to_owned(), topic);
             return Err(e);
         }
-        self.fanout.lock().retain(|(child, _), _| child != name);
+        {
+            let gone: Vec<String> = children
+                .iter()
+                .map(|c| c.meta.read().name.clone())
+                .collect();
+            self.fanout
+                .lock()
+                .retain(|(child, _), _| child != name && !gone.contains(child));
+        }
         if let Some(l) = topic.meta.read().parent.clone()
             && let Ok(p) = self.topic(&l.parent)
         {
             for part in p.partitions().iter() {
-                let _ = std::fs::remove_file(part.dir.join(format!("fanout-{name}.offset")));
+                fanout::remove_cursor_files(&part.dir, name);
             }
         }
         topic.deleted.store(true, Ordering::Release);

@@ -188,6 +188,12 @@ pub async fn create(State(state): State<SharedState>, uri: Uri, body: Body) -> A
     let settings: TopicPatch = serde_json::from_value(serde_json::Value::Object(fields))
         .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))?;
     if let Some(p) = &parent {
+        if *p == name {
+            return Err(ApiError::bad_request(
+                "invalid_child",
+                "a topic cannot be its own parent",
+            ));
+        }
         broker.topic_meta(p)?; // 404 before anything is created
     }
     let meta = broker
