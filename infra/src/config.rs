@@ -56,6 +56,9 @@ pub struct ServerConfig {
     pub max_batch_messages: usize,
     /// Largest batch produce body (before and after decompression).
     pub max_batch_bytes: usize,
+    /// Client connections served at once; one more is answered `503 too_many_connections`
+    /// with `Retry-After: 1` and closed. Keep it below the process's file-descriptor limit.
+    pub max_connections: usize,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
 
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             max_batch_messages: 1000,
             max_batch_bytes: 16 * 1024 * 1024,
             shutdown_grace_ms: 10_000,
+            max_connections: 10_000,
             archive_url: String::new(),
             archive_endpoint: String::new(),
             archive_region: String::new(),
@@ -263,6 +267,9 @@ impl ServerConfig {
                 "archive_retention_ms",
                 "retentions must be >= 0 (0 = keep forever)",
             );
+        }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return bad("max_connections", "must be between 1 and 1000000");
         }
         if self.tiering_interval_ms < 10 {
             return bad("tiering_interval_ms", "must be at least 10");

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod telemetry;

@@ -42,6 +42,8 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     pub core: Arc<CoreMetrics>,
     pub http_requests: Family<HttpLabels, Counter>,
+    /// Connections answered 503 because `max_connections` were already served.
+    pub connections_refused: Counter,
     pub http_duration: HistogramFamily,
     unacked: Family<PartitionLabels, Gauge>,
     in_flight: Family<PartitionLabels, Gauge>,
@@ -79,6 +81,7 @@ impl Metrics {
         let m = Self {
             core,
             http_requests: Family::default(),
+            connections_refused: Counter::default(),
             http_duration: Family::new_with_constructor(latency_histogram),
             unacked: Family::default(),
             in_flight: Family::default(),
@@ -93,6 +96,11 @@ impl Metrics {
             open_logs: Gauge::default(),
             registry: Mutex::new(Registry::default()),
         };
+        registry.register(
+            "narad_http_connections_refused",
+            "connections answered 503 because max_connections were already open",
+            m.connections_refused.clone(),
+        );
         registry.register(
             "narad_http_requests",
             "HTTP requests by route, method and status",

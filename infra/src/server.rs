@@ -168,8 +168,15 @@ pub async fn run(
     }
     let app = http::router(state.clone());
     let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let serve =
-        axum::serve(listener, app).with_graceful_shutdown(stopping.clone().cancelled_owned());
+    let serve = axum::serve(
+        crate::limits::LimitedListener::new(
+            listener,
+            config.max_connections,
+            metrics.connections_refused.clone(),
+        ),
+        app,
+    )
+    .with_graceful_shutdown(stopping.clone().cancelled_owned());
     let mut serve = tokio::spawn(async move { serve.await });
     let joined = tokio::select! {
         r = &mut serve => Some(r),

@@ -577,3 +577,71 @@ async fn retention_deletes_old_segments_and_replay_answers_410() {
         "unacked losses are counted"
     );
 }
+
+/// Reads one HTTP/1.1 response (status line, headers, Content-Length body) from `c`.
+async fn read_response(c: &mut tokio::net::TcpStream) -> (u16, String, String) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = c.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed before a response");
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let head = text[..end].to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                let status = head[9..12].parse().unwrap();
+                return (status, head, text[end + 4..end + 4 + len].to_owned());
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_get_503_with_retry_after() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), &[("NARAD_MAX_CONNECTIONS", "3")]).await;
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    let mut held = Vec::new();
+    let mut refused = None;
+    // the test client may hold a pooled connection too: open until one is refused
+    for _ in 0..5 {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: narad\r\n\r\n")
+            .await
+            .unwrap();
+        let (status, head, body) = read_response(&mut c).await;
+        if status == 503 {
+            refused = Some((head, body));
+            break;
+        }
+        assert_eq!(status, 200);
+        held.push(c);
+    }
+    let (head, body) = refused.expect("no connection was refused");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["code"], "too_many_connections");
+    // closing connections frees their slots
+    drop(held);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: narad\r\n\r\n")
+            .await
+            .unwrap();
+        if read_response(&mut c).await.0 == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "slots never freed");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    assert!(metrics.contains("narad_http_connections_refused_total"));
+}
