@@ -257,6 +257,44 @@ impl Recorder {
         }
     }
 
+    /// The outcome of one produce request carrying `ids`: `Some(status)` if the broker
+    /// answered, `None` for a transport error (then the outcome is unknown: nothing recorded).
+    pub fn produce_outcome(&self, ids: &[MsgId], status: Option<u16>) {
+        let at = self.now();
+        match status {
+            Some(s) if (200..300).contains(&s) => ids.iter().for_each(|&id| self.accepted(id, at)),
+            Some(s) => ids.iter().for_each(|&id| self.rejected(id, s)),
+            None => {}
+        }
+    }
+
+    /// The outcome of one batch settle (ack if `acked`, else nack) of `items` sent at
+    /// `sent_at`: the per-handle statuses if the broker answered, `None` for a transport error
+    /// (the settle may or may not have happened).
+    pub fn settle_outcome(
+        &self,
+        items: &[(MsgId, String)],
+        sent_at: Nanos,
+        statuses: Option<&[u16]>,
+        acked: bool,
+    ) {
+        let resp_at = self.now();
+        match statuses {
+            None => items
+                .iter()
+                .for_each(|(id, h)| self.settle_unknown(*id, h, sent_at)),
+            Some(st) => {
+                for ((id, h), s) in items.iter().zip(st) {
+                    if *s == 204 {
+                        self.settled(*id, h, sent_at, resp_at, acked);
+                    } else {
+                        self.settle_failed(*id);
+                    }
+                }
+            }
+        }
+    }
+
     /// A fault was injected at `start` and the broker was ready again at `end`.
     pub fn fault(&self, kind: FaultKind, start: Nanos, end: Nanos) {
         let lag = self.ack_lag.as_nanos() as Nanos;

@@ -279,13 +279,8 @@ async fn batch_producer(sh: Arc<Shared>, rate: f64, size: u64, delayed: bool) ->
 }
 
 fn record_produce(sh: &Shared, ids: &[MsgId], res: Result<(StatusCode, Bytes)>) {
-    let now = sh.rec.now();
-    match res {
-        Ok((s, _)) if s.is_success() => ids.iter().for_each(|&id| sh.rec.accepted(id, now)),
-        Ok((s, _)) => ids.iter().for_each(|&id| sh.rec.rejected(id, s.as_u16())),
-        // transport error: the outcome is unknown (the message may or may not be stored)
-        Err(_) => {}
-    }
+    sh.rec
+        .produce_outcome(ids, res.ok().map(|(s, _)| s.as_u16()));
 }
 
 async fn consumer(sh: Arc<Shared>, reader: u32) -> Result<()> {
@@ -337,22 +332,8 @@ async fn settle(sh: &Shared, http: &mut Http, items: Vec<(MsgId, String)>, exten
     let handles: Vec<String> = items.iter().map(|(_, h)| h.clone()).collect();
     let sent_at = sh.rec.now();
     let res = narad::ack(http, &sh.cfg.topic, &handles, extend).await;
-    let resp_at = sh.rec.now();
-    if res.is_err() {
-        for (id, handle) in &items {
-            sh.rec.settle_unknown(*id, handle, sent_at);
-        }
-    }
-    if let Ok(statuses) = res {
-        for ((id, handle), status) in items.iter().zip(statuses) {
-            if status == 204 {
-                sh.rec
-                    .settled(*id, handle, sent_at, resp_at, extend.is_empty());
-            } else {
-                sh.rec.settle_failed(*id);
-            }
-        }
-    }
+    sh.rec
+        .settle_outcome(&items, sent_at, res.as_deref().ok(), extend.is_empty());
 }
 
 /// Replays every partition from offset 0 as it grows: offsets must be dense and every payload

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use narad_core::broker::{Broker, BrokerError, ReplayFrom};
 use narad_core::record::Record;
 use narad_tiering::archive::{Archive, ArchiveError, ArchivedSegment, PartitionManifest};
 use narad_tiering::format::{self, FormatError};
@@ -33,6 +34,59 @@ pub enum ReplayError {
         #[source]
         source: FormatError,
     },
+}
+
+/// Why a history read failed: the broker (topic, partition, local log) or the archive.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Archive(#[from] ReplayError),
+}
+
+/// The one place that decides where history comes from: a replay read that starts below the
+/// oldest local offset is served from the archive; `None` means local data serves it (or
+/// answers 410 when neither holds the offset). An offset older than archive retention is
+/// `OffsetTruncated`.
+pub async fn read_archived(
+    broker: &Broker,
+    reader: &ArchiveReader,
+    topic: &str,
+    partition: u32,
+    from: ReplayFrom,
+    max: usize,
+) -> Result<Option<Vec<Record>>, HistoryError> {
+    let (oldest_local, _) = broker.local_range(topic, partition)?;
+    if let ReplayFrom::Offset(o) = from
+        && o >= oldest_local
+    {
+        return Ok(None); // the common case: no metadata clone, no archive
+    }
+    let id = broker.topic_meta(topic)?.id;
+    let offset = match from {
+        ReplayFrom::Offset(o) => o,
+        ReplayFrom::TimeMs(t) => {
+            // when local data already has a record before `t`, everything archived (older) is
+            // before it too: no need to ask the archive (and no need for it to be reachable)
+            if broker.local_offset_for_time(topic, partition, t).await? > oldest_local {
+                return Ok(None);
+            }
+            match reader.offset_for_time(topic, id, partition, t).await? {
+                Some(o) if o < oldest_local => o,
+                _ => return Ok(None),
+            }
+        }
+    };
+    match reader.read(topic, id, partition, offset, max).await? {
+        ArchiveRead::Records(r) => Ok(Some(r)),
+        ArchiveRead::Expired { oldest } => Err(BrokerError::OffsetTruncated {
+            requested: offset,
+            oldest,
+        }
+        .into()),
+        ArchiveRead::Absent => Ok(None),
+    }
 }
 
 /// What the archive holds at a position.

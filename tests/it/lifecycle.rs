@@ -44,15 +44,13 @@ pub async fn produce_recorded(http: &mut Http, topic: &str, rec: &Recorder, ids:
         )
         .await
     };
-    match res {
-        Ok((st, _)) if st.is_success() => {
-            let at = rec.now();
-            ids.iter().for_each(|&id| rec.accepted(id, at));
-            true
-        }
+    let status = match res {
+        Ok((st, _)) if st.is_success() => Some(st.as_u16()),
         Ok((st, b)) => panic!("produce answered {st}: {}", String::from_utf8_lossy(&b)),
-        Err(_) => false,
-    }
+        Err(_) => None,
+    };
+    rec.produce_outcome(ids, status);
+    status.is_some()
 }
 
 /// One consume (up to 10, waiting up to `wait`) and a batch ack of everything received,
@@ -93,21 +91,7 @@ pub async fn consume_and_ack(
     let hs: Vec<String> = handles.iter().map(|(_, h)| h.clone()).collect();
     let sent_at = rec.now();
     let res = client::ack(http, topic, &hs, "").await;
-    if res.is_err() {
-        for (id, h) in &handles {
-            rec.settle_unknown(*id, h, sent_at);
-        }
-    }
-    if let Ok(statuses) = res {
-        let resp = rec.now();
-        for ((id, h), st) in handles.iter().zip(statuses) {
-            if st == 204 {
-                rec.settled(*id, h, sent_at, resp, true);
-            } else {
-                rec.settle_failed(*id);
-            }
-        }
-    }
+    rec.settle_outcome(&handles, sent_at, res.as_deref().ok(), true);
     msgs.len()
 }
 

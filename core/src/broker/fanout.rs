@@ -190,8 +190,8 @@ impl Broker {
                 format!("'{child}' already has a parent ('{}')", l.parent)
             });
         }
-        let siblings = self.child_names(parent);
-        if !self.child_names(child).is_empty() {
+        let siblings = self.child_topics(parent);
+        if !self.child_topics(child).is_empty() {
             return conflict(format!(
                 "'{child}' has children of its own: no grandchildren"
             ));
@@ -278,11 +278,7 @@ impl Broker {
         let p = self.topic(parent)?;
         let parts = p.partitions();
         let mut out = Vec::new();
-        for name in self.child_names(parent) {
-            let Ok(c) = self.topic(&name) else { continue };
-            let Some(link) = c.meta.read().parent.clone() else {
-                continue;
-            };
+        for (name, _, link) in self.child_topics(parent) {
             let (mut lag, mut due_lag) = (0u64, 0i64);
             let cursors = self.fanout.lock();
             for part in parts.iter() {
@@ -306,19 +302,15 @@ impl Broker {
         Ok(out)
     }
 
-    /// Names of the topics attached to `parent`, sorted.
-    pub fn child_names(&self, parent: &str) -> Vec<String> {
+    /// The topics attached to `parent` with their links, in name order.
+    pub(crate) fn child_topics(&self, parent: &str) -> Vec<(String, Arc<Topic>, ParentLink)> {
         self.topics
             .read()
-            .values()
-            .filter(|t| {
-                t.meta
-                    .read()
-                    .parent
-                    .as_ref()
-                    .is_some_and(|l| l.parent == parent)
+            .iter()
+            .filter_map(|(name, t)| {
+                let link = t.meta.read().parent.clone()?;
+                (link.parent == parent).then(|| (name.clone(), t.clone(), link))
             })
-            .map(|t| t.meta.read().name.clone())
             .collect()
     }
 
@@ -350,16 +342,6 @@ impl Broker {
         }
     }
 
-    fn spawn_cursor(
-        self: &Arc<Self>,
-        parent: Arc<Topic>,
-        pidx: u32,
-        child: Arc<Topic>,
-        link: ParentLink,
-    ) {
-        self.spawn_cursor_inner(parent, pidx, child, link, None);
-    }
-
     /// Writes the start position of a cursor for a parent partition created after the attach,
     /// before that partition takes any record.
     pub(crate) fn write_start_cursor(
@@ -372,26 +354,12 @@ impl Broker {
         write_cursor(&cursor_path(part_dir, child, epoch), epoch, start)
     }
 
-    /// A cursor for a parent partition created after the attach (its start position was
-    /// written by [`Broker::write_start_cursor`]).
-    pub(crate) fn spawn_cursor_from(
+    pub(crate) fn spawn_cursor(
         self: &Arc<Self>,
         parent: Arc<Topic>,
         pidx: u32,
         child: Arc<Topic>,
         link: ParentLink,
-        start: u64,
-    ) {
-        self.spawn_cursor_inner(parent, pidx, child, link, Some(start));
-    }
-
-    fn spawn_cursor_inner(
-        self: &Arc<Self>,
-        parent: Arc<Topic>,
-        pidx: u32,
-        child: Arc<Topic>,
-        link: ParentLink,
-        start: Option<u64>,
     ) {
         let state = Arc::new(CursorState::default());
         let name = child.meta.read().name.clone();
@@ -399,7 +367,6 @@ impl Broker {
             .lock()
             .insert((name.clone(), pidx), state.clone());
         let weak = Arc::downgrade(self);
-        let _ = start; // written before the partition went live (see `write_start_cursor`)
         let handle = tokio::spawn(async move {
             run_cursor(weak, parent, pidx, child, name, link, state).await;
         });
@@ -604,27 +571,16 @@ async fn copy_slab<S: Sink>(
         });
     }
     let last = due.last().expect("non-empty").offset;
-    let mut set = Vec::new();
+    // one group commit per child partition
     for (p, g) in groups.into_iter().enumerate() {
         if !g.is_empty() {
-            set.push(sink.append(p as u32, g));
+            sink.append(p as u32, g).await?;
         }
-    }
-    for r in futures_join(set).await {
-        r?;
     }
     // only now, with every copy durable, may the cursor move
     persist(path, link.epoch, last + 1).await?;
     state.next.store(last + 1, Ordering::Release);
     Ok(Step::Copied(last + 1))
-}
-
-async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut out = Vec::with_capacity(futs.len());
-    for f in futs {
-        out.push(f.await);
-    }
-    out
 }
 
 async fn persist(path: &Path, epoch: u64, next: u64) -> Result<(), BrokerError> {

@@ -292,9 +292,10 @@ impl Broker {
             .await
             .expect("metadata load task")?
         };
-        broker
-            .fresh
-            .store(!data_dir.join(meta::META_FILE).exists(), Ordering::Release);
+        // no metadata yet, or a restore from the archive that did not finish
+        let fresh =
+            !data_dir.join(meta::META_FILE).exists() || data_dir.join(RESTORE_MARKER).exists();
+        broker.fresh.store(fresh, Ordering::Release);
         sweep_orphans(&data_dir, &metas);
         for m in metas {
             let topic = broker.open_topic(m).await?;
@@ -549,14 +550,11 @@ impl Broker {
         let old = topic.meta.read().clone();
         let old_parts = topic.partitions();
         let config = old.config.patched(&patch)?;
+        let children = self.child_topics(name);
         // a parent must keep outliving its delay children's delays
         if config.retention_ms > 0 {
-            for child in self.child_names(name) {
-                let delay = self
-                    .topic(&child)
-                    .ok()
-                    .and_then(|c| c.meta.read().parent.as_ref().map(|l| l.delay_ms))
-                    .unwrap_or(0);
+            for (child, _, link) in &children {
+                let delay = link.delay_ms;
                 if delay > 0 && config.retention_ms < delay + fanout::DELAY_RETENTION_MARGIN_MS {
                     return Err(BrokerError::FanoutInvalid(format!(
                         "retention_ms {} is shorter than delay child '{child}' needs ({} ms: its delay + 1 h)",
@@ -568,17 +566,10 @@ impl Broker {
         }
         if config.partitions > old.config.partitions {
             // children's cursors for the new partitions exist before any record can land there
-            for child in self.child_names(name) {
-                let Some(link) = self
-                    .topic(&child)
-                    .ok()
-                    .and_then(|c| c.meta.read().parent.clone())
-                else {
-                    continue;
-                };
+            for (child, _, link) in &children {
                 for p in old.config.partitions..config.partitions {
                     let dir = topic.dir.join(format!("p{p:05}"));
-                    Self::write_start_cursor(&dir, &child, link.epoch, 0).map_err(|source| {
+                    Self::write_start_cursor(&dir, child, link.epoch, 0).map_err(|source| {
                         LogError::Io {
                             path: dir.clone(),
                             source,
@@ -599,16 +590,12 @@ impl Broker {
             *topic.partitions.write() = old_parts;
             return Err(e);
         }
-        // a grown parent: its children copy the new partitions too (from offset 0)
+        // a grown parent: its children copy the new partitions too (cursors written above)
         let (before, after) = (old.config.partitions, topic.config().partitions);
         if after > before {
-            for child in self.child_names(name) {
-                let Ok(c) = self.topic(&child) else { continue };
-                let Some(link) = c.meta.read().parent.clone() else {
-                    continue;
-                };
+            for (_, c, link) in &children {
                 for p in before..after {
-                    self.spawn_cursor_from(topic.clone(), p, c.clone(), link.clone(), 0);
+                    self.spawn_cursor(topic.clone(), p, c.clone(), link.clone());
                 }
             }
         }
@@ -628,17 +615,9 @@ impl Broker {
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_owned()))?;
         // its children survive, standalone with their data
         let children: Vec<Arc<Topic>> = self
-            .topics
-            .read()
-            .values()
-            .filter(|t| {
-                t.meta
-                    .read()
-                    .parent
-                    .as_ref()
-                    .is_some_and(|l| l.parent == name)
-            })
-            .cloned()
+            .child_topics(name)
+            .into_iter()
+            .map(|(_, t, _)| t)
             .collect();
         let unlinked: Vec<_> = children
             .iter()
@@ -696,15 +675,18 @@ impl Broker {
     ) -> Result<Vec<Produced>, BrokerError> {
         self.check_running()?;
         let topic = self.topic(topic_name)?;
-        if let Some(l) = &topic.meta.read().parent
-            && l.delay_ms > 0
-        {
-            return Err(BrokerError::FanoutConflict(format!(
-                "'{topic_name}' is a delay child of '{}': it only receives copies from its parent",
-                l.parent
-            )));
-        }
-        let cfg = topic.config();
+        let cfg = {
+            let meta = topic.meta.read();
+            if let Some(l) = &meta.parent
+                && l.delay_ms > 0
+            {
+                return Err(BrokerError::FanoutConflict(format!(
+                    "'{topic_name}' is a delay child of '{}': it only receives copies from its parent",
+                    l.parent
+                )));
+            }
+            meta.config.clone()
+        };
         let n = cfg.partitions;
         let mut groups: HashMap<u32, Vec<(usize, NewRecord)>> = HashMap::new();
         let mut bytes = 0u64;

@@ -242,3 +242,21 @@ async fn retention_reaches_idle_closed_partitions() {
     );
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinished_restore_keeps_the_node_fresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    assert!(b.is_fresh(), "no topics.json yet");
+    b.set_restore_pending(true).unwrap();
+    b.create_topic(create("restored-first", 1)).await.unwrap();
+    b.shutdown().await;
+    // stopped half way: topics.json exists, but the restore must resume
+    let b = open(dir.path()).await;
+    assert!(b.is_fresh());
+    b.set_restore_pending(false).unwrap();
+    b.shutdown().await;
+    let b = open(dir.path()).await;
+    assert!(!b.is_fresh(), "a finished restore is not redone");
+    b.shutdown().await;
+}

@@ -5,63 +5,10 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::IntoResponse;
-use narad_core::broker::{Broker, BrokerError, ReplayFrom};
-use narad_core::record::Record;
-use narad_replay::ArchiveRead;
+use narad_core::broker::ReplayFrom;
 
 use super::query::{Query, parse_duration, parse_time_ms};
 use super::{ApiError, ApiResult, SharedState, json_response, render};
-
-/// Serves a replay read from the archive when it starts below the oldest local offset;
-/// `None` means the local log serves it (or answers 410 when neither holds the offset).
-async fn replay_archive(
-    state: &SharedState,
-    broker: &Broker,
-    topic: &str,
-    partition: u32,
-    from: ReplayFrom,
-    max: usize,
-) -> Result<Option<Vec<Record>>, ApiError> {
-    let Some(reader) = &state.archive else {
-        return Ok(None);
-    };
-    let meta = broker.topic_meta(topic)?;
-    let (oldest_local, _) = broker.local_range(topic, partition)?;
-    let offset = match from {
-        ReplayFrom::Offset(o) => o,
-        ReplayFrom::TimeMs(t) => {
-            // when local data already has a record before `t`, everything archived (older) is
-            // before it too: no need to ask the archive (and no need for it to be reachable)
-            if broker.local_offset_for_time(topic, partition, t).await? > oldest_local {
-                return Ok(None);
-            }
-            match reader
-                .offset_for_time(topic, meta.id, partition, t)
-                .await
-                .map_err(archive_error)?
-            {
-                Some(o) => o,
-                None => return Ok(None),
-            }
-        }
-    };
-    if offset >= oldest_local {
-        return Ok(None);
-    }
-    match reader
-        .read(topic, meta.id, partition, offset, max)
-        .await
-        .map_err(archive_error)?
-    {
-        ArchiveRead::Records(r) => Ok(Some(r)),
-        ArchiveRead::Expired { oldest } => Err(BrokerError::OffsetTruncated {
-            requested: offset,
-            oldest,
-        }
-        .into()),
-        ArchiveRead::Absent => Ok(None),
-    }
-}
 
 fn archive_error(e: narad_replay::ReplayError) -> ApiError {
     tracing::warn!(error = %e, "archive read failed");
@@ -136,7 +83,16 @@ pub async fn consume(
             None => ReplayFrom::TimeMs(from_time.unwrap_or_default()),
         };
         let n = max.unwrap_or(1);
-        if let Some(archived) = replay_archive(&state, &broker, &topic, p, from, n).await? {
+        let archived = match &state.archive {
+            None => None,
+            Some(reader) => narad_replay::read_archived(&broker, reader, &topic, p, from, n)
+                .await
+                .map_err(|e| match e {
+                    narad_replay::HistoryError::Broker(e) => ApiError::from(e),
+                    narad_replay::HistoryError::Archive(e) => archive_error(e),
+                })?,
+        };
+        if let Some(archived) = archived {
             if archived.is_empty() {
                 return Ok(StatusCode::NO_CONTENT.into_response());
             }
