@@ -25,6 +25,16 @@ impl std::error::Error for ApiFailure {}
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// HTTP Basic credentials, sent with every request when set.
+    creds: Option<(String, String)>,
+}
+
+/// How the CLI reaches the broker: address, credentials, extra CA.
+pub struct Connect<'a> {
+    pub server: &'a str,
+    pub user: Option<&'a str>,
+    pub password: Option<&'a str>,
+    pub ca_cert: Option<&'a std::path::Path>,
 }
 
 pub enum Reply {
@@ -33,17 +43,30 @@ pub enum Reply {
 }
 
 impl Client {
-    pub fn new(base: &str) -> Result<Self, BoxError> {
-        let base = base.trim_end_matches('/').to_owned();
+    pub fn new(c: &Connect<'_>) -> Result<Self, BoxError> {
+        let base = c.server.trim_end_matches('/').to_owned();
         let base = if base.starts_with("http://") || base.starts_with("https://") {
             base
         } else {
             format!("http://{base}")
         };
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()?;
-        Ok(Self { base, http })
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        if let Some(path) = c.ca_cert {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("cannot read CA certificate {}: {e}", path.display()))?;
+            http = http.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+        }
+        let creds = match (c.user, c.password) {
+            (Some(u), Some(p)) => Some((u.to_owned(), p.to_owned())),
+            (Some(_), None) => return Err("--user needs --password (or NARAD_PASSWORD)".into()),
+            (None, Some(_)) => return Err("--password needs --user (or NARAD_USER)".into()),
+            (None, None) => None,
+        };
+        Ok(Self {
+            base,
+            http: http.build()?,
+            creds,
+        })
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -51,6 +74,10 @@ impl Client {
     }
 
     pub async fn send(&self, req: reqwest::RequestBuilder) -> Result<Reply, BoxError> {
+        let req = match &self.creds {
+            Some((u, p)) => req.basic_auth(u, Some(p)),
+            None => req,
+        };
         let resp = req
             .send()
             .await
@@ -59,6 +86,13 @@ impl Client {
         let bytes = resp.bytes().await?;
         if status >= 400 {
             let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            if status == 401 && self.creds.is_none() {
+                return Err(Box::new(ApiFailure {
+                    status,
+                    code: "unauthorized".into(),
+                    message: "the broker needs credentials: set --user/--password or NARAD_USER/NARAD_PASSWORD".into(),
+                }));
+            }
             return Err(Box::new(ApiFailure {
                 status,
                 code: v["code"].as_str().unwrap_or("unknown").to_owned(),
@@ -99,6 +133,10 @@ impl Client {
                 .body(body),
         )
         .await
+    }
+
+    pub async fn put_json(&self, path: &str, body: &Value) -> Result<Reply, BoxError> {
+        self.send(self.http.put(self.url(path)).json(body)).await
     }
 
     pub async fn delete(&self, path: &str) -> Result<Reply, BoxError> {

@@ -7,10 +7,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use narad_infra::config::{LogFormat, ServerConfig};
 use serde_json::{Value, json};
 
-use crate::client::{BoxError, Client, Reply, enc};
+use crate::client::{BoxError, Client, Connect, Reply, enc};
 use crate::{
     Cli, Command, PubArgs, ReplayArgs, ServeArgs, ServerCmd, StorageArgs, SubArgs, TopicCmd,
-    TopicSettings,
+    TopicSettings, UserCmd,
 };
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
@@ -25,6 +25,9 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
                 cfg.listen_addr.set_port(a.port);
             }
             if a.dev {
+                // development: no users, no passwords (serve and start without --dev keep
+                // security on); said in the log at start
+                cfg.security_enabled = false;
                 cfg.log_format = LogFormat::Text;
                 cfg.data_dir = a.data_dir.unwrap_or_else(default_dev_dir);
             } else if let Some(d) = a.data_dir {
@@ -57,11 +60,159 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             cfg.validate()?;
             serve(cfg, false, addr_file).await
         }
-        Command::Topic(t) => topic(&Client::new(&cli.server)?, t).await,
-        Command::Pub(a) => publish(&Client::new(&cli.server)?, a).await,
-        Command::Sub(a) => subscribe(&Client::new(&cli.server)?, a).await,
-        Command::Replay(a) => replay(&Client::new(&cli.server)?, a).await,
+        command => {
+            let c = Client::new(&Connect {
+                server: &cli.server,
+                user: cli.user.as_deref(),
+                password: cli.password.as_deref(),
+                ca_cert: cli.ca_cert.as_deref(),
+            })?;
+            match command {
+                Command::Topic(t) => topic(&c, t).await,
+                Command::Pub(a) => publish(&c, a).await,
+                Command::Sub(a) => subscribe(&c, a).await,
+                Command::Replay(a) => replay(&c, a).await,
+                Command::User(u) => user(&c, u).await,
+                Command::Server(_) | Command::Serve(_) => unreachable!("handled above"),
+            }
+        }
     }
+}
+
+/// `ACTION:PATTERN[,PATTERN...]` or `admin` as a grant object.
+fn parse_grant(spec: &str) -> Result<Value, BoxError> {
+    let (action, patterns) = spec.split_once(':').unwrap_or((spec, ""));
+    let patterns: Vec<&str> = patterns.split(',').filter(|p| !p.is_empty()).collect();
+    if !matches!(action, "produce" | "consume" | "create" | "admin") {
+        return Err(format!(
+            "grant '{spec}': the action must be produce, consume, create or admin"
+        )
+        .into());
+    }
+    Ok(json!({"action": action, "patterns": patterns}))
+}
+
+/// A new password: given, or the first line of stdin.
+fn new_password(given: Option<String>) -> Result<String, BoxError> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    if std::io::stdin().is_terminal() {
+        eprint!("new password: ");
+    }
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let p = line.trim_end_matches(['\r', '\n']).to_owned();
+    if p.is_empty() {
+        return Err("no password given (--new-password, NARAD_NEW_PASSWORD or stdin)".into());
+    }
+    Ok(p)
+}
+
+async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
+    let path = |name: &str| format!("/v1/users/{}", enc(name));
+    match cmd {
+        UserCmd::Add {
+            name,
+            grants,
+            new_password: pw,
+        } => {
+            let grants = grants
+                .iter()
+                .map(|g| parse_grant(g))
+                .collect::<Result<Vec<_>, _>>()?;
+            let body = json!({"username": name, "password": new_password(pw)?, "grants": grants});
+            if let Reply::Json(v) = c.post_json("/v1/users", &body).await? {
+                print_json(&v);
+            }
+        }
+        UserCmd::Ls => {
+            if let Reply::Json(v) = c.get("/v1/users").await? {
+                println!("{:<32} {:<6} GRANTS", "USERNAME", "ROOT");
+                for u in v["users"].as_array().into_iter().flatten() {
+                    let grants: Vec<String> = u["grants"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|g| {
+                            let pats: Vec<&str> = g["patterns"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(Value::as_str)
+                                .collect();
+                            let action = g["action"].as_str().unwrap_or("?");
+                            if pats.is_empty() {
+                                action.to_owned()
+                            } else {
+                                format!("{action}:{}", pats.join(","))
+                            }
+                        })
+                        .collect();
+                    println!(
+                        "{:<32} {:<6} {}",
+                        u["username"].as_str().unwrap_or(""),
+                        if u["root"].as_bool() == Some(true) {
+                            "yes"
+                        } else {
+                            ""
+                        },
+                        grants.join(" ")
+                    );
+                }
+            }
+        }
+        UserCmd::Show { name } => {
+            if let Reply::Json(v) = c.get(&path(&name)).await? {
+                print_json(&v);
+            }
+        }
+        UserCmd::Rm { name } => {
+            c.delete(&path(&name)).await?;
+            println!("deleted user {name}");
+        }
+        UserCmd::Grant { name, grants } => {
+            let grants = grants
+                .iter()
+                .map(|g| parse_grant(g))
+                .collect::<Result<Vec<_>, _>>()?;
+            let body = json!({"grants": grants});
+            if let Reply::Json(v) = c
+                .put_json(&format!("{}/grants", path(&name)), &body)
+                .await?
+            {
+                print_json(&v);
+            }
+        }
+        UserCmd::Passwd {
+            name,
+            new_password: pw,
+            current,
+        } => {
+            let mut body = json!({"new_password": new_password(pw)?});
+            if let Some(cur) = current {
+                body["current_password"] = Value::from(cur);
+            }
+            c.put_json(&format!("{}/password", path(&name)), &body)
+                .await?;
+            println!("password of {name} changed");
+        }
+    }
+    Ok(())
+}
+
+/// Reads a JSON Schema file (`-`: stdin).
+fn read_schema(path: &std::path::Path) -> Result<Value, BoxError> {
+    let text = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read schema {}: {e}", path.display()))?
+    };
+    serde_json::from_str(&text)
+        .map_err(|e| format!("schema {} is not JSON: {e}", path.display()).into())
 }
 
 fn apply_storage(cfg: &mut ServerConfig, a: &StorageArgs) -> Result<(), BoxError> {
@@ -159,6 +310,9 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
         TopicCmd::Add(a) => {
             let mut body = settings_json(&a.settings);
             body.insert("name".into(), Value::from(a.name));
+            if let Some(p) = &a.schema {
+                body.insert("schema".into(), read_schema(p)?);
+            }
             if let Reply::Json(v) = c.post_json("/v1/topics", &Value::Object(body)).await? {
                 print_json(&v);
             }
@@ -234,8 +388,16 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
                 print_json(&v);
             }
         }
+        TopicCmd::Schema { name } => {
+            if let Reply::Json(v) = c.get(&format!("/v1/topics/{}/schema", enc(&name))).await? {
+                print_json(&v);
+            }
+        }
         TopicCmd::Edit(a) => {
-            let body = settings_json(&a.settings);
+            let mut body = settings_json(&a.settings);
+            if let Some(p) = &a.schema {
+                body.insert("schema".into(), read_schema(p)?);
+            }
             if let Reply::Json(v) = c
                 .patch_json(
                     &format!("/v1/topics/{}", enc(&a.name)),

@@ -30,6 +30,15 @@ struct Cli {
         default_value = "http://127.0.0.1:7942"
     )]
     server: String,
+    /// Username for client commands (HTTP Basic).
+    #[arg(short = 'u', long, global = true, env = "NARAD_USER")]
+    user: Option<String>,
+    /// Password for client commands.
+    #[arg(long, global = true, env = "NARAD_PASSWORD", hide_env_values = true)]
+    password: Option<String>,
+    /// PEM file of a CA to trust for an https:// broker (besides the system roots).
+    #[arg(long, global = true, env = "NARAD_CA_CERT")]
+    ca_cert: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -50,6 +59,45 @@ enum Command {
     Sub(SubArgs),
     /// Read a partition's history without changing queue state.
     Replay(ReplayArgs),
+    /// Manage users and their grants (needs an admin; `passwd` also works on yourself).
+    #[command(subcommand)]
+    User(UserCmd),
+}
+
+#[derive(Subcommand)]
+enum UserCmd {
+    /// Create a user. The password comes from --new-password, NARAD_NEW_PASSWORD, or the
+    /// first line of stdin.
+    Add {
+        name: String,
+        /// ACTION:PATTERN[,PATTERN...] (actions: produce, consume, create) or `admin`;
+        /// repeatable. Patterns are topic names or prefixes ending in `*`.
+        #[arg(long = "grant")]
+        grants: Vec<String>,
+        #[arg(long, env = "NARAD_NEW_PASSWORD", hide_env_values = true)]
+        new_password: Option<String>,
+    },
+    /// List users.
+    Ls,
+    /// Show one user.
+    Show { name: String },
+    /// Delete a user.
+    Rm { name: String },
+    /// Replace a user's grants with the given ones (none: no grants).
+    Grant {
+        name: String,
+        #[arg(long = "grant")]
+        grants: Vec<String>,
+    },
+    /// Change a password (your own needs --current).
+    Passwd {
+        name: String,
+        #[arg(long, env = "NARAD_NEW_PASSWORD", hide_env_values = true)]
+        new_password: Option<String>,
+        /// Your current password, when changing your own.
+        #[arg(long)]
+        current: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -143,6 +191,8 @@ enum TopicCmd {
     Detach { parent: String, child: String },
     /// List PARENT's children with their lag.
     Children { parent: String },
+    /// Show a topic's JSON Schema versions.
+    Schema { name: String },
 }
 
 #[derive(Args)]
@@ -168,6 +218,9 @@ struct TopicAddArgs {
     name: String,
     #[command(flatten)]
     settings: TopicSettings,
+    /// JSON Schema file that every produced payload must match.
+    #[arg(long)]
+    schema: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -175,6 +228,9 @@ struct TopicEditArgs {
     name: String,
     #[command(flatten)]
     settings: TopicSettings,
+    /// A new JSON Schema version (additive changes only).
+    #[arg(long)]
+    schema: Option<PathBuf>,
 }
 
 #[derive(Args)]

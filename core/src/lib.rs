@@ -21,6 +21,7 @@
 
 pub mod broker;
 pub mod clock;
+pub mod fsutil;
 pub mod handle;
 pub mod log;
 pub mod metrics;

@@ -141,6 +141,10 @@ impl TopicConfig {
 pub struct CreateTopic {
     pub name: String,
     pub settings: TopicPatch,
+    /// The creating user, when security is on.
+    pub owner: Option<String>,
+    /// A JSON Schema (already checked by the caller) that becomes version 1.
+    pub schema: Option<serde_json::Value>,
 }
 
 impl CreateTopic {

@@ -25,6 +25,17 @@ pub enum LogFormat {
 pub struct ServerConfig {
     /// Address of the HTTP listener.
     pub listen_addr: SocketAddr,
+    /// Users, passwords and grants (HTTP Basic). On unless `server start --dev`. Off: no
+    /// authentication and every request is allowed; never run it so on a shared network.
+    pub security_enabled: bool,
+    /// Optional second listener serving only `/metrics`, without authentication (bind it to
+    /// an address only the scraper reaches). Empty: none; `/metrics` on the API listener
+    /// then needs an admin.
+    pub metrics_addr: String,
+    /// PEM certificate chain and private key: when both are set the API listener speaks
+    /// HTTPS only. The files are re-read on SIGHUP and when they change.
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
     /// Where partition logs, queue state and topic metadata live.
     pub data_dir: PathBuf,
     /// `text` (human) or `json` (one object per line, for log shippers).
@@ -99,6 +110,10 @@ impl Default for ServerConfig {
         let topic = TopicConfig::default();
         Self {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 7942)),
+            security_enabled: true,
+            metrics_addr: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
             data_dir: PathBuf::from("data"),
             log_format: LogFormat::Json,
             log_level: "info".into(),
@@ -270,6 +285,20 @@ impl ServerConfig {
         }
         if !(1..=1_000_000).contains(&self.max_connections) {
             return bad("max_connections", "must be between 1 and 1000000");
+        }
+        if !self.metrics_addr.trim().is_empty()
+            && self.metrics_addr.trim().parse::<SocketAddr>().is_err()
+        {
+            return bad(
+                "metrics_addr",
+                "must be empty or an address like 127.0.0.1:9090",
+            );
+        }
+        if self.tls_cert_file.trim().is_empty() != self.tls_key_file.trim().is_empty() {
+            return bad(
+                "tls_cert_file",
+                "tls_cert_file and tls_key_file must be set together",
+            );
         }
         if self.tiering_interval_ms < 10 {
             return bad("tiering_interval_ms", "must be at least 10");

@@ -13,5 +13,6 @@ pub mod config;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod schema;
 pub mod server;
 pub mod telemetry;

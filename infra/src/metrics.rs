@@ -32,6 +32,17 @@ pub struct ChildLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthLabels {
+    /// `missing`, `malformed`, `bad_credentials`, `throttled`, `forbidden`
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SchemaLabels {
+    pub topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopicLabels {
     pub topic: String,
 }
@@ -45,6 +56,10 @@ pub struct Metrics {
     /// Connections answered 503 because `max_connections` were already served.
     pub connections_refused: Counter,
     pub http_duration: HistogramFamily,
+    /// Requests refused by authentication or authorisation, by reason.
+    pub auth_refused: Family<AuthLabels, Counter>,
+    /// Messages refused because they do not match the topic's JSON Schema.
+    pub schema_rejected: Family<SchemaLabels, Counter>,
     unacked: Family<PartitionLabels, Gauge>,
     in_flight: Family<PartitionLabels, Gauge>,
     delayed: Family<PartitionLabels, Gauge>,
@@ -83,6 +98,8 @@ impl Metrics {
             http_requests: Family::default(),
             connections_refused: Counter::default(),
             http_duration: Family::new_with_constructor(latency_histogram),
+            auth_refused: Family::default(),
+            schema_rejected: Family::default(),
             unacked: Family::default(),
             in_flight: Family::default(),
             delayed: Family::default(),
@@ -100,6 +117,16 @@ impl Metrics {
             "narad_http_connections_refused",
             "connections answered 503 because max_connections were already open",
             m.connections_refused.clone(),
+        );
+        registry.register(
+            "narad_auth_refused",
+            "requests refused by authentication (401, 429) or authorisation (403), by reason",
+            m.auth_refused.clone(),
+        );
+        registry.register(
+            "narad_schema_rejected_messages",
+            "produced messages refused because they violate the topic's JSON Schema",
+            m.schema_rejected.clone(),
         );
         registry.register(
             "narad_http_requests",

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use narad_core::broker::Broker;
-use narad_core::clock::SystemClock;
+use narad_core::clock::{Clock as _, SystemClock};
 use tokio::net::TcpListener;
 
 use narad_tiering::archive::Archive;
@@ -25,6 +25,71 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("archive: {0}")]
     Archive(#[from] narad_tiering::archive::ArchiveError),
+    #[error("security: {0}")]
+    Security(String),
+}
+
+/// Opens the user store and seeds the root user on first start: its password comes from
+/// `NARAD_ADMIN_PASSWORD`, or is generated and printed once to stderr (never to the log).
+async fn open_security(
+    cfg: &ServerConfig,
+) -> Result<Option<Arc<narad_auth::Authenticator>>, ServerError> {
+    use narad_auth::store::{ROOT_USER, UserCommand, UserRecord, UserStore, validate_password};
+    use narad_auth::{Authenticator, authn};
+    if !cfg.security_enabled {
+        tracing::warn!(
+            "security is OFF: no authentication, every request is allowed (development mode)"
+        );
+        return Ok(None);
+    }
+    std::fs::create_dir_all(&cfg.data_dir)?;
+    let store =
+        Arc::new(UserStore::open(&cfg.data_dir).map_err(|e| ServerError::Security(e.to_string()))?);
+    if store.get(ROOT_USER).is_none() {
+        let given = std::env::var("NARAD_ADMIN_PASSWORD")
+            .ok()
+            .filter(|p| !p.is_empty());
+        let generated = given.is_none();
+        let password = given.unwrap_or_else(authn::random_password);
+        validate_password(&password)
+            .map_err(|e| ServerError::Security(format!("NARAD_ADMIN_PASSWORD: {e}")))?;
+        let hash = tokio::task::spawn_blocking(move || (authn::hash_password(&password), password))
+            .await
+            .map_err(|e| ServerError::Security(e.to_string()))?;
+        let now = SystemClock.now_ms();
+        store
+            .apply(UserCommand::Create {
+                user: UserRecord {
+                    username: ROOT_USER.into(),
+                    password_hash: hash.0,
+                    root: true,
+                    grants: Vec::new(),
+                    created_at_ms: now,
+                    updated_at_ms: now,
+                },
+            })
+            .map_err(|e| ServerError::Security(e.to_string()))?;
+        if generated {
+            eprintln!(
+                "narad: created the root user '{ROOT_USER}' with password: {}\nnarad: it is shown only this once; change it with `narad user passwd {ROOT_USER}`",
+                hash.1
+            );
+            tracing::warn!(
+                user = ROOT_USER,
+                "root user created with a generated password (printed once on stderr)"
+            );
+        } else {
+            tracing::info!(
+                user = ROOT_USER,
+                "root user created with the password from NARAD_ADMIN_PASSWORD"
+            );
+        }
+    }
+    let auth = tokio::task::spawn_blocking(move || Authenticator::new(store))
+        .await
+        .map_err(|e| ServerError::Security(e.to_string()))?;
+    tracing::info!("security is on: HTTP Basic authentication, per-topic grants");
+    Ok(Some(Arc::new(auth)))
 }
 
 /// A node with an empty data directory rebuilds its topics from the archive before it reports
@@ -73,6 +138,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let metrics = Arc::new(Metrics::new());
+    let stopping_signal = tokio_util::sync::CancellationToken::new();
     let archive = config
         .archive_settings()
         .map(|s| Archive::open(&s))
@@ -81,6 +147,13 @@ pub async fn run(
     if archive.is_some() {
         metrics.register_with(|r| tiering_metrics.register(r));
     }
+    let auth = open_security(&config).await?;
+    let metrics_listener = match config.metrics_addr.trim() {
+        "" => None,
+        a => Some(TcpListener::bind(a).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on metrics_addr {a}: {e}"))
+        })?),
+    };
     let state = Arc::new(AppState {
         cfg: config.clone(),
         broker: std::sync::OnceLock::new(),
@@ -90,7 +163,19 @@ pub async fn run(
         archive: archive
             .clone()
             .map(|a| Arc::new(narad_replay::ArchiveReader::new(a))),
+        auth,
+        schemas: crate::schema::SchemaCache::default(),
     });
+    if let Some(l) = metrics_listener {
+        tracing::info!(addr = %l.local_addr()?, "metrics listener (no authentication)");
+        let serve = axum::serve(l, http::metrics_router(state.clone()))
+            .with_graceful_shutdown(stopping_signal.clone().cancelled_owned());
+        tokio::spawn(async move {
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "metrics listener failed");
+            }
+        });
+    }
     let addr = listener.local_addr()?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "narad listening; recovering data");
 
@@ -101,7 +186,7 @@ pub async fn run(
         metrics.core.clone(),
     );
     let (broker_tx, broker_rx) = tokio::sync::oneshot::channel();
-    let stopping = tokio_util::sync::CancellationToken::new();
+    let stopping = stopping_signal;
     let opener = {
         let (state, stopping, config) = (state.clone(), stopping.clone(), config.clone());
         tokio::spawn(async move {

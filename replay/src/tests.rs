@@ -49,6 +49,7 @@ async fn fill(b: &Arc<Broker>, n: usize) -> Vec<(u32, u64, Bytes)> {
             retention_bytes: Some(1),
             ..TopicPatch::default()
         },
+        ..CreateTopic::default()
     })
     .await
     .unwrap();

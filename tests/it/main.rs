@@ -9,4 +9,5 @@ mod fanout;
 mod lifecycle;
 mod openapi;
 mod queue;
+mod security;
 mod support;

@@ -73,6 +73,8 @@ fn router_serves_every_listed_route() {
             shutting_down: Default::default(),
             metrics: std::sync::Arc::new(narad_infra::metrics::Metrics::new()),
             archive: None,
+            auth: None,
+            schemas: Default::default(),
         });
         let app = narad_infra::http::router(state);
         for (m, p) in narad_infra::http::ROUTES {

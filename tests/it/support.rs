@@ -14,6 +14,9 @@ pub struct Server {
     pub base: String,
     pub data_dir: PathBuf,
     env: Vec<(String, String)>,
+    /// `server start` arguments before the common ones (`--dev` unless secure).
+    mode: Vec<&'static str>,
+    scheme: &'static str,
     pub http: reqwest::Client,
 }
 
@@ -24,6 +27,22 @@ impl Server {
     }
 
     pub async fn start_with(dir: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_opts(dir, true, env, None).await
+    }
+
+    /// Starts a production-mode server (security on; `NARAD_ADMIN_PASSWORD` in `env` seeds
+    /// the root user). With `tls_ca`, the server is expected to speak HTTPS with a certificate
+    /// signed by that PEM CA (its files are given through `env`).
+    pub async fn start_opts(
+        dir: &Path,
+        dev: bool,
+        env: &[(&str, &str)],
+        tls_ca: Option<&[u8]>,
+    ) -> Self {
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        if let Some(pem) = tls_ca {
+            http = http.add_root_certificate(reqwest::Certificate::from_pem(pem).unwrap());
+        }
         let mut s = Self {
             child: None,
             base: String::new(),
@@ -32,10 +51,9 @@ impl Server {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap(),
+            mode: if dev { vec!["--dev"] } else { vec![] },
+            scheme: if tls_ca.is_some() { "https" } else { "http" },
+            http: http.build().unwrap(),
         };
         s.launch().await;
         s
@@ -50,7 +68,9 @@ impl Server {
             .open(self.data_dir.with_extension("log"))
             .unwrap();
         let mut cmd = Command::new(BIN);
-        cmd.args(["server", "start", "--dev", "--port", "0", "--data-dir"])
+        cmd.args(["server", "start"])
+            .args(&self.mode)
+            .args(["--port", "0", "--data-dir"])
             .arg(&self.data_dir)
             .arg("--addr-file")
             .arg(&addr_file)
@@ -73,7 +93,7 @@ impl Server {
             assert!(Instant::now() < deadline, "narad did not bind in time");
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        self.base = format!("http://{addr}");
+        self.base = format!("{}://{addr}", self.scheme);
         loop {
             if let Ok(r) = self.http.get(self.url("/readyz")).send().await
                 && r.status() == StatusCode::OK

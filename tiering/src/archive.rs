@@ -288,4 +288,10 @@ pub struct TopicManifest {
     pub topic_id: u64,
     pub created_at_ms: i64,
     pub config: TopicConfig,
+    /// The creating user (security on), restored with the topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The topic's JSON Schema versions, restored with the topic.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schemas: Vec<narad_core::broker::SchemaVersion>,
 }

@@ -269,6 +269,8 @@ impl Tierer {
             topic_id: meta.id,
             created_at_ms: meta.created_at_ms,
             config: meta.config.clone(),
+            owner: meta.owner.clone(),
+            schemas: meta.schemas.clone(),
         };
         let saved = self.topics_saved.lock().await.get(topic).cloned();
         if saved.as_ref() != Some(&wanted) {
@@ -535,6 +537,8 @@ pub async fn restore(
             created_at_ms: t.created_at_ms,
             config: t.config.clone(),
             parent: None,
+            owner: t.owner.clone(),
+            schemas: t.schemas.clone(),
         };
         match broker.restore_topic(meta, &starts).await {
             Ok(()) => {}

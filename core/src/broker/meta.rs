@@ -1,7 +1,6 @@
 //! Topic metadata on disk: `<data_dir>/topics.json`, replaced atomically (temp file, fsync,
 //! rename, fsync of the directory) on every create, change and delete.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +22,21 @@ pub struct TopicMeta {
     /// Set when this topic is a fan-out child.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<super::fanout::ParentLink>,
+    /// The user who created the topic (with security on); it may alter and delete it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// JSON Schema versions, oldest first; produce validates against the last one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schemas: Vec<SchemaVersion>,
+}
+
+/// One version of a topic's JSON Schema. Versions only grow; each is kept.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaVersion {
+    pub version: u32,
+    pub created_at_ms: i64,
+    pub schema: serde_json::Value,
 }
 
 impl TopicMeta {
@@ -72,22 +86,10 @@ pub fn load(data_dir: &Path) -> Result<Vec<TopicMeta>, MetaError> {
 
 pub fn store(data_dir: &Path, topics: Vec<TopicMeta>) -> Result<(), MetaError> {
     let path = data_dir.join(META_FILE);
-    let tmp = data_dir.join(format!("{META_FILE}.tmp"));
-    let io = |p: &Path| {
-        let p = p.to_owned();
-        move |source| MetaError::Io { path: p, source }
-    };
     let body = serde_json::to_vec_pretty(&MetaFile {
         version: META_VERSION,
         topics,
     })
     .expect("metadata serialises");
-    let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(&body).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    std::fs::File::open(data_dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(data_dir))
+    crate::fsutil::write_file_atomic(&path, &body).map_err(|source| MetaError::Io { path, source })
 }

@@ -34,7 +34,7 @@ use crate::topic::{
     CreateTopic, InvalidField, MAX_DELAY_MS, TopicConfig, TopicPatch, partition_for_key,
 };
 pub use fanout::{ChildInfo, MAX_CHILDREN, ParentLink};
-pub use meta::TopicMeta;
+pub use meta::{SchemaVersion, TopicMeta};
 use partition::{LogEnv, Partition};
 use waiters::{Waiter, Waiters};
 
@@ -113,6 +113,9 @@ pub enum BrokerError {
     FanoutInvalid(String),
     #[error("{0}")]
     FanoutNotChild(String),
+    /// A new schema version breaks the additive-only evolution rule.
+    #[error("{0}")]
+    SchemaIncompatible(String),
     #[error("storage failure: {0}")]
     Storage(LogError),
     #[error("metadata failure: {0}")]
@@ -411,6 +414,17 @@ impl Broker {
             created_at_ms: self.clock.now_ms(),
             config,
             parent: None,
+            owner: req.owner.clone(),
+            schemas: req
+                .schema
+                .clone()
+                .map(|schema| SchemaVersion {
+                    version: 1,
+                    created_at_ms: self.clock.now_ms(),
+                    schema,
+                })
+                .into_iter()
+                .collect(),
         };
         self.install_topic(&meta).await?;
         tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
@@ -602,6 +616,34 @@ impl Broker {
         // New capacity or partitions may make messages deliverable to waiting readers.
         self.dispatch(&topic).await;
         topic.timer.notify_one();
+        Ok(topic.meta.read().clone())
+    }
+
+    /// Appends a JSON Schema version to a topic. `check` sees the versions so far and refuses
+    /// an incompatible one; it runs under the metadata lock, so two concurrent changes cannot
+    /// both pass against the same latest version.
+    pub async fn add_schema_version(
+        &self,
+        name: &str,
+        schema: serde_json::Value,
+        check: impl FnOnce(&[SchemaVersion]) -> Result<(), String>,
+    ) -> Result<TopicMeta, BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let topic = self.topic(name)?;
+        let old = topic.meta.read().schemas.clone();
+        check(&old).map_err(BrokerError::SchemaIncompatible)?;
+        let version = old.last().map_or(1, |v| v.version + 1);
+        topic.meta.write().schemas.push(SchemaVersion {
+            version,
+            created_at_ms: self.clock.now_ms(),
+            schema,
+        });
+        if let Err(e) = self.store_meta(None).await {
+            topic.meta.write().schemas = old;
+            return Err(e);
+        }
+        tracing::info!(topic = %name, version, "topic schema changed");
         Ok(topic.meta.read().clone())
     }
 
@@ -1315,6 +1357,15 @@ impl Broker {
     /// A topic's metadata (incarnation id, settings).
     pub fn topic_meta(&self, name: &str) -> Result<TopicMeta, BrokerError> {
         Ok(self.topic(name)?.meta.read().clone())
+    }
+
+    /// Reads a topic's metadata in place (no copy), for hot paths.
+    pub fn with_topic_meta<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&TopicMeta) -> R,
+    ) -> Result<R, BrokerError> {
+        Ok(f(&self.topic(name)?.meta.read()))
     }
 
     fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition>, BrokerError> {

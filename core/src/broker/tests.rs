@@ -24,6 +24,7 @@ fn create(name: &str, partitions: u32) -> CreateTopic {
             partitions: Some(partitions),
             ..Default::default()
         },
+        ..Default::default()
     }
 }
 

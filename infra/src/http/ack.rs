@@ -36,10 +36,12 @@ struct BatchAck {
 
 pub async fn ack(
     State(state): State<SharedState>,
+    axum::Extension(caller): axum::Extension<super::access::Caller>,
     Path(topic): Path<String>,
     uri: Uri,
     body: Body,
 ) -> ApiResult {
+    caller.require(narad_auth::Action::Consume, &topic)?;
     let q = Query::parse(uri.query(), &["receipt_handle", "extend"])?;
     let broker = state.broker()?.clone();
     let body = read_body(body, MAX_JSON_BODY).await?;

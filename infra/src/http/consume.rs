@@ -25,9 +25,11 @@ pub const WAIT_CLAMPED_HEADER: &str = "x-narad-wait-clamped";
 
 pub async fn consume(
     State(state): State<SharedState>,
+    axum::Extension(caller): axum::Extension<super::access::Caller>,
     Path(topic): Path<String>,
     uri: Uri,
 ) -> ApiResult {
+    caller.require(narad_auth::Action::Consume, &topic)?;
     let q = Query::parse(
         uri.query(),
         &["wait", "max", "partition", "offset", "from_time"],

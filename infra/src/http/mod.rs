@@ -3,12 +3,14 @@
 //! Every error is JSON `{"error": "...", "code": "snake_case"}`; client mistakes are 4xx.
 //! Status codes are decided in one place: [`ApiError::from`] over [`BrokerError`].
 
+pub mod access;
 mod ack;
 mod consume;
 mod produce;
 pub mod query;
 mod render;
 mod topics;
+mod users;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +22,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use narad_core::broker::{Broker, BrokerError};
 use narad_core::log::LogError;
 use serde::Serialize;
@@ -39,6 +41,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Reads history below the oldest local offset from the archive, when one is configured.
     pub archive: Option<Arc<narad_replay::ArchiveReader>>,
+    /// Users and credential checks; `None` when security is off.
+    pub auth: Option<Arc<narad_auth::Authenticator>>,
+    /// Compiled JSON Schemas of topics, by topic incarnation and version.
+    pub schemas: crate::schema::SchemaCache,
 }
 
 impl AppState {
@@ -142,6 +148,7 @@ impl From<BrokerError> for ApiError {
             }
             BrokerError::FanoutInvalid(_) => Self::bad_request("invalid_child", msg),
             BrokerError::FanoutNotChild(_) => Self::new(StatusCode::NOT_FOUND, "not_a_child", msg),
+            BrokerError::SchemaIncompatible(_) => Self::bad_request("schema_incompatible", msg),
             BrokerError::Storage(ref inner) => {
                 tracing::error!(error = %msg, "storage failure");
                 match inner {
@@ -242,6 +249,13 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/topics/{topic}/children"),
     ("GET", "/v1/topics/{topic}/children"),
     ("DELETE", "/v1/topics/{topic}/children/{child}"),
+    ("GET", "/v1/topics/{topic}/schema"),
+    ("POST", "/v1/users"),
+    ("GET", "/v1/users"),
+    ("GET", "/v1/users/{username}"),
+    ("DELETE", "/v1/users/{username}"),
+    ("PUT", "/v1/users/{username}/grants"),
+    ("PUT", "/v1/users/{username}/password"),
 ];
 
 pub fn router(state: SharedState) -> Router {
@@ -266,8 +280,20 @@ pub fn router(state: SharedState) -> Router {
             "/v1/topics/{topic}/children/{child}",
             axum::routing::delete(topics::detach),
         )
+        .route("/v1/topics/{topic}/schema", get(topics::schema))
+        .route("/v1/users", post(users::create).get(users::list))
+        .route(
+            "/v1/users/{username}",
+            get(users::get).delete(users::delete),
+        )
+        .route("/v1/users/{username}/grants", put(users::set_grants))
+        .route("/v1/users/{username}/password", put(users::set_password))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::authenticate,
+        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
@@ -328,7 +354,26 @@ async fn readyz(State(state): State<SharedState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<SharedState>) -> Response {
+async fn metrics(
+    State(state): State<SharedState>,
+    axum::Extension(caller): axum::Extension<access::Caller>,
+) -> ApiResult {
+    caller.require_admin()?;
+    Ok(metrics_text(&state))
+}
+
+/// `/metrics` on the separate metrics listener: no authentication (see `metrics_addr`).
+pub fn metrics_router(state: SharedState) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(state): State<SharedState>| async move { metrics_text(&state) }),
+        )
+        .fallback(not_found)
+        .with_state(state)
+}
+
+fn metrics_text(state: &AppState) -> Response {
     let text = state.metrics.render(state.broker.get().map(Arc::as_ref));
     let mut resp = (StatusCode::OK, text).into_response();
     resp.headers_mut().insert(

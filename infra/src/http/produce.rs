@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::io::Read;
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
@@ -16,6 +17,7 @@ use narad_core::topic::MAX_MESSAGE_BYTES_LIMIT;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::access::Caller;
 use super::query::Query;
 use super::{
     ApiError, ApiResult, SharedState, json_response, json_text_response, parse_json_borrowed,
@@ -62,6 +64,47 @@ fn check_headers(h: &[(String, Bytes)], at: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Validates every payload against the topic's latest JSON Schema, if it has one; the whole
+/// request is refused (400 naming the message and the violation) before anything is written.
+fn check_schema(
+    state: &SharedState,
+    broker: &narad_core::broker::Broker,
+    topic: &str,
+    msgs: &[ProduceMessage],
+) -> Result<(), ApiError> {
+    let Some(compiled) = broker.with_topic_meta(topic, |m| state.schemas.latest(m))? else {
+        return Ok(());
+    };
+    let compiled = compiled.map_err(|e| {
+        tracing::error!(topic, error = %e, "a stored topic schema does not compile");
+        ApiError::unavailable(
+            "schema_unavailable",
+            format!("the topic's schema cannot be used: {e}"),
+        )
+    })?;
+    for (i, m) in msgs.iter().enumerate() {
+        if let Err(e) = compiled.check(&m.payload) {
+            state
+                .metrics
+                .schema_rejected
+                .get_or_create(&crate::metrics::SchemaLabels {
+                    topic: topic.to_owned(),
+                })
+                .inc();
+            let at = if msgs.len() > 1 {
+                format!("message {i}: ")
+            } else {
+                String::new()
+            };
+            return Err(ApiError::bad_request(
+                "schema_violation",
+                format!("{at}{e}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A delay from the wire; anything above `i64::MAX` is out of range anyway (the broker caps
 /// delays at 15 minutes and says so).
 fn delay(v: Option<u64>) -> Option<i64> {
@@ -70,11 +113,13 @@ fn delay(v: Option<u64>) -> Option<i64> {
 
 pub async fn single(
     State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
     Path(topic): Path<String>,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    caller.require(narad_auth::Action::Produce, &topic)?;
     let q = Query::parse(uri.query(), &["key", "partition", "delay_ms"])?;
     let broker = state.broker()?.clone();
     let payload = read_body(body, MAX_MESSAGE_BYTES_LIMIT as usize).await?;
@@ -102,6 +147,7 @@ pub async fn single(
         headers: msg_headers,
         payload,
     };
+    check_schema(&state, &broker, &topic, std::slice::from_ref(&msg))?;
     let r = broker.produce(&topic, vec![msg]).await?;
     Ok(json_response(
         StatusCode::ACCEPTED,
@@ -250,11 +296,13 @@ fn message(i: usize, m: BatchMessage<'_>, body: &Bytes) -> Result<ProduceMessage
 
 pub async fn batch(
     State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
     Path(topic): Path<String>,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
+    caller.require(narad_auth::Action::Produce, &topic)?;
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
     let limit = state.cfg.max_batch_bytes;
@@ -294,6 +342,7 @@ pub async fn batch(
         .enumerate()
         .map(|(i, m)| message(i, m, &body))
         .collect::<Result<Vec<_>, _>>()?;
+    check_schema(&state, &broker, &topic, &msgs)?;
     let results = broker.produce(&topic, msgs).await?;
     // written by hand: one allocation instead of a JSON map per message
     let mut out = String::with_capacity(32 + results.len() * 32);

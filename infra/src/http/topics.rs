@@ -1,14 +1,17 @@
 //! Topic administration: create, list, get (with partition stats), alter, delete.
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
+use narad_auth::Action;
 use narad_core::broker::{TopicInfo, TopicMeta};
 use narad_core::topic::{CreateTopic, TopicConfig, TopicPatch};
 use object_store::ObjectStoreExt as _;
 use serde::Serialize;
 
+use super::access::Caller;
 use super::query::Query;
 use super::{
     ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
@@ -26,6 +29,11 @@ pub struct TopicJson<'a> {
     parent: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     fanout_delay_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<&'a str>,
+    /// Latest JSON Schema version, when the topic has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schema_version: Option<u32>,
 }
 
 pub fn topic_json(m: &TopicMeta) -> TopicJson<'_> {
@@ -36,6 +44,8 @@ pub fn topic_json(m: &TopicMeta) -> TopicJson<'_> {
         config: &m.config,
         parent: m.parent.as_ref().map(|l| l.parent.as_str()),
         fanout_delay_ms: m.parent.as_ref().map(|l| l.delay_ms),
+        owner: m.owner.as_deref(),
+        schema_version: m.schemas.last().map(|v| v.version),
     }
 }
 
@@ -65,14 +75,18 @@ fn from_earliest(from: Option<&str>) -> Result<bool, ApiError> {
 /// `POST /v1/topics/{parent}/children`: attach an existing topic as a child.
 pub async fn attach(
     State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
     Path(parent): Path<String>,
     uri: Uri,
     body: Body,
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
+    caller.manage_topic(&broker, &parent)?;
     let body = read_body(body, MAX_JSON_BODY).await?;
     let a: AttachBody = parse_json(&body)?;
+    // both ends: attaching someone else's topic would change what it receives
+    caller.manage_topic(&broker, &a.child)?;
     let earliest = from_earliest(a.from.as_deref())?;
     broker
         .attach_child(&parent, &a.child, a.delay_ms, earliest)
@@ -92,21 +106,25 @@ fn children_response(state: &SharedState, parent: &str) -> ApiResult {
 /// `GET /v1/topics/{parent}/children`: children with their lag.
 pub async fn children(
     State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
     Path(parent): Path<String>,
     uri: Uri,
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
+    caller.see_topic(state.broker()?, &parent)?;
     children_response(&state, &parent)
 }
 
 /// `DELETE /v1/topics/{parent}/children/{child}`: detach; the child keeps its data.
 pub async fn detach(
     State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
     Path((parent, child)): Path<(String, String)>,
     uri: Uri,
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
+    caller.manage_topic(&broker, &parent)?;
     broker.detach_child(&parent, &child).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -135,7 +153,12 @@ struct TopicDetailsJson<'a> {
     partition_stats: Vec<PartitionStatsJson>,
 }
 
-pub async fn create(State(state): State<SharedState>, uri: Uri, body: Body) -> ApiResult {
+pub async fn create(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
     let body = read_body(body, MAX_JSON_BODY).await?;
@@ -151,6 +174,10 @@ pub async fn create(State(state): State<SharedState>, uri: Uri, body: Body) -> A
         }
         None => return Err(ApiError::bad_request("invalid_field", "name: is required")),
     };
+    narad_core::topic::validate_name(&name)
+        .map_err(|e| ApiError::bad_request("invalid_field", e.to_string()))?;
+    caller.require(Action::Create, &name)?;
+    let schema = take_schema(&mut fields)?;
     // `parent` (+ `fanout_delay_ms`, `from`): create and attach in one step
     let parent = match fields.remove("parent") {
         None | Some(serde_json::Value::Null) => None,
@@ -194,12 +221,14 @@ pub async fn create(State(state): State<SharedState>, uri: Uri, body: Body) -> A
                 "a topic cannot be its own parent",
             ));
         }
-        broker.topic_meta(p)?; // 404 before anything is created
+        caller.manage_topic(&broker, p)?; // 403/404 before anything is created
     }
     let meta = broker
         .create_topic(CreateTopic {
             name: name.clone(),
             settings,
+            owner: caller.username().map(str::to_owned),
+            schema,
         })
         .await?;
     let Some(p) = parent else {
@@ -219,7 +248,11 @@ pub async fn create(State(state): State<SharedState>, uri: Uri, body: Body) -> A
     Ok(json_response(StatusCode::CREATED, &topic_json(&meta)))
 }
 
-pub async fn list(State(state): State<SharedState>, uri: Uri) -> ApiResult {
+pub async fn list(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> ApiResult {
     let q = Query::parse(uri.query(), &["limit", "page_token"])?;
     let broker = state.broker()?;
     let limit = match q.u64("limit")? {
@@ -232,14 +265,32 @@ pub async fn list(State(state): State<SharedState>, uri: Uri) -> ApiResult {
         }
         Some(n) => n.min(1000) as usize,
     };
-    let after = q.str("page_token").filter(|t| !t.is_empty());
-    let (topics, more) = broker.list_topics(after, limit);
-    let next = if more {
-        topics.last().map(|t| t.name.clone()).unwrap_or_default()
-    } else {
-        String::new()
-    };
-    let items: Vec<_> = topics.iter().map(topic_json).collect();
+    let mut cursor = q
+        .str("page_token")
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned);
+    // only topics the caller may use: read on until the page is full or the list ends
+    let mut visible: Vec<TopicMeta> = Vec::new();
+    let mut next = String::new();
+    'pages: loop {
+        let (page, more) = broker.list_topics(cursor.as_deref(), limit);
+        for t in page {
+            cursor = Some(t.name.clone());
+            if !caller.may_see(&t) {
+                continue;
+            }
+            if visible.len() == limit {
+                // one more visible topic exists: the page ends here
+                next = visible.last().map(|v| v.name.clone()).unwrap_or_default();
+                break 'pages;
+            }
+            visible.push(t);
+        }
+        if !more {
+            break;
+        }
+    }
+    let items: Vec<_> = visible.iter().map(topic_json).collect();
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({"topics": items, "next_page_token": next}),
@@ -248,11 +299,13 @@ pub async fn list(State(state): State<SharedState>, uri: Uri) -> ApiResult {
 
 pub async fn get(
     State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
     Path(topic): Path<String>,
     uri: Uri,
 ) -> ApiResult {
     let q = Query::parse(uri.query(), &["partition"])?;
     let broker = state.broker()?;
+    caller.see_topic(broker, &topic)?;
     let info: TopicInfo = broker.topic_info(&topic)?;
     let only = q.u32("partition")?;
     if let Some(p) = only
@@ -296,25 +349,98 @@ pub async fn get(
 
 pub async fn alter(
     State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
     Path(topic): Path<String>,
     uri: Uri,
     body: Body,
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
+    let current = caller.manage_topic(&broker, &topic)?;
     let body = read_body(body, MAX_JSON_BODY).await?;
-    let patch: TopicPatch = parse_json(&body)?;
-    let meta = broker.alter_topic(&topic, patch).await?;
+    let mut fields: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
+    let schema = take_schema(&mut fields)?;
+    if let Some(s) = &schema {
+        // refused before any setting changes; checked again under the metadata lock
+        crate::schema::check_evolution(&current.schemas, s)
+            .map_err(|e| ApiError::bad_request("schema_incompatible", e))?;
+    }
+    let mut meta = current;
+    if !fields.is_empty() || schema.is_none() {
+        let patch: TopicPatch =
+            serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| {
+                ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}"))
+            })?;
+        meta = broker.alter_topic(&topic, patch).await?;
+    }
+    if let Some(s) = schema {
+        let unchanged = meta.schemas.last().is_some_and(|v| v.schema == s);
+        if !unchanged {
+            meta = broker
+                .add_schema_version(&topic, s.clone(), |old| {
+                    crate::schema::check_evolution(old, &s)
+                })
+                .await?;
+        }
+    }
     Ok(json_response(StatusCode::OK, &topic_json(&meta)))
+}
+
+/// Takes `schema` out of a create or change body and checks that it compiles.
+fn take_schema(
+    fields: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<Option<serde_json::Value>, ApiError> {
+    match fields.remove("schema") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(s) => {
+            crate::schema::compile(&s).map_err(|e| ApiError::bad_request("invalid_schema", e))?;
+            Ok(Some(s))
+        }
+    }
+}
+
+/// `GET /v1/topics/{topic}/schema`: every version, oldest first (`?version=N` for one).
+pub async fn schema(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(topic): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    let q = Query::parse(uri.query(), &["version"])?;
+    let meta = caller.see_topic(state.broker()?, &topic)?;
+    if let Some(v) = q.u32("version")? {
+        let found = meta
+            .schemas
+            .iter()
+            .find(|s| s.version == v)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "schema_version_not_found",
+                    format!("topic '{topic}' has no schema version {v}"),
+                )
+            })?;
+        return Ok(json_response(StatusCode::OK, found));
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "topic": topic,
+            "latest": meta.schemas.last().map(|v| v.version),
+            "versions": meta.schemas,
+        }),
+    ))
 }
 
 pub async fn delete(
     State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
     Path(topic): Path<String>,
     uri: Uri,
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
+    caller.manage_topic(&broker, &topic)?;
     broker.delete_topic(&topic).await?;
     if let Some(reader) = &state.archive {
         // A node restored from the archive must not bring the topic back. Its objects stay

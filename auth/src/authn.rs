@@ -1,0 +1,355 @@
+//! HTTP Basic authentication against argon2id hashes.
+//!
+//! An argon2 verification costs tens of milliseconds of CPU by design, far more than a
+//! produce. Credentials that verified once are remembered as an HMAC-SHA256 of
+//! `username \0 password` under a random per-process key, next to the hash they verified
+//! against: a later request with the same credentials costs one HMAC, and a password change
+//! (new hash) or a restart (new key) invalidates the entry. The cache never holds a password.
+//!
+//! Failed logins are throttled per username: after [`FREE_FAILURES`] consecutive failures
+//! each further failure blocks the name for twice as long (1 s, 2 s, 4 s, ... up to
+//! [`MAX_BLOCK`]), during which even the right password is answered "throttled".
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use parking_lot::Mutex;
+use sha2::Sha256;
+
+use crate::store::{MAX_PASSWORD_LEN, UserRecord, UserStore};
+
+/// Consecutive failures allowed before a username is blocked.
+pub const FREE_FAILURES: u32 = 5;
+/// Longest block after repeated failures.
+pub const MAX_BLOCK: Duration = Duration::from_secs(60);
+/// Remembered credentials; beyond this the cache starts over.
+const CACHE_CAPACITY: usize = 10_000;
+/// Tracked usernames with failures; beyond this, entries idle for [`FORGET_AFTER`] go.
+const THROTTLE_CAPACITY: usize = 100_000;
+const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("authentication required: send HTTP Basic credentials")]
+    Missing,
+    #[error("malformed Authorization header: {0}")]
+    Malformed(&'static str),
+    #[error("invalid username or password")]
+    BadCredentials,
+    #[error("too many failed logins for this user; retry in {retry_after_secs} s")]
+    Throttled { retry_after_secs: u64 },
+}
+
+struct Cached {
+    mac: [u8; 32],
+    /// The hash the credentials verified against; a changed password no longer matches.
+    password_hash: String,
+}
+
+struct Failures {
+    count: u32,
+    blocked_until: Option<Instant>,
+    last: Instant,
+}
+
+pub struct Authenticator {
+    store: Arc<UserStore>,
+    key: [u8; 32],
+    cache: Mutex<HashMap<String, Cached>>,
+    failures: Mutex<HashMap<String, Failures>>,
+    /// Verified against for unknown usernames, so they cost the same as known ones.
+    dummy_hash: String,
+    /// Bounds concurrent argon2 computations to the cores there are.
+    hashing: tokio::sync::Semaphore,
+}
+
+/// Hashes a password with argon2id (default parameters: 19 MiB, 2 passes). Blocking: call it
+/// from a blocking thread.
+pub fn hash_password(password: &str) -> String {
+    let mut salt = [0u8; 16];
+    getrandom::fill(&mut salt).expect("the OS random source works");
+    let salt = SaltString::encode_b64(&salt).expect("16 bytes is a valid salt");
+    argon2::Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .expect("argon2 with default parameters hashes any password")
+        .to_string()
+}
+
+fn verify_hash(password: &str, hash: &str) -> bool {
+    match PasswordHash::new(hash) {
+        Ok(h) => argon2::Argon2::default()
+            .verify_password(password.as_bytes(), &h)
+            .is_ok(),
+        Err(e) => {
+            tracing::error!(error = %e, "a stored password hash is unreadable");
+            false
+        }
+    }
+}
+
+/// A random password for the seeded root user: 24 characters of URL-safe base64.
+pub fn random_password() -> String {
+    let mut b = [0u8; 18];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+/// Splits an `Authorization: Basic ...` value into username and password.
+pub fn parse_basic(header: &[u8]) -> Result<(String, String), AuthError> {
+    let text = std::str::from_utf8(header).map_err(|_| AuthError::Malformed("not UTF-8"))?;
+    let (scheme, rest) = text
+        .trim()
+        .split_once(' ')
+        .ok_or(AuthError::Malformed("expected 'Basic <base64>'"))?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(AuthError::Malformed("only the Basic scheme is supported"));
+    }
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .map_err(|_| AuthError::Malformed("credentials are not valid base64"))?;
+    let raw =
+        String::from_utf8(raw).map_err(|_| AuthError::Malformed("credentials are not UTF-8"))?;
+    let (user, pass) = raw.split_once(':').ok_or(AuthError::Malformed(
+        "credentials must be 'username:password'",
+    ))?;
+    Ok((user.to_owned(), pass.to_owned()))
+}
+
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Authenticator {
+    pub fn new(store: Arc<UserStore>) -> Self {
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).expect("the OS random source works");
+        let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self {
+            store,
+            key,
+            cache: Mutex::default(),
+            failures: Mutex::default(),
+            dummy_hash: hash_password(&random_password()),
+            hashing: tokio::sync::Semaphore::new(permits),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<UserStore> {
+        &self.store
+    }
+
+    fn mac(&self, user: &str, password: &str) -> [u8; 32] {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
+        m.update(user.as_bytes());
+        m.update(&[0]);
+        m.update(password.as_bytes());
+        m.finalize().into_bytes().into()
+    }
+
+    /// Checks an `Authorization` header value; returns the user as stored now.
+    pub async fn authenticate(&self, header: Option<&[u8]>) -> Result<Arc<UserRecord>, AuthError> {
+        let (user, password) = parse_basic(header.ok_or(AuthError::Missing)?)?;
+        self.check(&user, &password).await
+    }
+
+    /// Checks a username and password.
+    pub async fn check(&self, user: &str, password: &str) -> Result<Arc<UserRecord>, AuthError> {
+        self.throttled(user, Instant::now())?;
+        let record = self.store.get(user);
+        let mac = self.mac(user, password);
+        if let Some(r) = &record
+            && let Some(c) = self.cache.lock().get(user)
+            && c.password_hash == r.password_hash
+            && ct_eq(&c.mac, &mac)
+        {
+            return Ok(r.clone());
+        }
+        let ok = if password.len() > MAX_PASSWORD_LEN {
+            false
+        } else {
+            let hash = record
+                .as_ref()
+                .map_or_else(|| self.dummy_hash.clone(), |r| r.password_hash.clone());
+            let _permit = self.hashing.acquire().await.expect("never closed");
+            let pw = password.to_owned();
+            let verified = tokio::task::spawn_blocking(move || verify_hash(&pw, &hash))
+                .await
+                .unwrap_or(false);
+            verified && record.is_some()
+        };
+        match record {
+            Some(r) if ok => {
+                self.failures.lock().remove(user);
+                let mut cache = self.cache.lock();
+                if cache.len() >= CACHE_CAPACITY {
+                    cache.clear();
+                }
+                cache.insert(
+                    user.to_owned(),
+                    Cached {
+                        mac,
+                        password_hash: r.password_hash.clone(),
+                    },
+                );
+                Ok(r)
+            }
+            _ => {
+                self.record_failure(user, Instant::now());
+                Err(AuthError::BadCredentials)
+            }
+        }
+    }
+
+    /// Forgets cached credentials of `user` (after a password change or a delete; the hash
+    /// comparison would catch those too, this just frees the entry).
+    pub fn forget(&self, user: &str) {
+        self.cache.lock().remove(user);
+    }
+
+    fn throttled(&self, user: &str, now: Instant) -> Result<(), AuthError> {
+        let f = self.failures.lock();
+        match f.get(user).and_then(|e| e.blocked_until) {
+            Some(until) if until > now => Err(AuthError::Throttled {
+                retry_after_secs: (until - now).as_secs_f64().ceil().max(1.0) as u64,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn record_failure(&self, user: &str, now: Instant) {
+        let mut f = self.failures.lock();
+        if f.len() >= THROTTLE_CAPACITY {
+            f.retain(|_, e| now.duration_since(e.last) < FORGET_AFTER);
+            if f.len() >= THROTTLE_CAPACITY {
+                tracing::warn!("failed-login table full; forgetting the oldest half");
+                let mut lasts: Vec<Instant> = f.values().map(|e| e.last).collect();
+                lasts.sort_unstable();
+                let cut = lasts[lasts.len() / 2];
+                f.retain(|_, e| e.last > cut);
+            }
+        }
+        let e = f.entry(user.to_owned()).or_insert(Failures {
+            count: 0,
+            blocked_until: None,
+            last: now,
+        });
+        if now.duration_since(e.last) >= FORGET_AFTER {
+            e.count = 0;
+        }
+        e.count += 1;
+        e.last = now;
+        if e.count > FREE_FAILURES {
+            let exp = (e.count - FREE_FAILURES - 1).min(16);
+            let block = Duration::from_secs(1u64 << exp).min(MAX_BLOCK);
+            e.blocked_until = Some(now + block);
+            tracing::warn!(user = %user, failures = e.count, block_secs = block.as_secs(), "repeated failed logins; user throttled");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ROOT_USER, UserCommand};
+
+    fn setup() -> (tempfile::TempDir, Authenticator) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(UserStore::open(dir.path()).unwrap());
+        store
+            .apply(UserCommand::Create {
+                user: UserRecord {
+                    username: ROOT_USER.into(),
+                    password_hash: hash_password("correct horse"),
+                    root: true,
+                    grants: vec![],
+                    created_at_ms: 0,
+                    updated_at_ms: 0,
+                },
+            })
+            .unwrap();
+        (dir, Authenticator::new(store))
+    }
+
+    fn basic(user: &str, pass: &str) -> Vec<u8> {
+        let enc = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
+        format!("Basic {enc}").into_bytes()
+    }
+
+    #[tokio::test]
+    async fn verifies_caches_and_follows_password_changes() {
+        let (_d, a) = setup();
+        assert_eq!(a.authenticate(None).await.unwrap_err(), AuthError::Missing);
+        assert!(matches!(
+            a.authenticate(Some(b"Bearer x")).await,
+            Err(AuthError::Malformed(_))
+        ));
+        let ok = basic(ROOT_USER, "correct horse");
+        assert!(a.authenticate(Some(&ok)).await.unwrap().root);
+        assert!(a.cache.lock().contains_key(ROOT_USER));
+        assert_eq!(
+            a.authenticate(Some(&basic(ROOT_USER, "wrong pass"))).await,
+            Err(AuthError::BadCredentials)
+        );
+        assert_eq!(
+            a.authenticate(Some(&basic("nobody", "whatever1"))).await,
+            Err(AuthError::BadCredentials)
+        );
+        // a new password: the cached old one stops working at once
+        a.store
+            .apply(UserCommand::SetPassword {
+                username: ROOT_USER.into(),
+                password_hash: hash_password("battery staple"),
+                at_ms: 1,
+            })
+            .unwrap();
+        assert_eq!(
+            a.authenticate(Some(&ok)).await,
+            Err(AuthError::BadCredentials)
+        );
+        assert!(
+            a.authenticate(Some(&basic(ROOT_USER, "battery staple")))
+                .await
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn failures_block_with_growing_backoff_and_success_resets() {
+        let (_d, a) = setup();
+        let t0 = Instant::now();
+        for _ in 0..FREE_FAILURES {
+            a.record_failure("u", t0);
+        }
+        assert!(a.throttled("u", t0).is_ok());
+        a.record_failure("u", t0);
+        assert_eq!(
+            a.throttled("u", t0),
+            Err(AuthError::Throttled {
+                retry_after_secs: 1
+            })
+        );
+        assert!(a.throttled("u", t0 + Duration::from_secs(1)).is_ok());
+        a.record_failure("u", t0 + Duration::from_secs(1));
+        assert_eq!(
+            a.throttled("u", t0 + Duration::from_secs(1)),
+            Err(AuthError::Throttled {
+                retry_after_secs: 2
+            })
+        );
+        for i in 0..40 {
+            a.record_failure("u", t0 + Duration::from_secs(2 + i));
+        }
+        let Err(AuthError::Throttled { retry_after_secs }) =
+            a.throttled("u", t0 + Duration::from_secs(41))
+        else {
+            panic!("still blocked");
+        };
+        assert!(retry_after_secs <= MAX_BLOCK.as_secs());
+        // other names are not affected
+        assert!(a.throttled("v", t0).is_ok());
+    }
+}

@@ -1,0 +1,339 @@
+//! User records, kept in `<data_dir>/users.json` and replaced atomically on every change.
+//!
+//! Changes are [`UserCommand`]s applied by [`UserStore::apply`]. A command holds everything
+//! its effect depends on (hashes are computed before, timestamps are in it), so replicas that
+//! apply the same commands in the same order end with the same users.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+
+use crate::grant::Grant;
+
+pub const USERS_FILE: &str = "users.json";
+const USERS_VERSION: u32 = 1;
+/// The root user's name.
+pub const ROOT_USER: &str = "admin";
+/// Longest username.
+pub const MAX_USERNAME_LEN: usize = 64;
+/// Password length bounds, in bytes. The upper bound keeps hashing cost bounded.
+pub const MIN_PASSWORD_LEN: usize = 8;
+pub const MAX_PASSWORD_LEN: usize = 1024;
+/// Most users a node holds.
+pub const MAX_USERS: usize = 10_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserRecord {
+    pub username: String,
+    /// argon2id PHC string; never leaves the node through the API or the logs.
+    pub password_hash: String,
+    #[serde(default)]
+    pub root: bool,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl UserRecord {
+    pub fn is_admin(&self) -> bool {
+        self.root || crate::grant::is_admin(&self.grants)
+    }
+}
+
+// Hashes are not secrets in the way passwords are, but they are kept out of Debug output
+// anyway: a stray `{:?}` must not put them in a log.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum UserCommand {
+    Create {
+        user: UserRecord,
+    },
+    Delete {
+        username: String,
+    },
+    SetGrants {
+        username: String,
+        grants: Vec<Grant>,
+        at_ms: i64,
+    },
+    SetPassword {
+        username: String,
+        password_hash: String,
+        at_ms: i64,
+    },
+}
+
+impl std::fmt::Debug for UserCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Create { user } => write!(f, "Create({})", user.username),
+            Self::Delete { username } => write!(f, "Delete({username})"),
+            Self::SetGrants { username, .. } => write!(f, "SetGrants({username})"),
+            Self::SetPassword { username, .. } => write!(f, "SetPassword({username})"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("user '{0}' already exists")]
+    Exists(String),
+    #[error("user '{0}' not found")]
+    NotFound(String),
+    #[error("the root user cannot be deleted and its grants cannot change")]
+    Root,
+    #[error("at most {MAX_USERS} users")]
+    Full,
+    #[error("io error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("user file {path} is unreadable: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsersFile {
+    version: u32,
+    users: Vec<UserRecord>,
+}
+
+pub struct UserStore {
+    path: PathBuf,
+    users: RwLock<Arc<BTreeMap<String, Arc<UserRecord>>>>,
+    /// Serialises changes: apply, persist, publish.
+    write: Mutex<()>,
+}
+
+pub fn validate_username(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_USERNAME_LEN {
+        return Err(format!(
+            "username: must be 1 to {MAX_USERNAME_LEN} characters"
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err("username: may contain only A-Z a-z 0-9 . _ -".into());
+    }
+    Ok(())
+}
+
+pub fn validate_password(pw: &str) -> Result<(), String> {
+    if pw.len() < MIN_PASSWORD_LEN || pw.len() > MAX_PASSWORD_LEN {
+        return Err(format!(
+            "password: must be {MIN_PASSWORD_LEN} to {MAX_PASSWORD_LEN} bytes"
+        ));
+    }
+    Ok(())
+}
+
+impl UserStore {
+    /// Loads `<data_dir>/users.json` (no file: no users yet).
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        let path = data_dir.join(USERS_FILE);
+        let users = match std::fs::read(&path) {
+            Ok(bytes) => {
+                let f: UsersFile =
+                    serde_json::from_slice(&bytes).map_err(|e| StoreError::Invalid {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?;
+                if f.version != USERS_VERSION {
+                    return Err(StoreError::Invalid {
+                        path,
+                        reason: format!("unsupported version {}", f.version),
+                    });
+                }
+                f.users
+                    .into_iter()
+                    .map(|u| (u.username.clone(), Arc::new(u)))
+                    .collect()
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(source) => return Err(StoreError::Io { path, source }),
+        };
+        Ok(Self {
+            path,
+            users: RwLock::new(Arc::new(users)),
+            write: Mutex::new(()),
+        })
+    }
+
+    pub fn get(&self, username: &str) -> Option<Arc<UserRecord>> {
+        self.users.read().get(username).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Arc<UserRecord>> {
+        self.users.read().values().cloned().collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.users.read().is_empty()
+    }
+
+    /// Applies `cmd` and persists the result before anyone can read it.
+    pub fn apply(&self, cmd: UserCommand) -> Result<(), StoreError> {
+        let _w = self.write.lock();
+        let mut next = BTreeMap::clone(&self.users.read());
+        apply_to(&mut next, cmd)?;
+        let body = serde_json::to_vec_pretty(&UsersFile {
+            version: USERS_VERSION,
+            users: next.values().map(|u| UserRecord::clone(u)).collect(),
+        })
+        .expect("users serialise");
+        narad_core::fsutil::write_file_atomic(&self.path, &body).map_err(|source| {
+            StoreError::Io {
+                path: self.path.clone(),
+                source,
+            }
+        })?;
+        *self.users.write() = Arc::new(next);
+        Ok(())
+    }
+}
+
+/// The state machine: pure, deterministic.
+fn apply_to(
+    users: &mut BTreeMap<String, Arc<UserRecord>>,
+    cmd: UserCommand,
+) -> Result<(), StoreError> {
+    match cmd {
+        UserCommand::Create { user } => {
+            if users.contains_key(&user.username) {
+                return Err(StoreError::Exists(user.username));
+            }
+            if users.len() >= MAX_USERS {
+                return Err(StoreError::Full);
+            }
+            users.insert(user.username.clone(), Arc::new(user));
+        }
+        UserCommand::Delete { username } => match users.get(&username) {
+            None => return Err(StoreError::NotFound(username)),
+            Some(u) if u.root => return Err(StoreError::Root),
+            Some(_) => {
+                users.remove(&username);
+            }
+        },
+        UserCommand::SetGrants {
+            username,
+            grants,
+            at_ms,
+        } => {
+            let u = users
+                .get_mut(&username)
+                .ok_or_else(|| StoreError::NotFound(username.clone()))?;
+            if u.root {
+                return Err(StoreError::Root);
+            }
+            let u = Arc::make_mut(u);
+            u.grants = grants;
+            u.updated_at_ms = at_ms;
+        }
+        UserCommand::SetPassword {
+            username,
+            password_hash,
+            at_ms,
+        } => {
+            let u = users
+                .get_mut(&username)
+                .ok_or_else(|| StoreError::NotFound(username.clone()))?;
+            let u = Arc::make_mut(u);
+            u.password_hash = password_hash;
+            u.updated_at_ms = at_ms;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grant::Action;
+
+    fn user(name: &str, root: bool) -> UserRecord {
+        UserRecord {
+            username: name.into(),
+            password_hash: format!("hash-of-{name}"),
+            root,
+            grants: vec![],
+            created_at_ms: 1,
+            updated_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn changes_persist_and_root_is_protected() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = UserStore::open(dir.path()).unwrap();
+        assert!(s.is_empty());
+        s.apply(UserCommand::Create {
+            user: user(ROOT_USER, true),
+        })
+        .unwrap();
+        s.apply(UserCommand::Create {
+            user: user("alice", false),
+        })
+        .unwrap();
+        assert!(matches!(
+            s.apply(UserCommand::Create {
+                user: user("alice", false)
+            }),
+            Err(StoreError::Exists(_))
+        ));
+        assert!(matches!(
+            s.apply(UserCommand::Delete {
+                username: ROOT_USER.into()
+            }),
+            Err(StoreError::Root)
+        ));
+        assert!(matches!(
+            s.apply(UserCommand::SetGrants {
+                username: ROOT_USER.into(),
+                grants: vec![],
+                at_ms: 2
+            }),
+            Err(StoreError::Root)
+        ));
+        s.apply(UserCommand::SetGrants {
+            username: "alice".into(),
+            grants: vec![Grant {
+                action: Action::Produce,
+                patterns: vec!["o-*".into()],
+            }],
+            at_ms: 5,
+        })
+        .unwrap();
+        let again = UserStore::open(dir.path()).unwrap();
+        let a = again.get("alice").unwrap();
+        assert_eq!(a.grants.len(), 1);
+        assert_eq!(a.updated_at_ms, 5);
+        assert!(again.get(ROOT_USER).unwrap().root);
+        again
+            .apply(UserCommand::Delete {
+                username: "alice".into(),
+            })
+            .unwrap();
+        assert!(UserStore::open(dir.path()).unwrap().get("alice").is_none());
+    }
+
+    #[test]
+    fn names_and_passwords_are_bounded() {
+        assert!(validate_username("a.b_c-1").is_ok());
+        assert!(validate_username("").is_err());
+        assert!(validate_username("a b").is_err());
+        assert!(validate_username(&"x".repeat(65)).is_err());
+        assert!(validate_password("short").is_err());
+        assert!(validate_password("long enough").is_ok());
+        assert!(validate_password(&"x".repeat(1025)).is_err());
+    }
+}

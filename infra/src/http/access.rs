@@ -1,0 +1,217 @@
+//! Who is calling, and what they may do.
+//!
+//! The `authenticate` middleware turns the `Authorization` header into a [`Caller`] for every
+//! route but `/healthz` and `/readyz`; handlers ask the caller before they touch anything. With
+//! security off every caller is [`Caller::Open`] and every check passes.
+//!
+//! Checks come before existence: a caller without rights on a name gets 403 whether or not
+//! the topic exists, so names do not leak to those who may not use them.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use narad_auth::grant::{self, Action};
+use narad_auth::{AuthError, UserRecord};
+use narad_core::broker::{Broker, BrokerError, TopicMeta};
+
+use super::{ApiError, SharedState};
+use crate::metrics::AuthLabels;
+
+#[derive(Clone)]
+pub enum Caller {
+    /// Security is off.
+    Open,
+    User(Arc<UserRecord>),
+}
+
+pub fn forbidden(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+}
+
+impl Caller {
+    pub fn username(&self) -> Option<&str> {
+        match self {
+            Self::Open => None,
+            Self::User(u) => Some(&u.username),
+        }
+    }
+
+    pub fn is_root(&self) -> bool {
+        match self {
+            Self::Open => true,
+            Self::User(u) => u.root,
+        }
+    }
+
+    pub fn is_admin(&self) -> bool {
+        match self {
+            Self::Open => true,
+            Self::User(u) => u.is_admin(),
+        }
+    }
+
+    pub fn allows(&self, action: Action, topic: &str) -> bool {
+        match self {
+            Self::Open => true,
+            Self::User(u) => u.is_admin() || grant::allows(&u.grants, action, topic),
+        }
+    }
+
+    pub fn require(&self, action: Action, topic: &str) -> Result<(), ApiError> {
+        if self.allows(action, topic) {
+            return Ok(());
+        }
+        Err(forbidden(format!(
+            "user '{}' may not {} on topic '{topic}'",
+            self.username().unwrap_or_default(),
+            action.as_str()
+        )))
+    }
+
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        if self.is_admin() {
+            return Ok(());
+        }
+        Err(forbidden("this needs the admin grant"))
+    }
+
+    fn owns(&self, meta: &TopicMeta) -> bool {
+        self.username()
+            .is_some_and(|me| meta.owner.as_deref() == Some(me))
+    }
+
+    /// Listed and readable: an admin, the owner, or anyone with a grant on the name.
+    pub fn may_see(&self, meta: &TopicMeta) -> bool {
+        match self {
+            Self::Open => true,
+            Self::User(u) => {
+                u.is_admin() || self.owns(meta) || grant::may_use(&u.grants, &meta.name)
+            }
+        }
+    }
+
+    /// Alter, delete, attach and detach: an admin or the owner.
+    pub fn may_manage(&self, meta: &TopicMeta) -> bool {
+        self.is_admin() || self.owns(meta)
+    }
+
+    /// The topic's metadata, if the caller may read it (403 otherwise, 404 only to those
+    /// who could see the name if it existed).
+    pub fn see_topic(&self, broker: &Broker, name: &str) -> Result<TopicMeta, ApiError> {
+        match broker.topic_meta(name) {
+            Ok(m) if self.may_see(&m) => Ok(m),
+            Ok(_) => Err(self.no_access(name)),
+            Err(e @ BrokerError::TopicNotFound(_)) => match self {
+                Self::User(u) if !u.is_admin() && !grant::may_use(&u.grants, name) => {
+                    Err(self.no_access(name))
+                }
+                _ => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The topic's metadata, if the caller may manage it.
+    pub fn manage_topic(&self, broker: &Broker, name: &str) -> Result<TopicMeta, ApiError> {
+        match broker.topic_meta(name) {
+            Ok(m) if self.may_manage(&m) => Ok(m),
+            Ok(_) => Err(forbidden(format!(
+                "only the owner of topic '{name}' or an admin may change it"
+            ))),
+            Err(e @ BrokerError::TopicNotFound(_)) => {
+                if self.is_admin() || self.allows(Action::Create, name) {
+                    Err(e.into())
+                } else {
+                    Err(self.no_access(name))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn no_access(&self, name: &str) -> ApiError {
+        forbidden(format!(
+            "user '{}' has no access to topic '{name}'",
+            self.username().unwrap_or_default()
+        ))
+    }
+}
+
+/// Routes anyone may call: probes must work without credentials.
+fn is_public(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz")
+}
+
+fn auth_error(e: &AuthError) -> (ApiError, &'static str) {
+    let msg = e.to_string();
+    match e {
+        AuthError::Missing => (
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg),
+            "missing",
+        ),
+        AuthError::Malformed(_) => (
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg),
+            "malformed",
+        ),
+        AuthError::BadCredentials => (
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg),
+            "bad_credentials",
+        ),
+        AuthError::Throttled { retry_after_secs } => {
+            let mut err = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "login_throttled", msg);
+            err.retry_after = Some(u32::try_from(*retry_after_secs).unwrap_or(u32::MAX));
+            (err, "throttled")
+        }
+    }
+}
+
+pub async fn authenticate(
+    State(state): State<SharedState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let caller = match &state.auth {
+        None => Caller::Open,
+        Some(_) if is_public(req.uri().path()) => Caller::Open,
+        Some(auth) => {
+            let header = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes);
+            match auth.authenticate(header).await {
+                Ok(user) => Caller::User(user),
+                Err(e) => {
+                    let (err, reason) = auth_error(&e);
+                    state
+                        .metrics
+                        .auth_refused
+                        .get_or_create(&AuthLabels { reason })
+                        .inc();
+                    let mut resp = err.into_response();
+                    if resp.status() == StatusCode::UNAUTHORIZED {
+                        resp.headers_mut().insert(
+                            header::WWW_AUTHENTICATE,
+                            HeaderValue::from_static("Basic realm=\"narad\", charset=\"UTF-8\""),
+                        );
+                    }
+                    return resp;
+                }
+            }
+        }
+    };
+    req.extensions_mut().insert(caller);
+    let resp = next.run(req).await;
+    if resp.status() == StatusCode::FORBIDDEN {
+        state
+            .metrics
+            .auth_refused
+            .get_or_create(&AuthLabels {
+                reason: "forbidden",
+            })
+            .inc();
+    }
+    resp
+}

@@ -1,0 +1,320 @@
+//! Users and grants: `/v1/users...`.
+//!
+//! No privilege escalation: only the root user grants `admin` or changes an admin's grants or
+//! password; nobody changes their own grants or deletes themselves; the root user cannot be
+//! deleted and its grants are fixed. Every change is an audit log line (`component=audit`).
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::IntoResponse;
+use narad_auth::grant::{self, Grant};
+use narad_auth::store::{self as users, StoreError, UserCommand, UserRecord};
+use narad_auth::{Authenticator, authn};
+use serde::{Deserialize, Serialize};
+
+use super::access::{Caller, forbidden};
+use super::query::Query;
+use super::{
+    ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
+};
+
+#[derive(Serialize)]
+struct UserJson<'a> {
+    username: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    root: bool,
+    grants: &'a [Grant],
+    created_at_ms: i64,
+    updated_at_ms: i64,
+}
+
+fn user_json(u: &UserRecord) -> UserJson<'_> {
+    UserJson {
+        username: &u.username,
+        root: u.root,
+        grants: &u.grants,
+        created_at_ms: u.created_at_ms,
+        updated_at_ms: u.updated_at_ms,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateUser {
+    username: String,
+    password: String,
+    #[serde(default)]
+    grants: Vec<Grant>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantsBody {
+    grants: Vec<Grant>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PasswordBody {
+    new_password: String,
+    #[serde(default)]
+    current_password: Option<String>,
+}
+
+fn auth(state: &SharedState) -> Result<&Arc<Authenticator>, ApiError> {
+    state.auth.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "security_disabled",
+            "security is off on this broker (development mode): there are no users",
+        )
+    })
+}
+
+fn store_error(e: StoreError) -> ApiError {
+    let msg = e.to_string();
+    match e {
+        StoreError::Exists(_) => ApiError::new(StatusCode::CONFLICT, "user_exists", msg),
+        StoreError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "user_not_found", msg),
+        StoreError::Root => forbidden(msg),
+        StoreError::Full => ApiError::new(StatusCode::CONFLICT, "too_many_users", msg),
+        StoreError::Io { .. } | StoreError::Invalid { .. } => {
+            tracing::error!(error = %msg, "user store failure");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "metadata_failed", msg)
+        }
+    }
+}
+
+fn invalid(msg: String) -> ApiError {
+    ApiError::bad_request("invalid_field", msg)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+async fn hash(password: String) -> Result<String, ApiError> {
+    tokio::task::spawn_blocking(move || authn::hash_password(&password))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "hash_failed",
+                e.to_string(),
+            )
+        })
+}
+
+fn audit(caller: &Caller, action: &str, target: &str) {
+    tracing::info!(
+        component = "audit",
+        actor = caller.username().unwrap_or("-"),
+        action,
+        target,
+        "user change"
+    );
+}
+
+/// Only root hands out `admin`.
+fn check_grantable(caller: &Caller, grants: &[Grant]) -> Result<(), ApiError> {
+    if grant::is_admin(grants) && !caller.is_root() {
+        return Err(forbidden(
+            "cannot grant permissions you do not hold: only the root user grants admin",
+        ));
+    }
+    Ok(())
+}
+
+fn lookup(a: &Authenticator, name: &str) -> Result<Arc<UserRecord>, ApiError> {
+    a.store()
+        .get(name)
+        .ok_or_else(|| store_error(StoreError::NotFound(name.to_owned())))
+}
+
+/// `POST /v1/users`
+pub async fn create(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let a = auth(&state)?;
+    caller.require_admin()?;
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    let req: CreateUser = parse_json(&body)?;
+    users::validate_username(&req.username).map_err(invalid)?;
+    users::validate_password(&req.password).map_err(invalid)?;
+    grant::validate_grants(&req.grants).map_err(invalid)?;
+    check_grantable(&caller, &req.grants)?;
+    if a.store().get(&req.username).is_some() {
+        return Err(store_error(StoreError::Exists(req.username)));
+    }
+    let now = now_ms();
+    let user = UserRecord {
+        username: req.username.clone(),
+        password_hash: hash(req.password).await?,
+        root: false,
+        grants: req.grants,
+        created_at_ms: now,
+        updated_at_ms: now,
+    };
+    a.store()
+        .apply(UserCommand::Create { user })
+        .map_err(store_error)?;
+    audit(&caller, "user_create", &req.username);
+    let u = lookup(a, &req.username)?;
+    Ok(json_response(StatusCode::CREATED, &user_json(&u)))
+}
+
+/// `GET /v1/users`
+pub async fn list(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let a = auth(&state)?;
+    caller.require_admin()?;
+    let all = a.store().list();
+    let items: Vec<_> = all.iter().map(|u| user_json(u)).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({"users": items}),
+    ))
+}
+
+/// `GET /v1/users/{username}`: admins see anyone, users see themselves.
+pub async fn get(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let a = auth(&state)?;
+    if caller.username() != Some(name.as_str()) {
+        caller.require_admin()?;
+    }
+    let u = lookup(a, &name)?;
+    Ok(json_response(StatusCode::OK, &user_json(&u)))
+}
+
+/// Who may change `target`'s grants or delete it: an admin, on others only; an admin
+/// target only by root.
+fn check_manage_user(caller: &Caller, target: &UserRecord, what: &str) -> Result<(), ApiError> {
+    caller.require_admin()?;
+    if caller.username() == Some(target.username.as_str()) {
+        return Err(forbidden(format!("nobody may {what} their own account")));
+    }
+    if target.root {
+        return Err(forbidden(format!("the root user: cannot {what} it")));
+    }
+    if target.is_admin() && !caller.is_root() {
+        return Err(forbidden(format!(
+            "'{}' is an admin: only the root user may {what} it",
+            target.username
+        )));
+    }
+    Ok(())
+}
+
+/// `DELETE /v1/users/{username}`
+pub async fn delete(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let a = auth(&state)?;
+    caller.require_admin()?;
+    let target = lookup(a, &name)?;
+    check_manage_user(&caller, &target, "delete")?;
+    a.store()
+        .apply(UserCommand::Delete {
+            username: name.clone(),
+        })
+        .map_err(store_error)?;
+    a.forget(&name);
+    audit(&caller, "user_delete", &name);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `PUT /v1/users/{username}/grants`: replaces all grants.
+pub async fn set_grants(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let a = auth(&state)?;
+    caller.require_admin()?;
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    let req: GrantsBody = parse_json(&body)?;
+    grant::validate_grants(&req.grants).map_err(invalid)?;
+    let target = lookup(a, &name)?;
+    check_manage_user(&caller, &target, "change the grants of")?;
+    check_grantable(&caller, &req.grants)?;
+    a.store()
+        .apply(UserCommand::SetGrants {
+            username: name.clone(),
+            grants: req.grants,
+            at_ms: now_ms(),
+        })
+        .map_err(store_error)?;
+    audit(&caller, "user_grants", &name);
+    let u = lookup(a, &name)?;
+    Ok(json_response(StatusCode::OK, &user_json(&u)))
+}
+
+/// `PUT /v1/users/{username}/password`: yourself with `current_password`; others as an admin
+/// (an admin's only as root).
+pub async fn set_password(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let a = auth(&state)?;
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    let req: PasswordBody = parse_json(&body)?;
+    let own = caller.username() == Some(name.as_str());
+    if !own {
+        caller.require_admin()?;
+    }
+    users::validate_password(&req.new_password).map_err(invalid)?;
+    let target = lookup(a, &name)?;
+    if own {
+        let current = req.current_password.as_deref().unwrap_or_default();
+        if a.check(&name, current).await.is_err() {
+            return Err(forbidden(
+                "changing your own password needs the correct current_password",
+            ));
+        }
+    } else if target.is_admin() && !caller.is_root() {
+        return Err(forbidden(format!(
+            "'{name}' is an admin: only the root user may change its password"
+        )));
+    }
+    a.store()
+        .apply(UserCommand::SetPassword {
+            username: name.clone(),
+            password_hash: hash(req.new_password).await?,
+            at_ms: now_ms(),
+        })
+        .map_err(store_error)?;
+    a.forget(&name);
+    audit(&caller, "user_password", &name);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

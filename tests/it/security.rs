@@ -1,0 +1,876 @@
+//! Security on (production mode): the auth matrix over every route, privilege escalation,
+//! throttling, the seeded root user, schemas, and the separate metrics listener.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const ROOT_PW: &str = "root-password-1";
+const PW: &str = "user-password-1";
+
+async fn secure(dir: &std::path::Path) -> Server {
+    Server::start_opts(dir, false, &[("NARAD_ADMIN_PASSWORD", ROOT_PW)], None).await
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Who {
+    /// No Authorization header.
+    Nobody,
+    /// A real user, a wrong password.
+    WrongPassword,
+    /// A valid user without the needed grant or ownership.
+    NoGrant,
+    /// A valid user with the grant (and the owner of its topics).
+    Granted,
+    /// The root admin.
+    Admin,
+}
+
+const ALL: [Who; 5] = [
+    Who::Nobody,
+    Who::WrongPassword,
+    Who::NoGrant,
+    Who::Granted,
+    Who::Admin,
+];
+
+struct Ctx {
+    s: Server,
+    n: std::sync::atomic::AtomicUsize,
+}
+
+impl Ctx {
+    fn next(&self) -> usize {
+        self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn call(
+        &self,
+        who: (&str, &str),
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> reqwest::Response {
+        let mut r = self.s.http.request(method, self.s.url(path));
+        if !who.0.is_empty() {
+            r = r.basic_auth(who.0, Some(who.1));
+        }
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        r.send().await.unwrap()
+    }
+
+    async fn as_admin(&self, method: Method, path: &str, body: Option<Value>) -> Value {
+        let r = self.call(("admin", ROOT_PW), method, path, body).await;
+        let st = r.status();
+        let text = r.text().await.unwrap();
+        assert!(st.is_success(), "{path}: {st} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    async fn as_alice(&self, method: Method, path: &str, body: Option<Value>) -> Value {
+        let r = self.call(("alice", PW), method, path, body).await;
+        let st = r.status();
+        let text = r.text().await.unwrap();
+        assert!(st.is_success(), "{path}: {st} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    async fn user(&self, name: &str, grants: Value) {
+        self.as_admin(
+            Method::POST,
+            "/v1/users",
+            Some(json!({"username": name, "password": PW, "grants": grants})),
+        )
+        .await;
+    }
+
+    /// A topic owned by alice, with one message in it.
+    async fn topic(&self) -> String {
+        let name = format!("m-{}", self.next());
+        self.as_alice(
+            Method::POST,
+            "/v1/topics",
+            Some(json!({"name": name, "partitions": 1})),
+        )
+        .await;
+        let r = self
+            .s
+            .http
+            .post(self.s.url(&format!("/v1/topics/{name}/produce")))
+            .basic_auth("alice", Some(PW))
+            .body("{\"id\": 1}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+        name
+    }
+
+    /// Credentials for `who`; a wrong password goes to a fresh user, so no row is throttled.
+    async fn creds(&self, who: Who) -> (String, String) {
+        match who {
+            Who::Nobody => (String::new(), String::new()),
+            Who::WrongPassword => {
+                let name = format!("w{}", self.next());
+                self.user(&name, json!([{"action": "produce", "patterns": ["*"]}]))
+                    .await;
+                (name, "not-the-password".into())
+            }
+            Who::NoGrant => ("nobody".into(), PW.into()),
+            Who::Granted => ("alice".into(), PW.into()),
+            Who::Admin => ("admin".into(), ROOT_PW.into()),
+        }
+    }
+}
+
+/// One row of the matrix: a route, how to build its request (given fresh fixtures), and the
+/// status expected for each caller in [`ALL`] order.
+struct Row {
+    route: &'static str,
+    expect: [u16; 5],
+}
+
+async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) {
+    let i = ctx.next();
+    match route {
+        "GET /healthz" => (Method::GET, "/healthz".into(), None),
+        "GET /readyz" => (Method::GET, "/readyz".into(), None),
+        "GET /metrics" => (Method::GET, "/metrics".into(), None),
+        "POST /v1/topics" => (
+            Method::POST,
+            "/v1/topics".into(),
+            Some(json!({"name": format!("m-new-{i}")})),
+        ),
+        "GET /v1/topics" => (Method::GET, "/v1/topics".into(), None),
+        "GET /v1/topics/{topic}" => (
+            Method::GET,
+            format!("/v1/topics/{}", ctx.topic().await),
+            None,
+        ),
+        "PATCH /v1/topics/{topic}" => (
+            Method::PATCH,
+            format!("/v1/topics/{}", ctx.topic().await),
+            Some(json!({"retention_ms": 3_600_000})),
+        ),
+        "DELETE /v1/topics/{topic}" => (
+            Method::DELETE,
+            format!("/v1/topics/{}", ctx.topic().await),
+            None,
+        ),
+        "POST /v1/topics/{topic}/produce" => (
+            Method::POST,
+            format!("/v1/topics/{}/produce?key=k", ctx.topic().await),
+            Some(json!({"id": 2})),
+        ),
+        "POST /v1/topics/{topic}/produce/batch" => (
+            Method::POST,
+            format!("/v1/topics/{}/produce/batch", ctx.topic().await),
+            Some(json!({"messages": [{"payload": {"id": 3}}]})),
+        ),
+        "GET /v1/topics/{topic}/consume" => (
+            Method::GET,
+            format!("/v1/topics/{}/consume?wait=0", ctx.topic().await),
+            None,
+        ),
+        "POST /v1/topics/{topic}/ack" => {
+            let t = ctx.topic().await;
+            let m = ctx
+                .as_admin(Method::GET, &format!("/v1/topics/{t}/consume?wait=0"), None)
+                .await;
+            let h = m["receipt_handle"].as_str().unwrap().to_owned();
+            (
+                Method::POST,
+                format!("/v1/topics/{t}/ack?receipt_handle={h}"),
+                None,
+            )
+        }
+        "POST /v1/topics/{topic}/children" => {
+            let (p, c) = (ctx.topic().await, ctx.topic().await);
+            (
+                Method::POST,
+                format!("/v1/topics/{p}/children"),
+                Some(json!({"child": c})),
+            )
+        }
+        "GET /v1/topics/{topic}/children" => (
+            Method::GET,
+            format!("/v1/topics/{}/children", ctx.topic().await),
+            None,
+        ),
+        "DELETE /v1/topics/{topic}/children/{child}" => {
+            let (p, c) = (ctx.topic().await, ctx.topic().await);
+            ctx.as_alice(
+                Method::POST,
+                &format!("/v1/topics/{p}/children"),
+                Some(json!({"child": c})),
+            )
+            .await;
+            (Method::DELETE, format!("/v1/topics/{p}/children/{c}"), None)
+        }
+        "GET /v1/topics/{topic}/schema" => (
+            Method::GET,
+            format!("/v1/topics/{}/schema", ctx.topic().await),
+            None,
+        ),
+        "POST /v1/users" => (
+            Method::POST,
+            "/v1/users".into(),
+            Some(json!({"username": format!("new{i}"), "password": PW})),
+        ),
+        "GET /v1/users" => (Method::GET, "/v1/users".into(), None),
+        "GET /v1/users/{username}" => (Method::GET, "/v1/users/bob".into(), None),
+        "DELETE /v1/users/{username}" => {
+            let u = format!("del{i}");
+            ctx.user(&u, json!([])).await;
+            (Method::DELETE, format!("/v1/users/{u}"), None)
+        }
+        "PUT /v1/users/{username}/grants" => {
+            let u = format!("gr{i}");
+            ctx.user(&u, json!([])).await;
+            (
+                Method::PUT,
+                format!("/v1/users/{u}/grants"),
+                Some(json!({"grants": [{"action": "consume", "patterns": ["m-*"]}]})),
+            )
+        }
+        "PUT /v1/users/{username}/password" => {
+            let u = format!("pw{i}");
+            ctx.user(&u, json!([])).await;
+            (
+                Method::PUT,
+                format!("/v1/users/{u}/password"),
+                Some(json!({"new_password": "another-password"})),
+            )
+        }
+        other => panic!("no request for {other}: add it to the matrix"),
+    }
+}
+
+const U: u16 = 401;
+const F: u16 = 403;
+
+fn rows() -> Vec<Row> {
+    let r = |route, expect| Row { route, expect };
+    vec![
+        r("GET /healthz", [200, 200, 200, 200, 200]),
+        r("GET /readyz", [200, 200, 200, 200, 200]),
+        // metrics need admin (or the separate metrics listener)
+        r("GET /metrics", [U, U, F, F, 200]),
+        r("POST /v1/topics", [U, U, F, 201, 201]),
+        r("GET /v1/topics", [U, U, 200, 200, 200]),
+        r("GET /v1/topics/{topic}", [U, U, F, 200, 200]),
+        r("PATCH /v1/topics/{topic}", [U, U, F, 200, 200]),
+        r("DELETE /v1/topics/{topic}", [U, U, F, 204, 204]),
+        r("POST /v1/topics/{topic}/produce", [U, U, F, 202, 202]),
+        r("POST /v1/topics/{topic}/produce/batch", [U, U, F, 202, 202]),
+        r("GET /v1/topics/{topic}/consume", [U, U, F, 200, 200]),
+        r("POST /v1/topics/{topic}/ack", [U, U, F, 204, 204]),
+        r("POST /v1/topics/{topic}/children", [U, U, F, 200, 200]),
+        r("GET /v1/topics/{topic}/children", [U, U, F, 200, 200]),
+        r(
+            "DELETE /v1/topics/{topic}/children/{child}",
+            [U, U, F, 204, 204],
+        ),
+        r("GET /v1/topics/{topic}/schema", [U, U, F, 200, 200]),
+        // user management is for admins
+        r("POST /v1/users", [U, U, F, F, 201]),
+        r("GET /v1/users", [U, U, F, F, 200]),
+        r("GET /v1/users/{username}", [U, U, F, F, 200]),
+        r("DELETE /v1/users/{username}", [U, U, F, F, 204]),
+        r("PUT /v1/users/{username}/grants", [U, U, F, F, 200]),
+        r("PUT /v1/users/{username}/password", [U, U, F, F, 204]),
+    ]
+}
+
+#[tokio::test]
+async fn auth_matrix_covers_every_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Ctx {
+        s: secure(dir.path()).await,
+        n: Default::default(),
+    };
+    // alice: produce, consume and create on m-*; nobody: only on x-*; bob: a plain user
+    ctx.user(
+        "alice",
+        json!([
+            {"action": "produce", "patterns": ["m-*"]},
+            {"action": "consume", "patterns": ["m-*"]},
+            {"action": "create", "patterns": ["m-*"]}
+        ]),
+    )
+    .await;
+    ctx.user(
+        "nobody",
+        json!([{"action": "produce", "patterns": ["x-*"]}]),
+    )
+    .await;
+    ctx.user("bob", json!([])).await;
+
+    let rows = rows();
+    // every route the server has is in the matrix, and nothing else
+    let mut listed: Vec<String> = rows.iter().map(|r| r.route.to_owned()).collect();
+    let mut routed: Vec<String> = narad_infra::http::ROUTES
+        .iter()
+        .map(|(m, p)| format!("{m} {p}"))
+        .collect();
+    listed.sort();
+    routed.sort();
+    assert_eq!(
+        listed, routed,
+        "the auth matrix must cover exactly the routes"
+    );
+
+    let mut failures = Vec::new();
+    for row in &rows {
+        for (who, want) in ALL.iter().zip(row.expect) {
+            let (method, path, body) = request_for(&ctx, row.route).await;
+            let creds = ctx.creds(*who).await;
+            let r = ctx.call((&creds.0, &creds.1), method, &path, body).await;
+            let got = r.status().as_u16();
+            let www = r.headers().get("www-authenticate").is_some();
+            let text = r.text().await.unwrap();
+            if got != want {
+                failures.push(format!(
+                    "{} as {who:?}: want {want}, got {got}: {text}",
+                    row.route
+                ));
+            }
+            if got == 401 {
+                assert!(www, "401 without WWW-Authenticate: {}", row.route);
+            }
+            if got >= 400 {
+                let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                assert!(
+                    v["error"].is_string() && v["code"].is_string(),
+                    "JSON error body: {text}"
+                );
+            }
+            assert!(!text.contains("argon2"), "a password hash leaked: {text}");
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "auth matrix mismatches:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[tokio::test]
+async fn no_privilege_escalation() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Ctx {
+        s: secure(dir.path()).await,
+        n: Default::default(),
+    };
+    let admin_grant = json!([{"action": "admin"}]);
+    ctx.user("ops", admin_grant.clone()).await; // root may grant admin
+    ctx.user("ops2", admin_grant.clone()).await;
+    ctx.user(
+        "alice",
+        json!([{"action": "create", "patterns": ["a-*"]}, {"action": "produce", "patterns": ["a-*"]}]),
+    )
+    .await;
+    ctx.user("bob", json!([{"action": "create", "patterns": ["b-*"]}]))
+        .await;
+    let ops = ("ops", PW);
+    let expect = |r: reqwest::Response, st: u16, what: &str| {
+        assert_eq!(r.status().as_u16(), st, "{what}");
+    };
+    // a non-root admin cannot hand out admin, to a new user or an existing one
+    let r = ctx
+        .call(
+            ops,
+            Method::POST,
+            "/v1/users",
+            Some(json!({"username": "x1", "password": PW, "grants": admin_grant})),
+        )
+        .await;
+    expect(r, 403, "non-root admin creates an admin");
+    let r = ctx
+        .call(
+            ops,
+            Method::PUT,
+            "/v1/users/alice/grants",
+            Some(json!({"grants": admin_grant})),
+        )
+        .await;
+    expect(r, 403, "non-root admin grants admin");
+    // nobody edits their own grants
+    let r = ctx
+        .call(
+            ops,
+            Method::PUT,
+            "/v1/users/ops/grants",
+            Some(json!({"grants": []})),
+        )
+        .await;
+    expect(r, 403, "own grants");
+    let r = ctx
+        .call(
+            ("admin", ROOT_PW),
+            Method::PUT,
+            "/v1/users/admin/grants",
+            Some(json!({"grants": []})),
+        )
+        .await;
+    expect(r, 403, "root's grants are fixed");
+    // root cannot be deleted, admins are root's to manage
+    let r = ctx.call(ops, Method::DELETE, "/v1/users/admin", None).await;
+    expect(r, 403, "delete root");
+    let r = ctx
+        .call(("admin", ROOT_PW), Method::DELETE, "/v1/users/admin", None)
+        .await;
+    expect(r, 403, "root deletes itself");
+    let r = ctx.call(ops, Method::DELETE, "/v1/users/ops2", None).await;
+    expect(r, 403, "non-root admin deletes an admin");
+    let r = ctx
+        .call(
+            ops,
+            Method::PUT,
+            "/v1/users/admin/password",
+            Some(json!({"new_password": "taken-over-1"})),
+        )
+        .await;
+    expect(r, 403, "non-root admin changes root's password");
+    let r = ctx
+        .call(
+            ops,
+            Method::PUT,
+            "/v1/users/ops2/password",
+            Some(json!({"new_password": "taken-over-1"})),
+        )
+        .await;
+    expect(r, 403, "non-root admin changes another admin's password");
+    // a non-root admin does manage plain users
+    let r = ctx
+        .call(
+            ops,
+            Method::PUT,
+            "/v1/users/bob/grants",
+            Some(json!({"grants": [{"action": "create", "patterns": ["b-*"]}]})),
+        )
+        .await;
+    expect(r, 200, "admin sets a plain user's grants");
+    // a user changes their own password only with the current one
+    let r = ctx
+        .call(
+            ("alice", PW),
+            Method::PUT,
+            "/v1/users/alice/password",
+            Some(json!({"new_password": "alice-new-pw"})),
+        )
+        .await;
+    expect(r, 403, "own password without current_password");
+    let r = ctx
+        .call(
+            ("alice", PW),
+            Method::PUT,
+            "/v1/users/alice/password",
+            Some(json!({"new_password": "alice-new-pw", "current_password": PW})),
+        )
+        .await;
+    expect(r, 204, "own password with current_password");
+    let r = ctx
+        .call(("alice", PW), Method::GET, "/v1/users/alice", None)
+        .await;
+    expect(r, 401, "the old password stops working at once");
+    let alice = ("alice", "alice-new-pw");
+    let r = ctx.call(alice, Method::GET, "/v1/users/alice", None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let me: Value = r.json().await.unwrap();
+    assert_eq!(me["username"], "alice");
+    assert!(me.get("password").is_none() && me.get("password_hash").is_none());
+    let r = ctx.call(alice, Method::GET, "/v1/users/bob", None).await;
+    expect(r, 403, "a user reads another user");
+    // ownership: bob's topic cannot be altered, deleted or attached by alice
+    ctx.call(
+        ("bob", PW),
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "b-1"})),
+    )
+    .await;
+    let r = ctx
+        .call(
+            alice,
+            Method::POST,
+            "/v1/topics",
+            Some(json!({"name": "a-1"})),
+        )
+        .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::CREATED,
+        "alice creates under her grant"
+    );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["owner"], "alice");
+    let r = ctx
+        .call(
+            alice,
+            Method::POST,
+            "/v1/topics",
+            Some(json!({"name": "b-2"})),
+        )
+        .await;
+    expect(r, 403, "create outside the grant");
+    let r = ctx
+        .call(alice, Method::DELETE, "/v1/topics/b-1", None)
+        .await;
+    expect(r, 403, "delete someone else's topic");
+    let r = ctx
+        .call(
+            alice,
+            Method::PATCH,
+            "/v1/topics/b-1",
+            Some(json!({"retention_ms": 1000})),
+        )
+        .await;
+    expect(r, 403, "alter someone else's topic");
+    let r = ctx
+        .call(
+            alice,
+            Method::POST,
+            "/v1/topics/a-1/children",
+            Some(json!({"child": "b-1", "delay_ms": 1000})),
+        )
+        .await;
+    expect(r, 403, "attach someone else's topic as a child");
+    let r = ctx
+        .call(
+            alice,
+            Method::POST,
+            "/v1/topics",
+            Some(json!({"name": "a-2", "parent": "b-1"})),
+        )
+        .await;
+    expect(r, 403, "create as a child of someone else's topic");
+    // no leak of existence: a missing topic outside the grant is 403, inside it 404
+    let r = ctx
+        .call(alice, Method::GET, "/v1/topics/b-missing", None)
+        .await;
+    expect(r, 403, "missing topic outside the grant");
+    let r = ctx
+        .call(alice, Method::GET, "/v1/topics/a-missing", None)
+        .await;
+    expect(r, 404, "missing topic inside the grant");
+    // listings show only usable topics
+    let r = ctx
+        .call(alice, Method::GET, "/v1/topics?limit=1", None)
+        .await;
+    let v: Value = r.json().await.unwrap();
+    let names: Vec<&str> = v["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a-1"], "{v}");
+    assert_eq!(v["next_page_token"], "", "nothing else visible: {v}");
+    let all = ctx.as_admin(Method::GET, "/v1/topics", None).await;
+    assert_eq!(all["topics"].as_array().unwrap().len(), 2);
+    // grants take effect at once
+    ctx.as_admin(
+        Method::PUT,
+        "/v1/users/alice/grants",
+        Some(json!({"grants": []})),
+    )
+    .await;
+    let r = ctx
+        .call(
+            alice,
+            Method::POST,
+            "/v1/topics/a-1/produce",
+            Some(json!(1)),
+        )
+        .await;
+    expect(r, 403, "revoked grant");
+    let r = ctx
+        .call(alice, Method::DELETE, "/v1/topics/a-1", None)
+        .await;
+    expect(r, 204, "the owner still manages its topic");
+}
+
+#[tokio::test]
+async fn failed_logins_are_throttled_then_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Ctx {
+        s: secure(dir.path()).await,
+        n: Default::default(),
+    };
+    ctx.user("carol", json!([])).await;
+    for i in 0..5 {
+        let r = ctx
+            .call(
+                ("carol", "wrong-password"),
+                Method::GET,
+                "/v1/users/carol",
+                None,
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "attempt {i}");
+    }
+    let r = ctx
+        .call(
+            ("carol", "wrong-password"),
+            Method::GET,
+            "/v1/users/carol",
+            None,
+        )
+        .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::UNAUTHORIZED,
+        "the sixth failure blocks"
+    );
+    let r = ctx
+        .call(("carol", PW), Method::GET, "/v1/users/carol", None)
+        .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "blocked even with the right password"
+    );
+    assert!(r.headers().get("retry-after").is_some());
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "login_throttled");
+    // other users are not affected
+    let r = ctx
+        .call(("admin", ROOT_PW), Method::GET, "/v1/users", None)
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    // released after the block (1 s): poll with a deadline
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = ctx
+            .call(("carol", PW), Method::GET, "/v1/users/carol", None)
+            .await;
+        if r.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(std::time::Instant::now() < deadline, "never released");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn root_password_is_generated_once_and_dev_mode_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start_opts(dir.path(), false, &[], None).await;
+    let log = s.log();
+    let pw = log
+        .lines()
+        .find_map(|l| {
+            l.split("created the root user 'admin' with password: ")
+                .nth(1)
+        })
+        .expect("generated password printed")
+        .trim()
+        .to_owned();
+    assert!(pw.len() >= 16);
+    let r = s
+        .http
+        .get(s.url("/v1/users"))
+        .basic_auth("admin", Some(&pw))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = s.http.get(s.url("/v1/topics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    s.stop().await;
+    s.restart().await;
+    assert_eq!(
+        s.log().matches("with password:").count(),
+        1,
+        "printed only at the first start"
+    );
+    let r = s
+        .http
+        .get(s.url("/v1/users"))
+        .basic_auth("admin", Some(&pw))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "the user survives a restart");
+    drop(s);
+
+    // --dev: security off, and said so
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    assert!(s.log().contains("security is OFF"));
+    assert_eq!(s.get("/v1/topics").await.status(), StatusCode::OK);
+    expect_error(
+        s.get("/v1/users").await,
+        StatusCode::CONFLICT,
+        "security_disabled",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn schemas_validate_produce_and_evolve_additively() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Ctx {
+        s: secure(dir.path()).await,
+        n: Default::default(),
+    };
+    let schema = json!({
+        "type": "object",
+        "properties": {"id": {"type": "integer"}},
+        "required": ["id"]
+    });
+    let t = ctx
+        .as_admin(
+            Method::POST,
+            "/v1/topics",
+            Some(json!({"name": "s", "schema": schema})),
+        )
+        .await;
+    assert_eq!(t["schema_version"], 1);
+    let produce = |body: &'static str| {
+        ctx.s
+            .http
+            .post(ctx.s.url("/v1/topics/s/produce"))
+            .basic_auth("admin", Some(ROOT_PW))
+            .body(body)
+            .send()
+    };
+    assert_eq!(
+        produce("{\"id\": 1}").await.unwrap().status(),
+        StatusCode::ACCEPTED
+    );
+    let r = produce("{\"id\": \"x\"}").await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "schema_violation");
+    assert!(v["error"].as_str().unwrap().contains("/id"), "{v}");
+    let r = produce("not json").await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // batch: one bad message refuses the whole request, naming it
+    let r = ctx
+        .call(
+            ("admin", ROOT_PW),
+            Method::POST,
+            "/v1/topics/s/produce/batch",
+            Some(json!({"messages": [{"payload": {"id": 1}}, {"payload": {"name": "no id"}}]})),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"].as_str().unwrap().starts_with("message 1: "),
+        "{v}"
+    );
+    let info = ctx.as_admin(Method::GET, "/v1/topics/s", None).await;
+    assert_eq!(
+        info["partition_stats"][0]["next_offset"], 1,
+        "nothing of the refused batch was written"
+    );
+    // evolution: additive only
+    let refused = [
+        json!({"type": "object", "properties": {}, "required": ["id"]}),
+        json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}),
+        json!({"type": "object", "properties": {"id": {"type": "integer"}, "n": {"type": "string"}}, "required": ["id", "n"]}),
+    ];
+    for s in refused {
+        let r = ctx
+            .call(
+                ("admin", ROOT_PW),
+                Method::PATCH,
+                "/v1/topics/s",
+                Some(json!({"schema": s})),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["code"], "schema_incompatible", "{v}");
+    }
+    let r = ctx
+        .call(
+            ("admin", ROOT_PW),
+            Method::PATCH,
+            "/v1/topics/s",
+            Some(json!({"schema": {"type": 7}})),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST, "an invalid schema");
+    let v2 = json!({"type": "object", "properties": {"id": {"type": "integer"}, "n": {"type": "string"}}, "required": ["id"]});
+    let t = ctx
+        .as_admin(Method::PATCH, "/v1/topics/s", Some(json!({"schema": v2})))
+        .await;
+    assert_eq!(t["schema_version"], 2);
+    assert_eq!(
+        produce("{\"id\": 2, \"n\": \"x\"}").await.unwrap().status(),
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        produce("{\"id\": 3, \"n\": 5}").await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+    let versions = ctx.as_admin(Method::GET, "/v1/topics/s/schema", None).await;
+    assert_eq!(versions["latest"], 2);
+    assert_eq!(versions["versions"].as_array().unwrap().len(), 2);
+    assert_eq!(versions["versions"][0]["schema"], schema);
+    let one = ctx
+        .as_admin(Method::GET, "/v1/topics/s/schema?version=1", None)
+        .await;
+    assert_eq!(one["version"], 1);
+    // versions survive a restart
+    let mut s = ctx.s;
+    s.stop().await;
+    s.restart().await;
+    let r = s
+        .http
+        .get(s.url("/v1/topics/s/schema"))
+        .basic_auth("admin", Some(ROOT_PW))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["latest"], 2);
+}
+
+#[tokio::test]
+async fn metrics_listener_serves_without_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let s = Server::start_opts(
+        dir.path(),
+        false,
+        &[
+            ("NARAD_ADMIN_PASSWORD", ROOT_PW),
+            ("NARAD_METRICS_ADDR", &addr),
+        ],
+        None,
+    )
+    .await;
+    let r = s
+        .http
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.text().await.unwrap().contains("narad_http_requests"));
+    let r = s
+        .http
+        .get(format!("http://{addr}/v1/topics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "the metrics listener serves nothing else"
+    );
+    assert_eq!(s.get("/metrics").await.status(), StatusCode::UNAUTHORIZED);
+}
