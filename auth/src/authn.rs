@@ -6,11 +6,14 @@
 //! against: a later request with the same credentials costs one HMAC, and a password change
 //! (new hash) or a restart (new key) invalidates the entry. The cache never holds a password.
 //!
-//! Failed logins are throttled per username: after [`FREE_FAILURES`] consecutive failures
-//! each further failure blocks the name for twice as long (1 s, 2 s, 4 s, ... up to
-//! [`MAX_BLOCK`]), during which even the right password is answered "throttled".
+//! Failed logins are throttled per username and client address: after
+//! [`DEFAULT_FREE_FAILURES`] consecutive failures each further failure blocks that pair for
+//! twice as long (1 s, 2 s, 4 s, ... up to [`MAX_BLOCK`]), during which even the right password
+//! is answered "throttled". Keying by address too means a guesser elsewhere cannot lock a user
+//! out of its own clients.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,10 +23,10 @@ use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
 
-use crate::store::{MAX_PASSWORD_LEN, UserRecord, UserStore};
+use crate::store::{MAX_PASSWORD_LEN, UserRecord, UserStore, validate_username};
 
-/// Consecutive failures allowed before a username is blocked.
-pub const FREE_FAILURES: u32 = 5;
+/// Consecutive failures allowed before a username (from one address) is blocked.
+pub const DEFAULT_FREE_FAILURES: u32 = 5;
 /// Longest block after repeated failures.
 pub const MAX_BLOCK: Duration = Duration::from_secs(60);
 /// Remembered credentials; beyond this the cache starts over.
@@ -31,6 +34,7 @@ const CACHE_CAPACITY: usize = 10_000;
 /// Tracked usernames with failures; beyond this, entries idle for [`FORGET_AFTER`] go.
 const THROTTLE_CAPACITY: usize = 100_000;
 const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+const STRIPES: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
@@ -50,6 +54,8 @@ struct Cached {
     password_hash: String,
 }
 
+type ThrottleKey = (String, Option<IpAddr>);
+
 struct Failures {
     count: u32,
     blocked_until: Option<Instant>,
@@ -60,11 +66,16 @@ pub struct Authenticator {
     store: Arc<UserStore>,
     key: [u8; 32],
     cache: Mutex<HashMap<String, Cached>>,
-    failures: Mutex<HashMap<String, Failures>>,
+    failures: Mutex<HashMap<ThrottleKey, Failures>>,
+    /// Failures allowed before blocking; 0: never block.
+    free_failures: u32,
     /// Verified against for unknown usernames, so they cost the same as known ones.
     dummy_hash: String,
     /// Bounds concurrent argon2 computations to the cores there are.
     hashing: tokio::sync::Semaphore,
+    /// Serialise slow-path attempts of one (user, address); striped to bound memory.
+    stripes: Vec<tokio::sync::Mutex<()>>,
+    stripe_hasher: std::collections::hash_map::RandomState,
 }
 
 /// Hashes a password with argon2id (default parameters: 19 MiB, 2 passes). Blocking: call it
@@ -124,7 +135,8 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl Authenticator {
-    pub fn new(store: Arc<UserStore>) -> Self {
+    /// `free_failures`: consecutive failures allowed before blocking (0: never block).
+    pub fn new(store: Arc<UserStore>, free_failures: u32) -> Self {
         let mut key = [0u8; 32];
         getrandom::fill(&mut key).expect("the OS random source works");
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -133,8 +145,11 @@ impl Authenticator {
             key,
             cache: Mutex::default(),
             failures: Mutex::default(),
+            free_failures,
             dummy_hash: hash_password(&random_password()),
             hashing: tokio::sync::Semaphore::new(permits),
+            stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            stripe_hasher: Default::default(),
         }
     }
 
@@ -150,24 +165,43 @@ impl Authenticator {
         m.finalize().into_bytes().into()
     }
 
-    /// Checks an `Authorization` header value; returns the user as stored now.
-    pub async fn authenticate(&self, header: Option<&[u8]>) -> Result<Arc<UserRecord>, AuthError> {
+    /// Checks an `Authorization` header value from `peer`; returns the user as stored now.
+    pub async fn authenticate(
+        &self,
+        header: Option<&[u8]>,
+        peer: Option<IpAddr>,
+    ) -> Result<Arc<UserRecord>, AuthError> {
         let (user, password) = parse_basic(header.ok_or(AuthError::Missing)?)?;
-        self.check(&user, &password).await
+        self.check(&user, &password, peer).await
     }
 
-    /// Checks a username and password.
-    pub async fn check(&self, user: &str, password: &str) -> Result<Arc<UserRecord>, AuthError> {
-        self.throttled(user, Instant::now())?;
-        let record = self.store.get(user);
-        let mac = self.mac(user, password);
-        if let Some(r) = &record
-            && let Some(c) = self.cache.lock().get(user)
-            && c.password_hash == r.password_hash
-            && ct_eq(&c.mac, &mac)
-        {
-            return Ok(r.clone());
+    /// Checks a username and password sent from `peer`.
+    pub async fn check(
+        &self,
+        user: &str,
+        password: &str,
+        peer: Option<IpAddr>,
+    ) -> Result<Arc<UserRecord>, AuthError> {
+        // a name that cannot exist: refused with no bookkeeping (nothing to remember or log)
+        if validate_username(user).is_err() {
+            return Err(AuthError::BadCredentials);
         }
+        let key = (user.to_owned(), peer);
+        // the block applies before the cache: a cache hit would otherwise tell a blocked
+        // guesser, at HMAC speed, that a guess was right
+        self.throttled(&key, Instant::now())?;
+        let mac = self.mac(user, password);
+        if let Some(r) = self.cached(user, &mac) {
+            return Ok(r);
+        }
+        // Slow path, one attempt at a time per (user, address): each failure is counted
+        // before the next guess is verified, so concurrent guesses cannot outrun the block.
+        let _turn = self.stripes[self.stripe(&key)].lock().await;
+        self.throttled(&key, Instant::now())?;
+        if let Some(r) = self.cached(user, &mac) {
+            return Ok(r);
+        }
+        let record = self.store.get(user);
         let ok = if password.len() > MAX_PASSWORD_LEN {
             false
         } else {
@@ -183,7 +217,7 @@ impl Authenticator {
         };
         match record {
             Some(r) if ok => {
-                self.failures.lock().remove(user);
+                self.failures.lock().remove(&key);
                 let mut cache = self.cache.lock();
                 if cache.len() >= CACHE_CAPACITY {
                     cache.clear();
@@ -198,10 +232,22 @@ impl Authenticator {
                 Ok(r)
             }
             _ => {
-                self.record_failure(user, Instant::now());
+                self.record_failure(key, Instant::now());
                 Err(AuthError::BadCredentials)
             }
         }
+    }
+
+    fn cached(&self, user: &str, mac: &[u8; 32]) -> Option<Arc<UserRecord>> {
+        let r = self.store.get(user)?;
+        let cache = self.cache.lock();
+        let c = cache.get(user)?;
+        (c.password_hash == r.password_hash && ct_eq(&c.mac, mac)).then_some(r)
+    }
+
+    fn stripe(&self, key: &ThrottleKey) -> usize {
+        use std::hash::BuildHasher;
+        (self.stripe_hasher.hash_one(key) % self.stripes.len() as u64) as usize
     }
 
     /// Forgets cached credentials of `user` (after a password change or a delete; the hash
@@ -210,9 +256,9 @@ impl Authenticator {
         self.cache.lock().remove(user);
     }
 
-    fn throttled(&self, user: &str, now: Instant) -> Result<(), AuthError> {
+    fn throttled(&self, key: &ThrottleKey, now: Instant) -> Result<(), AuthError> {
         let f = self.failures.lock();
-        match f.get(user).and_then(|e| e.blocked_until) {
+        match f.get(key).and_then(|e| e.blocked_until) {
             Some(until) if until > now => Err(AuthError::Throttled {
                 retry_after_secs: (until - now).as_secs_f64().ceil().max(1.0) as u64,
             }),
@@ -220,7 +266,10 @@ impl Authenticator {
         }
     }
 
-    fn record_failure(&self, user: &str, now: Instant) {
+    fn record_failure(&self, key: ThrottleKey, now: Instant) {
+        if self.free_failures == 0 {
+            return;
+        }
         let mut f = self.failures.lock();
         if f.len() >= THROTTLE_CAPACITY {
             f.retain(|_, e| now.duration_since(e.last) < FORGET_AFTER);
@@ -232,7 +281,8 @@ impl Authenticator {
                 f.retain(|_, e| e.last > cut);
             }
         }
-        let e = f.entry(user.to_owned()).or_insert(Failures {
+        let (user, peer) = (key.0.clone(), key.1);
+        let e = f.entry(key).or_insert(Failures {
             count: 0,
             blocked_until: None,
             last: now,
@@ -242,11 +292,11 @@ impl Authenticator {
         }
         e.count += 1;
         e.last = now;
-        if e.count > FREE_FAILURES {
-            let exp = (e.count - FREE_FAILURES - 1).min(16);
+        if e.count > self.free_failures {
+            let exp = (e.count - self.free_failures - 1).min(16);
             let block = Duration::from_secs(1u64 << exp).min(MAX_BLOCK);
             e.blocked_until = Some(now + block);
-            tracing::warn!(user = %user, failures = e.count, block_secs = block.as_secs(), "repeated failed logins; user throttled");
+            tracing::warn!(user = %user, peer = ?peer, failures = e.count, block_secs = block.as_secs(), "repeated failed logins; user throttled from this address");
         }
     }
 }
@@ -271,7 +321,7 @@ mod tests {
                 },
             })
             .unwrap();
-        (dir, Authenticator::new(store))
+        (dir, Authenticator::new(store, DEFAULT_FREE_FAILURES))
     }
 
     fn basic(user: &str, pass: &str) -> Vec<u8> {
@@ -282,20 +332,25 @@ mod tests {
     #[tokio::test]
     async fn verifies_caches_and_follows_password_changes() {
         let (_d, a) = setup();
-        assert_eq!(a.authenticate(None).await.unwrap_err(), AuthError::Missing);
+        assert_eq!(
+            a.authenticate(None, None).await.unwrap_err(),
+            AuthError::Missing
+        );
         assert!(matches!(
-            a.authenticate(Some(b"Bearer x")).await,
+            a.authenticate(Some(b"Bearer x"), None).await,
             Err(AuthError::Malformed(_))
         ));
         let ok = basic(ROOT_USER, "correct horse");
-        assert!(a.authenticate(Some(&ok)).await.unwrap().root);
+        assert!(a.authenticate(Some(&ok), None).await.unwrap().root);
         assert!(a.cache.lock().contains_key(ROOT_USER));
         assert_eq!(
-            a.authenticate(Some(&basic(ROOT_USER, "wrong pass"))).await,
+            a.authenticate(Some(&basic(ROOT_USER, "wrong pass")), None)
+                .await,
             Err(AuthError::BadCredentials)
         );
         assert_eq!(
-            a.authenticate(Some(&basic("nobody", "whatever1"))).await,
+            a.authenticate(Some(&basic("nobody", "whatever1")), None)
+                .await,
             Err(AuthError::BadCredentials)
         );
         // a new password: the cached old one stops working at once
@@ -307,11 +362,11 @@ mod tests {
             })
             .unwrap();
         assert_eq!(
-            a.authenticate(Some(&ok)).await,
+            a.authenticate(Some(&ok), None).await,
             Err(AuthError::BadCredentials)
         );
         assert!(
-            a.authenticate(Some(&basic(ROOT_USER, "battery staple")))
+            a.authenticate(Some(&basic(ROOT_USER, "battery staple")), None)
                 .await
                 .is_ok()
         );
@@ -321,35 +376,37 @@ mod tests {
     fn failures_block_with_growing_backoff_and_success_resets() {
         let (_d, a) = setup();
         let t0 = Instant::now();
-        for _ in 0..FREE_FAILURES {
-            a.record_failure("u", t0);
+        let k = |u: &str| (u.to_owned(), Some(IpAddr::from([127, 0, 0, 1])));
+        for _ in 0..DEFAULT_FREE_FAILURES {
+            a.record_failure(k("u"), t0);
         }
-        assert!(a.throttled("u", t0).is_ok());
-        a.record_failure("u", t0);
+        assert!(a.throttled(&k("u"), t0).is_ok());
+        a.record_failure(k("u"), t0);
         assert_eq!(
-            a.throttled("u", t0),
+            a.throttled(&k("u"), t0),
             Err(AuthError::Throttled {
                 retry_after_secs: 1
             })
         );
-        assert!(a.throttled("u", t0 + Duration::from_secs(1)).is_ok());
-        a.record_failure("u", t0 + Duration::from_secs(1));
+        assert!(a.throttled(&k("u"), t0 + Duration::from_secs(1)).is_ok());
+        a.record_failure(k("u"), t0 + Duration::from_secs(1));
         assert_eq!(
-            a.throttled("u", t0 + Duration::from_secs(1)),
+            a.throttled(&k("u"), t0 + Duration::from_secs(1)),
             Err(AuthError::Throttled {
                 retry_after_secs: 2
             })
         );
         for i in 0..40 {
-            a.record_failure("u", t0 + Duration::from_secs(2 + i));
+            a.record_failure(k("u"), t0 + Duration::from_secs(2 + i));
         }
         let Err(AuthError::Throttled { retry_after_secs }) =
-            a.throttled("u", t0 + Duration::from_secs(41))
+            a.throttled(&k("u"), t0 + Duration::from_secs(41))
         else {
             panic!("still blocked");
         };
         assert!(retry_after_secs <= MAX_BLOCK.as_secs());
-        // other names are not affected
-        assert!(a.throttled("v", t0).is_ok());
+        // other names, and the same name from elsewhere, are not affected
+        assert!(a.throttled(&k("v"), t0).is_ok());
+        assert!(a.throttled(&("u".to_owned(), None), t0).is_ok());
     }
 }

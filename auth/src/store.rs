@@ -25,7 +25,7 @@ pub const MAX_PASSWORD_LEN: usize = 1024;
 /// Most users a node holds.
 pub const MAX_USERS: usize = 10_000;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserRecord {
     pub username: String,
@@ -37,6 +37,17 @@ pub struct UserRecord {
     pub grants: Vec<Grant>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+}
+
+impl std::fmt::Debug for UserRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserRecord")
+            .field("username", &self.username)
+            .field("password_hash", &"<redacted>")
+            .field("root", &self.root)
+            .field("grants", &self.grants)
+            .finish_non_exhaustive()
+    }
 }
 
 impl UserRecord {
@@ -191,7 +202,8 @@ impl UserStore {
             users: next.values().map(|u| UserRecord::clone(u)).collect(),
         })
         .expect("users serialise");
-        narad_core::fsutil::write_file_atomic(&self.path, &body).map_err(|source| {
+        // password hashes: readable by the broker's user only
+        narad_core::fsutil::write_file_atomic_mode(&self.path, &body, 0o600).map_err(|source| {
             StoreError::Io {
                 path: self.path.clone(),
                 source,
@@ -313,6 +325,14 @@ mod tests {
             at_ms: 5,
         })
         .unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join(USERS_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "hashes readable by the owner only");
+        }
         let again = UserStore::open(dir.path()).unwrap();
         let a = again.get("alice").unwrap();
         assert_eq!(a.grants.len(), 1);

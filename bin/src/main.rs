@@ -95,7 +95,7 @@ enum UserCmd {
         #[arg(long, env = "NARAD_NEW_PASSWORD", hide_env_values = true)]
         new_password: Option<String>,
         /// Your current password, when changing your own.
-        #[arg(long)]
+        #[arg(long, env = "NARAD_CURRENT_PASSWORD", hide_env_values = true)]
         current: Option<String>,
     },
 }

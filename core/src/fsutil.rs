@@ -6,11 +6,25 @@ use std::path::Path;
 /// Replaces `path` with `bytes` so that a crash leaves either the old or the new content:
 /// write a sibling temp file, fsync it, rename it over `path`, fsync the directory.
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_file_atomic_mode(path, bytes, 0o644)
+}
+
+/// [`write_file_atomic`] creating the file with Unix permission bits `mode` (e.g. `0o600`
+/// for secrets), whatever the old file had.
+pub fn write_file_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp_name = path.file_name().unwrap_or_default().to_owned();
     tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
-    let mut f = std::fs::File::create(&tmp)?;
+    let _ = std::fs::remove_file(&tmp); // a leftover could carry other permissions
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)?;
+    // the umask may have cleared bits the caller asked for
+    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);

@@ -32,6 +32,10 @@ pub struct ServerConfig {
     /// an address only the scraper reaches). Empty: none; `/metrics` on the API listener
     /// then needs an admin.
     pub metrics_addr: String,
+    /// Consecutive failed logins allowed for one username from one address before it is
+    /// blocked (1 s, doubling per further failure, at most 60 s; answered 429 + Retry-After).
+    /// 0 never blocks.
+    pub login_failures_before_block: u32,
     /// PEM certificate chain and private key: when both are set the API listener speaks
     /// HTTPS only. The files are re-read on SIGHUP and when they change.
     pub tls_cert_file: String,
@@ -112,6 +116,7 @@ impl Default for ServerConfig {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 7942)),
             security_enabled: true,
             metrics_addr: String::new(),
+            login_failures_before_block: narad_auth::authn::DEFAULT_FREE_FAILURES,
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             data_dir: PathBuf::from("data"),

@@ -111,59 +111,88 @@ impl SchemaCache {
     }
 }
 
-fn properties(s: &Value) -> serde_json::Map<String, Value> {
-    s.get("properties")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default()
-}
+/// Keywords that describe but do not constrain: free to change between versions.
+const ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "$comment",
+    "examples",
+    "default",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+];
 
-fn required(s: &Value) -> Vec<String> {
+fn required(s: &serde_json::Map<String, Value>) -> Vec<&str> {
     s.get("required")
         .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default()
 }
 
-/// The additive-only rule, on the top level: a new version may add optional properties; it
-/// may not remove a property, change a property's (or the document's) `type`, add a required
-/// field or drop one.
+/// The additive-only rule: a new version may add optional top-level properties (and change
+/// annotations such as `description`); every other keyword, every existing property's
+/// definition and the `required` list stay exactly as they were. So removing a property,
+/// changing a type, adding or dropping a required field, or tightening anything else is
+/// refused.
 pub fn check_evolution(old: &[SchemaVersion], new: &Value) -> Result<(), String> {
     let Some(prev) = old.last() else {
         return Ok(());
     };
-    let prev = &prev.schema;
-    if prev.get("type") != new.get("type") {
-        return Err("schema change refused: the top-level type changed".into());
-    }
-    let (old_props, new_props) = (properties(prev), properties(new));
-    for (name, old_def) in &old_props {
-        let Some(new_def) = new_props.get(name) else {
-            return Err(format!(
-                "schema change refused: property '{name}' was removed (changes must be additive)"
-            ));
-        };
-        if old_def.get("type") != new_def.get("type") {
-            return Err(format!(
-                "schema change refused: the type of property '{name}' changed"
-            ));
+    let refused = |why: String| Err(format!("schema change refused: {why}"));
+    let (Some(p), Some(n)) = (prev.schema.as_object(), new.as_object()) else {
+        if prev.schema != *new {
+            return refused("a boolean schema cannot change".into());
         }
-    }
-    let (old_req, new_req) = (required(prev), required(new));
+        return Ok(());
+    };
+    let (old_req, new_req) = (required(p), required(n));
     if let Some(added) = new_req.iter().find(|r| !old_req.contains(r)) {
-        return Err(format!(
-            "schema change refused: '{added}' became required (new fields must be optional)"
+        return refused(format!(
+            "'{added}' became required (new fields must be optional)"
         ));
     }
     if let Some(dropped) = old_req.iter().find(|r| !new_req.contains(r)) {
-        return Err(format!(
-            "schema change refused: '{dropped}' is no longer required (consumers rely on it)"
+        return refused(format!(
+            "'{dropped}' is no longer required (consumers rely on it)"
         ));
+    }
+    let keys: std::collections::BTreeSet<&String> = p.keys().chain(n.keys()).collect();
+    for k in keys {
+        if k == "properties" || ANNOTATIONS.contains(&k.as_str()) || p.get(k) == n.get(k) {
+            continue;
+        }
+        return refused(match k.as_str() {
+            "type" => "the top-level type changed".into(),
+            "required" => "the required list changed".into(),
+            _ => format!("keyword '{k}' changed (only new optional properties may be added)"),
+        });
+    }
+    let empty = serde_json::Map::new();
+    let props = |m: &serde_json::Map<String, Value>| {
+        m.get("properties")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_else(|| empty.clone())
+    };
+    let (old_props, new_props) = (props(p), props(n));
+    if n.get("properties").is_some_and(|v| !v.is_object()) {
+        return refused("properties must be an object".into());
+    }
+    for (name, old_def) in &old_props {
+        let Some(new_def) = new_props.get(name) else {
+            return refused(format!(
+                "property '{name}' was removed (changes must be additive)"
+            ));
+        };
+        if old_def.get("type") != new_def.get("type") {
+            return refused(format!("the type of property '{name}' changed"));
+        }
+        if old_def != new_def {
+            return refused(format!(
+                "the definition of property '{name}' changed (existing properties stay as they are)"
+            ));
+        }
     }
     Ok(())
 }
@@ -232,5 +261,21 @@ mod tests {
                 .contains("required")
         );
         assert!(check_evolution(&[], &removed).is_ok());
+        // anything else that could refuse what was valid is refused too
+        let closed = json!({"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"], "additionalProperties": false});
+        assert!(
+            check_evolution(&old, &closed)
+                .unwrap_err()
+                .contains("additionalProperties")
+        );
+        let narrowed = json!({"type": "object", "properties": {"id": {"type": "integer", "minimum": 5}}, "required": ["id"]});
+        assert!(
+            check_evolution(&old, &narrowed)
+                .unwrap_err()
+                .contains("definition")
+        );
+        let described = json!({"type": "object", "description": "orders", "properties": {"id": {"type": "integer"}}, "required": ["id"]});
+        assert!(check_evolution(&old, &described).is_ok());
+        assert!(check_evolution(&v(json!(true)), &json!(false)).is_err());
     }
 }

@@ -85,7 +85,8 @@ async fn open_security(
             );
         }
     }
-    let auth = tokio::task::spawn_blocking(move || Authenticator::new(store))
+    let free = cfg.login_failures_before_block;
+    let auth = tokio::task::spawn_blocking(move || Authenticator::new(store, free))
         .await
         .map_err(|e| ServerError::Security(e.to_string()))?;
     tracing::info!("security is on: HTTP Basic authentication, per-topic grants");
@@ -259,7 +260,7 @@ pub async fn run(
             config.max_connections,
             metrics.connections_refused.clone(),
         ),
-        app,
+        app.into_make_service_with_connect_info::<http::access::PeerAddr>(),
     )
     .with_graceful_shutdown(stopping.clone().cancelled_owned());
     let mut serve = tokio::spawn(async move { serve.await });

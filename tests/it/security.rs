@@ -572,6 +572,88 @@ async fn no_privilege_escalation() {
     assert_eq!(v["next_page_token"], "", "nothing else visible: {v}");
     let all = ctx.as_admin(Method::GET, "/v1/topics", None).await;
     assert_eq!(all["topics"].as_array().unwrap().len(), 2);
+    // an existing topic the caller cannot see answers exactly like a missing one
+    let hidden = ctx
+        .call(
+            alice,
+            Method::PATCH,
+            "/v1/topics/b-1",
+            Some(json!({"retention_ms": 5000})),
+        )
+        .await;
+    let missing = ctx
+        .call(
+            alice,
+            Method::PATCH,
+            "/v1/topics/b-9",
+            Some(json!({"retention_ms": 5000})),
+        )
+        .await;
+    let (h, m): (Value, Value) = (hidden.json().await.unwrap(), missing.json().await.unwrap());
+    assert_eq!(
+        h["error"].as_str().unwrap().replace("b-1", "b-9"),
+        m["error"].as_str().unwrap()
+    );
+    // children alice may not use are not named to her
+    ctx.as_admin(
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "a-kid", "partitions": 1})),
+    )
+    .await;
+    ctx.as_admin(
+        Method::POST,
+        "/v1/topics/a-1/children",
+        Some(json!({"child": "b-1"})),
+    )
+    .await;
+    ctx.as_admin(
+        Method::POST,
+        "/v1/topics/a-1/children",
+        Some(json!({"child": "a-kid"})),
+    )
+    .await;
+    let r = ctx
+        .call(alice, Method::GET, "/v1/topics/a-1/children", None)
+        .await;
+    let v: Value = r.json().await.unwrap();
+    let kids: Vec<&str> = v["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(kids, ["a-kid"], "{v}");
+    let r = ctx
+        .call(alice, Method::DELETE, "/v1/topics/a-1/children/b-1", None)
+        .await;
+    expect(r, 403, "detach a child she cannot see");
+    // a malformed path still gets a JSON error
+    let r = ctx
+        .call(("admin", ROOT_PW), Method::GET, "/v1/users/%FF", None)
+        .await;
+    assert!(r.status().is_client_error());
+    let v: Value = r.json().await.expect("JSON error body");
+    assert!(v["code"].is_string(), "{v}");
+    // a deleted user's topics are not inherited by a new user of the same name
+    ctx.user("eve", json!([{"action": "create", "patterns": ["e-*"]}]))
+        .await;
+    ctx.call(
+        ("eve", PW),
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "e-1"})),
+    )
+    .await;
+    ctx.as_admin(Method::DELETE, "/v1/users/eve", None).await;
+    ctx.user("eve", json!([{"action": "create", "patterns": ["e-*"]}]))
+        .await;
+    let r = ctx
+        .call(("eve", PW), Method::DELETE, "/v1/topics/e-1", None)
+        .await;
+    expect(r, 403, "the new eve does not own the old eve's topic");
+    let t = ctx.as_admin(Method::GET, "/v1/topics/e-1", None).await;
+    assert!(t.get("owner").is_none(), "{t}");
     // grants take effect at once
     ctx.as_admin(
         Method::PUT,
@@ -637,6 +719,26 @@ async fn failed_logins_are_throttled_then_released() {
     assert!(r.headers().get("retry-after").is_some());
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["code"], "login_throttled");
+    // concurrent guesses cannot outrun the block: one attempt at a time per user and address
+    ctx.user("dave", json!([])).await;
+    let guesses = (0..24).map(|i| {
+        let pw = format!("guess-number-{i}");
+        let c = &ctx;
+        async move {
+            c.call(("dave", &pw), Method::GET, "/v1/users/dave", None)
+                .await
+                .status()
+        }
+    });
+    let statuses = futures_util::future::join_all(guesses).await;
+    let verified = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::UNAUTHORIZED)
+        .count();
+    assert!(
+        verified <= 6,
+        "at most 5 free failures and the one that blocks were verified, got {verified}: {statuses:?}"
+    );
     // other users are not affected
     let r = ctx
         .call(("admin", ROOT_PW), Method::GET, "/v1/users", None)
@@ -728,7 +830,7 @@ async fn schemas_validate_produce_and_evolve_additively() {
         .as_admin(
             Method::POST,
             "/v1/topics",
-            Some(json!({"name": "s", "schema": schema})),
+            Some(json!({"name": "s", "partitions": 1, "schema": schema})),
         )
         .await;
     assert_eq!(t["schema_version"], 1);
@@ -820,6 +922,45 @@ async fn schemas_validate_produce_and_evolve_additively() {
         .as_admin(Method::GET, "/v1/topics/s/schema?version=1", None)
         .await;
     assert_eq!(one["version"], 1);
+    // a child receives its parent's records as they are: it cannot carry its own schema
+    ctx.as_admin(
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "plain", "partitions": 1})),
+    )
+    .await;
+    let r = ctx
+        .call(
+            ("admin", ROOT_PW),
+            Method::POST,
+            "/v1/topics/plain/children",
+            Some(json!({"child": "s"})),
+        )
+        .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::CONFLICT,
+        "a topic with a schema cannot become a child"
+    );
+    ctx.as_admin(
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "kid", "partitions": 1, "parent": "plain"})),
+    )
+    .await;
+    let r = ctx
+        .call(
+            ("admin", ROOT_PW),
+            Method::PATCH,
+            "/v1/topics/kid",
+            Some(json!({"schema": {"type": "object"}})),
+        )
+        .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::CONFLICT,
+        "a child cannot get a schema"
+    );
     // versions survive a restart
     let mut s = ctx.s;
     s.stop().await;

@@ -177,6 +177,11 @@ impl Broker {
         let p = self.topic(parent)?;
         let c = self.topic(child)?;
         let pmeta = p.meta.read().clone();
+        if !c.meta.read().schemas.is_empty() {
+            return conflict(format!(
+                "'{child}' has a JSON Schema: a child receives its parent's records as they are, so it cannot have its own"
+            ));
+        }
         if let Some(l) = &pmeta.parent {
             return conflict(format!(
                 "'{parent}' is itself a child of '{}': no grandchildren",

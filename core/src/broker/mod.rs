@@ -78,6 +78,9 @@ impl BrokerConfig {
     }
 }
 
+/// Most JSON Schema versions one topic keeps.
+pub const MAX_SCHEMA_VERSIONS: usize = 100;
+
 /// Errors of broker operations, classified by what the caller should do.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -631,7 +634,18 @@ impl Broker {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
         let topic = self.topic(name)?;
+        if let Some(l) = &topic.meta.read().parent {
+            return Err(BrokerError::FanoutConflict(format!(
+                "'{name}' is a child of '{}': it receives its parent's records as they are, so it cannot have its own schema",
+                l.parent
+            )));
+        }
         let old = topic.meta.read().schemas.clone();
+        if old.len() >= MAX_SCHEMA_VERSIONS {
+            return Err(BrokerError::SchemaIncompatible(format!(
+                "topic '{name}' already has {MAX_SCHEMA_VERSIONS} schema versions, the most it may keep"
+            )));
+        }
         check(&old).map_err(BrokerError::SchemaIncompatible)?;
         let version = old.last().map_or(1, |v| v.version + 1);
         topic.meta.write().schemas.push(SchemaVersion {
@@ -645,6 +659,33 @@ impl Broker {
         }
         tracing::info!(topic = %name, version, "topic schema changed");
         Ok(topic.meta.read().clone())
+    }
+
+    /// Clears `owner` on every topic it owns (its user is being deleted): a later user of the
+    /// same name must not inherit them. Returns how many topics it owned.
+    pub async fn disown(&self, owner: &str) -> Result<usize, BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let owned: Vec<Arc<Topic>> = self
+            .topics
+            .read()
+            .values()
+            .filter(|t| t.meta.read().owner.as_deref() == Some(owner))
+            .cloned()
+            .collect();
+        if owned.is_empty() {
+            return Ok(0);
+        }
+        for t in &owned {
+            t.meta.write().owner = None;
+        }
+        if let Err(e) = self.store_meta(None).await {
+            for t in &owned {
+                t.meta.write().owner = Some(owner.to_owned());
+            }
+            return Err(e);
+        }
+        Ok(owned.len())
     }
 
     pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {

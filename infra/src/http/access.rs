@@ -20,6 +20,27 @@ use narad_core::broker::{Broker, BrokerError, TopicMeta};
 use super::{ApiError, SharedState};
 use crate::metrics::AuthLabels;
 
+/// The client's address, when known (for throttling failed logins per address).
+#[derive(Clone, Copy)]
+pub struct Peer(pub Option<std::net::IpAddr>);
+
+/// The connection's remote address, recorded by the server for every connection of any of
+/// its listeners (`into_make_service_with_connect_info::<PeerAddr>`).
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+impl
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, crate::limits::LimitedListener>,
+    > for PeerAddr
+{
+    fn connect_info(
+        stream: axum::serve::IncomingStream<'_, crate::limits::LimitedListener>,
+    ) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
 #[derive(Clone)]
 pub enum Caller {
     /// Security is off.
@@ -118,6 +139,8 @@ impl Caller {
     pub fn manage_topic(&self, broker: &Broker, name: &str) -> Result<TopicMeta, ApiError> {
         match broker.topic_meta(name) {
             Ok(m) if self.may_manage(&m) => Ok(m),
+            // those who cannot see it learn nothing, not even that it exists
+            Ok(m) if !self.may_see(&m) => Err(self.no_access(name)),
             Ok(_) => Err(forbidden(format!(
                 "only the owner of topic '{name}' or an admin may change it"
             ))),
@@ -145,7 +168,7 @@ fn is_public(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz")
 }
 
-fn auth_error(e: &AuthError) -> (ApiError, &'static str) {
+pub fn auth_error(e: &AuthError) -> (ApiError, &'static str) {
     let msg = e.to_string();
     match e {
         AuthError::Missing => (
@@ -173,6 +196,12 @@ pub async fn authenticate(
     mut req: Request,
     next: Next,
 ) -> Response {
+    let peer = Peer(
+        req.extensions()
+            .get::<axum::extract::ConnectInfo<PeerAddr>>()
+            .map(|c| c.0.0.ip()),
+    );
+    req.extensions_mut().insert(peer);
     let caller = match &state.auth {
         None => Caller::Open,
         Some(_) if is_public(req.uri().path()) => Caller::Open,
@@ -181,7 +210,7 @@ pub async fn authenticate(
                 .headers()
                 .get(header::AUTHORIZATION)
                 .map(HeaderValue::as_bytes);
-            match auth.authenticate(header).await {
+            match auth.authenticate(header, peer.0).await {
                 Ok(user) => Caller::User(user),
                 Err(e) => {
                     let (err, reason) = auth_error(&e);

@@ -321,7 +321,7 @@ async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> 
         .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
     let method = req.method().as_str().to_owned();
     let started = Instant::now();
-    let resp = next.run(req).await;
+    let resp = json_errors(next.run(req).await).await;
     let labels = HttpLabels {
         route,
         method,
@@ -334,6 +334,40 @@ async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> 
         .get_or_create(&labels)
         .observe(started.elapsed().as_secs_f64());
     resp
+}
+
+/// Errors produced outside the handlers (axum's own rejections of a malformed path, say) come
+/// as plain text; every error the API answers is JSON, so they are rewrapped here.
+async fn json_errors(resp: Response) -> Response {
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let status = resp.status();
+    if status.as_u16() < 400 || is_json {
+        return resp;
+    }
+    let retry_after = resp.headers().get(header::RETRY_AFTER).cloned();
+    let text = axum::body::to_bytes(resp.into_body(), 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => "route_not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_encoding",
+        s if s.is_server_error() => "internal_error",
+        _ => "invalid_request",
+    };
+    let message = if text.trim().is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text.trim().to_owned()
+    };
+    let mut err = ApiError::new(status, code, message);
+    err.retry_after = retry_after.and_then(|v| v.to_str().ok()?.parse().ok());
+    err.into_response()
 }
 
 async fn healthz(State(state): State<SharedState>) -> Response {

@@ -91,12 +91,18 @@ pub async fn attach(
     broker
         .attach_child(&parent, &a.child, a.delay_ms, earliest)
         .await?;
-    children_response(&state, &parent)
+    children_response(&state, &caller, &parent)
 }
 
-fn children_response(state: &SharedState, parent: &str) -> ApiResult {
+fn children_response(state: &SharedState, caller: &Caller, parent: &str) -> ApiResult {
     let broker = state.broker()?;
-    let list = broker.children(parent)?;
+    let mut list = broker.children(parent)?;
+    // children the caller may not use are not named to it
+    list.retain(|c| {
+        broker
+            .with_topic_meta(&c.name, |m| caller.may_see(m))
+            .unwrap_or(false)
+    });
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({"parent": parent, "children": list}),
@@ -112,7 +118,7 @@ pub async fn children(
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     caller.see_topic(state.broker()?, &parent)?;
-    children_response(&state, &parent)
+    children_response(&state, &caller, &parent)
 }
 
 /// `DELETE /v1/topics/{parent}/children/{child}`: detach; the child keeps its data.
@@ -125,6 +131,7 @@ pub async fn detach(
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
     caller.manage_topic(&broker, &parent)?;
+    caller.see_topic(&broker, &child)?;
     broker.detach_child(&parent, &child).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -215,6 +222,8 @@ pub async fn create(
     let settings: TopicPatch = serde_json::from_value(serde_json::Value::Object(fields))
         .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))?;
     if let Some(p) = &parent {
+        narad_core::topic::validate_name(p)
+            .map_err(|e| ApiError::bad_request("invalid_field", format!("parent: {}", e.reason)))?;
         if *p == name {
             return Err(ApiError::bad_request(
                 "invalid_child",

@@ -16,7 +16,7 @@ use narad_auth::store::{self as users, StoreError, UserCommand, UserRecord};
 use narad_auth::{Authenticator, authn};
 use serde::{Deserialize, Serialize};
 
-use super::access::{Caller, forbidden};
+use super::access::{Caller, Peer, forbidden};
 use super::query::Query;
 use super::{
     ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
@@ -237,6 +237,12 @@ pub async fn delete(
     caller.require_admin()?;
     let target = lookup(a, &name)?;
     check_manage_user(&caller, &target, "delete")?;
+    // its topics become admin-managed first: a later user of the same name must not inherit
+    // them (if this fails the user stays, and the delete can be retried)
+    let disowned = state.broker()?.disown(&name).await?;
+    if disowned > 0 {
+        tracing::info!(component = "audit", user = %name, topics = disowned, "topics of a deleted user are now managed by admins only");
+    }
     a.store()
         .apply(UserCommand::Delete {
             username: name.clone(),
@@ -281,6 +287,7 @@ pub async fn set_grants(
 pub async fn set_password(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
+    Extension(peer): Extension<Peer>,
     Path(name): Path<String>,
     uri: Uri,
     body: Body,
@@ -297,10 +304,16 @@ pub async fn set_password(
     let target = lookup(a, &name)?;
     if own {
         let current = req.current_password.as_deref().unwrap_or_default();
-        if a.check(&name, current).await.is_err() {
-            return Err(forbidden(
-                "changing your own password needs the correct current_password",
-            ));
+        match a.check(&name, current, peer.0).await {
+            Ok(_) => {}
+            Err(e @ narad_auth::AuthError::Throttled { .. }) => {
+                return Err(super::access::auth_error(&e).0);
+            }
+            Err(_) => {
+                return Err(forbidden(
+                    "changing your own password needs the correct current_password",
+                ));
+            }
         }
     } else if target.is_admin() && !caller.is_root() {
         return Err(forbidden(format!(
