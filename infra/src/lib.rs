@@ -16,3 +16,4 @@ pub mod metrics;
 pub mod schema;
 pub mod server;
 pub mod telemetry;
+pub mod tls;

@@ -1,7 +1,8 @@
 //! The server: binds nothing itself (tests and the binary pass a listener), recovers the broker
 //! in the background while `/healthz` already answers, serves HTTP, and shuts down in order.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture as _};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -27,6 +28,8 @@ pub enum ServerError {
     Archive(#[from] narad_tiering::archive::ArchiveError),
     #[error("security: {0}")]
     Security(String),
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 /// Opens the user store and seeds the root user on first start: its password comes from
@@ -149,6 +152,15 @@ pub async fn run(
         metrics.register_with(|r| tiering_metrics.register(r));
     }
     let auth = open_security(&config).await?;
+    let tls = match (config.tls_cert_file.trim(), config.tls_key_file.trim()) {
+        ("", _) | (_, "") => None,
+        (cert, key) => {
+            let t =
+                crate::tls::Tls::open(Path::new(cert), Path::new(key)).map_err(ServerError::Tls)?;
+            tracing::info!(cert, "TLS on: the API listener speaks HTTPS only");
+            Some(t)
+        }
+    };
     let metrics_listener = match config.metrics_addr.trim() {
         "" => None,
         a => Some(TcpListener::bind(a).await.map_err(|e| {
@@ -254,16 +266,28 @@ pub async fn run(
     }
     let app = http::router(state.clone());
     let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let serve = axum::serve(
-        crate::limits::LimitedListener::new(
-            listener,
-            config.max_connections,
-            metrics.connections_refused.clone(),
+    let limited = crate::limits::LimitedListener::new(
+        listener,
+        config.max_connections,
+        metrics.connections_refused.clone(),
+    );
+    let service = app.into_make_service_with_connect_info::<http::access::PeerAddr>();
+    let serve: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match tls {
+        Some(tls) => {
+            tls.spawn_reloader(stopping.clone());
+            Box::pin(
+                axum::serve(crate::tls::TlsListener::new(limited, tls)?, service)
+                    .with_graceful_shutdown(stopping.clone().cancelled_owned())
+                    .into_future(),
+            )
+        }
+        None => Box::pin(
+            axum::serve(limited, service)
+                .with_graceful_shutdown(stopping.clone().cancelled_owned())
+                .into_future(),
         ),
-        app.into_make_service_with_connect_info::<http::access::PeerAddr>(),
-    )
-    .with_graceful_shutdown(stopping.clone().cancelled_owned());
-    let mut serve = tokio::spawn(async move { serve.await });
+    };
+    let mut serve = tokio::spawn(serve);
     let joined = tokio::select! {
         r = &mut serve => Some(r),
         // Once shutdown starts, in-flight requests get `grace` to finish.

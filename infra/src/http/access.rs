@@ -29,17 +29,19 @@ pub struct Peer(pub Option<std::net::IpAddr>);
 #[derive(Clone, Copy, Debug)]
 pub struct PeerAddr(pub std::net::SocketAddr);
 
-impl
-    axum::extract::connect_info::Connected<
-        axum::serve::IncomingStream<'_, crate::limits::LimitedListener>,
-    > for PeerAddr
-{
-    fn connect_info(
-        stream: axum::serve::IncomingStream<'_, crate::limits::LimitedListener>,
-    ) -> Self {
-        Self(*stream.remote_addr())
-    }
+macro_rules! peer_addr_for {
+    ($listener:ty) => {
+        impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, $listener>>
+            for PeerAddr
+        {
+            fn connect_info(stream: axum::serve::IncomingStream<'_, $listener>) -> Self {
+                Self(*stream.remote_addr())
+            }
+        }
+    };
 }
+peer_addr_for!(crate::limits::LimitedListener);
+peer_addr_for!(crate::tls::TlsListener);
 
 #[derive(Clone)]
 pub enum Caller {
