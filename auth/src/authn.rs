@@ -23,7 +23,7 @@ use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
 
-use crate::store::{MAX_PASSWORD_LEN, UserRecord, UserStore, validate_username};
+use crate::store::{MAX_PASSWORD_BYTES, UserRecord, UserStore, validate_username};
 
 /// Consecutive failures allowed before a username (from one address) is blocked.
 pub const DEFAULT_FREE_FAILURES: u32 = 5;
@@ -202,7 +202,7 @@ impl Authenticator {
             return Ok(r);
         }
         let record = self.store.get(user);
-        let ok = if password.len() > MAX_PASSWORD_LEN {
+        let ok = if password.len() > MAX_PASSWORD_BYTES {
             false
         } else {
             let hash = record

@@ -19,9 +19,12 @@ const USERS_VERSION: u32 = 1;
 pub const ROOT_USER: &str = "admin";
 /// Longest username.
 pub const MAX_USERNAME_LEN: usize = 64;
-/// Password length bounds, in bytes. The upper bound keeps hashing cost bounded.
+/// Password length bounds, in characters (Unicode code points, as JSON Schema's `minLength`
+/// counts). The upper bound keeps hashing cost bounded.
 pub const MIN_PASSWORD_LEN: usize = 8;
 pub const MAX_PASSWORD_LEN: usize = 1024;
+/// Longest password in bytes (1024 characters of up to 4 bytes).
+pub const MAX_PASSWORD_BYTES: usize = 4 * MAX_PASSWORD_LEN;
 /// Most users a node holds.
 pub const MAX_USERS: usize = 10_000;
 
@@ -140,9 +143,10 @@ pub fn validate_username(name: &str) -> Result<(), String> {
 }
 
 pub fn validate_password(pw: &str) -> Result<(), String> {
-    if pw.len() < MIN_PASSWORD_LEN || pw.len() > MAX_PASSWORD_LEN {
+    let chars = pw.chars().count();
+    if !(MIN_PASSWORD_LEN..=MAX_PASSWORD_LEN).contains(&chars) {
         return Err(format!(
-            "password: must be {MIN_PASSWORD_LEN} to {MAX_PASSWORD_LEN} bytes"
+            "password: must be {MIN_PASSWORD_LEN} to {MAX_PASSWORD_LEN} characters"
         ));
     }
     Ok(())
@@ -355,5 +359,10 @@ mod tests {
         assert!(validate_password("short").is_err());
         assert!(validate_password("long enough").is_ok());
         assert!(validate_password(&"x".repeat(1025)).is_err());
+        assert!(
+            validate_password("¢c¢R¢c¢R").is_ok(),
+            "characters, not bytes"
+        );
+        assert!(validate_password("¢c¢R¢").is_err());
     }
 }

@@ -267,6 +267,15 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Cases per fuzz target: `NARAD_FUZZ_CASES`, default 20,000 (what CI runs).
+#[cfg(test)]
+pub(crate) fn fuzz_cases() -> u32 {
+    std::env::var("NARAD_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,6 +355,75 @@ mod tests {
             prop_assert_eq!(rec.timestamp_ms, ts);
             prop_assert_eq!(rec.payload, r.payload);
             prop_assert_eq!(rec.key, r.key);
+        }
+    }
+
+    /// Fuzz targets for the frame decoder (`NARAD_FUZZ_CASES` sets the cases; CI runs the
+    /// default). A failing input proptest finds is kept under `proptest-regressions/` and
+    /// replayed first on every later run.
+    mod fuzz {
+        use super::*;
+
+        /// A frame around `body` with a correct header and checksum, so the body parser
+        /// itself is what gets fuzzed.
+        fn framed(body: &[u8]) -> Vec<u8> {
+            let len = (body.len() as u32).to_le_bytes();
+            let mut out = FRAME_MAGIC.to_vec();
+            out.extend_from_slice(&len);
+            out.extend_from_slice(&frame_crc(&len, body).to_le_bytes());
+            out.extend_from_slice(body);
+            out
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(crate::record::fuzz_cases()))]
+
+            #[test]
+            fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+                if let Ok((_, n)) = decode_frame(&data) {
+                    prop_assert!(n <= data.len());
+                }
+                let _ = frame_len(&data);
+            }
+
+            #[test]
+            fn checksummed_random_bodies_never_panic(
+                version in prop_oneof![Just(FORMAT_VERSION), any::<u8>()],
+                flags in 0u8..8,
+                rest in proptest::collection::vec(any::<u8>(), 0..400),
+            ) {
+                let mut body = vec![version, flags];
+                body.extend_from_slice(&rest);
+                let frame = framed(&body);
+                match decode_frame(&frame) {
+                    Ok((r, n)) => {
+                        prop_assert_eq!(n, frame.len());
+                        prop_assert!(r.payload.len() <= rest.len());
+                    }
+                    Err(FrameError::BadLength(_) | FrameError::BadVersion(_)
+                        | FrameError::Malformed(_) | FrameError::Incomplete { .. }) => {}
+                    Err(e) => prop_assert!(false, "unexpected {}", e),
+                }
+            }
+
+            #[test]
+            fn any_flipped_bit_is_detected(
+                payload in proptest::collection::vec(any::<u8>(), 0..300),
+                key in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40)),
+                bit in any::<proptest::sample::Index>(),
+            ) {
+                let mut frame = Vec::new();
+                NewRecord {
+                    key: key.map(Bytes::from),
+                    headers: vec![("h".into(), Bytes::from_static(b"v"))],
+                    payload: Bytes::from(payload),
+                    ..Default::default()
+                }
+                .encode(5, 1_000, &mut frame);
+                let b = bit.index(frame.len() * 8);
+                frame[b / 8] ^= 1 << (b % 8);
+                prop_assert!(decode_frame(&frame).is_err(), "a flipped bit went unnoticed");
+            }
         }
     }
 }

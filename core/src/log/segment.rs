@@ -349,7 +349,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig::with_cases(20_000))]
+            #![proptest_config(ProptestConfig::with_cases(crate::record::fuzz_cases()))]
             #[test]
             fn recovery_never_drops_a_valid_frame(
                 sizes in proptest::collection::vec(1usize..300, 1..30),

@@ -85,8 +85,20 @@ pub async fn attach(
     caller.manage_topic(&broker, &parent)?;
     let body = read_body(body, MAX_JSON_BODY).await?;
     let a: AttachBody = parse_json(&body)?;
-    // both ends: attaching someone else's topic would change what it receives
-    caller.manage_topic(&broker, &a.child)?;
+    narad_core::topic::validate_name(&a.child)
+        .map_err(|e| ApiError::bad_request("invalid_child", format!("child: {}", e.reason)))?;
+    // both ends: attaching someone else's topic would change what it receives. The URL's
+    // topic exists; a missing child is a fault of the body, so 400 rather than 404.
+    caller.manage_topic(&broker, &a.child).map_err(|e| {
+        if e.code == "topic_not_found" {
+            ApiError::bad_request(
+                "invalid_child",
+                format!("child topic '{}' does not exist", a.child),
+            )
+        } else {
+            e
+        }
+    })?;
     let earliest = from_earliest(a.from.as_deref())?;
     broker
         .attach_child(&parent, &a.child, a.delay_ms, earliest)
