@@ -22,6 +22,21 @@ pub struct Narad {
     pub visibility_ms: u64,
 }
 
+/// HTTP Basic credentials from `NARAD_USER` and `NARAD_PASSWORD`, sent on every request when
+/// both are set (a broker with security on).
+fn credentials() -> Option<&'static hyper::header::HeaderValue> {
+    static AUTH: std::sync::OnceLock<Option<hyper::header::HeaderValue>> =
+        std::sync::OnceLock::new();
+    AUTH.get_or_init(|| {
+        use base64::Engine as _;
+        let user = std::env::var("NARAD_USER").ok()?;
+        let pass = std::env::var("NARAD_PASSWORD").ok()?;
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
+        hyper::header::HeaderValue::from_str(&format!("Basic {token}")).ok()
+    })
+    .as_ref()
+}
+
 /// One HTTP/1.1 connection.
 pub struct Http {
     addr: String,
@@ -71,10 +86,14 @@ impl Http {
     ) -> Result<(StatusCode, Bytes)> {
         let host = self.addr.clone();
         let tx = self.ensure().await?;
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method)
             .uri(path)
-            .header(hyper::header::HOST, host)
+            .header(hyper::header::HOST, host);
+        if let Some(auth) = credentials() {
+            req = req.header(hyper::header::AUTHORIZATION, auth);
+        }
+        let req = req
             .body(Full::new(body))
             .map_err(|e| BenchError::new("request", e))?;
         let res = match tx.send_request(req).await {
