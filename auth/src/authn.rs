@@ -71,8 +71,9 @@ pub struct Authenticator {
     free_failures: u32,
     /// Verified against for unknown usernames, so they cost the same as known ones.
     dummy_hash: String,
-    /// Bounds concurrent argon2 computations to the cores there are.
-    hashing: tokio::sync::Semaphore,
+    /// Bounds concurrent argon2 computations to the cores there are; a permit lives as long
+    /// as its computation.
+    hashing: Arc<tokio::sync::Semaphore>,
     /// Serialise slow-path attempts of one (user, address); striped to bound memory.
     stripes: Vec<tokio::sync::Mutex<()>>,
     stripe_hasher: std::collections::hash_map::RandomState,
@@ -100,6 +101,13 @@ fn verify_hash(password: &str, hash: &str) -> bool {
             false
         }
     }
+}
+
+/// A new user's id: random, never 0.
+pub fn new_user_id() -> u64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    u64::from_le_bytes(b) | 1
 }
 
 /// A random password for the seeded root user: 24 characters of URL-safe base64.
@@ -147,7 +155,7 @@ impl Authenticator {
             failures: Mutex::default(),
             free_failures,
             dummy_hash: hash_password(&random_password()),
-            hashing: tokio::sync::Semaphore::new(permits),
+            hashing: Arc::new(tokio::sync::Semaphore::new(permits)),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             stripe_hasher: Default::default(),
         }
@@ -167,7 +175,7 @@ impl Authenticator {
 
     /// Checks an `Authorization` header value from `peer`; returns the user as stored now.
     pub async fn authenticate(
-        &self,
+        self: &Arc<Self>,
         header: Option<&[u8]>,
         peer: Option<IpAddr>,
     ) -> Result<Arc<UserRecord>, AuthError> {
@@ -177,7 +185,7 @@ impl Authenticator {
 
     /// Checks a username and password sent from `peer`.
     pub async fn check(
-        &self,
+        self: &Arc<Self>,
         user: &str,
         password: &str,
         peer: Option<IpAddr>,
@@ -194,8 +202,29 @@ impl Authenticator {
         if let Some(r) = self.cached(user, &mac) {
             return Ok(r);
         }
-        // Slow path, one attempt at a time per (user, address): each failure is counted
-        // before the next guess is verified, so concurrent guesses cannot outrun the block.
+        // Slow path, in a task of its own so that a client hanging up cannot leave an argon2
+        // computation running outside the bound on them, or skip its failure being counted.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (me, user, password) = (self.clone(), user.to_owned(), password.to_owned());
+        tokio::spawn(async move {
+            let r = me.verify_slow(key, &user, &password, mac, &tx).await;
+            let _ = tx.send(r);
+        });
+        // the task always sends unless it panicked; a panic counts as a refusal
+        rx.await.unwrap_or(Err(AuthError::BadCredentials))
+    }
+
+    /// One attempt at a time per (user, address): each failure is counted before the next
+    /// guess is verified, so concurrent guesses cannot outrun the block. An attempt whose
+    /// client is gone before its turn is dropped unverified (nobody learns its answer).
+    async fn verify_slow(
+        &self,
+        key: ThrottleKey,
+        user: &str,
+        password: &str,
+        mac: [u8; 32],
+        client: &tokio::sync::oneshot::Sender<Result<Arc<UserRecord>, AuthError>>,
+    ) -> Result<Arc<UserRecord>, AuthError> {
         let _turn = self.stripes[self.stripe(&key)].lock().await;
         self.throttled(&key, Instant::now())?;
         if let Some(r) = self.cached(user, &mac) {
@@ -208,12 +237,23 @@ impl Authenticator {
             let hash = record
                 .as_ref()
                 .map_or_else(|| self.dummy_hash.clone(), |r| r.password_hash.clone());
-            let _permit = self.hashing.acquire().await.expect("never closed");
-            let pw = password.to_owned();
-            let verified = tokio::task::spawn_blocking(move || verify_hash(&pw, &hash))
+            let permit = self
+                .hashing
+                .clone()
+                .acquire_owned()
                 .await
-                .unwrap_or(false);
-            verified && record.is_some()
+                .expect("never closed");
+            if client.is_closed() {
+                return Err(AuthError::BadCredentials);
+            }
+            let pw = password.to_owned();
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit; // held for as long as the hash runs
+                verify_hash(&pw, &hash)
+            })
+            .await
+            .unwrap_or(false)
+                && record.is_some()
         };
         match record {
             Some(r) if ok => {
@@ -306,13 +346,14 @@ mod tests {
     use super::*;
     use crate::store::{ROOT_USER, UserCommand};
 
-    fn setup() -> (tempfile::TempDir, Authenticator) {
+    fn setup() -> (tempfile::TempDir, Arc<Authenticator>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(UserStore::open(dir.path()).unwrap());
         store
             .apply(UserCommand::Create {
                 user: UserRecord {
                     username: ROOT_USER.into(),
+                    id: new_user_id(),
                     password_hash: hash_password("correct horse"),
                     root: true,
                     grants: vec![],
@@ -321,7 +362,10 @@ mod tests {
                 },
             })
             .unwrap();
-        (dir, Authenticator::new(store, DEFAULT_FREE_FAILURES))
+        (
+            dir,
+            Arc::new(Authenticator::new(store, DEFAULT_FREE_FAILURES)),
+        )
     }
 
     fn basic(user: &str, pass: &str) -> Vec<u8> {

@@ -32,6 +32,10 @@ pub const MAX_USERS: usize = 10_000;
 #[serde(deny_unknown_fields)]
 pub struct UserRecord {
     pub username: String,
+    /// Random, fixed at creation: a user deleted and created again under the same name is
+    /// another user (it does not inherit the old one's topics).
+    #[serde(default)]
+    pub id: u64,
     /// argon2id PHC string; never leaves the node through the API or the logs.
     pub password_hash: String,
     #[serde(default)]
@@ -279,6 +283,7 @@ mod tests {
     fn user(name: &str, root: bool) -> UserRecord {
         UserRecord {
             username: name.into(),
+            id: 1,
             password_hash: format!("hash-of-{name}"),
             root,
             grants: vec![],

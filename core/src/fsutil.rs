@@ -10,9 +10,9 @@ pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// [`write_file_atomic`] creating the file with Unix permission bits `mode` (e.g. `0o600`
-/// for secrets), whatever the old file had.
+/// for secrets; the umask can only narrow them), whatever the old file had.
 pub fn write_file_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp_name = path.file_name().unwrap_or_default().to_owned();
     tmp_name.push(".tmp");
@@ -23,8 +23,7 @@ pub fn write_file_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::
         .create_new(true)
         .mode(mode)
         .open(&tmp)?;
-    // the umask may have cleared bits the caller asked for
-    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);

@@ -141,8 +141,8 @@ impl TopicConfig {
 pub struct CreateTopic {
     pub name: String,
     pub settings: TopicPatch,
-    /// The creating user, when security is on.
-    pub owner: Option<String>,
+    /// The creating user (name and id), when security is on.
+    pub owner: Option<(String, u64)>,
     /// A JSON Schema (already checked by the caller) that becomes version 1.
     pub schema: Option<serde_json::Value>,
 }

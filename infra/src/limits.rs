@@ -17,9 +17,18 @@ pub struct LimitedListener {
     permits: Arc<Semaphore>,
     limit: usize,
     refused: prometheus_client::metrics::counter::Counter,
+    /// Answer a refused connection with a plaintext HTTP 503 (not on a TLS port, where the
+    /// client expects a handshake: there it is just closed).
+    http_refusal: bool,
 }
 
 impl LimitedListener {
+    /// Refused connections are closed without the plaintext 503 (for a TLS listener).
+    pub fn without_http_refusal(mut self) -> Self {
+        self.http_refusal = false;
+        self
+    }
+
     pub fn new(
         inner: TcpListener,
         limit: usize,
@@ -30,6 +39,7 @@ impl LimitedListener {
             permits: Arc::new(Semaphore::new(limit)),
             limit,
             refused,
+            http_refusal: true,
         }
     }
 }
@@ -105,6 +115,10 @@ impl axum::serve::Listener for LimitedListener {
                         },
                         addr,
                     );
+                }
+                Err(_) if !self.http_refusal => {
+                    self.refused.inc();
+                    drop(stream);
                 }
                 Err(_) => {
                     self.refused.inc();

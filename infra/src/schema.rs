@@ -111,6 +111,17 @@ impl SchemaCache {
     }
 }
 
+/// Whether a schema uses references anywhere (`$ref`, `$dynamicRef`, `$recursiveRef`).
+fn has_refs(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.iter().any(|(k, v)| {
+            matches!(k.as_str(), "$ref" | "$dynamicRef" | "$recursiveRef") || has_refs(v)
+        }),
+        Value::Array(a) => a.iter().any(has_refs),
+        _ => false,
+    }
+}
+
 /// Keywords that describe but do not constrain: free to change between versions.
 const ANNOTATIONS: &[&str] = &[
     "title",
@@ -157,9 +168,13 @@ pub fn check_evolution(old: &[SchemaVersion], new: &Value) -> Result<(), String>
             "'{dropped}' is no longer required (consumers rely on it)"
         ));
     }
+    // a `$ref` can point into an annotation and make it constrain: then annotations are
+    // held to the same rule as everything else
+    let annotations_free = !has_refs(&prev.schema) && !has_refs(new);
     let keys: std::collections::BTreeSet<&String> = p.keys().chain(n.keys()).collect();
     for k in keys {
-        if k == "properties" || ANNOTATIONS.contains(&k.as_str()) || p.get(k) == n.get(k) {
+        let annotation = annotations_free && ANNOTATIONS.contains(&k.as_str());
+        if k == "properties" || annotation || p.get(k) == n.get(k) {
             continue;
         }
         return refused(match k.as_str() {
@@ -277,5 +292,9 @@ mod tests {
         let described = json!({"type": "object", "description": "orders", "properties": {"id": {"type": "integer"}}, "required": ["id"]});
         assert!(check_evolution(&old, &described).is_ok());
         assert!(check_evolution(&v(json!(true)), &json!(false)).is_err());
+        // an annotation a `$ref` points into constrains: it may not change
+        let via_ref = json!({"readOnly": true, "properties": {"id": {"$ref": "#/readOnly"}}});
+        let flipped = json!({"readOnly": false, "properties": {"id": {"$ref": "#/readOnly"}}});
+        assert!(check_evolution(&v(via_ref), &flipped).is_err());
     }
 }

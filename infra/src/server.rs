@@ -64,6 +64,7 @@ async fn open_security(
             .apply(UserCommand::Create {
                 user: UserRecord {
                     username: ROOT_USER.into(),
+                    id: authn::new_user_id(),
                     password_hash: hash.0,
                     root: true,
                     grants: Vec::new(),
@@ -276,9 +277,12 @@ pub async fn run(
         Some(tls) => {
             tls.spawn_reloader(stopping.clone());
             Box::pin(
-                axum::serve(crate::tls::TlsListener::new(limited, tls)?, service)
-                    .with_graceful_shutdown(stopping.clone().cancelled_owned())
-                    .into_future(),
+                axum::serve(
+                    crate::tls::TlsListener::new(limited.without_http_refusal(), tls)?,
+                    service,
+                )
+                .with_graceful_shutdown(stopping.clone().cancelled_owned())
+                .into_future(),
             )
         }
         None => Box::pin(

@@ -291,6 +291,8 @@ pub struct TopicManifest {
     /// The creating user (security on), restored with the topic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<u64>,
     /// The topic's JSON Schema versions, restored with the topic.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schemas: Vec<narad_core::broker::SchemaVersion>,

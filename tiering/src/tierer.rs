@@ -270,6 +270,7 @@ impl Tierer {
             created_at_ms: meta.created_at_ms,
             config: meta.config.clone(),
             owner: meta.owner.clone(),
+            owner_id: meta.owner_id,
             schemas: meta.schemas.clone(),
         };
         let saved = self.topics_saved.lock().await.get(topic).cloned();
@@ -538,6 +539,7 @@ pub async fn restore(
             config: t.config.clone(),
             parent: None,
             owner: t.owner.clone(),
+            owner_id: t.owner_id,
             schemas: t.schemas.clone(),
         };
         match broker.restore_topic(meta, &starts).await {

@@ -25,6 +25,9 @@ pub struct TopicMeta {
     /// The user who created the topic (with security on); it may alter and delete it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// The owning user's id (users of one name over time have different ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<u64>,
     /// JSON Schema versions, oldest first; produce validates against the last one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schemas: Vec<SchemaVersion>,

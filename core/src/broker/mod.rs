@@ -228,6 +228,9 @@ pub struct Broker {
     topics: RwLock<BTreeMap<String, Arc<Topic>>>,
     /// Serialises metadata changes (create, alter, delete).
     meta_lock: tokio::sync::Mutex<()>,
+    /// Number of the latest metadata snapshot taken, and of the latest written.
+    meta_seq: AtomicU64,
+    meta_written: Arc<Mutex<u64>>,
     shutting_down: AtomicBool,
     /// Set when shutdown begins: consumes stop waiting.
     draining: AtomicBool,
@@ -276,6 +279,8 @@ impl Broker {
             handles: HandleCodec::random(),
             topics: RwLock::new(BTreeMap::new()),
             meta_lock: tokio::sync::Mutex::new(()),
+            meta_seq: AtomicU64::new(0),
+            meta_written: Arc::default(),
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             shutdown: Notify::new(),
@@ -393,9 +398,23 @@ impl Broker {
             .collect();
         metas.extend(adding.cloned());
         let dir = self.cfg.data_dir.clone();
-        tokio::task::spawn_blocking(move || meta::store(&dir, metas))
-            .await
-            .expect("metadata store task")?;
+        // Snapshots are numbered under `meta_lock`. The write runs on a blocking thread that
+        // finishes even if the caller's future is dropped (a client that disconnects), and
+        // then `meta_lock` is free while it runs: writes are therefore serialised here, and
+        // an older snapshot never replaces a newer one on disk.
+        let seq = self.meta_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let written = self.meta_written.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut last = written.lock();
+            if *last >= seq {
+                return Ok(());
+            }
+            meta::store(&dir, metas)?;
+            *last = seq;
+            Ok::<_, meta::MetaError>(())
+        })
+        .await
+        .expect("metadata store task")?;
         Ok(())
     }
 
@@ -417,7 +436,8 @@ impl Broker {
             created_at_ms: self.clock.now_ms(),
             config,
             parent: None,
-            owner: req.owner.clone(),
+            owner: req.owner.as_ref().map(|(name, _)| name.clone()),
+            owner_id: req.owner.as_ref().map(|(_, id)| *id),
             schemas: req
                 .schema
                 .clone()
@@ -661,27 +681,35 @@ impl Broker {
         Ok(topic.meta.read().clone())
     }
 
-    /// Clears `owner` on every topic it owns (its user is being deleted): a later user of the
-    /// same name must not inherit them. Returns how many topics it owned.
-    pub async fn disown(&self, owner: &str) -> Result<usize, BrokerError> {
+    /// Clears the owner of every topic the user `owner` (of id `owner_id`) owns, after the
+    /// user was deleted. Returns how many there were.
+    pub async fn disown(&self, owner: &str, owner_id: u64) -> Result<usize, BrokerError> {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
         let owned: Vec<Arc<Topic>> = self
             .topics
             .read()
             .values()
-            .filter(|t| t.meta.read().owner.as_deref() == Some(owner))
+            .filter(|t| {
+                let m = t.meta.read();
+                m.owner.as_deref() == Some(owner) && m.owner_id.is_none_or(|id| id == owner_id)
+            })
             .cloned()
             .collect();
         if owned.is_empty() {
             return Ok(0);
         }
-        for t in &owned {
-            t.meta.write().owner = None;
-        }
+        let before: Vec<_> = owned
+            .iter()
+            .map(|t| {
+                let mut m = t.meta.write();
+                (m.owner.take(), m.owner_id.take())
+            })
+            .collect();
         if let Err(e) = self.store_meta(None).await {
-            for t in &owned {
-                t.meta.write().owner = Some(owner.to_owned());
+            for (t, (o, id)) in owned.iter().zip(before) {
+                let mut m = t.meta.write();
+                (m.owner, m.owner_id) = (o, id);
             }
             return Err(e);
         }

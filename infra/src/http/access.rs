@@ -62,6 +62,14 @@ impl Caller {
         }
     }
 
+    /// The owner a topic created by this caller gets: name and id.
+    pub fn owner(&self) -> Option<(String, u64)> {
+        match self {
+            Self::Open => None,
+            Self::User(u) => Some((u.username.clone(), u.id)),
+        }
+    }
+
     pub fn is_root(&self) -> bool {
         match self {
             Self::Open => true,
@@ -102,8 +110,13 @@ impl Caller {
     }
 
     fn owns(&self, meta: &TopicMeta) -> bool {
-        self.username()
-            .is_some_and(|me| meta.owner.as_deref() == Some(me))
+        match self {
+            Self::Open => false,
+            Self::User(u) => {
+                meta.owner.as_deref() == Some(u.username.as_str())
+                    && meta.owner_id.is_none_or(|id| id == u.id)
+            }
+        }
     }
 
     /// Listed and readable: an admin, the owner, or anyone with a grant on the name.

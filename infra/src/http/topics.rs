@@ -248,7 +248,7 @@ pub async fn create(
         .create_topic(CreateTopic {
             name: name.clone(),
             settings,
-            owner: caller.username().map(str::to_owned),
+            owner: caller.owner(),
             schema,
         })
         .await?;
@@ -382,7 +382,24 @@ pub async fn alter(
     let mut fields: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
     let schema = take_schema(&mut fields)?;
     if let Some(s) = &schema {
-        // refused before any setting changes; checked again under the metadata lock
+        // everything that can refuse the schema is checked before any setting changes (and
+        // again under the metadata lock)
+        if let Some(l) = &current.parent {
+            return Err(narad_core::broker::BrokerError::FanoutConflict(format!(
+                "'{topic}' is a child of '{}': it receives its parent's records as they are, so it cannot have its own schema",
+                l.parent
+            ))
+            .into());
+        }
+        if current.schemas.len() >= narad_core::broker::MAX_SCHEMA_VERSIONS {
+            return Err(ApiError::bad_request(
+                "schema_incompatible",
+                format!(
+                    "topic '{topic}' already has {} schema versions, the most it may keep",
+                    narad_core::broker::MAX_SCHEMA_VERSIONS
+                ),
+            ));
+        }
         crate::schema::check_evolution(&current.schemas, s)
             .map_err(|e| ApiError::bad_request("schema_incompatible", e))?;
     }

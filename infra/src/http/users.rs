@@ -131,6 +131,22 @@ fn check_grantable(caller: &Caller, grants: &[Grant]) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Applies a user change on a blocking thread (it fsyncs); it completes even if the client
+/// goes away.
+async fn apply(a: &Authenticator, cmd: UserCommand) -> Result<(), ApiError> {
+    let store = a.store().clone();
+    tokio::task::spawn_blocking(move || store.apply(cmd))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "metadata_failed",
+                e.to_string(),
+            )
+        })?
+        .map_err(store_error)
+}
+
 fn lookup(a: &Authenticator, name: &str) -> Result<Arc<UserRecord>, ApiError> {
     a.store()
         .get(name)
@@ -159,15 +175,14 @@ pub async fn create(
     let now = now_ms();
     let user = UserRecord {
         username: req.username.clone(),
+        id: authn::new_user_id(),
         password_hash: hash(req.password).await?,
         root: false,
         grants: req.grants,
         created_at_ms: now,
         updated_at_ms: now,
     };
-    a.store()
-        .apply(UserCommand::Create { user })
-        .map_err(store_error)?;
+    apply(a, UserCommand::Create { user }).await?;
     audit(&caller, "user_create", &req.username);
     let u = lookup(a, &req.username)?;
     Ok(json_response(StatusCode::CREATED, &user_json(&u)))
@@ -237,17 +252,24 @@ pub async fn delete(
     caller.require_admin()?;
     let target = lookup(a, &name)?;
     check_manage_user(&caller, &target, "delete")?;
-    // its topics become admin-managed first: a later user of the same name must not inherit
-    // them (if this fails the user stays, and the delete can be retried)
-    let disowned = state.broker()?.disown(&name).await?;
-    if disowned > 0 {
-        tracing::info!(component = "audit", user = %name, topics = disowned, "topics of a deleted user are now managed by admins only");
-    }
-    a.store()
-        .apply(UserCommand::Delete {
+    apply(
+        a,
+        UserCommand::Delete {
             username: name.clone(),
-        })
-        .map_err(store_error)?;
+        },
+    )
+    .await?;
+    // Its topics keep the old user's id, so a later user of the same name never owns them;
+    // clearing the owner makes that visible (admin-managed). Best effort: the id is the guard.
+    match state.broker()?.disown(&name, target.id).await {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::info!(component = "audit", user = %name, topics = n, "topics of a deleted user are now managed by admins only")
+        }
+        Err(e) => {
+            tracing::warn!(user = %name, error = %e, "could not clear the owner of a deleted user's topics; they stay unmanageable by any later user of the name")
+        }
+    }
     a.forget(&name);
     audit(&caller, "user_delete", &name);
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -270,13 +292,15 @@ pub async fn set_grants(
     let target = lookup(a, &name)?;
     check_manage_user(&caller, &target, "change the grants of")?;
     check_grantable(&caller, &req.grants)?;
-    a.store()
-        .apply(UserCommand::SetGrants {
+    apply(
+        a,
+        UserCommand::SetGrants {
             username: name.clone(),
             grants: req.grants,
             at_ms: now_ms(),
-        })
-        .map_err(store_error)?;
+        },
+    )
+    .await?;
     audit(&caller, "user_grants", &name);
     let u = lookup(a, &name)?;
     Ok(json_response(StatusCode::OK, &user_json(&u)))
@@ -320,13 +344,15 @@ pub async fn set_password(
             "'{name}' is an admin: only the root user may change its password"
         )));
     }
-    a.store()
-        .apply(UserCommand::SetPassword {
+    apply(
+        a,
+        UserCommand::SetPassword {
             username: name.clone(),
             password_hash: hash(req.new_password).await?,
             at_ms: now_ms(),
-        })
-        .map_err(store_error)?;
+        },
+    )
+    .await?;
     a.forget(&name);
     audit(&caller, "user_password", &name);
     Ok(StatusCode::NO_CONTENT.into_response())
