@@ -1174,3 +1174,112 @@ async fn tls_serves_https_and_reloads_certificates() {
     s.restart().await;
     assert_eq!(s.get("/healthz").await.status(), StatusCode::OK);
 }
+
+/// Runs the CLI as `user`; returns (success, stdout, stderr).
+async fn cli_as(s: &Server, user: Option<(&str, &str)>, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(args).env("NARAD_ADDR", &s.base);
+    if let Some((u, p)) = user {
+        cmd.env("NARAD_USER", u).env("NARAD_PASSWORD", p);
+    }
+    let out = cmd.output().await.unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn cli_manages_users_and_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = secure(dir.path()).await;
+    let root = Some(("admin", ROOT_PW));
+    // without credentials the CLI says what to set
+    let (ok, _, err) = cli_as(&s, None, &["topic", "ls"]).await;
+    assert!(!ok && err.contains("NARAD_USER"), "{err}");
+    let (ok, out, err) = cli_as(
+        &s,
+        root,
+        &[
+            "user",
+            "add",
+            "billing",
+            "--grant",
+            "produce:orders-*",
+            "--grant",
+            "create:orders-*",
+            "--new-password",
+            PW,
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("\"billing\"") && !out.contains("argon2"),
+        "{out}"
+    );
+    let (ok, out, _) = cli_as(&s, root, &["user", "ls"]).await;
+    assert!(
+        ok && out.contains("billing") && out.contains("produce:orders-*"),
+        "{out}"
+    );
+    // the new user works under its grants, and a schema file is enforced
+    let schema = dir.path().join("order.json");
+    std::fs::write(&schema, r#"{"type": "object", "required": ["id"]}"#).unwrap();
+    let billing = Some(("billing", PW));
+    let (ok, _, err) = cli_as(
+        &s,
+        billing,
+        &[
+            "topic",
+            "add",
+            "orders-eu",
+            "--partitions",
+            "1",
+            "--schema",
+            schema.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli_as(&s, billing, &["pub", "orders-eu", "{\"id\": 1}"]).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli_as(&s, billing, &["pub", "orders-eu", "{\"no\": 1}"]).await;
+    assert!(!ok && err.contains("schema_violation"), "{err}");
+    let (ok, out, _) = cli_as(&s, billing, &["topic", "schema", "orders-eu"]).await;
+    assert!(ok && out.contains("\"latest\": 1"), "{out}");
+    let (ok, _, err) = cli_as(&s, billing, &["topic", "add", "payments"]).await;
+    assert!(!ok && err.contains("forbidden"), "{err}");
+    // grants replaced; password changed by its owner; then removed
+    let (ok, out, err) = cli_as(
+        &s,
+        root,
+        &["user", "grant", "billing", "--grant", "consume:orders-*"],
+    )
+    .await;
+    assert!(ok && out.contains("consume"), "{out}{err}");
+    let (ok, _, err) = cli_as(
+        &s,
+        billing,
+        &[
+            "user",
+            "passwd",
+            "billing",
+            "--new-password",
+            "billing-pw-2",
+            "--current",
+            PW,
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let (ok, _, _) = cli_as(&s, billing, &["topic", "ls"]).await;
+    assert!(!ok, "the old password no longer works");
+    let (ok, _, err) = cli_as(&s, Some(("billing", "billing-pw-2")), &["topic", "ls"]).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli_as(&s, root, &["user", "rm", "billing"]).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli_as(&s, root, &["user", "add", "x", "--grant", "fly:y"]).await;
+    assert!(!ok && err.contains("action"), "{err}");
+}

@@ -230,6 +230,7 @@ pub struct Broker {
     meta_lock: tokio::sync::Mutex<()>,
     /// Number of the latest metadata snapshot taken, and of the latest written.
     meta_seq: AtomicU64,
+    meta_snapshot: Mutex<()>,
     meta_written: Arc<Mutex<u64>>,
     shutting_down: AtomicBool,
     /// Set when shutdown begins: consumes stop waiting.
@@ -280,6 +281,7 @@ impl Broker {
             topics: RwLock::new(BTreeMap::new()),
             meta_lock: tokio::sync::Mutex::new(()),
             meta_seq: AtomicU64::new(0),
+            meta_snapshot: Mutex::new(()),
             meta_written: Arc::default(),
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -390,19 +392,23 @@ impl Broker {
     /// Persists the metadata of every registered topic, plus `adding` (a topic about to be
     /// registered: it becomes visible only once its metadata is durable).
     async fn store_meta(&self, adding: Option<&TopicMeta>) -> Result<(), BrokerError> {
-        let mut metas: Vec<TopicMeta> = self
-            .topics
-            .read()
-            .values()
-            .map(|t| t.meta.read().clone())
-            .collect();
-        metas.extend(adding.cloned());
+        // A snapshot and its number are taken together, so a higher number is a later
+        // snapshot. The write runs on a blocking thread that finishes even if the caller's
+        // future is dropped (a client that disconnects), and then `meta_lock` is free while
+        // it runs: writes are therefore serialised here, and an older snapshot never replaces
+        // a newer one on disk.
+        let (seq, metas) = {
+            let _numbering = self.meta_snapshot.lock();
+            let mut metas: Vec<TopicMeta> = self
+                .topics
+                .read()
+                .values()
+                .map(|t| t.meta.read().clone())
+                .collect();
+            metas.extend(adding.cloned());
+            (self.meta_seq.fetch_add(1, Ordering::AcqRel) + 1, metas)
+        };
         let dir = self.cfg.data_dir.clone();
-        // Snapshots are numbered under `meta_lock`. The write runs on a blocking thread that
-        // finishes even if the caller's future is dropped (a client that disconnects), and
-        // then `meta_lock` is free while it runs: writes are therefore serialised here, and
-        // an older snapshot never replaces a newer one on disk.
-        let seq = self.meta_seq.fetch_add(1, Ordering::AcqRel) + 1;
         let written = self.meta_written.clone();
         tokio::task::spawn_blocking(move || {
             let mut last = written.lock();
