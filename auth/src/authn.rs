@@ -138,6 +138,19 @@ pub fn parse_basic(header: &[u8]) -> Result<(String, String), AuthError> {
     Ok((user.to_owned(), pass.to_owned()))
 }
 
+fn blocked(
+    f: &HashMap<ThrottleKey, Failures>,
+    key: &ThrottleKey,
+    now: Instant,
+) -> Result<(), AuthError> {
+    match f.get(key).and_then(|e| e.blocked_until) {
+        Some(until) if until > now => Err(AuthError::Throttled {
+            retry_after_secs: (until - now).as_secs_f64().ceil().max(1.0) as u64,
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -195,19 +208,43 @@ impl Authenticator {
             return Err(AuthError::BadCredentials);
         }
         let key = (user.to_owned(), peer);
-        // the block applies before the cache: a cache hit would otherwise tell a blocked
-        // guesser, at HMAC speed, that a guess was right
-        self.throttled(&key, Instant::now())?;
         let mac = self.mac(user, password);
-        if let Some(r) = self.cached(user, &mac) {
-            return Ok(r);
+        {
+            // Fast path, all under the failures lock: the block applies before the cache (a
+            // hit would otherwise tell a blocked guesser, at HMAC speed, that a guess was
+            // right), and a guess the cache proves wrong is counted before the next one can
+            // be looked at.
+            let now = Instant::now();
+            let mut failures = self.failures.lock();
+            blocked(&failures, &key, now)?;
+            if let Some(r) = self.store.get(user) {
+                let known = self
+                    .cache
+                    .lock()
+                    .get(user)
+                    .filter(|c| c.password_hash == r.password_hash)
+                    .map(|c| ct_eq(&c.mac, &mac));
+                match known {
+                    Some(true) => {
+                        failures.remove(&key);
+                        return Ok(r);
+                    }
+                    // the right password for this hash is known, and this is not it
+                    Some(false) => {
+                        self.note_failure(&mut failures, key, now);
+                        return Err(AuthError::BadCredentials);
+                    }
+                    None => {}
+                }
+            }
         }
         // Slow path, in a task of its own so that a client hanging up cannot leave an argon2
         // computation running outside the bound on them, or skip its failure being counted.
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (me, user, password) = (self.clone(), user.to_owned(), password.to_owned());
         tokio::spawn(async move {
-            let r = me.verify_slow(key, &user, &password, mac, &tx).await;
+            let mut tx = tx;
+            let r = me.verify_slow(key, &user, &password, mac, &mut tx).await;
             let _ = tx.send(r);
         });
         // the task always sends unless it panicked; a panic counts as a refusal
@@ -223,9 +260,13 @@ impl Authenticator {
         user: &str,
         password: &str,
         mac: [u8; 32],
-        client: &tokio::sync::oneshot::Sender<Result<Arc<UserRecord>, AuthError>>,
+        client: &mut tokio::sync::oneshot::Sender<Result<Arc<UserRecord>, AuthError>>,
     ) -> Result<Arc<UserRecord>, AuthError> {
-        let _turn = self.stripes[self.stripe(&key)].lock().await;
+        // a client that hangs up while waiting leaves both queues at once, unanswered
+        let _turn = tokio::select! {
+            t = self.stripes[self.stripe(&key)].lock() => t,
+            () = client.closed() => return Err(AuthError::BadCredentials),
+        };
         self.throttled(&key, Instant::now())?;
         if let Some(r) = self.cached(user, &mac) {
             return Ok(r);
@@ -237,15 +278,10 @@ impl Authenticator {
             let hash = record
                 .as_ref()
                 .map_or_else(|| self.dummy_hash.clone(), |r| r.password_hash.clone());
-            let permit = self
-                .hashing
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("never closed");
-            if client.is_closed() {
-                return Err(AuthError::BadCredentials);
-            }
+            let permit = tokio::select! {
+                p = self.hashing.clone().acquire_owned() => p.expect("never closed"),
+                () = client.closed() => return Err(AuthError::BadCredentials),
+            };
             let pw = password.to_owned();
             tokio::task::spawn_blocking(move || {
                 let _permit = permit; // held for as long as the hash runs
@@ -297,20 +333,17 @@ impl Authenticator {
     }
 
     fn throttled(&self, key: &ThrottleKey, now: Instant) -> Result<(), AuthError> {
-        let f = self.failures.lock();
-        match f.get(key).and_then(|e| e.blocked_until) {
-            Some(until) if until > now => Err(AuthError::Throttled {
-                retry_after_secs: (until - now).as_secs_f64().ceil().max(1.0) as u64,
-            }),
-            _ => Ok(()),
-        }
+        blocked(&self.failures.lock(), key, now)
     }
 
     fn record_failure(&self, key: ThrottleKey, now: Instant) {
+        self.note_failure(&mut self.failures.lock(), key, now);
+    }
+
+    fn note_failure(&self, f: &mut HashMap<ThrottleKey, Failures>, key: ThrottleKey, now: Instant) {
         if self.free_failures == 0 {
             return;
         }
-        let mut f = self.failures.lock();
         if f.len() >= THROTTLE_CAPACITY {
             f.retain(|_, e| now.duration_since(e.last) < FORGET_AFTER);
             if f.len() >= THROTTLE_CAPACITY {
@@ -414,6 +447,25 @@ mod tests {
                 .await
                 .is_ok()
         );
+    }
+
+    #[tokio::test]
+    async fn guesses_the_cache_proves_wrong_are_counted_at_once() {
+        let (_d, a) = setup();
+        let peer = Some(IpAddr::from([10, 0, 0, 1]));
+        a.check(ROOT_USER, "correct horse", peer).await.unwrap();
+        for i in 0..=DEFAULT_FREE_FAILURES {
+            assert_eq!(
+                a.check(ROOT_USER, &format!("guess {i}"), peer).await,
+                Err(AuthError::BadCredentials)
+            );
+        }
+        // blocked now, even for the right password; other addresses are not
+        assert!(matches!(
+            a.check(ROOT_USER, "correct horse", peer).await,
+            Err(AuthError::Throttled { .. })
+        ));
+        assert!(a.check(ROOT_USER, "correct horse", None).await.is_ok());
     }
 
     #[test]

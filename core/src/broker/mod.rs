@@ -698,7 +698,7 @@ impl Broker {
             .values()
             .filter(|t| {
                 let m = t.meta.read();
-                m.owner.as_deref() == Some(owner) && m.owner_id.is_none_or(|id| id == owner_id)
+                m.owner.as_deref() == Some(owner) && m.owner_id.unwrap_or(0) == owner_id
             })
             .cloned()
             .collect();

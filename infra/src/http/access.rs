@@ -113,8 +113,10 @@ impl Caller {
         match self {
             Self::Open => false,
             Self::User(u) => {
+                // topics from before owner ids match only users from before them (id 0);
+                // new users never have id 0
                 meta.owner.as_deref() == Some(u.username.as_str())
-                    && meta.owner_id.is_none_or(|id| id == u.id)
+                    && meta.owner_id.unwrap_or(0) == u.id
             }
         }
     }

@@ -381,7 +381,8 @@ pub async fn alter(
     let body = read_body(body, MAX_JSON_BODY).await?;
     let mut fields: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
     let schema = take_schema(&mut fields)?;
-    if let Some(s) = &schema {
+    let unchanged = |s: &serde_json::Value| current.schemas.last().is_some_and(|v| v.schema == *s);
+    if let Some(s) = schema.as_ref().filter(|s| !unchanged(s)) {
         // everything that can refuse the schema is checked before any setting changes (and
         // again under the metadata lock)
         if let Some(l) = &current.parent {

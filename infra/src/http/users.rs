@@ -252,6 +252,7 @@ pub async fn delete(
     caller.require_admin()?;
     let target = lookup(a, &name)?;
     check_manage_user(&caller, &target, "delete")?;
+    let broker = state.broker()?.clone();
     apply(
         a,
         UserCommand::Delete {
@@ -261,7 +262,7 @@ pub async fn delete(
     .await?;
     // Its topics keep the old user's id, so a later user of the same name never owns them;
     // clearing the owner makes that visible (admin-managed). Best effort: the id is the guard.
-    match state.broker()?.disown(&name, target.id).await {
+    match broker.disown(&name, target.id).await {
         Ok(0) => {}
         Ok(n) => {
             tracing::info!(component = "audit", user = %name, topics = n, "topics of a deleted user are now managed by admins only")
