@@ -1283,3 +1283,78 @@ async fn cli_manages_users_and_schemas() {
     let (ok, _, err) = cli_as(&s, root, &["user", "add", "x", "--grant", "fly:y"]).await;
     assert!(!ok && err.contains("action"), "{err}");
 }
+
+/// Users acknowledged (201) before a kill -9 are all there after the restart, and log in.
+#[tokio::test]
+async fn acknowledged_users_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = secure(dir.path()).await;
+    let acked = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (http, url, acked) = (s.http.clone(), s.url("/v1/users"), acked.clone());
+            tokio::spawn(async move {
+                for i in 0.. {
+                    let name = format!("u{w}-{i}");
+                    let r = http
+                        .post(&url)
+                        .basic_auth("admin", Some(ROOT_PW))
+                        .json(&json!({"username": name, "password": PW,
+                                      "grants": [{"action": "produce", "patterns": ["p-*"]}]}))
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) if r.status() == StatusCode::CREATED => acked.lock().push(name),
+                        Ok(r) => panic!("create answered {}", r.status()),
+                        Err(_) => return, // the broker is gone
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while acked.lock().len() < 40 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "users are not being created"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    s.kill9();
+    for w in workers {
+        w.await.unwrap();
+    }
+    s.restart().await;
+    let acked = acked.lock().clone();
+    let list = s
+        .http
+        .get(s.url("/v1/users"))
+        .basic_auth("admin", Some(ROOT_PW))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = list.json().await.unwrap();
+    let have: std::collections::HashSet<&str> = v["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["username"].as_str().unwrap())
+        .collect();
+    for name in &acked {
+        assert!(
+            have.contains(name.as_str()),
+            "acknowledged user {name} lost"
+        );
+    }
+    // and they log in with their passwords
+    for name in acked.iter().take(5) {
+        let r = s
+            .http
+            .get(s.url(&format!("/v1/users/{name}")))
+            .basic_auth(name, Some(PW))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{name}");
+    }
+}
