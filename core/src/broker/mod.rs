@@ -809,18 +809,20 @@ impl Broker {
         let mut bytes = 0u64;
         for (index, m) in messages.into_iter().enumerate() {
             bytes += m.payload.len() as u64;
-            if m.payload.len() as u64 > cfg.max_message_bytes {
-                return Err(BrokerError::MessageTooLarge {
-                    index,
-                    size: m.payload.len(),
-                    max: cfg.max_message_bytes,
-                });
-            }
+            // a malformed field (400) is reported before a size that is merely over this
+            // topic's limit (413)
             let delay = m.delay_ms.unwrap_or(cfg.delay_ms);
             if !(0..=MAX_DELAY_MS).contains(&delay) {
                 return Err(BrokerError::InvalidMessage {
                     index,
                     reason: format!("delay_ms must be between 0 and {MAX_DELAY_MS}"),
+                });
+            }
+            if m.payload.len() as u64 > cfg.max_message_bytes {
+                return Err(BrokerError::MessageTooLarge {
+                    index,
+                    size: m.payload.len(),
+                    max: cfg.max_message_bytes,
                 });
             }
             let partition = match (m.partition, &m.key) {

@@ -121,6 +121,19 @@ pub async fn single(
 ) -> ApiResult {
     caller.require(narad_auth::Action::Produce, &topic)?;
     let q = Query::parse(uri.query(), &["key", "partition", "delay_ms"])?;
+    // the query is judged before the body is read (a bad parameter is a 400 even when the
+    // body would also be too large)
+    let delay_ms = delay(q.u64("delay_ms")?);
+    if delay_ms.is_some_and(|d| d > narad_core::topic::MAX_DELAY_MS) {
+        return Err(ApiError::bad_request(
+            "invalid_message",
+            format!(
+                "message 0: delay_ms must be between 0 and {}",
+                narad_core::topic::MAX_DELAY_MS
+            ),
+        ));
+    }
+    let partition = q.u32("partition")?;
     let broker = state.broker()?.clone();
     let payload = read_body(body, MAX_MESSAGE_BYTES_LIMIT as usize).await?;
     if payload.is_empty() {
@@ -142,8 +155,8 @@ pub async fn single(
     check_headers(&msg_headers, "")?;
     let msg = ProduceMessage {
         key: key.map(|k| Bytes::copy_from_slice(k.as_bytes())),
-        partition: q.u32("partition")?,
-        delay_ms: delay(q.u64("delay_ms")?),
+        partition,
+        delay_ms,
         headers: msg_headers,
         payload,
     };
