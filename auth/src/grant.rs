@@ -57,10 +57,7 @@ fn validate_pattern(p: &str) -> Result<(), String> {
             "pattern \"{p}\": must be 1 to {MAX_PATTERN_LEN} characters"
         ));
     }
-    if !body
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
+    if !narad_core::topic::is_name_chars(body) {
         return Err(format!(
             "pattern \"{p}\": may contain only A-Z a-z 0-9 . _ - and one trailing *"
         ));

@@ -137,10 +137,7 @@ pub fn validate_username(name: &str) -> Result<(), String> {
             "username: must be 1 to {MAX_USERNAME_LEN} characters"
         ));
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
+    if !narad_core::topic::is_name_chars(name) {
         return Err("username: may contain only A-Z a-z 0-9 . _ -".into());
     }
     Ok(())

@@ -60,6 +60,13 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> InvalidField {
     }
 }
 
+/// Whether `s` holds only the characters of topic names (and usernames, grant patterns):
+/// `A-Z a-z 0-9 . _ -`.
+pub fn is_name_chars(s: &str) -> bool {
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 pub fn validate_name(name: &str) -> Result<(), InvalidField> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(invalid(
@@ -70,10 +77,7 @@ pub fn validate_name(name: &str) -> Result<(), InvalidField> {
     if name == "." || name == ".." {
         return Err(invalid("name", "must not be '.' or '..'"));
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
+    if !is_name_chars(name) {
         return Err(invalid("name", "may contain only A-Z a-z 0-9 . _ -"));
     }
     Ok(())

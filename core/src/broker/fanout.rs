@@ -388,13 +388,7 @@ impl Broker {
         partition: u32,
         records: Vec<NewRecord>,
     ) -> Result<(), BrokerError> {
-        let parts = topic.partitions();
-        let part = parts
-            .get(partition as usize)
-            .ok_or(BrokerError::PartitionOutOfRange {
-                partition,
-                partitions: parts.len() as u32,
-            })?;
+        let part = topic.partition(partition)?;
         let n = records.len() as u64;
         let appended = part.log(&self.env).await?.append(records).await?;
         part.touch(self.clock.now_ms());

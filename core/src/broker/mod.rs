@@ -217,6 +217,17 @@ impl Topic {
     fn partitions(&self) -> Arc<Vec<Arc<Partition>>> {
         self.partitions.read().clone()
     }
+    /// Partition `p`, or `PartitionOutOfRange`.
+    fn partition(&self, p: u32) -> Result<Arc<Partition>, BrokerError> {
+        let parts = self.partitions.read();
+        parts
+            .get(p as usize)
+            .cloned()
+            .ok_or(BrokerError::PartitionOutOfRange {
+                partition: p,
+                partitions: parts.len() as u32,
+            })
+    }
 }
 
 pub struct Broker {
@@ -1222,14 +1233,7 @@ impl Broker {
         max: usize,
     ) -> Result<Vec<Arc<Record>>, BrokerError> {
         self.check_running()?;
-        let topic = self.topic(topic_name)?;
-        let parts = topic.partitions();
-        let Some(part) = parts.get(partition as usize) else {
-            return Err(BrokerError::PartitionOutOfRange {
-                partition,
-                partitions: parts.len() as u32,
-            });
-        };
+        let part = self.topic(topic_name)?.partition(partition)?;
         let log = part.log(&self.env).await?;
         part.touch(self.clock.now_ms());
         let recs = tokio::task::spawn_blocking(move || -> Result<_, LogError> {
@@ -1446,15 +1450,7 @@ impl Broker {
     }
 
     fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition>, BrokerError> {
-        let t = self.topic(topic)?;
-        let parts = t.partitions();
-        parts
-            .get(partition as usize)
-            .cloned()
-            .ok_or(BrokerError::PartitionOutOfRange {
-                partition,
-                partitions: parts.len() as u32,
-            })
+        self.topic(topic)?.partition(partition)
     }
 
     /// The sealed segments of a partition, oldest first (opens an idle partition's log).
@@ -1497,13 +1493,7 @@ impl Broker {
         if t.meta.read().id != topic_id {
             return Err(BrokerError::TopicNotFound(topic.to_owned()));
         }
-        let parts = t.partitions();
-        let part = parts
-            .get(partition as usize)
-            .ok_or(BrokerError::PartitionOutOfRange {
-                partition,
-                partitions: parts.len() as u32,
-            })?;
+        let part = t.partition(partition)?;
         part.archived_below.fetch_max(below, Ordering::AcqRel);
         Ok(())
     }
