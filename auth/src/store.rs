@@ -208,7 +208,7 @@ impl UserStore {
         })
         .expect("users serialise");
         // password hashes: readable by the broker's user only
-        narad_core::fsutil::write_file_atomic_mode(&self.path, &body, 0o600).map_err(|source| {
+        narad_core::fsutil::write_file_atomic(&self.path, &body).map_err(|source| {
             StoreError::Io {
                 path: self.path.clone(),
                 source,

@@ -305,6 +305,10 @@ struct ReplayArgs {
 }
 
 fn main() -> ExitCode {
+    // Files and directories Narad creates hold messages, users and keys: nobody but the
+    // broker's own user may read them, whatever writes them (our code creates them 0600/0700
+    // already; the object-store library writing a `file://` archive honours only the umask).
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

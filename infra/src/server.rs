@@ -45,7 +45,7 @@ async fn open_security(
         );
         return Ok(None);
     }
-    std::fs::create_dir_all(&cfg.data_dir)?;
+    narad_core::fsutil::create_dir_private(&cfg.data_dir)?;
     let store =
         Arc::new(UserStore::open(&cfg.data_dir).map_err(|e| ServerError::Security(e.to_string()))?);
     if store.get(ROOT_USER).is_none() {

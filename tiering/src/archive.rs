@@ -79,7 +79,7 @@ impl Archive {
             if path.is_empty() || !path.starts_with('/') {
                 return Err(ArchiveError::BadUrl(url.into()));
             }
-            std::fs::create_dir_all(path).map_err(|e| {
+            narad_core::fsutil::create_dir_private(std::path::Path::new(path)).map_err(|e| {
                 ArchiveError::Store(object_store::Error::Generic {
                     store: "LocalFileSystem",
                     source: Box::new(e),

@@ -113,16 +113,26 @@ fn cursor_path(parent_partition_dir: &Path, child: &str, epoch: u64) -> PathBuf 
     parent_partition_dir.join(format!("fanout-{child}.{epoch:016x}.offset"))
 }
 
+/// The child a cursor file (or its temp file) belongs to: the file name is exactly
+/// `fanout-<child>.<16 hex digits>.offset[.tmp]`. Topic names may contain dots, so a name is
+/// matched whole, never by prefix (`a-c` must not claim the cursor of its sibling `a-c.x`).
+fn cursor_file_child(file_name: &str) -> Option<&str> {
+    let rest = file_name.strip_prefix("fanout-")?;
+    let rest = rest
+        .strip_suffix(".offset.tmp")
+        .or_else(|| rest.strip_suffix(".offset"))?;
+    let (child, epoch) = rest.rsplit_once('.')?;
+    (epoch.len() == 16 && epoch.bytes().all(|b| b.is_ascii_hexdigit())).then_some(child)
+}
+
 /// Removes every cursor file of `child` in a parent partition directory (all epochs).
 pub(crate) fn remove_cursor_files(parent_partition_dir: &Path, child: &str) {
-    let prefix = format!("fanout-{child}.");
     let Ok(entries) = std::fs::read_dir(parent_partition_dir) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with(&prefix) && (name.ends_with(".offset") || name.ends_with(".tmp")) {
+        if cursor_file_child(&name.to_string_lossy()) == Some(child) {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -135,20 +145,9 @@ fn read_cursor(path: &Path, epoch: u64) -> Option<u64> {
 }
 
 fn write_cursor(path: &Path, epoch: u64, next_offset: u64) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("offset.tmp");
     // (the epoch in the file name makes the temp file per attachment too)
     let body = serde_json::to_vec(&CursorFile { epoch, next_offset }).expect("cursor serialises");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        crate::log::segment::sync_dir(dir)?;
-    }
-    Ok(())
+    crate::fsutil::write_file_atomic(path, &body)
 }
 
 impl Broker {
@@ -228,7 +227,7 @@ impl Broker {
             let path = cursor_path(&part.dir, child, link.epoch);
             let (epoch, dir, name) = (link.epoch, part.dir.clone(), child.to_owned());
             tokio::task::spawn_blocking(move || {
-                std::fs::create_dir_all(&dir)?;
+                crate::fsutil::create_dir_private(&dir)?;
                 remove_cursor_files(&dir, &name); // earlier attachments' leftovers
                 write_cursor(&path, epoch, start)
             })
@@ -239,14 +238,16 @@ impl Broker {
                 source,
             })?;
         }
-        let old = c.meta.read().clone();
-        let mut meta = old.clone();
-        meta.parent = Some(link.clone());
-        *c.meta.write() = meta;
-        if let Err(e) = self.store_meta(None).await {
-            *c.meta.write() = old;
-            return Err(e);
-        }
+        let (id, edited, linked, live) = (c.id(), link.clone(), link.clone(), c.clone());
+        self.commit_meta(
+            move |metas| {
+                if let Some(m) = metas.iter_mut().find(|m| m.id == id) {
+                    m.parent = Some(edited);
+                }
+            },
+            move || live.meta.write().parent = Some(linked),
+        )
+        .await?;
         for i in 0..p.partitions().len() as u32 {
             self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
         }
@@ -260,19 +261,26 @@ impl Broker {
         let _guard = self.meta_lock.lock().await;
         let c = self.topic(child)?;
         self.topic(parent)?;
-        let old = c.meta.read().clone();
-        if old.parent.as_ref().is_none_or(|l| l.parent != parent) {
+        if c.meta
+            .read()
+            .parent
+            .as_ref()
+            .is_none_or(|l| l.parent != parent)
+        {
             return Err(BrokerError::FanoutNotChild(format!(
                 "'{child}' is not a child of '{parent}'"
             )));
         }
-        let mut meta = old.clone();
-        meta.parent = None;
-        *c.meta.write() = meta;
-        if let Err(e) = self.store_meta(None).await {
-            *c.meta.write() = old;
-            return Err(e);
-        }
+        let (id, live) = (c.id(), c.clone());
+        self.commit_meta(
+            move |metas| {
+                if let Some(m) = metas.iter_mut().find(|m| m.id == id) {
+                    m.parent = None;
+                }
+            },
+            move || live.meta.write().parent = None,
+        )
+        .await?;
         self.forget_cursors(parent, child);
         tracing::info!(parent, child, "child detached");
         Ok(())
@@ -355,7 +363,7 @@ impl Broker {
         epoch: u64,
         start: u64,
     ) -> std::io::Result<()> {
-        std::fs::create_dir_all(part_dir)?;
+        crate::fsutil::create_dir_private(part_dir)?;
         write_cursor(&cursor_path(part_dir, child, epoch), epoch, start)
     }
 
@@ -594,4 +602,34 @@ async fn persist(path: &Path, epoch: u64, next: u64) -> Result<(), BrokerError> 
             }
             .into()
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_files_match_whole_child_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, sibling) = ("a-c", "a-c.x");
+        write_cursor(&cursor_path(dir.path(), a, 0x11), 0x11, 5).unwrap();
+        write_cursor(&cursor_path(dir.path(), sibling, 0x22), 0x22, 7).unwrap();
+        std::fs::write(dir.path().join("fanout-a-c.x.tmp"), b"not a cursor").unwrap();
+        assert_eq!(
+            cursor_file_child("fanout-a-c.x.0000000000000022.offset"),
+            Some(sibling)
+        );
+        assert_eq!(
+            cursor_file_child("fanout-a-c.0000000000000011.offset.tmp"),
+            Some(a)
+        );
+        assert_eq!(cursor_file_child("fanout-a-c.x.tmp"), None);
+        remove_cursor_files(dir.path(), a);
+        assert!(!cursor_path(dir.path(), a, 0x11).exists());
+        assert_eq!(
+            read_cursor(&cursor_path(dir.path(), sibling, 0x22), 0x22),
+            Some(7)
+        );
+        assert!(dir.path().join("fanout-a-c.x.tmp").exists());
+    }
 }

@@ -236,13 +236,11 @@ pub struct Broker {
     clock: SharedClock,
     metrics: Arc<CoreMetrics>,
     handles: HandleCodec,
-    topics: RwLock<BTreeMap<String, Arc<Topic>>>,
+    topics: Arc<RwLock<BTreeMap<String, Arc<Topic>>>>,
     /// Serialises metadata changes (create, alter, delete).
     meta_lock: tokio::sync::Mutex<()>,
-    /// Number of the latest metadata snapshot taken, and of the latest written.
-    meta_seq: AtomicU64,
-    meta_snapshot: Mutex<()>,
-    meta_written: Arc<Mutex<u64>>,
+    /// Held while a metadata change is written and published (see [`Broker::commit_meta`]).
+    meta_commit: Arc<Mutex<()>>,
     shutting_down: AtomicBool,
     /// Set when shutdown begins: consumes stop waiting.
     draining: AtomicBool,
@@ -289,11 +287,9 @@ impl Broker {
             clock,
             metrics,
             handles: HandleCodec::random(),
-            topics: RwLock::new(BTreeMap::new()),
+            topics: Arc::default(),
             meta_lock: tokio::sync::Mutex::new(()),
-            meta_seq: AtomicU64::new(0),
-            meta_snapshot: Mutex::new(()),
-            meta_written: Arc::default(),
+            meta_commit: Arc::default(),
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             shutdown: Notify::new(),
@@ -305,7 +301,7 @@ impl Broker {
         let metas = {
             let data_dir = data_dir.clone();
             tokio::task::spawn_blocking(move || -> Result<_, BrokerError> {
-                std::fs::create_dir_all(data_dir.join("topics")).map_err(|source| {
+                crate::fsutil::create_dir_private(&data_dir.join("topics")).map_err(|source| {
                     LogError::Io {
                         path: data_dir.join("topics"),
                         source,
@@ -400,38 +396,37 @@ impl Broker {
             .ok_or_else(|| BrokerError::TopicNotFound(name.to_owned()))
     }
 
-    /// Persists the metadata of every registered topic, plus `adding` (a topic about to be
-    /// registered: it becomes visible only once its metadata is durable).
-    async fn store_meta(&self, adding: Option<&TopicMeta>) -> Result<(), BrokerError> {
-        // A snapshot and its number are taken together, so a higher number is a later
-        // snapshot. The write runs on a blocking thread that finishes even if the caller's
-        // future is dropped (a client that disconnects), and then `meta_lock` is free while
-        // it runs: writes are therefore serialised here, and an older snapshot never replaces
-        // a newer one on disk.
-        let (seq, metas) = {
-            let _numbering = self.meta_snapshot.lock();
-            let mut metas: Vec<TopicMeta> = self
-                .topics
+    /// Makes a metadata change durable, then live: `edit` turns the published metadata of
+    /// every topic into the new set, which is written (temp file, fsync, rename, fsync); only
+    /// once that succeeded does `publish` apply the change in memory. A failed write publishes
+    /// nothing, so no client ever acts on (and gets a 2xx for) state that a crash would undo.
+    ///
+    /// Read, write and publish run as one step on a blocking thread under `meta_commit`: it
+    /// finishes even if the caller's future is dropped (a client that disconnects, releasing
+    /// `meta_lock`), and the next change then starts from what this one published, so disk
+    /// and memory never disagree.
+    async fn commit_meta(
+        &self,
+        edit: impl FnOnce(&mut Vec<TopicMeta>) + Send + 'static,
+        publish: impl FnOnce() + Send + 'static,
+    ) -> Result<(), BrokerError> {
+        let topics = self.topics.clone();
+        let commit = self.meta_commit.clone();
+        let dir = self.cfg.data_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let _one_change = commit.lock();
+            let mut metas: Vec<TopicMeta> = topics
                 .read()
                 .values()
                 .map(|t| t.meta.read().clone())
                 .collect();
-            metas.extend(adding.cloned());
-            (self.meta_seq.fetch_add(1, Ordering::AcqRel) + 1, metas)
-        };
-        let dir = self.cfg.data_dir.clone();
-        let written = self.meta_written.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut last = written.lock();
-            if *last >= seq {
-                return Ok(());
-            }
+            edit(&mut metas);
             meta::store(&dir, metas)?;
-            *last = seq;
+            publish();
             Ok::<_, meta::MetaError>(())
         })
         .await
-        .expect("metadata store task")?;
+        .expect("metadata commit task")?;
         Ok(())
     }
 
@@ -497,10 +492,12 @@ impl Broker {
                 continue;
             }
             let pdir = dir.join(format!("p{p:05}"));
-            let made = std::fs::create_dir_all(&pdir)
+            let made = crate::fsutil::create_dir_private(&pdir)
                 .and_then(|()| {
-                    std::fs::File::create(crate::log::segment::segment_path(&pdir, start))
-                        .and_then(|f| f.sync_all())
+                    crate::fsutil::open_or_create_private(&crate::log::segment::segment_path(
+                        &pdir, start,
+                    ))
+                    .and_then(|f| f.sync_all())
                 })
                 .and_then(|()| crate::log::segment::sync_dir(&pdir));
             made.map_err(|source| LogError::Io {
@@ -517,14 +514,23 @@ impl Broker {
     /// and registers the topic. The caller holds `meta_lock`.
     async fn install_topic(self: &Arc<Self>, meta: &TopicMeta) -> Result<(), BrokerError> {
         let topic = self.open_topic(meta.clone()).await?;
-        if let Err(e) = self.store_meta(Some(meta)).await {
+        let adding = meta.clone();
+        let (topics, live, name) = (self.topics.clone(), topic.clone(), meta.name.clone());
+        let committed = self
+            .commit_meta(
+                move |metas| metas.push(adding),
+                move || {
+                    topics.write().insert(name, live);
+                },
+            )
+            .await;
+        if let Err(e) = committed {
             for p in topic.partitions().iter() {
                 p.close().await;
             }
             let _ = std::fs::remove_dir_all(&topic.dir);
             return Err(e);
         }
-        self.topics.write().insert(meta.name.clone(), topic.clone());
         self.spawn_topic_timer(topic);
         Ok(())
     }
@@ -631,17 +637,34 @@ impl Broker {
                     })?;
                 }
             }
-            let new = self
-                .open_partitions(&topic.dir, old.config.partitions, config.partitions)
-                .await?;
-            let mut all: Vec<Arc<Partition>> = topic.partitions().iter().cloned().collect();
-            all.extend(new);
-            *topic.partitions.write() = Arc::new(all);
         }
-        topic.meta.write().config = config;
-        if let Err(e) = self.store_meta(None).await {
-            topic.meta.write().config = old.config;
-            *topic.partitions.write() = old_parts;
+        // New partitions are opened now but go live (take produces, count in the topic) only
+        // once the metadata that names them is durable.
+        let new = if config.partitions > old.config.partitions {
+            self.open_partitions(&topic.dir, old.config.partitions, config.partitions)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let all: Vec<Arc<Partition>> = old_parts.iter().chain(&new).cloned().collect();
+        let (id, edited, live) = (old.id, config.clone(), topic.clone());
+        let committed = self
+            .commit_meta(
+                move |metas| {
+                    if let Some(m) = metas.iter_mut().find(|m| m.id == id) {
+                        m.config = edited;
+                    }
+                },
+                move || {
+                    *live.partitions.write() = Arc::new(all);
+                    live.meta.write().config = config;
+                },
+            )
+            .await;
+        if let Err(e) = committed {
+            for p in &new {
+                p.close().await;
+            }
             return Err(e);
         }
         // a grown parent: its children copy the new partitions too (cursors written above)
@@ -685,15 +708,21 @@ impl Broker {
         }
         check(&old).map_err(BrokerError::SchemaIncompatible)?;
         let version = old.last().map_or(1, |v| v.version + 1);
-        topic.meta.write().schemas.push(SchemaVersion {
+        let added = SchemaVersion {
             version,
             created_at_ms: self.clock.now_ms(),
             schema,
-        });
-        if let Err(e) = self.store_meta(None).await {
-            topic.meta.write().schemas = old;
-            return Err(e);
-        }
+        };
+        let (id, edited, live) = (topic.id(), added.clone(), topic.clone());
+        self.commit_meta(
+            move |metas| {
+                if let Some(m) = metas.iter_mut().find(|m| m.id == id) {
+                    m.schemas.push(edited);
+                }
+            },
+            move || live.meta.write().schemas.push(added),
+        )
+        .await?;
         tracing::info!(topic = %name, version, "topic schema changed");
         Ok(topic.meta.read().clone())
     }
@@ -716,48 +745,53 @@ impl Broker {
         if owned.is_empty() {
             return Ok(0);
         }
-        let before: Vec<_> = owned
-            .iter()
-            .map(|t| {
-                let mut m = t.meta.write();
-                (m.owner.take(), m.owner_id.take())
-            })
-            .collect();
-        if let Err(e) = self.store_meta(None).await {
-            for (t, (o, id)) in owned.iter().zip(before) {
-                let mut m = t.meta.write();
-                (m.owner, m.owner_id) = (o, id);
-            }
-            return Err(e);
-        }
-        Ok(owned.len())
+        let ids: Vec<u64> = owned.iter().map(|t| t.id()).collect();
+        let count = owned.len();
+        self.commit_meta(
+            move |metas| {
+                for m in metas.iter_mut().filter(|m| ids.contains(&m.id)) {
+                    (m.owner, m.owner_id) = (None, None);
+                }
+            },
+            move || {
+                for t in owned {
+                    let mut m = t.meta.write();
+                    (m.owner, m.owner_id) = (None, None);
+                }
+            },
+        )
+        .await?;
+        Ok(count)
     }
 
     pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
-        let topic = self
-            .topics
-            .write()
-            .remove(name)
-            .ok_or_else(|| BrokerError::TopicNotFound(name.to_owned()))?;
+        let topic = self.topic(name)?;
         // its children survive, standalone with their data
         let children: Vec<Arc<Topic>> = self
             .child_topics(name)
             .into_iter()
             .map(|(_, t, _)| t)
             .collect();
-        let unlinked: Vec<_> = children
-            .iter()
-            .map(|c| c.meta.write().parent.take())
-            .collect();
-        if let Err(e) = self.store_meta(None).await {
-            for (c, l) in children.iter().zip(unlinked) {
-                c.meta.write().parent = l;
-            }
-            self.topics.write().insert(name.to_owned(), topic);
-            return Err(e);
-        }
+        let (id, child_ids): (u64, Vec<u64>) =
+            (topic.id(), children.iter().map(|c| c.id()).collect());
+        let (topics, gone, unlink) = (self.topics.clone(), name.to_owned(), children.clone());
+        self.commit_meta(
+            move |metas| {
+                metas.retain(|m| m.id != id);
+                for m in metas.iter_mut().filter(|m| child_ids.contains(&m.id)) {
+                    m.parent = None;
+                }
+            },
+            move || {
+                topics.write().remove(&gone);
+                for c in unlink {
+                    c.meta.write().parent = None;
+                }
+            },
+        )
+        .await?;
         {
             let gone: Vec<String> = children
                 .iter()
@@ -947,6 +981,11 @@ impl Broker {
                     partitions: n,
                 });
             }
+        }
+        // Readers already in line are served first: a newcomer (even one that does not wait)
+        // never takes a message that became deliverable while they were waiting.
+        if !topic.waiters.lock().is_empty() {
+            self.dispatch(&topic).await;
         }
         let got = self.try_take(&topic, partition, max).await?;
         if !got.is_empty() || wait.is_zero() || self.draining.load(Ordering::Acquire) {
@@ -1267,8 +1306,11 @@ impl Broker {
                 {
                     return;
                 }
+                // From here on every new deadline (a lease or delay made by the dispatch below,
+                // or by any consume meanwhile) re-arms the timer: `arm_timer` compares against
+                // this, and a notification that arrives before the sleep is kept as a permit.
+                topic.timer_at.store(i64::MAX, Ordering::Release);
                 let now = broker.clock.now_ms();
-                let mut next = i64::MAX;
                 let mut released = 0u64;
                 let mut any_ready = false;
                 for p in topic.partitions().iter() {
@@ -1276,9 +1318,6 @@ impl Broker {
                     let expired = q.expire(now);
                     released += expired.len() as u64;
                     any_ready |= !expired.is_empty() | (q.promote_due(now) > 0);
-                    if let Some(at) = q.next_wakeup() {
-                        next = next.min(at);
-                    }
                 }
                 if released > 0 {
                     broker
@@ -1290,7 +1329,14 @@ impl Broker {
                 if any_ready {
                     broker.dispatch(&topic).await;
                 }
-                topic.timer_at.store(next, Ordering::Release);
+                // the next deadline is taken after the dispatch, which may have made new ones
+                let next = topic
+                    .partitions()
+                    .iter()
+                    .filter_map(|p| p.queue.lock().next_wakeup())
+                    .min()
+                    .unwrap_or(i64::MAX);
+                let next = topic.timer_at.fetch_min(next, Ordering::AcqRel).min(next);
                 let sleep_ms = if next == i64::MAX {
                     60_000
                 } else {
@@ -1519,7 +1565,7 @@ impl Broker {
     pub fn set_restore_pending(&self, pending: bool) -> std::io::Result<()> {
         let marker = self.cfg.data_dir.join(RESTORE_MARKER);
         if pending {
-            std::fs::write(&marker, b"restore from the archive in progress\n")?;
+            crate::fsutil::write_file_atomic(&marker, b"restore from the archive in progress\n")?;
         } else {
             match std::fs::remove_file(&marker) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),

@@ -1,6 +1,5 @@
 //! One partition of a topic: its log (opened lazily, closed when idle) and its queue state.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -202,11 +201,5 @@ fn read_snapshot(dir: &Path) -> Option<QueueSnapshot> {
 }
 
 fn write_snapshot(dir: &Path, snap: &QueueSnapshot) -> std::io::Result<()> {
-    let path = dir.join(QUEUE_STATE_FILE);
-    let tmp = dir.join(format!("{QUEUE_STATE_FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&snap.encode())?;
-    f.sync_data()?;
-    drop(f);
-    std::fs::rename(&tmp, &path)
+    crate::fsutil::write_file_atomic(&dir.join(QUEUE_STATE_FILE), &snap.encode())
 }

@@ -261,3 +261,143 @@ async fn an_unfinished_restore_keeps_the_node_fresh() {
     assert!(!b.is_fresh(), "a finished restore is not redone");
     b.shutdown().await;
 }
+
+fn to_partition(p: u32) -> ProduceMessage {
+    ProduceMessage {
+        partition: Some(p),
+        ..msg("x")
+    }
+}
+
+fn grow(partitions: u32) -> TopicPatch {
+    TopicPatch {
+        partitions: Some(partitions),
+        ..Default::default()
+    }
+}
+
+/// Issue 11, bug 1: a new partition goes live only once the metadata naming it is durable.
+/// Before, the partition took produces while `topics.json` was still being written, so a
+/// crash then left a 202'd record in a partition that did not exist after restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_partitions_go_live_only_once_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("t", 3)).await.unwrap();
+    let topic_dir = b.topic("t").unwrap().dir.clone();
+    // the metadata write of the change cannot finish while the test holds this
+    let (locked_tx, locked) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let commit = b.meta_commit.clone();
+    let holder = std::thread::spawn(move || {
+        let _held = commit.lock();
+        locked_tx.send(()).unwrap();
+        let _ = release_rx.recv();
+    });
+    locked.recv().unwrap();
+    let b2 = b.clone();
+    let alter = tokio::spawn(async move { b2.alter_topic("t", grow(4)).await });
+    // the new partition is open on disk and the change waits for its durable write
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !topic_dir.join("p00003").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the alter never opened partition 3"
+        );
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..50 {
+        assert!(matches!(
+            b.produce("t", vec![to_partition(3)]).await,
+            Err(BrokerError::PartitionOutOfRange { partitions: 3, .. })
+        ));
+        assert_eq!(b.topic_info("t").unwrap().partitions.len(), 3);
+        tokio::task::yield_now().await;
+    }
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    alter.await.unwrap().unwrap();
+    b.produce("t", vec![to_partition(3)]).await.unwrap();
+    b.shutdown().await;
+    drop(b);
+    let b = open(dir.path()).await;
+    assert_eq!(b.topic_info("t").unwrap().partitions.len(), 4);
+    b.shutdown().await;
+}
+
+/// A metadata write that fails publishes nothing: the topic keeps its partitions and config,
+/// and a later change (once the disk is fine) works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_metadata_write_publishes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("t", 3)).await.unwrap();
+    // fault injection: the temp file of the atomic replace cannot be created
+    let blocker = dir.path().join(format!("{}.tmp", meta::META_FILE));
+    std::fs::create_dir(&blocker).unwrap();
+    assert!(matches!(
+        b.alter_topic("t", grow(4)).await,
+        Err(BrokerError::Meta(_))
+    ));
+    assert!(matches!(
+        b.produce("t", vec![to_partition(3)]).await,
+        Err(BrokerError::PartitionOutOfRange { partitions: 3, .. })
+    ));
+    assert!(b.create_topic(create("u", 1)).await.is_err());
+    assert!(matches!(b.topic("u"), Err(BrokerError::TopicNotFound(_))));
+    assert!(b.delete_topic("t").await.is_err());
+    b.produce("t", vec![to_partition(0)]).await.unwrap();
+    std::fs::remove_dir(&blocker).unwrap();
+    b.alter_topic("t", grow(4)).await.unwrap();
+    b.produce("t", vec![to_partition(3)]).await.unwrap();
+    b.shutdown().await;
+}
+
+/// Issue 11, bug 3: a lease that expires inside the topic's timer window must wake the
+/// waiters that are already in line, first come first served, and count the expiry when it
+/// happens (not when somebody next polls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_wakes_the_waiter_in_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(CreateTopic {
+        settings: TopicPatch {
+            partitions: Some(1),
+            visibility_timeout_ms: Some(300),
+            ..Default::default()
+        },
+        ..create("t", 1)
+    })
+    .await
+    .unwrap();
+    b.produce("t", vec![msg("m")]).await.unwrap();
+    let started = Instant::now();
+    // A leases and never acks
+    let a = b.consume("t", None, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(a.len(), 1);
+    // B waits and gets it on expiry; B never acks either
+    let got_b = b
+        .consume("t", None, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(got_b.len(), 1, "B was not served on A's lease expiry");
+    // C waits: B's lease (created inside a dispatch) must re-arm the timer
+    let got_c = b
+        .consume("t", None, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(got_c.len(), 1, "C was not served on B's lease expiry");
+    assert_eq!(got_c[0].delivery_count, 3);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "expiries were served only when the waits ran out ({:?})",
+        started.elapsed()
+    );
+    let expired = b
+        .metrics
+        .lease_expiries
+        .get_or_create(&TopicLabel { topic: "t".into() })
+        .get();
+    assert_eq!(expired, 2);
+    b.shutdown().await;
+}

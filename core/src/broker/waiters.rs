@@ -25,6 +25,10 @@ impl Waiters {
         self.line.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.line.is_empty()
+    }
+
     /// Joins the end of the line; returns the waiter's id.
     pub fn push(&mut self, mut w: Waiter) -> u64 {
         self.next_id += 1;

@@ -183,7 +183,7 @@ impl PartitionLog {
         clock: SharedClock,
         metrics: Arc<CoreMetrics>,
     ) -> Result<(Self, RecoveryReport), LogError> {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        crate::fsutil::create_dir_private(dir).map_err(io_err(dir))?;
         let mut bases = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
             let entry = entry.map_err(io_err(dir))?;
@@ -574,12 +574,7 @@ impl PartitionLog {
 
 fn create_segment(dir: &Path, base: u64) -> Result<Segment, LogError> {
     let path = segment::segment_path(dir, base);
-    OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io_err(&path))?;
+    crate::fsutil::open_or_create_private(&path).map_err(io_err(&path))?;
     segment::sync_dir(dir).map_err(io_err(dir))?;
     let file = segment::open_read(&path).map_err(io_err(&path))?;
     Ok(Segment {
@@ -806,26 +801,56 @@ impl Writer {
         let shared = self.shared.clone();
         let active = self.active.clone();
         let base = shared.next_offset.load(Ordering::Acquire);
+        // The segment is flagged sealed (which lets the archive take it and retention delete
+        // it) only once its successor exists: a failed roll leaves it the active, unsealed
+        // segment that keeps taking appends.
         let (seg, file) = tokio::task::spawn_blocking(move || -> Result<_, LogError> {
-            let meta = {
-                let mut m = active.meta.lock();
-                m.sealed = true;
-                m.clone()
+            let made = create_segment(&shared.dir, base).and_then(|seg| {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&seg.path)
+                    .map_err(io_err(&seg.path))?;
+                Ok((seg, file))
+            });
+            let (seg, file) = match made {
+                Ok(made) => made,
+                Err(e) => {
+                    // Appends go on into the current segment, so a successor file left
+                    // behind would later start inside it: remove it, or stop appending.
+                    let path = segment::segment_path(&shared.dir, base);
+                    let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+                    match if ours { std::fs::remove_file(&path) } else { Ok(()) } {
+                        Ok(()) => {}
+                        Err(r) if r.kind() == io::ErrorKind::NotFound => {}
+                        Err(r) => {
+                            let reason = format!(
+                                "segment roll failed ({e}) and its new file {} could not be removed: {r}",
+                                path.display()
+                            );
+                            *shared.poisoned.lock() = Some(reason.clone());
+                            shared.metrics.log_poisoned.inc();
+                            return Err(LogError::Poisoned(reason));
+                        }
+                    }
+                    return Err(e);
+                }
             };
+            let mut meta = active.meta.lock().clone();
+            meta.sealed = true;
             if let Err(e) = segment::write_index(&shared.dir, active.base, &meta) {
                 tracing::warn!(error = %e, "could not write segment index; it will be rebuilt on open");
             }
-            let seg = create_segment(&shared.dir, base)?;
-            let file = OpenOptions::new()
-                .write(true)
-                .open(&seg.path)
-                .map_err(io_err(&seg.path))?;
             Ok((seg, file))
         })
         .await
         .map_err(|e| LogError::Poisoned(e.to_string()))??;
         let seg = Arc::new(seg);
-        self.shared.segments.write().push(seg.clone());
+        {
+            // one critical section: readers never see the new segment beside an unsealed one
+            let mut segments = self.shared.segments.write();
+            self.active.meta.lock().sealed = true;
+            segments.push(seg.clone());
+        }
         self.active = seg;
         self.file = Arc::new(file);
         self.shared.metrics.segments_rolled.inc();

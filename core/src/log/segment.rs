@@ -5,7 +5,7 @@
 //! files of sealed segments and scans only the active segment.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -139,11 +139,28 @@ pub fn scan(path: &Path, base: u64, data: &[u8]) -> Result<ScanResult, RecoveryE
             Ok((rec, _)) => format!("offset {} where {} was expected", rec.offset, expected),
             Err(e) => e.to_string(),
         };
-        if let Some(valid) = find_valid_frame(&data[pos + 1..]) {
+        // The bytes inside a frame's declared extent are that frame's body, and its payload
+        // is a client's bytes: it may hold anything, including a valid-looking frame. So a
+        // frame that runs past the end of the file is a torn tail whatever it contains, and
+        // the search for evidence of mid-log damage starts only past the declared extent.
+        let search_from = match record::frame_len(&data[pos..]) {
+            Ok(len) if len > data.len() - pos => {
+                return Ok(ScanResult {
+                    meta,
+                    torn_at: Some(pos as u64),
+                });
+            }
+            Ok(len) => pos + len,
+            Err(_) => pos + 1,
+        };
+        if let Some(valid) = find_valid_frame(&data[search_from..]) {
             return Err(RecoveryError::CorruptMiddle {
                 path: path.to_owned(),
                 pos: pos as u64,
-                reason: format!("{reason}; a valid frame starts at byte {}", pos + 1 + valid),
+                reason: format!(
+                    "{reason}; a valid frame starts at byte {}",
+                    search_from + valid
+                ),
             });
         }
         return Ok(ScanResult {
@@ -261,14 +278,7 @@ pub fn write_index(dir: &Path, base: u64, meta: &SegmentMeta) -> io::Result<()> 
     }
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
-    let path = index_path(dir, base);
-    let tmp = path.with_extension("idx.tmp");
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&out)?;
-        f.sync_data()?;
-    }
-    std::fs::rename(&tmp, &path)
+    crate::fsutil::write_file_atomic(&index_path(dir, base), &out)
 }
 
 /// Loads a sealed segment's index if it is present, intact and matches `file_size`.
@@ -315,9 +325,7 @@ pub fn open_read(path: &Path) -> io::Result<File> {
     OpenOptions::new().read(true).open(path)
 }
 
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
+pub use crate::fsutil::sync_dir;
 
 #[cfg(test)]
 mod tests {
@@ -382,6 +390,85 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Payloads are client bytes: a producer may send a payload that is itself a sequence of
+    /// valid frames (with the very offsets that follow). A kill -9 that tears such a record
+    /// must still recover as a torn tail: the partition opens, nothing before the tear is
+    /// lost, and no frame inside a payload is ever taken for a record.
+    mod fuzz_payload_frames {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(crate::record::fuzz_cases()))]
+            #[test]
+            fn a_torn_record_whose_payload_holds_frames_is_a_torn_tail(
+                sizes in proptest::collection::vec(1usize..200, 1..12),
+                inner in proptest::collection::vec(1usize..200, 1..6),
+                at in any::<proptest::sample::Index>(),
+                garbage in any::<bool>(),
+            ) {
+                let base = 3u64;
+                let mut data = Vec::new();
+                let mut ends = Vec::new();
+                let n = sizes.len() as u64;
+                for (i, &len) in sizes.iter().enumerate() {
+                    let offset = base + i as u64;
+                    // every other payload is a run of frames that would follow this record
+                    let payload = if i % 2 == 1 {
+                        let mut fake = Vec::new();
+                        for (j, &m) in inner.iter().enumerate() {
+                            NewRecord {
+                                payload: Bytes::from(vec![b'f'; m]),
+                                ..Default::default()
+                            }
+                            .encode(offset + 1 + j as u64, 5000, &mut fake);
+                        }
+                        fake
+                    } else {
+                        vec![b'p'; len]
+                    };
+                    NewRecord { payload: Bytes::from(payload), ..Default::default() }
+                        .encode(offset, 1000 + i as i64, &mut data);
+                    ends.push(data.len());
+                }
+                let cut = at.index(data.len());
+                data.truncate(cut);
+                if garbage {
+                    data.extend_from_slice(&[0u8; 7]);
+                }
+                let intact = ends.iter().filter(|&&e| e <= cut).count() as u64;
+                let r = scan(Path::new("payload.log"), base, &data);
+                prop_assert!(r.is_ok(), "a torn tail refused to open: {:?}", r.err());
+                let kept = r.expect("checked").meta.end - base;
+                prop_assert_eq!(kept, intact);
+                prop_assert!(kept <= n);
+            }
+        }
+    }
+
+    #[test]
+    fn a_torn_frame_with_a_frame_in_its_payload_is_a_torn_tail() {
+        let mut data = frames(0, 2);
+        let mut fake = Vec::new();
+        NewRecord {
+            payload: Bytes::from_static(b"forged"),
+            ..Default::default()
+        }
+        .encode(3, 1000, &mut fake);
+        fake.extend_from_slice(&[b'z'; 64]);
+        let whole = data.len();
+        NewRecord {
+            payload: Bytes::from(fake),
+            ..Default::default()
+        }
+        .encode(2, 1000, &mut data);
+        // torn after the forged frame but before the end of the real one
+        data.truncate(data.len() - 10);
+        let r = scan(Path::new("x"), 0, &data).expect("opens");
+        assert_eq!(r.torn_at, Some(whole as u64));
+        assert_eq!(r.meta.end, 2);
     }
 
     fn frames(base: u64, n: u64) -> Vec<u8> {

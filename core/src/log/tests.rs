@@ -312,3 +312,38 @@ async fn missing_index_is_rebuilt() {
     assert!(segment::index_path(dir.path(), 0).exists());
     log.close().await;
 }
+
+/// Issue 11, bug 5: a roll that cannot create the next segment must not leave the active
+/// segment flagged sealed (the archive could then take, and retention delete, a segment that
+/// is still growing). The segment stays active and unsealed, appends go on, and a later roll
+/// works once the fault is gone; nothing is lost across a reopen.
+#[tokio::test]
+async fn a_failed_roll_leaves_the_segment_active_and_unsealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let (log, _) = open_with(dir.path(), small_segments(), clock.clone());
+    log.append(vec![rec("a"), rec("b")]).await.unwrap();
+    // fault injection: a directory where the next segment file must be created
+    let next = segment::segment_path(dir.path(), 2);
+    std::fs::create_dir(&next).unwrap();
+    assert!(log.roll().await.is_err());
+    assert!(
+        log.sealed_segments().is_empty(),
+        "a failed roll sealed the active segment"
+    );
+    assert_eq!(log.is_poisoned(), None);
+    log.append(vec![rec("c")]).await.unwrap();
+    assert!(log.sealed_segments().is_empty());
+    std::fs::remove_dir(&next).unwrap();
+    log.roll().await.unwrap();
+    let sealed = log.sealed_segments();
+    assert_eq!(sealed.len(), 1);
+    assert_eq!((sealed[0].base, sealed[0].end), (0, 3));
+    log.append(vec![rec("d")]).await.unwrap();
+    log.close().await;
+    drop(log);
+    let (log, _) = open_with(dir.path(), small_segments(), clock);
+    let all = log.read(0, 10, usize::MAX).unwrap();
+    let payloads: Vec<_> = all.iter().map(|r| r.payload.clone()).collect();
+    assert_eq!(payloads, ["a", "b", "c", "d"]);
+}
