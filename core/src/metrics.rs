@@ -69,7 +69,36 @@ impl Default for CoreMetrics {
     }
 }
 
+/// Every value the `outcome` label of the ack counter takes.
+pub const ACK_OUTCOMES: [&str; 5] = ["acked", "extended", "nacked", "stale", "ack_set_full"];
+
 impl CoreMetrics {
+    /// Drops every series labelled with a deleted topic's name, so that creating and deleting
+    /// topics cannot grow the registry (and `/metrics`) without bound.
+    pub fn forget_topic(&self, topic: &str) {
+        let label = TopicLabel {
+            topic: topic.to_owned(),
+        };
+        for family in [
+            &self.retention_dropped_unacked,
+            &self.produced_messages,
+            &self.produced_bytes,
+            &self.consumed_messages,
+            &self.lease_expiries,
+            &self.fanout_copied,
+            &self.fanout_dropped,
+            &self.fanout_errors,
+        ] {
+            family.remove(&label);
+        }
+        for outcome in ACK_OUTCOMES {
+            self.acks.remove(&OutcomeLabel {
+                topic: topic.to_owned(),
+                outcome,
+            });
+        }
+    }
+
     pub fn register(&self, r: &mut Registry) {
         r.register(
             "narad_fanout_copied_messages",

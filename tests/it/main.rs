@@ -6,6 +6,7 @@ mod archive;
 mod cli;
 mod crash;
 mod fanout;
+mod hardening;
 mod lifecycle;
 mod openapi;
 mod queue;

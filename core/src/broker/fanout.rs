@@ -181,17 +181,17 @@ impl Broker {
                 "'{child}' has a JSON Schema: a child receives its parent's records as they are, so it cannot have its own"
             ));
         }
-        if let Some(l) = &pmeta.parent {
+        // (errors never name a parent the caller did not name: it may not see that topic)
+        if pmeta.parent.is_some() {
             return conflict(format!(
-                "'{parent}' is itself a child of '{}': no grandchildren",
-                l.parent
+                "'{parent}' is itself a fan-out child: no grandchildren"
             ));
         }
         if let Some(l) = &c.meta.read().parent {
             return conflict(if l.parent == parent {
                 format!("'{child}' is already a child of '{parent}'")
             } else {
-                format!("'{child}' already has a parent ('{}')", l.parent)
+                format!("'{child}' already has a parent")
             });
         }
         let siblings = self.child_topics(parent);

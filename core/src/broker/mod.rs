@@ -78,6 +78,11 @@ impl BrokerConfig {
     }
 }
 
+/// A consume or replay read stops adding messages once their payloads reach this many bytes
+/// (so a reply holds at most this plus one message, and always at least one message):
+/// `max` × the largest message would otherwise be hundreds of MiB in one reply.
+pub const MAX_READ_BYTES: usize = 4 << 20;
+
 /// Most JSON Schema versions one topic keeps.
 pub const MAX_SCHEMA_VERSIONS: usize = 100;
 
@@ -694,10 +699,9 @@ impl Broker {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
         let topic = self.topic(name)?;
-        if let Some(l) = &topic.meta.read().parent {
+        if topic.meta.read().parent.is_some() {
             return Err(BrokerError::FanoutConflict(format!(
-                "'{name}' is a child of '{}': it receives its parent's records as they are, so it cannot have its own schema",
-                l.parent
+                "'{name}' is a fan-out child: it receives its parent's records as they are, so it cannot have its own schema"
             )));
         }
         let old = topic.meta.read().schemas.clone();
@@ -810,6 +814,7 @@ impl Broker {
         }
         topic.deleted.store(true, Ordering::Release);
         topic.timer.notify_one();
+        self.metrics.forget_topic(name);
         for w in topic.waiters.lock().drain() {
             let _ = w.tx.send(Vec::new());
         }
@@ -839,12 +844,10 @@ impl Broker {
         let topic = self.topic(topic_name)?;
         let cfg = {
             let meta = topic.meta.read();
-            if let Some(l) = &meta.parent
-                && l.delay_ms > 0
-            {
+            if meta.parent.as_ref().is_some_and(|l| l.delay_ms > 0) {
+                // (the parent is not named: the producer may not be allowed to see it)
                 return Err(BrokerError::FanoutConflict(format!(
-                    "'{topic_name}' is a delay child of '{}': it only receives copies from its parent",
-                    l.parent
+                    "'{topic_name}' is a delay child: it only receives copies from its parent"
                 )));
             }
             meta.config.clone()
@@ -1037,6 +1040,7 @@ impl Broker {
             }
         };
         let mut out = Vec::new();
+        let mut out_bytes = 0usize;
         let now = self.clock.now_ms();
         let max_in_flight = cfg.max_in_flight_per_partition as usize;
         for i in order {
@@ -1065,41 +1069,39 @@ impl Broker {
             }
             let log = part.log(&self.env).await?;
             part.touch(now);
-            let mut seen: HashMap<u64, Arc<Record>> = HashMap::new();
+            let mut source = ReadAhead {
+                log: &log,
+                seen: HashMap::new(),
+                topic: &topic.label.topic,
+                partition: part.index,
+            };
             let leased = {
-                let mut source = |o: u64| -> Option<i64> {
-                    if let Some(r) = seen.get(&o) {
-                        return Some(r.due_ms());
-                    }
-                    // Read ahead: the next offsets are usually scanned right after this one.
-                    match log.read(o, 64, 1 << 20) {
-                        Ok(recs) => {
-                            let due = recs.first().filter(|r| r.offset == o).map(|r| r.due_ms());
-                            for r in recs {
-                                seen.insert(r.offset, r);
-                            }
-                            due
-                        }
-                        Err(e) => {
-                            tracing::error!(topic = %topic.label.topic, partition = i, offset = o, error = %e, "cannot read record for delivery");
-                            None
-                        }
-                    }
-                };
                 let mut q = part.queue.lock();
-                let leased = q.take(
-                    now,
-                    max - out.len(),
-                    max_in_flight,
-                    cfg.visibility_timeout_ms,
-                    &mut source,
-                );
+                // one lease at a time, so the reply stops at MAX_READ_BYTES of payload
+                let mut leased = Vec::new();
+                while out.len() + leased.len() < max && out_bytes < MAX_READ_BYTES {
+                    let Some(l) = q
+                        .take(
+                            now,
+                            1,
+                            max_in_flight,
+                            cfg.visibility_timeout_ms,
+                            &mut source,
+                        )
+                        .pop()
+                    else {
+                        break;
+                    };
+                    out_bytes += source.payload_len(l.offset);
+                    leased.push(l);
+                }
                 if let Some(at) = q.next_wakeup() {
                     self.arm_timer(topic, at);
                 }
                 leased
             };
             let topic_id = topic.id();
+            let mut seen = source.seen;
             for l in leased {
                 let record = match seen.remove(&l.offset) {
                     Some(r) => Some(r),
@@ -1280,7 +1282,7 @@ impl Broker {
                 ReplayFrom::Offset(o) => o,
                 ReplayFrom::TimeMs(t) => log.offset_for_time(t)?,
             };
-            log.read(offset, max, 4 << 20)
+            log.read(offset, max, MAX_READ_BYTES)
         })
         .await
         .expect("replay task");
@@ -1629,6 +1631,45 @@ impl Broker {
 
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Acquire)
+    }
+}
+
+/// The records a consume looks at, read ahead from the log: the next offsets are usually
+/// scanned right after this one.
+struct ReadAhead<'a> {
+    log: &'a crate::log::PartitionLog,
+    seen: HashMap<u64, Arc<Record>>,
+    topic: &'a str,
+    partition: u32,
+}
+
+impl ReadAhead<'_> {
+    /// Payload bytes of the record at `offset` (0 if it cannot be read now).
+    fn payload_len(&mut self, offset: u64) -> usize {
+        use crate::queue::DueSource as _;
+        self.due_ms(offset);
+        self.seen.get(&offset).map_or(0, |r| r.payload.len())
+    }
+}
+
+impl crate::queue::DueSource for ReadAhead<'_> {
+    fn due_ms(&mut self, o: u64) -> Option<i64> {
+        if let Some(r) = self.seen.get(&o) {
+            return Some(r.due_ms());
+        }
+        match self.log.read(o, 64, 1 << 20) {
+            Ok(recs) => {
+                let due = recs.first().filter(|r| r.offset == o).map(|r| r.due_ms());
+                for r in recs {
+                    self.seen.insert(r.offset, r);
+                }
+                due
+            }
+            Err(e) => {
+                tracing::error!(topic = %self.topic, partition = self.partition, offset = o, error = %e, "cannot read record for delivery");
+                None
+            }
+        }
     }
 }
 

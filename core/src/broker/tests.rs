@@ -401,3 +401,48 @@ async fn lease_expiry_wakes_the_waiter_in_line() {
     assert_eq!(expired, 2);
     b.shutdown().await;
 }
+
+/// Issue 11, bug 5: a queue consume stops at MAX_READ_BYTES of payload (as replay does), and
+/// always returns at least one message; what it did not lease stays deliverable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_consume_is_capped_in_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(CreateTopic {
+        settings: TopicPatch {
+            partitions: Some(1),
+            max_message_bytes: Some(2 << 20),
+            ..Default::default()
+        },
+        ..create("t", 1)
+    })
+    .await
+    .unwrap();
+    let big = ProduceMessage {
+        payload: Bytes::from(vec![b'x'; 1 << 20]),
+        ..Default::default()
+    };
+    b.produce("t", vec![big; 10]).await.unwrap();
+    let got = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
+    let bytes: usize = got.iter().map(|d| d.record.payload.len()).sum();
+    assert_eq!(got.len(), MAX_READ_BYTES / (1 << 20));
+    assert!(bytes <= MAX_READ_BYTES);
+    let rest = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
+    assert_eq!(rest.len(), 4);
+    let last = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
+    assert_eq!(last.len(), 2);
+    // the read stops once it has reached the cap (one message may carry it past)
+    let near = ProduceMessage {
+        payload: Bytes::from(vec![b'y'; (2 << 20) - 1]),
+        ..Default::default()
+    };
+    b.produce("t", vec![near; 4]).await.unwrap();
+    assert_eq!(
+        b.consume("t", None, 100, Duration::ZERO)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    b.shutdown().await;
+}

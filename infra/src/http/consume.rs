@@ -104,7 +104,7 @@ pub async fn consume(
                 .collect();
             return Ok(match max {
                 None => json_response(StatusCode::OK, &msgs[0]),
-                Some(_) => json_response(StatusCode::OK, &serde_json::json!({"messages": msgs})),
+                Some(_) => json_response(StatusCode::OK, &render::Batch { messages: &msgs }),
             });
         }
         let recs = broker.replay(&topic, p, from, n).await?;
@@ -114,7 +114,7 @@ pub async fn consume(
         let msgs: Vec<_> = recs.iter().map(|r| render::record(&topic, p, r)).collect();
         return Ok(match max {
             None => json_response(StatusCode::OK, &msgs[0]),
-            Some(_) => json_response(StatusCode::OK, &serde_json::json!({"messages": msgs})),
+            Some(_) => json_response(StatusCode::OK, &render::Batch { messages: &msgs }),
         });
     }
 
@@ -130,7 +130,7 @@ pub async fn consume(
         let msgs: Vec<_> = got.iter().map(|d| render::delivery(&topic, d)).collect();
         match max {
             None => json_response(StatusCode::OK, &msgs[0]),
-            Some(_) => json_response(StatusCode::OK, &serde_json::json!({"messages": msgs})),
+            Some(_) => json_response(StatusCode::OK, &render::Batch { messages: &msgs }),
         }
     };
     if clamped {

@@ -319,7 +319,7 @@ async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> 
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
-    let method = req.method().as_str().to_owned();
+    let method = method_label(req.method());
     let started = Instant::now();
     let resp = json_errors(next.run(req).await).await;
     let labels = HttpLabels {
@@ -334,6 +334,24 @@ async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> 
         .get_or_create(&labels)
         .observe(started.elapsed().as_secs_f64());
     resp
+}
+
+/// The method as a metric label: one of the methods HTTP defines, or `other`. A client may
+/// send any token as a method (even unauthenticated), and every label value is a time series
+/// kept forever, so only a fixed set may ever reach the registry.
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
 }
 
 /// Errors produced outside the handlers (axum's own rejections of a malformed path, say) come

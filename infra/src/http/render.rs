@@ -80,6 +80,14 @@ pub fn record<'a>(topic: &'a str, partition: u32, r: &'a Record) -> MessageJson<
     }
 }
 
+/// A batch reply, `{"messages": [...]}`. Serialised straight to text: payloads are written
+/// verbatim as they were accepted, never re-parsed into a `serde_json::Value` (which has
+/// stricter limits than the produce side — `1e400`, deep nesting — and would fail on them).
+#[derive(Serialize)]
+pub struct Batch<'a> {
+    pub messages: &'a [MessageJson<'a>],
+}
+
 pub fn delivery<'a>(topic: &'a str, d: &'a Delivery) -> MessageJson<'a> {
     let mut m = record(topic, d.partition, &d.record);
     m.delivery_count = Some(d.delivery_count);

@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
 use narad_auth::Action;
-use narad_core::broker::{TopicInfo, TopicMeta};
+use narad_core::broker::{Broker, TopicInfo, TopicMeta};
 use narad_core::topic::{CreateTopic, TopicConfig, TopicPatch};
 use object_store::ObjectStoreExt as _;
 use serde::Serialize;
@@ -36,14 +36,21 @@ pub struct TopicJson<'a> {
     schema_version: Option<u32>,
 }
 
-pub fn topic_json(m: &TopicMeta) -> TopicJson<'_> {
+/// A topic as the API shows it to `caller`: the parent of a child is shown only to those who
+/// may see the parent too (its name is not the child's business).
+pub fn topic_json<'a>(m: &'a TopicMeta, caller: &Caller, broker: &Broker) -> TopicJson<'a> {
+    let parent = m.parent.as_ref().filter(|l| {
+        broker
+            .topic_meta(&l.parent)
+            .is_ok_and(|p| caller.may_see(&p))
+    });
     TopicJson {
         name: &m.name,
         id: format!("{:016x}", m.id),
         created_at_ms: m.created_at_ms,
         config: &m.config,
-        parent: m.parent.as_ref().map(|l| l.parent.as_str()),
-        fanout_delay_ms: m.parent.as_ref().map(|l| l.delay_ms),
+        parent: parent.map(|l| l.parent.as_str()),
+        fanout_delay_ms: parent.map(|l| l.delay_ms),
         owner: m.owner.as_deref(),
         schema_version: m.schemas.last().map(|v| v.version),
     }
@@ -253,7 +260,10 @@ pub async fn create(
         })
         .await?;
     let Some(p) = parent else {
-        return Ok(json_response(StatusCode::CREATED, &topic_json(&meta)));
+        return Ok(json_response(
+            StatusCode::CREATED,
+            &topic_json(&meta, &caller, &broker),
+        ));
     };
     if let Err(e) = broker
         .attach_child(&p, &name, delay.unwrap_or(0), earliest)
@@ -266,7 +276,10 @@ pub async fn create(
         return Err(e.into());
     }
     let meta = broker.topic_meta(&name)?;
-    Ok(json_response(StatusCode::CREATED, &topic_json(&meta)))
+    Ok(json_response(
+        StatusCode::CREATED,
+        &topic_json(&meta, &caller, &broker),
+    ))
 }
 
 pub async fn list(
@@ -311,7 +324,10 @@ pub async fn list(
             break;
         }
     }
-    let items: Vec<_> = visible.iter().map(topic_json).collect();
+    let items: Vec<_> = visible
+        .iter()
+        .map(|t| topic_json(t, &caller, broker))
+        .collect();
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({"topics": items, "next_page_token": next}),
@@ -361,7 +377,7 @@ pub async fn get(
     Ok(json_response(
         StatusCode::OK,
         &TopicDetailsJson {
-            topic: topic_json(&info.meta),
+            topic: topic_json(&info.meta, &caller, broker),
             waiters: info.waiters,
             partition_stats: stats,
         },
@@ -385,10 +401,9 @@ pub async fn alter(
     if let Some(s) = schema.as_ref().filter(|s| !unchanged(s)) {
         // everything that can refuse the schema is checked before any setting changes (and
         // again under the metadata lock)
-        if let Some(l) = &current.parent {
+        if current.parent.is_some() {
             return Err(narad_core::broker::BrokerError::FanoutConflict(format!(
-                "'{topic}' is a child of '{}': it receives its parent's records as they are, so it cannot have its own schema",
-                l.parent
+                "'{topic}' is a fan-out child: it receives its parent's records as they are, so it cannot have its own schema"
             ))
             .into());
         }
@@ -422,7 +437,10 @@ pub async fn alter(
                 .await?;
         }
     }
-    Ok(json_response(StatusCode::OK, &topic_json(&meta)))
+    Ok(json_response(
+        StatusCode::OK,
+        &topic_json(&meta, &caller, &broker),
+    ))
 }
 
 /// Takes `schema` out of a create or change body and checks that it compiles.

@@ -111,12 +111,12 @@ async fn hash(password: String) -> Result<String, ApiError> {
         })
 }
 
-fn audit(caller: &Caller, action: &str, target: &str) {
+fn audit(caller: &Caller, action: &str, subject: &str) {
     tracing::info!(
         component = "audit",
         actor = caller.username().unwrap_or("-"),
         action,
-        target,
+        subject,
         "user change"
     );
 }

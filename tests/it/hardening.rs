@@ -1,0 +1,287 @@
+//! Issue 11: what trying to break the broker found, each reproduced through the binary.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// Security 2: a payload serde_json's `Value` cannot hold (`1e400`, 129 nested arrays) was
+/// accepted by produce and then panicked the batch reply builder, forever blocking the healthy
+/// messages behind it. Payloads are served verbatim by every read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_payloads_are_served_verbatim_by_batch_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "poison", "partitions": 1}))
+        .await;
+    let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
+    let bodies = [
+        r#"{"n":1e400}"#.to_owned(),
+        deep.clone(),
+        r#"{"ok":1}"#.to_owned(),
+    ];
+    for b in &bodies {
+        let r = s.produce("poison", "", b.clone()).await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    for path in [
+        "/v1/topics/poison/consume?partition=0&offset=0&max=10",
+        "/v1/topics/poison/consume?max=10",
+    ] {
+        let r = s.get(path).await;
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+        let text = r.text().await.unwrap();
+        assert!(text.contains(r#""payload":{"n":1e400}"#), "{path}: {text}");
+        assert!(text.contains(r#""payload":{"ok":1}"#), "{path}: {text}");
+        assert!(text.contains(&deep), "{path}");
+    }
+}
+
+/// Security 1: any method token became a metric label, even on requests answered 401/404, so
+/// made-up methods grew the broker and `/metrics` without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_methods_and_deleted_topics_leave_no_metric_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    for i in 0..200 {
+        let m = Method::from_bytes(format!("MADEUP{i}").as_bytes()).unwrap();
+        let r = s.http.request(m, s.url("/v1/topics")).send().await.unwrap();
+        assert!(r.status().is_client_error(), "{}", r.status());
+    }
+    s.create_topic(json!({"name": "short-lived", "partitions": 1}))
+        .await;
+    assert_eq!(
+        s.produce("short-lived", "", "x").await.status(),
+        StatusCode::ACCEPTED
+    );
+    let m = s.consume("short-lived", "").await.unwrap();
+    let h = m["receipt_handle"].as_str().unwrap();
+    assert_eq!(s.ack("short-lived", h, None).await, StatusCode::NO_CONTENT);
+    let r = s
+        .http
+        .delete(s.url("/v1/topics/short-lived"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let text = s.get("/metrics").await.text().await.unwrap();
+    assert!(!text.contains("MADEUP"), "a made-up method became a label");
+    assert!(text.contains(r#"method="other""#));
+    assert!(
+        !text.contains(r#"topic="short-lived""#),
+        "a deleted topic kept its series"
+    );
+}
+
+/// Security 6: segments, metadata and archived Parquet were readable by every local user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_files_are_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("NARAD_SEGMENT_MAX_BYTES", "4096"),
+        ("NARAD_TIERING_INTERVAL_MS", "50"),
+    ];
+    let s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "private", "partitions": 2}))
+        .await;
+    for i in 0..200 {
+        let r = s.produce("private", "", format!("{{\"i\":{i}}}")).await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    // wait until the archive holds a Parquet object
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let archive = s.data_dir.join("archive");
+    loop {
+        if walk(&archive)
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e == "parquet"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nothing was archived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut checked = 0;
+    for p in walk(&s.data_dir) {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_dir() {
+            assert_eq!(mode, 0o700, "{} is {mode:o}", p.display());
+        } else {
+            assert_eq!(mode & 0o077, 0, "{} is {mode:o}", p.display());
+        }
+        checked += 1;
+    }
+    assert!(checked > 10, "walked only {checked} entries");
+}
+
+fn walk(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Bug 2: a kill -9 that tears the last record, whose payload (client bytes) holds valid
+/// frames, made recovery find the inner frame and refuse to open the partition, so the broker
+/// could not start at all. A torn frame is a torn tail whatever its payload holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_record_holding_frames_does_not_stop_a_restart() {
+    use narad_core::record::NewRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "frames", "partitions": 1}))
+        .await;
+    for i in 0..3 {
+        let r = s.produce("frames", "", format!("m{i}")).await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    // a payload of frames with the very offsets that would follow it
+    let mut forged = Vec::new();
+    for o in 4..8 {
+        NewRecord {
+            payload: bytes::Bytes::from_static(b"forged"),
+            ..Default::default()
+        }
+        .encode(o, 1, &mut forged);
+    }
+    forged.extend_from_slice(&[b'z'; 100]);
+    let r = s.produce("frames", "", forged).await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    s.stop().await;
+    // the tear a crash mid-write leaves: the record's last bytes never reached the disk
+    let seg = walk(&s.data_dir)
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .unwrap();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(len - 50)
+        .unwrap();
+    s.restart().await;
+    let r = s
+        .get("/v1/topics/frames/consume?partition=0&offset=0&max=10")
+        .await;
+    let v: Value = r.json().await.unwrap();
+    let payloads: Vec<&str> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["payload"].as_str().unwrap())
+        .collect();
+    assert_eq!(payloads, ["m0", "m1", "m2"]);
+    let r = s.produce("frames", "", "after").await;
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["offset"], 3);
+}
+
+const ROOT_PW: &str = "root-password-1";
+const PW: &str = "user-password-1";
+
+async fn as_user(
+    s: &Server,
+    who: (&str, &str),
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut r = s
+        .http
+        .request(method, s.url(path))
+        .basic_auth(who.0, Some(who.1));
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    r.send().await.unwrap()
+}
+
+/// Security 9 and 10: the audit line names the user changed (the JSON log wrote two `target`
+/// keys and the module path won), and a child topic never reveals its parent's name to a user
+/// who may not see the parent (topic JSON, or the error for producing to a delay child).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_names_the_user_and_children_hide_their_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_opts(
+        dir.path(),
+        false,
+        &[("NARAD_ADMIN_PASSWORD", ROOT_PW)],
+        None,
+    )
+    .await;
+    let admin = ("admin", ROOT_PW);
+    let r = as_user(
+        &s,
+        admin,
+        Method::POST,
+        "/v1/users",
+        Some(json!({"username": "auditee", "password": PW,
+            "grants": [{"action": "produce", "patterns": ["pub-*"]},
+                       {"action": "consume", "patterns": ["pub-*"]}]})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+    let line = s
+        .log()
+        .lines()
+        .find(|l| l.contains(r#""component":"audit""#) && l.contains("user_create"))
+        .map(str::to_owned)
+        .expect("an audit line");
+    let v: Value = serde_json::from_str(&line).unwrap();
+    let fields = if v["fields"].is_object() {
+        &v["fields"]
+    } else {
+        &v
+    };
+    assert_eq!(fields["subject"], "auditee", "{line}");
+    assert_eq!(fields["actor"], "admin", "{line}");
+
+    for body in [
+        json!({"name": "secret-parent", "partitions": 1}),
+        json!({"name": "pub-child", "partitions": 1, "parent": "secret-parent", "fanout_delay_ms": 1000}),
+    ] {
+        let r = as_user(&s, admin, Method::POST, "/v1/topics", Some(body)).await;
+        assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+    }
+    let user = ("auditee", PW);
+    let r = as_user(&s, user, Method::GET, "/v1/topics/pub-child", None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("secret-parent"), "{text}");
+    let r = as_user(&s, user, Method::GET, "/v1/topics", None).await;
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("pub-child") && !text.contains("secret-parent"),
+        "{text}"
+    );
+    let r = s
+        .http
+        .post(s.url("/v1/topics/pub-child/produce"))
+        .basic_auth(user.0, Some(user.1))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    let (st, text) = (r.status(), r.text().await.unwrap());
+    assert!(st.is_client_error(), "{st}");
+    assert!(!text.contains("secret-parent"), "{text}");
+    // the admin, who may see both, is shown the link
+    let r = as_user(&s, admin, Method::GET, "/v1/topics/pub-child", None).await;
+    assert!(r.text().await.unwrap().contains("secret-parent"));
+}
