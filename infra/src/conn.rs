@@ -78,7 +78,7 @@ pub async fn serve(
         tokio::spawn(async move {
             let slot = match admission {
                 Admission::Admitted(slot) => Some(slot),
-                Admission::Evicting => serving.limiter.after_eviction().await,
+                Admission::Evicting(wait) => wait.slot().await,
                 Admission::Refused => None,
             };
             let Some(slot) = slot else {

@@ -19,12 +19,15 @@
 //! ```
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{AcquireError, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// How long a new client at the cap waits for the idle connection it evicted to close before
@@ -206,12 +209,29 @@ pub struct ConnectionLimiter {
 }
 
 /// What a new connection gets from [`ConnectionLimiter::try_admit`].
-#[derive(Debug)]
 pub enum Admission {
     Admitted(Slot),
-    /// An idle connection was asked to close; [`ConnectionLimiter::after_eviction`] waits.
-    Evicting,
+    /// An idle connection was asked to close; [`EvictionWait::slot`] waits for its slot.
+    Evicting(EvictionWait),
     Refused,
+}
+
+type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+/// A new client's place in the semaphore's queue, taken when it evicted an idle connection.
+pub struct EvictionWait {
+    limiter: Arc<ConnectionLimiter>,
+    acquire: Acquire,
+}
+
+impl EvictionWait {
+    /// The slot freed by the eviction, waiting up to [`EVICTION_WAIT`]; `None`: refuse.
+    pub async fn slot(self) -> Option<Slot> {
+        match tokio::time::timeout(EVICTION_WAIT, self.acquire).await {
+            Ok(Ok(p)) => Some(self.limiter.slot(p)),
+            _ => None,
+        }
+    }
 }
 
 /// A served connection's place under the limit; dropping it frees the place.
@@ -263,33 +283,36 @@ impl ConnectionLimiter {
     }
 
     /// Decides at once (in accept order) what a new connection gets: a free slot; else the
-    /// connection idle the longest is asked to close, and [`Self::after_eviction`] waits for
-    /// its slot; else a refusal.
+    /// connection idle the longest is asked to close and the client queues for a slot; else
+    /// a refusal.
     pub fn try_admit(self: &Arc<Self>) -> Admission {
-        if let Ok(p) = self.permits.clone().try_acquire_owned() {
-            return Admission::Admitted(self.slot(p));
+        let mut acquire: Acquire = Box::pin(self.permits.clone().acquire_owned());
+        // One poll queues the client now: the semaphore hands a freed permit to the oldest
+        // waiter, so the evicted connection's slot cannot go to a client accepted later.
+        // (The waker is replaced when the wait is polled for real.)
+        match acquire
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(Ok(p)) => return Admission::Admitted(self.slot(p)),
+            Poll::Ready(Err(_)) => return Admission::Refused, // never closed
+            Poll::Pending => {}
         }
         if self.evict_longest_idle() {
-            Admission::Evicting
+            Admission::Evicting(EvictionWait {
+                limiter: self.clone(),
+                acquire,
+            })
         } else {
             Admission::Refused
         }
     }
 
-    /// The slot freed by an eviction, waiting up to [`EVICTION_WAIT`]; `None`: refuse.
-    pub async fn after_eviction(self: &Arc<Self>) -> Option<Slot> {
-        // Freed permits go to waiters in arrival order, never to a later `try_acquire`.
-        match tokio::time::timeout(EVICTION_WAIT, self.permits.clone().acquire_owned()).await {
-            Ok(Ok(p)) => Some(self.slot(p)),
-            _ => None,
-        }
-    }
-
-    /// [`Self::try_admit`], then [`Self::after_eviction`] if it evicted.
+    /// [`Self::try_admit`], then [`EvictionWait::slot`] if it evicted.
     pub async fn admit(self: &Arc<Self>) -> Option<Slot> {
         match self.try_admit() {
             Admission::Admitted(s) => Some(s),
-            Admission::Evicting => self.after_eviction().await,
+            Admission::Evicting(wait) => wait.slot().await,
             Admission::Refused => None,
         }
     }
