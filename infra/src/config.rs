@@ -71,9 +71,23 @@ pub struct ServerConfig {
     pub max_batch_messages: usize,
     /// Largest batch produce body (before and after decompression).
     pub max_batch_bytes: usize,
-    /// Client connections served at once; one more is answered `503 too_many_connections`
-    /// with `Retry-After: 1` and closed. Keep it below the process's file-descriptor limit.
+    /// Client connections served at once. One more takes the place of the keep-alive
+    /// connection idle the longest (closed); with none idle it is answered
+    /// `503 too_many_connections` with `Retry-After: 1` and closed. Keep it below the
+    /// process's file-descriptor limit.
     pub max_connections: usize,
+    /// Longest a client may take to send a request's header block: from accept (after the
+    /// TLS handshake) or, on a keep-alive connection, from the first byte of the request.
+    /// Then the connection is closed without an answer. Shorter frees the slots of silent
+    /// and slow clients sooner, but cuts clients on very slow links; a request body and the
+    /// response (a long-poll) are not bounded by it.
+    pub header_read_timeout_ms: u64,
+    /// A keep-alive connection with no request in progress is closed after this long. Longer
+    /// saves clients new connections (and TLS handshakes) but holds a slot and a file
+    /// descriptor per idle client; at `max_connections` idle ones are closed for new clients
+    /// anyway. Keep it above the idle timeout of clients' connection pools where you can,
+    /// so a pooled request never races the close.
+    pub keepalive_idle_timeout_ms: u64,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
 
@@ -134,6 +148,8 @@ impl Default for ServerConfig {
             max_batch_bytes: 16 * 1024 * 1024,
             shutdown_grace_ms: 10_000,
             max_connections: 10_000,
+            header_read_timeout_ms: 10_000,
+            keepalive_idle_timeout_ms: 60_000,
             archive_url: String::new(),
             archive_endpoint: String::new(),
             archive_region: String::new(),
@@ -291,6 +307,18 @@ impl ServerConfig {
         if !(1..=1_000_000).contains(&self.max_connections) {
             return bad("max_connections", "must be between 1 and 1000000");
         }
+        if !(100..=300_000).contains(&self.header_read_timeout_ms) {
+            return bad(
+                "header_read_timeout_ms",
+                "must be between 100 and 300000 (5 min)",
+            );
+        }
+        if !(100..=3_600_000).contains(&self.keepalive_idle_timeout_ms) {
+            return bad(
+                "keepalive_idle_timeout_ms",
+                "must be between 100 and 3600000 (1 h)",
+            );
+        }
         if !self.metrics_addr.trim().is_empty()
             && self.metrics_addr.trim().parse::<SocketAddr>().is_err()
         {
@@ -328,6 +356,13 @@ impl ServerConfig {
             max_in_flight_per_partition: self.default_max_in_flight_per_partition,
             delay_ms: self.default_delay_ms,
             max_message_bytes: self.default_max_message_bytes,
+        }
+    }
+
+    pub fn connection_timeouts(&self) -> crate::limits::Timeouts {
+        crate::limits::Timeouts {
+            header_read: std::time::Duration::from_millis(self.header_read_timeout_ms),
+            keepalive_idle: std::time::Duration::from_millis(self.keepalive_idle_timeout_ms),
         }
     }
 
@@ -407,5 +442,17 @@ mod tests {
         let e = ServerConfig::load(None, vec![("NARAD_DEFAULT_PARTITIONS".into(), "0".into())])
             .unwrap_err();
         assert!(e.to_string().contains("default_partitions"), "{e}");
+        let e = ServerConfig::load(
+            None,
+            vec![("NARAD_HEADER_READ_TIMEOUT_MS".into(), "0".into())],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("header_read_timeout_ms"), "{e}");
+        let e = ServerConfig::load(
+            None,
+            vec![("NARAD_KEEPALIVE_IDLE_TIMEOUT_MS".into(), "50".into())],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("keepalive_idle_timeout_ms"), "{e}");
     }
 }

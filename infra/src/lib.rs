@@ -3,6 +3,9 @@
 //! ```text
 //!   bin (clap) ──► config::ServerConfig ──► server::run(listener, config, shutdown)
 //!                                               │
+//!                      conn::serve: accept ──► limits (slots, header/idle timeouts, eviction)
+//!                                               │ (tls handshake) ──► hyper http1, per connection
+//!                                               ▼
 //!             http::router ◄── AppState { broker (opened in the background), metrics }
 //!               │  /healthz /readyz /metrics /v1/topics/...
 //!               ▼
@@ -10,6 +13,7 @@
 //! ```
 
 pub mod config;
+pub mod conn;
 pub mod http;
 pub mod limits;
 pub mod metrics;

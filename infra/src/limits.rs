@@ -1,145 +1,474 @@
-//! The connection limit: at most `max_connections` client connections are served at once.
-//! One more is answered at once with `503 too_many_connections` and `Retry-After: 1` (a JSON
-//! body like every other error) and closed, instead of queueing unseen in the kernel's backlog.
+//! The connection limit and what each served connection is doing.
+//!
+//! At most `max_connections` client connections hold a [`Slot`] at once. A new client that
+//! finds every slot taken closes the keep-alive connection idle the longest (no request in
+//! progress, no byte of the next one read) and takes its slot; when no connection is idle it is
+//! answered at once with `503 too_many_connections` and `Retry-After: 1` (a JSON body like
+//! every other error) and closed, instead of queueing unseen in the kernel's backlog.
+//!
+//! Each slot carries a [`ConnState`]: the connection's [`Phase`] and since when. The connection
+//! task (`crate::conn`) reads it to close connections that send their header block too slowly
+//! (`header_read_timeout_ms`) or sit idle between requests (`keepalive_idle_timeout_ms`).
+//!
+//! ```text
+//!   accept ──► admit ──► Headers ──(header block read)──► Busy ──(response written)──► Idle
+//!                           ▲                                                          │
+//!                           └────────────(first byte of the next request)──────────────┘
+//!   Headers: closed header_read_timeout after it began.  Busy: never cut (long-polls).
+//!   Idle: closed keepalive_idle_timeout after it began, or at once for a new client at the cap.
+//! ```
 
-use std::io;
+use std::collections::HashMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use parking_lot::Mutex;
+use tokio::sync::{AcquireError, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
-/// A listener that hands out at most `limit` connections at a time.
-pub struct LimitedListener {
-    inner: TcpListener,
-    permits: Arc<Semaphore>,
-    limit: usize,
-    refused: prometheus_client::metrics::counter::Counter,
-    /// Answer a refused connection with a plaintext HTTP 503 (not on a TLS port, where the
-    /// client expects a handshake: there it is just closed).
-    http_refusal: bool,
+/// How long a new client at the cap waits for the idle connection it evicted to close before
+/// it is refused after all (the evicted one closes at once unless a request raced in).
+pub const EVICTION_WAIT: Duration = Duration::from_secs(1);
+
+/// The two connection timeouts (see `ServerConfig`).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// From accept (after the TLS handshake), or from the first byte of a later request on a
+    /// keep-alive connection, until its whole header block is read.
+    pub header_read: Duration,
+    /// From the end of a response until the first byte of the next request.
+    pub keepalive_idle: Duration,
 }
 
-impl LimitedListener {
-    /// Refused connections are closed without the plaintext 503 (for a TLS listener).
-    pub fn without_http_refusal(mut self) -> Self {
-        self.http_refusal = false;
-        self
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Reading a request header block: a new connection, or a keep-alive one whose next
+    /// request has begun to arrive.
+    Headers,
+    /// A request is being served, its response not yet fully handed to the socket (this
+    /// includes a long-poll consume waiting for messages).
+    Busy,
+    /// Keep-alive between requests: the last response is written, nothing of the next read.
+    Idle,
+}
+
+/// Why the server closed a connection (the `reason` label of
+/// `narad_http_connections_closed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// Its header block did not arrive within `header_read_timeout_ms`.
+    HeaderTimeout,
+    /// Idle between requests for `keepalive_idle_timeout_ms`.
+    IdleTimeout,
+    /// Idle when a new client arrived with every slot taken.
+    EvictedIdle,
+    /// The server is stopping and no request was in progress.
+    Shutdown,
+}
+
+impl CloseReason {
+    /// The metric label; `None` for closes not counted (shutdown).
+    pub fn label(self) -> Option<&'static str> {
+        match self {
+            Self::HeaderTimeout => Some("header_timeout"),
+            Self::IdleTimeout => Some("idle_timeout"),
+            Self::EvictedIdle => Some("evicted_idle"),
+            Self::Shutdown => None,
+        }
     }
 
-    pub fn new(
-        inner: TcpListener,
-        limit: usize,
-        refused: prometheus_client::metrics::counter::Counter,
-    ) -> Self {
+    pub const COUNTED: [&'static str; 3] = ["header_timeout", "idle_timeout", "evicted_idle"];
+}
+
+/// What the connection task should do next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Check {
+    /// Close the connection now.
+    Close(CloseReason),
+    /// Nothing is due before this instant (`None`: nothing is due until the state changes).
+    Until(Option<Instant>),
+}
+
+#[derive(Debug)]
+struct Inner {
+    phase: Phase,
+    since: Instant,
+    in_flight: u32,
+    /// A new client asked for this connection's slot while it was idle.
+    evict: bool,
+}
+
+/// One connection's phase, shared by its IO wrapper, its service and the limiter.
+#[derive(Debug)]
+pub struct ConnState {
+    inner: Mutex<Inner>,
+    changed: Notify,
+}
+
+impl ConnState {
+    fn new() -> Self {
         Self {
-            inner,
-            permits: Arc::new(Semaphore::new(limit)),
-            limit,
-            refused,
-            http_refusal: true,
+            inner: Mutex::new(Inner {
+                phase: Phase::Headers,
+                since: Instant::now(),
+                in_flight: 0,
+                evict: false,
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.inner.lock().phase
+    }
+
+    /// HTTP begins (after a TLS handshake, which has its own timeout): the header clock starts.
+    pub fn start_headers(&self) {
+        let mut s = self.inner.lock();
+        s.phase = Phase::Headers;
+        s.since = Instant::now();
+        drop(s);
+        self.changed.notify_one();
+    }
+
+    /// Bytes arrived from the client: on an idle connection the next request has begun.
+    pub fn bytes_read(&self) {
+        let mut s = self.inner.lock();
+        if s.phase == Phase::Idle {
+            s.phase = Phase::Headers;
+            s.since = Instant::now();
+            drop(s);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A header block was read and its request handed to the router.
+    pub fn request_started(&self) {
+        let mut s = self.inner.lock();
+        s.in_flight += 1;
+        s.phase = Phase::Busy;
+        drop(s);
+        self.changed.notify_one();
+    }
+
+    /// The response body was written out (or dropped with the connection).
+    pub fn request_finished(&self) {
+        let mut s = self.inner.lock();
+        s.in_flight = s.in_flight.saturating_sub(1);
+        if s.in_flight == 0 {
+            s.phase = Phase::Idle;
+            s.since = Instant::now();
+        }
+        drop(s);
+        self.changed.notify_one();
+    }
+
+    /// Resolves when the phase changed or an eviction was asked for since the last call
+    /// (a change between a [`check`](Self::check) and this call is not lost).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// Whether the connection is due to close at `now` and, if not, when it next may be.
+    /// `stopping`: the server is shutting down, so a connection still reading a header block
+    /// is closed at once (its request would be refused anyway).
+    pub fn check(&self, t: &Timeouts, now: Instant, stopping: bool) -> Check {
+        let mut s = self.inner.lock();
+        if s.evict && s.phase != Phase::Idle {
+            // a request arrived before the eviction took effect: it stays
+            s.evict = false;
+        }
+        let due = |at: Instant, why| {
+            if at <= now {
+                Check::Close(why)
+            } else {
+                Check::Until(Some(at))
+            }
+        };
+        match s.phase {
+            Phase::Busy => Check::Until(None),
+            Phase::Headers if stopping => Check::Close(CloseReason::Shutdown),
+            Phase::Headers => due(s.since + t.header_read, CloseReason::HeaderTimeout),
+            Phase::Idle if s.evict => Check::Close(CloseReason::EvictedIdle),
+            Phase::Idle => due(s.since + t.keepalive_idle, CloseReason::IdleTimeout),
         }
     }
 }
 
-/// A served connection; dropping it (hyper closes the connection) frees its slot.
-pub struct LimitedStream {
-    inner: TcpStream,
+/// Hands out at most `limit` slots; see the module docs.
+#[derive(Debug)]
+pub struct ConnectionLimiter {
+    permits: Arc<Semaphore>,
+    limit: usize,
+    open: Mutex<HashMap<u64, Arc<ConnState>>>,
+    next_id: AtomicU64,
+}
+
+/// What a new connection gets from [`ConnectionLimiter::try_admit`].
+pub enum Admission {
+    Admitted(Slot),
+    /// An idle connection was asked to close; [`EvictionWait::slot`] waits for its slot.
+    Evicting(EvictionWait),
+    Refused,
+}
+
+type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+/// A new client's place in the semaphore's queue, taken when it evicted an idle connection.
+pub struct EvictionWait {
+    limiter: Arc<ConnectionLimiter>,
+    acquire: Acquire,
+}
+
+impl EvictionWait {
+    /// The slot freed by the eviction, waiting up to [`EVICTION_WAIT`]; `None`: refuse.
+    pub async fn slot(self) -> Option<Slot> {
+        match tokio::time::timeout(EVICTION_WAIT, self.acquire).await {
+            Ok(Ok(p)) => Some(self.limiter.slot(p)),
+            _ => None,
+        }
+    }
+}
+
+/// A served connection's place under the limit; dropping it frees the place.
+#[derive(Debug)]
+pub struct Slot {
+    id: u64,
+    state: Arc<ConnState>,
+    limiter: Arc<ConnectionLimiter>,
     _permit: OwnedSemaphorePermit,
 }
 
-impl AsyncRead for LimitedStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+impl Slot {
+    pub fn state(&self) -> &Arc<ConnState> {
+        &self.state
     }
 }
 
-impl AsyncWrite for LimitedStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // the permit (a field) is released after this, once the entry is gone
+        self.limiter.open.lock().remove(&self.id);
     }
 }
 
-impl axum::serve::Listener for LimitedListener {
-    type Io = LimitedStream;
-    type Addr = std::net::SocketAddr;
+impl ConnectionLimiter {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            permits: Arc::new(Semaphore::new(limit)),
+            limit,
+            open: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        })
+    }
 
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let (mut stream, addr) = match self.inner.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    // out of file descriptors and the like: say so, back off, keep serving
-                    tracing::error!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            match self.permits.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    return (
-                        LimitedStream {
-                            inner: stream,
-                            _permit: permit,
-                        },
-                        addr,
-                    );
-                }
-                Err(_) if !self.http_refusal => {
-                    self.refused.inc();
-                    drop(stream);
-                }
-                Err(_) => {
-                    self.refused.inc();
-                    let limit = self.limit;
-                    tokio::spawn(async move {
-                        let body = format!(
-                            "{{\"error\":\"the server already serves {limit} connections (max_connections); retry later\",\"code\":\"too_many_connections\"}}"
-                        );
-                        let resp = format!(
-                            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                            body.len()
-                        );
-                        let _ = stream.write_all(resp.as_bytes()).await;
-                        let _ = stream.shutdown().await;
-                    });
-                }
-            }
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ConnState::new());
+        self.open.lock().insert(id, state.clone());
+        Slot {
+            id,
+            state,
+            limiter: self.clone(),
+            _permit: permit,
         }
     }
 
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
+    /// Decides at once (in accept order) what a new connection gets: a free slot; else the
+    /// connection idle the longest is asked to close and the client queues for a slot; else
+    /// a refusal.
+    pub fn try_admit(self: &Arc<Self>) -> Admission {
+        let mut acquire: Acquire = Box::pin(self.permits.clone().acquire_owned());
+        // One poll queues the client now: the semaphore hands a freed permit to the oldest
+        // waiter, so the evicted connection's slot cannot go to a client accepted later.
+        // (The waker is replaced when the wait is polled for real.)
+        match acquire
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(Ok(p)) => return Admission::Admitted(self.slot(p)),
+            Poll::Ready(Err(_)) => return Admission::Refused, // never closed
+            Poll::Pending => {}
+        }
+        if self.evict_longest_idle() {
+            Admission::Evicting(EvictionWait {
+                limiter: self.clone(),
+                acquire,
+            })
+        } else {
+            Admission::Refused
+        }
+    }
+
+    /// [`Self::try_admit`], then [`EvictionWait::slot`] if it evicted.
+    pub async fn admit(self: &Arc<Self>) -> Option<Slot> {
+        match self.try_admit() {
+            Admission::Admitted(s) => Some(s),
+            Admission::Evicting(wait) => wait.slot().await,
+            Admission::Refused => None,
+        }
+    }
+
+    /// Marks the longest-idle connection not yet marked for eviction; false if none is idle.
+    fn evict_longest_idle(&self) -> bool {
+        let open = self.open.lock();
+        let victim = open
+            .values()
+            .filter_map(|c| {
+                let s = c.inner.lock();
+                (s.phase == Phase::Idle && !s.evict).then_some((s.since, c))
+            })
+            .min_by_key(|(since, _)| *since)
+            .map(|(_, c)| c);
+        let Some(c) = victim else {
+            return false;
+        };
+        let mut s = c.inner.lock();
+        if s.phase != Phase::Idle || s.evict {
+            return false; // it woke up in between: rare, and the client is told to retry
+        }
+        s.evict = true;
+        drop(s);
+        c.changed.notify_one();
+        true
+    }
+
+    /// Resolves once every slot is free: all served connections have closed.
+    pub async fn all_closed(&self) {
+        let n = u32::try_from(self.limit).unwrap_or(u32::MAX);
+        let _ = self.permits.acquire_many(n).await;
+    }
+}
+
+/// The answer to a client refused at the cap, on a plaintext listener.
+pub fn refusal_response(limit: usize) -> String {
+    let body = format!(
+        "{{\"error\":\"the server already serves {limit} connections (max_connections); retry later\",\"code\":\"too_many_connections\"}}"
+    );
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timeouts = Timeouts {
+        header_read: Duration::from_secs(10),
+        keepalive_idle: Duration::from_secs(60),
+    };
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    impl ConnState {
+        fn set_since(&self, at: Instant) {
+            self.inner.lock().since = at;
+        }
+    }
+
+    #[tokio::test]
+    async fn phases_and_their_deadlines() {
+        let l = ConnectionLimiter::new(1);
+        let slot = l.admit().await.unwrap();
+        let c = slot.state().clone();
+        let t0 = Instant::now();
+        c.set_since(t0);
+        assert_eq!(
+            c.check(&T, t0, false),
+            Check::Until(Some(t0 + T.header_read))
+        );
+        assert_eq!(
+            c.check(&T, t0 + T.header_read, false),
+            Check::Close(CloseReason::HeaderTimeout)
+        );
+        // a request in progress (a long-poll) is never due
+        c.request_started();
+        assert_eq!(c.check(&T, t0 + HOUR, false), Check::Until(None));
+        c.request_finished();
+        assert_eq!(c.phase(), Phase::Idle);
+        c.set_since(t0);
+        assert_eq!(
+            c.check(&T, t0, false),
+            Check::Until(Some(t0 + T.keepalive_idle))
+        );
+        assert_eq!(
+            c.check(&T, t0 + T.keepalive_idle, false),
+            Check::Close(CloseReason::IdleTimeout)
+        );
+        // the first byte of the next request starts its header clock
+        c.bytes_read();
+        assert_eq!(c.phase(), Phase::Headers);
+        c.set_since(t0);
+        assert_eq!(
+            c.check(&T, t0, false),
+            Check::Until(Some(t0 + T.header_read))
+        );
+        // more bytes do not restart it
+        c.bytes_read();
+        assert_eq!(
+            c.check(&T, t0 + T.header_read, false),
+            Check::Close(CloseReason::HeaderTimeout)
+        );
+        assert_eq!(c.check(&T, t0, true), Check::Close(CloseReason::Shutdown));
+    }
+
+    #[tokio::test]
+    async fn a_new_client_at_the_cap_evicts_the_longest_idle_connection() {
+        let l = ConnectionLimiter::new(3);
+        let (a, b, c) = (
+            l.admit().await.unwrap(),
+            l.admit().await.unwrap(),
+            l.admit().await.unwrap(),
+        );
+        // nobody idle: refused at once
+        assert!(l.admit().await.is_none());
+        for s in [&a, &b, &c] {
+            s.state().request_started();
+        }
+        let t0 = Instant::now();
+        b.state().request_finished();
+        c.state().request_finished();
+        b.state().set_since(t0 + Duration::from_millis(1));
+        c.state().set_since(t0);
+        let waiting = tokio::spawn({
+            let l = l.clone();
+            async move { l.admit().await }
+        });
+        // c has been idle longest: it is asked to close, b is not
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.state().check(&T, t0, false) != Check::Close(CloseReason::EvictedIdle) {
+            assert!(Instant::now() < deadline, "c never asked to close");
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(b.state().check(&T, t0, false), Check::Until(_)));
+        drop(c);
+        let d = waiting
+            .await
+            .unwrap()
+            .expect("the evicted slot goes to the new client");
+        // b, woken by a request before its eviction took effect, keeps its slot; the next
+        // client waits EVICTION_WAIT and is refused
+        let waiting = tokio::spawn({
+            let l = l.clone();
+            async move { l.admit().await }
+        });
+        while !b.state().inner.lock().evict {
+            assert!(Instant::now() < deadline, "b never asked to close");
+            tokio::task::yield_now().await;
+        }
+        b.state().bytes_read();
+        assert!(matches!(b.state().check(&T, t0, false), Check::Until(_)));
+        assert!(waiting.await.unwrap().is_none());
+        drop((a, b, d));
+        l.all_closed().await;
     }
 }

@@ -40,6 +40,12 @@ pub struct AuthLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloseLabels {
+    /// `header_timeout`, `idle_timeout`, `evicted_idle` (`limits::CloseReason::COUNTED`)
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SchemaLabels {
     pub topic: String,
 }
@@ -57,6 +63,9 @@ pub struct Metrics {
     pub http_requests: Family<HttpLabels, Counter>,
     /// Connections answered 503 because `max_connections` were already served.
     pub connections_refused: Counter,
+    /// Connections the server closed: header block too slow, idle too long, or idle when a
+    /// new client needed the slot.
+    pub connections_closed: Family<CloseLabels, Counter>,
     pub http_duration: HistogramFamily,
     /// Requests refused by authentication or authorisation, by reason.
     pub auth_refused: Family<AuthLabels, Counter>,
@@ -99,6 +108,7 @@ impl Metrics {
             core,
             http_requests: Family::default(),
             connections_refused: Counter::default(),
+            connections_closed: Family::default(),
             http_duration: Family::new_with_constructor(latency_histogram),
             auth_refused: Family::default(),
             schema_rejected: Family::default(),
@@ -119,6 +129,15 @@ impl Metrics {
             "narad_http_connections_refused",
             "connections answered 503 because max_connections were already open",
             m.connections_refused.clone(),
+        );
+        for reason in crate::limits::CloseReason::COUNTED {
+            // every reason shows, at 0 until it happens
+            let _ = m.connections_closed.get_or_create(&CloseLabels { reason });
+        }
+        registry.register(
+            "narad_http_connections_closed",
+            "connections closed by the server: header_timeout, idle_timeout, evicted_idle",
+            m.connections_closed.clone(),
         );
         registry.register(
             "narad_auth_refused",

@@ -1,7 +1,7 @@
 //! The server: binds nothing itself (tests and the binary pass a listener), recovers the broker
 //! in the background while `/healthz` already answers, serves HTTP, and shuts down in order.
 
-use std::future::{Future, IntoFuture as _};
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -267,31 +267,18 @@ pub async fn run(
     }
     let app = http::router(state.clone());
     let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let limited = crate::limits::LimitedListener::new(
-        listener,
-        config.max_connections,
-        metrics.connections_refused.clone(),
-    );
-    let service = app.into_make_service_with_connect_info::<http::access::PeerAddr>();
-    let serve: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match tls {
-        Some(tls) => {
-            tls.spawn_reloader(stopping.clone());
-            Box::pin(
-                axum::serve(
-                    crate::tls::TlsListener::new(limited.without_http_refusal(), tls)?,
-                    service,
-                )
-                .with_graceful_shutdown(stopping.clone().cancelled_owned())
-                .into_future(),
-            )
-        }
-        None => Box::pin(
-            axum::serve(limited, service)
-                .with_graceful_shutdown(stopping.clone().cancelled_owned())
-                .into_future(),
-        ),
-    };
-    let mut serve = tokio::spawn(serve);
+    if let Some(tls) = &tls {
+        tls.spawn_reloader(stopping.clone());
+    }
+    let serving = Arc::new(crate::conn::Serving {
+        router: app,
+        limiter: crate::limits::ConnectionLimiter::new(config.max_connections),
+        tls,
+        timeouts: config.connection_timeouts(),
+        refused: metrics.connections_refused.clone(),
+        closed: metrics.connections_closed.clone(),
+    });
+    let mut serve = tokio::spawn(crate::conn::serve(listener, serving, stopping.clone()));
     let joined = tokio::select! {
         r = &mut serve => Some(r),
         // Once shutdown starts, in-flight requests get `grace` to finish.

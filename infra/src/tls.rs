@@ -2,8 +2,9 @@
 //! key read from PEM files and reloaded on SIGHUP or when either file changes (checked once a
 //! second). A reload that fails keeps the old certificate and says why in the log.
 //!
-//! Handshakes run in their own tasks (at most [`HANDSHAKE_TIMEOUT`] each), so a slow or silent
-//! client never holds up the accept loop; finished connections queue for the HTTP server.
+//! Handshakes run in each connection's own task (at most [`HANDSHAKE_TIMEOUT`]), so a slow or
+//! silent client never holds up the accept loop; after it, the same header-read and keep-alive
+//! idle timeouts apply as on a plaintext listener (`crate::conn`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,11 +17,9 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::sync::mpsc;
+use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
-
-use crate::limits::{LimitedListener, LimitedStream};
 
 /// Longest a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -156,55 +155,24 @@ impl Tls {
     }
 }
 
-/// The API listener with TLS: TCP accepts (under the connection limit) and handshakes happen
-/// in the background; `accept` hands out finished TLS connections.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<LimitedStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    pub fn new(mut inner: LimitedListener, tls: Arc<Tls>) -> std::io::Result<Self> {
-        use axum::serve::Listener as _;
-        let local = inner.local_addr()?;
-        let (tx, ready) = mpsc::channel(256);
-        tokio::spawn(async move {
-            loop {
-                let (io, addr) = tokio::select! {
-                    c = inner.accept() => c,
-                    () = tx.closed() => return,
-                };
-                let (acceptor, tx) = (tls.acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = tx.send((stream, addr)).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(peer = %addr, error = %e, "TLS handshake failed")
-                        }
-                        Err(_) => tracing::debug!(peer = %addr, "TLS handshake timed out"),
-                    }
-                });
+impl Tls {
+    /// The server side of a TLS handshake, at most [`HANDSHAKE_TIMEOUT`]; `None` if it failed
+    /// (logged at debug: scanners and plain-HTTP clients are common).
+    pub async fn handshake(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<TlsStream<TcpStream>> {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(tcp)).await {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(e)) => {
+                tracing::debug!(peer = %peer, error = %e, "TLS handshake failed");
+                None
             }
-        });
-        Ok(Self { ready, local })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<LimitedStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(c) => c,
-            // the accept loop ended: nothing more will come
-            None => std::future::pending().await,
+            Err(_) => {
+                tracing::debug!(peer = %peer, "TLS handshake timed out");
+                None
+            }
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }

@@ -4,6 +4,7 @@
 mod api;
 mod archive;
 mod cli;
+mod connections;
 mod crash;
 mod fanout;
 mod hardening;

@@ -1017,7 +1017,7 @@ async fn metrics_listener_serves_without_auth() {
 }
 
 /// A CA and a certificate for 127.0.0.1 signed by it, as PEM: (ca, chain, key).
-fn make_cert() -> (String, String, String) {
+pub(crate) fn make_cert() -> (String, String, String) {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -1357,4 +1357,27 @@ async fn acknowledged_users_survive_kill_9() {
             .unwrap();
         assert_eq!(r.status(), StatusCode::OK, "{name}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_silent_after_the_handshake_are_closed_in_bounded_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, chain, key) = make_cert();
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, &chain).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    let s = Server::start_opts(
+        dir.path(),
+        false,
+        &[
+            ("NARAD_ADMIN_PASSWORD", ROOT_PW),
+            ("NARAD_TLS_CERT_FILE", cert_file.to_str().unwrap()),
+            ("NARAD_TLS_KEY_FILE", key_file.to_str().unwrap()),
+            ("NARAD_HEADER_READ_TIMEOUT_MS", "500"),
+            ("NARAD_KEEPALIVE_IDLE_TIMEOUT_MS", "500"),
+        ],
+        Some(ca.as_bytes()),
+    )
+    .await;
+    crate::connections::check_tls_timeouts(s.base.trim_start_matches("https://"), &ca).await;
 }

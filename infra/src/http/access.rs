@@ -24,24 +24,10 @@ use crate::metrics::AuthLabels;
 #[derive(Clone, Copy)]
 pub struct Peer(pub Option<std::net::IpAddr>);
 
-/// The connection's remote address, recorded by the server for every connection of any of
-/// its listeners (`into_make_service_with_connect_info::<PeerAddr>`).
+/// The connection's remote address, put in every API request's extensions as
+/// `ConnectInfo<PeerAddr>` by the connection task (`crate::conn`).
 #[derive(Clone, Copy, Debug)]
 pub struct PeerAddr(pub std::net::SocketAddr);
-
-macro_rules! peer_addr_for {
-    ($listener:ty) => {
-        impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, $listener>>
-            for PeerAddr
-        {
-            fn connect_info(stream: axum::serve::IncomingStream<'_, $listener>) -> Self {
-                Self(*stream.remote_addr())
-            }
-        }
-    };
-}
-peer_addr_for!(crate::limits::LimitedListener);
-peer_addr_for!(crate::tls::TlsListener);
 
 #[derive(Clone)]
 pub enum Caller {

@@ -1,0 +1,270 @@
+//! Serving the API listener: the accept loop and one task per connection.
+//!
+//! ```text
+//!   accept ──► limits::ConnectionLimiter::admit ──► (TLS handshake, ≤ 10 s) ──► serve_connection
+//!                  └─ no slot: 503 too_many_connections (plaintext) or close (TLS)
+//!   serve_connection: hyper http1 ◄── Watched io (bytes read → ConnState)
+//!                       │ service: request → Busy, response body dropped → Idle
+//!                       └ watchdog: ConnState::check → close on header/idle timeout,
+//!                                   eviction, or shutdown
+//! ```
+//!
+//! hyper's own `header_read_timeout` is not used: in hyper 1.x its clock starts as soon as a
+//! keep-alive connection waits for its next request, so it cannot tell an idle keep-alive
+//! connection (allowed `keepalive_idle_timeout_ms`) from a slow header block.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::Service as _;
+
+use crate::http::access::PeerAddr;
+use crate::limits::{
+    Admission, Check, CloseReason, ConnState, ConnectionLimiter, Phase, Slot, Timeouts,
+};
+use crate::metrics::CloseLabels;
+
+/// What every connection task needs.
+pub struct Serving {
+    pub router: Router,
+    pub limiter: Arc<ConnectionLimiter>,
+    pub tls: Option<Arc<crate::tls::Tls>>,
+    pub timeouts: Timeouts,
+    pub refused: Counter,
+    pub closed: Family<CloseLabels, Counter>,
+}
+
+/// Accepts until `stopping`, then waits for every served connection to close (in-flight
+/// requests finish; idle connections close at once).
+pub async fn serve(
+    listener: TcpListener,
+    serving: Arc<Serving>,
+    stopping: CancellationToken,
+) -> io::Result<()> {
+    loop {
+        let (stream, peer) = tokio::select! {
+            biased;
+            () = stopping.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // out of file descriptors and the like: say so, back off, keep serving
+                    tracing::error!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let (serving, stopping) = (serving.clone(), stopping.clone());
+        let admission = serving.limiter.try_admit();
+        tokio::spawn(async move {
+            let slot = match admission {
+                Admission::Admitted(slot) => Some(slot),
+                Admission::Evicting(wait) => wait.slot().await,
+                Admission::Refused => None,
+            };
+            let Some(slot) = slot else {
+                serving.refused.inc();
+                refuse(stream, &serving).await;
+                return;
+            };
+            match &serving.tls {
+                None => serve_connection(stream, peer, slot, &serving, stopping).await,
+                Some(tls) => {
+                    if let Some(stream) = tls.handshake(stream, peer).await {
+                        serve_connection(stream, peer, slot, &serving, stopping).await;
+                    }
+                }
+            }
+        });
+    }
+    drop(listener);
+    serving.limiter.all_closed().await;
+    Ok(())
+}
+
+/// A client beyond the cap: a plaintext 503 (on a TLS port the client expects a handshake,
+/// so it is just closed).
+async fn refuse(mut stream: TcpStream, serving: &Serving) {
+    if serving.tls.is_some() {
+        return;
+    }
+    let resp = crate::limits::refusal_response(serving.limiter.limit());
+    let _ = stream.write_all(resp.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Serves HTTP/1.1 on one connection until the client closes it or its [`ConnState`] says to.
+async fn serve_connection<I>(
+    io: I,
+    peer: SocketAddr,
+    slot: Slot,
+    serving: &Serving,
+    stopping: CancellationToken,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let state = slot.state().clone();
+    state.start_headers();
+    let service = {
+        let (router, state) = (serving.router.clone(), state.clone());
+        hyper::service::service_fn(move |req| {
+            state.request_started();
+            let guard = InFlight(state.clone());
+            call(router.clone(), guard, peer, req)
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(None);
+    let conn = builder.serve_connection(
+        TokioIo::new(Watched {
+            inner: io,
+            state: state.clone(),
+        }),
+        service,
+    );
+    let mut conn = std::pin::pin!(conn);
+    let t = serving.timeouts;
+    let mut stopped = false;
+    // Set once hyper was asked to close an idle connection: the latest it may take to do so
+    // unless a request that raced in is still being served.
+    let mut closing: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        let wake = match closing {
+            Some(by) => (state.phase() != Phase::Busy).then_some(by),
+            None => match state.check(&t, now, stopped) {
+                Check::Until(at) => at,
+                Check::Close(why) => {
+                    if let Some(reason) = why.label() {
+                        serving.closed.get_or_create(&CloseLabels { reason }).inc();
+                    }
+                    tracing::debug!(%peer, ?why, "closing connection");
+                    match why {
+                        CloseReason::HeaderTimeout | CloseReason::Shutdown => return,
+                        // hyper closes an idle connection at once, after flushing what it holds
+                        CloseReason::IdleTimeout | CloseReason::EvictedIdle => {
+                            conn.as_mut().graceful_shutdown();
+                            closing = Some(now + t.header_read);
+                            continue;
+                        }
+                    }
+                }
+            },
+        };
+        if wake.is_some_and(|w| w <= now) && closing.is_some() {
+            return;
+        }
+        tokio::select! {
+            biased;
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = stopping.cancelled(), if !stopped => {
+                stopped = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = state.changed() => {}
+            () = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
+        }
+    }
+}
+
+/// Marks its request finished when dropped: held by the response body, which hyper drops once
+/// the body is written (or with the connection).
+struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
+async fn call(
+    mut router: Router,
+    guard: InFlight,
+    peer: SocketAddr,
+    mut req: hyper::Request<Incoming>,
+) -> Result<axum::response::Response, Infallible> {
+    req.extensions_mut().insert(ConnectInfo(PeerAddr(peer)));
+    let resp = router.call(req).await?;
+    Ok(resp.map(|body| {
+        Body::new(body.map_frame(move |frame| {
+            let _held = &guard;
+            frame
+        }))
+    }))
+}
+
+/// The connection's IO, telling its [`ConnState`] when bytes arrive.
+struct Watched<I> {
+    inner: I,
+    state: Arc<ConnState>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.state.bytes_read();
+        }
+        r
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
