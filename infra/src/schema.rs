@@ -4,25 +4,93 @@
 //! Schemas are self-contained: a `$ref` to anything outside the schema (a file, a URL) is
 //! refused at compile time, so a schema can never make the broker read its disk or the
 //! network.
+//!
+//! Cost is bounded at every step, because boon itself has no step or memory limit:
+//!
+//! ```text
+//!  create/PATCH ─► size ─► cost::analyse (regexes, $ref fan-out) ─► boon compile
+//!                          └──────── on a schema worker, under a timeout ───────┘
+//!  produce ─► delay, size (broker's order) ─► parse ─► Cost::of_payload ≤ budget ─► boon
+//!             inline when small; otherwise parse + validate run on a schema worker
+//! ```
+//!
+//! Schema workers are `spawn_blocking` tasks under one semaphore of as many permits as the
+//! machine has cores: a permit is held until the blocking work really ends (also after its
+//! caller gave up on a timeout), so runaway work can never occupy more than that many
+//! threads, and the async workers that answer `/healthz` are never the ones validating.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
 use narad_core::broker::{SchemaVersion, TopicMeta};
 use parking_lot::Mutex;
 use serde_json::Value;
+use tokio::sync::Semaphore;
+
+mod cost;
+
+pub use cost::{
+    MAX_CHECKS_PER_VALUE, MAX_REGEX_COMPILED_BYTES, MAX_REGEX_SOURCE_BYTES, MAX_REGEXES,
+};
 
 /// Largest schema document, in bytes of JSON.
 pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
+/// Most estimated validation steps one produce request may cost, all its messages together
+/// (see [`cost`]): about a second of boon's work on one core.
+pub const MAX_VALIDATION_STEPS: u64 = 20_000_000;
+/// A request estimated below this many steps, with at most [`INLINE_BYTES`] of payload, is
+/// validated on the async worker: cheaper than a hop to a blocking thread.
+const INLINE_STEPS: u64 = 20_000;
+const INLINE_BYTES: usize = 64 * 1024;
+/// Longest wait for a schema worker; beyond it the request is answered 503 `schema_busy`.
+pub const WORKER_WAIT: Duration = Duration::from_secs(2);
+/// Longest compile; beyond it the schema is refused (400 `schema_too_complex`).
+pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest validation of one request (a backstop: the step budget should end it sooner).
+pub const VALIDATE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest violation message returned to a client.
 const MAX_ERROR_CHARS: usize = 512;
-/// Compiled schemas kept; beyond this the cache starts over.
-const CACHE_CAPACITY: usize = 4096;
+/// Compiled schemas kept, by count and by weight (schema bytes, plus the regex size limit per
+/// regex); the least recently used go first.
+const CACHE_CAPACITY: usize = 1024;
+const CACHE_WEIGHT: usize = 256 * 1024 * 1024;
 const LOCATION: &str = "urn:narad:topic-schema";
+
+/// Why a schema cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// Not a valid, self-contained JSON Schema.
+    #[error("{0}")]
+    Invalid(String),
+    /// Valid, but too costly to compile or to validate against (or compiling took too long).
+    #[error("schema too complex: {0}")]
+    TooComplex(String),
+    /// Every schema worker stayed busy for [`WORKER_WAIT`].
+    #[error("{0}")]
+    Busy(String),
+}
+
+/// Why payloads were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// Message `.0` is not JSON, or violates the schema.
+    #[error("{1}")]
+    Violation(usize, String),
+    /// Checking would cost more than the budget (message `.0`, when one is to blame).
+    #[error("{1}")]
+    TooComplex(Option<usize>, String),
+    #[error("{0}")]
+    Busy(String),
+}
 
 pub struct Compiled {
     schemas: boon::Schemas,
     index: boon::SchemaIndex,
+    cost: cost::Cost,
+    /// Cache weight.
+    weight: usize,
 }
 
 struct NoRemoteRefs;
@@ -44,14 +112,23 @@ fn truncate(mut s: String) -> String {
 }
 
 /// Compiles a schema as given by a client; the error says why it is not a usable schema.
-pub fn compile(schema: &Value) -> Result<Compiled, String> {
+/// This is the expensive step: call it through [`SchemaCache::compile`] from async code.
+pub fn compile(schema: &Value) -> Result<Compiled, SchemaError> {
     if !(schema.is_object() || schema.is_boolean()) {
-        return Err("schema: must be a JSON Schema object".into());
+        return Err(SchemaError::Invalid(
+            "schema: must be a JSON Schema object".into(),
+        ));
     }
     let size = serde_json::to_vec(schema).map_or(usize::MAX, |v| v.len());
     if size > MAX_SCHEMA_BYTES {
-        return Err(format!("schema: larger than {MAX_SCHEMA_BYTES} bytes"));
+        return Err(SchemaError::Invalid(format!(
+            "schema: larger than {MAX_SCHEMA_BYTES} bytes"
+        )));
     }
+    // before boon: boon compiles regexes without a tight size limit and validates without a
+    // step limit
+    let cost = cost::analyse(schema, LOCATION)?;
+    let weight = size.saturating_add(cost.regexes.saturating_mul(MAX_REGEX_COMPILED_BYTES));
     let schema = schema.clone();
     // boon asserts on its internal invariants in debug builds; a client's schema must never
     // take a request down with it
@@ -64,50 +141,272 @@ pub fn compile(schema: &Value) -> Result<Compiled, String> {
         let index = c
             .compile(LOCATION, &mut schemas)
             .map_err(|e| format!("{e:#}"))?;
-        Ok::<_, String>(Compiled { schemas, index })
+        Ok::<_, String>((schemas, index))
     });
     match compiled {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(truncate(format!("schema: invalid JSON Schema: {e}"))),
-        Err(_) => Err("schema: invalid JSON Schema (it could not be compiled)".into()),
+        Ok(Ok((schemas, index))) => Ok(Compiled {
+            schemas,
+            index,
+            cost,
+            weight,
+        }),
+        Ok(Err(e)) => Err(SchemaError::Invalid(truncate(format!(
+            "schema: invalid JSON Schema: {e}"
+        )))),
+        Err(_) => Err(SchemaError::Invalid(
+            "schema: invalid JSON Schema (it could not be compiled)".into(),
+        )),
     }
 }
 
 impl Compiled {
-    /// Checks one payload: it must be JSON and match the schema.
+    /// Checks one payload: it must be JSON and match the schema. No step budget: for tests
+    /// and trusted input; requests go through [`SchemaCache::check`].
     pub fn check(&self, payload: &[u8]) -> Result<(), String> {
-        let v: Value = serde_json::from_slice(payload)
-            .map_err(|e| format!("payload is not valid JSON ({e}); this topic has a schema"))?;
+        let v: Value = serde_json::from_slice(payload).map_err(not_json)?;
+        self.validate(&v)
+    }
+
+    fn validate(&self, v: &Value) -> Result<(), String> {
         self.schemas
-            .validate(&v, self.index)
+            .validate(v, self.index)
             .map_err(|e| truncate(format!("payload violates the topic schema: {e:#}")))
+    }
+
+    /// Estimated validation steps of one payload (see [`cost::Cost::of_payload`]).
+    pub fn steps(&self, v: &Value) -> Result<u64, String> {
+        self.cost.of_payload(v)
+    }
+
+    /// Parses every payload and prices its validation against the request's budget.
+    fn measure(&self, payloads: &[Bytes]) -> Result<(Vec<Value>, u64), CheckError> {
+        let mut total = 0u64;
+        let mut values = Vec::with_capacity(payloads.len());
+        for (i, p) in payloads.iter().enumerate() {
+            let v: Value =
+                serde_json::from_slice(p).map_err(|e| CheckError::Violation(i, not_json(e)))?;
+            let steps = self
+                .steps(&v)
+                .map_err(|e| CheckError::TooComplex(Some(i), e))?;
+            total = total.saturating_add(steps);
+            if total > MAX_VALIDATION_STEPS {
+                return Err(CheckError::TooComplex(
+                    Some(i),
+                    format!(
+                        "checking the payload against the topic schema would take about {total} steps (counting the request's earlier messages); a request may take at most {MAX_VALIDATION_STEPS}: send fewer, smaller or less deeply nested values"
+                    ),
+                ));
+            }
+            values.push(v);
+        }
+        Ok((values, total))
+    }
+
+    fn validate_all(&self, values: &[Value]) -> Result<(), CheckError> {
+        for (i, v) in values.iter().enumerate() {
+            self.validate(v).map_err(|e| CheckError::Violation(i, e))?;
+        }
+        Ok(())
     }
 }
 
-/// Compiled schemas by (topic incarnation, version).
+fn not_json(e: serde_json::Error) -> String {
+    format!("payload is not valid JSON ({e}); this topic has a schema")
+}
+
+/// What the cache knows of a topic's latest schema.
+pub enum Lookup {
+    /// The topic has no schema.
+    None,
+    Hit(Arc<Compiled>),
+    /// Not compiled yet: compile with [`SchemaCache::compile_latest`].
+    Miss {
+        key: (u64, u32),
+        schema: Value,
+    },
+}
+
 #[derive(Default)]
+struct Lru {
+    map: HashMap<(u64, u32), (Arc<Compiled>, u64)>,
+    tick: u64,
+    weight: usize,
+}
+
+impl Lru {
+    fn get(&mut self, key: (u64, u32)) -> Option<Arc<Compiled>> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.map.get_mut(&key).map(|(c, used)| {
+            *used = tick;
+            c.clone()
+        })
+    }
+
+    fn insert(&mut self, key: (u64, u32), c: Arc<Compiled>) {
+        self.tick += 1;
+        if let Some((old, _)) = self.map.remove(&key) {
+            self.weight -= old.weight;
+        }
+        while !self.map.is_empty()
+            && (self.map.len() >= CACHE_CAPACITY || self.weight + c.weight > CACHE_WEIGHT)
+        {
+            let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            if let Some((old, _)) = self.map.remove(&oldest) {
+                self.weight -= old.weight;
+            }
+        }
+        self.weight += c.weight;
+        self.map.insert(key, (c, self.tick));
+    }
+}
+
+/// Compiled JSON Schemas by (topic incarnation, version), and the workers that compile and
+/// validate.
 pub struct SchemaCache {
-    map: Mutex<HashMap<(u64, u32), Arc<Compiled>>>,
+    lru: Mutex<Lru>,
+    workers: Arc<Semaphore>,
+}
+
+impl Default for SchemaCache {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self::with_workers(cores)
+    }
+}
+
+/// Why offloaded work produced nothing.
+enum Offload {
+    Busy,
+    TimedOut,
+    Panicked,
 }
 
 impl SchemaCache {
-    /// The validator of the topic's latest schema version; `None` when it has none.
-    pub fn latest(&self, meta: &TopicMeta) -> Option<Result<Arc<Compiled>, String>> {
-        let v = meta.schemas.last()?;
-        let key = (meta.id, v.version);
-        if let Some(c) = self.map.lock().get(&key) {
-            return Some(Ok(c.clone()));
+    pub fn with_workers(workers: usize) -> Self {
+        Self {
+            lru: Mutex::default(),
+            workers: Arc::new(Semaphore::new(workers.max(1))),
         }
-        let compiled = match compile(&v.schema) {
-            Ok(c) => Arc::new(c),
-            Err(e) => return Some(Err(e)),
+    }
+
+    /// Runs `f` on a blocking thread under a worker permit, which it holds until `f` returns.
+    async fn offload<T: Send + 'static>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Offload> {
+        let permit = tokio::time::timeout(WORKER_WAIT, self.workers.clone().acquire_owned())
+            .await
+            .map_err(|_| Offload::Busy)?
+            .map_err(|_| Offload::Busy)?;
+        let task = tokio::task::spawn_blocking(move || {
+            let out = f();
+            drop(permit);
+            out
+        });
+        match tokio::time::timeout(timeout, task).await {
+            Err(_) => Err(Offload::TimedOut),
+            Ok(Err(_)) => Err(Offload::Panicked),
+            Ok(Ok(out)) => Ok(out),
+        }
+    }
+
+    /// Compiles a client's schema on a schema worker.
+    pub async fn compile(&self, schema: Value) -> Result<Arc<Compiled>, SchemaError> {
+        let out = self
+            .offload(COMPILE_TIMEOUT, move || compile(&schema).map(Arc::new))
+            .await;
+        match out {
+            Ok(r) => r,
+            Err(Offload::Busy) => Err(SchemaError::Busy(format!(
+                "every schema worker stayed busy for {} s; retry shortly",
+                WORKER_WAIT.as_secs()
+            ))),
+            Err(Offload::TimedOut) => Err(SchemaError::TooComplex(format!(
+                "compiling it took longer than {} s",
+                COMPILE_TIMEOUT.as_secs()
+            ))),
+            Err(Offload::Panicked) => Err(SchemaError::Invalid(
+                "schema: invalid JSON Schema (it could not be compiled)".into(),
+            )),
+        }
+    }
+
+    /// The topic's latest schema version, compiled if cached (cheap: call under the topic's
+    /// metadata lock).
+    pub fn lookup(&self, meta: &TopicMeta) -> Lookup {
+        let Some(v) = meta.schemas.last() else {
+            return Lookup::None;
         };
-        let mut map = self.map.lock();
-        if map.len() >= CACHE_CAPACITY {
-            map.clear();
+        let key = (meta.id, v.version);
+        match self.lru.lock().get(key) {
+            Some(c) => Lookup::Hit(c),
+            None => Lookup::Miss {
+                key,
+                schema: v.schema.clone(),
+            },
         }
-        map.insert(key, compiled.clone());
-        Some(Ok(compiled))
+    }
+
+    /// Compiles a stored schema after a [`Lookup::Miss`] and caches it.
+    pub async fn compile_latest(
+        &self,
+        key: (u64, u32),
+        schema: Value,
+    ) -> Result<Arc<Compiled>, SchemaError> {
+        let c = self.compile(schema).await?;
+        self.lru.lock().insert(key, c.clone());
+        Ok(c)
+    }
+
+    /// Checks every payload of a produce request: JSON, within the step budget, valid.
+    /// Small requests are checked here; the rest on a schema worker.
+    pub async fn check(
+        &self,
+        compiled: Arc<Compiled>,
+        payloads: Vec<Bytes>,
+    ) -> Result<(), CheckError> {
+        let bytes: usize = payloads.iter().map(Bytes::len).sum();
+        let out = if bytes <= INLINE_BYTES {
+            let (values, steps) = compiled.measure(&payloads)?;
+            if steps <= INLINE_STEPS {
+                return compiled.validate_all(&values);
+            }
+            self.offload(VALIDATE_TIMEOUT, move || compiled.validate_all(&values))
+                .await
+        } else {
+            self.offload(VALIDATE_TIMEOUT, move || {
+                let (values, _) = compiled.measure(&payloads)?;
+                compiled.validate_all(&values)
+            })
+            .await
+        };
+        match out {
+            Ok(r) => r,
+            Err(Offload::Busy) => Err(CheckError::Busy(format!(
+                "every schema worker stayed busy for {} s; retry shortly",
+                WORKER_WAIT.as_secs()
+            ))),
+            Err(Offload::TimedOut) => Err(CheckError::TooComplex(
+                None,
+                format!(
+                    "checking the payloads against the topic schema took longer than {} s",
+                    VALIDATE_TIMEOUT.as_secs()
+                ),
+            )),
+            Err(Offload::Panicked) => Err(CheckError::TooComplex(
+                None,
+                "the payloads could not be checked against the topic schema".into(),
+            )),
+        }
     }
 }
 
