@@ -14,10 +14,11 @@
 //!             inline when small; otherwise parse + validate run on a schema worker
 //! ```
 //!
-//! Schema workers are `spawn_blocking` tasks under one semaphore of as many permits as the
-//! machine has cores: a permit is held until the blocking work really ends (also after its
-//! caller gave up on a timeout), so runaway work can never occupy more than that many
-//! threads, and the async workers that answer `/healthz` are never the ones validating.
+//! Schema workers are threads (with a large stack: boon recurses per nesting level) under one
+//! semaphore of as many permits as the machine has cores: a permit is held until the work
+//! really ends (also after its caller gave up on a timeout), so runaway work can never occupy
+//! more than that many threads, and the async workers that answer `/healthz` are never the
+//! ones doing large validations.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,6 +51,13 @@ pub const WORKER_WAIT: Duration = Duration::from_secs(2);
 pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest validation of one request (a backstop: the step budget should end it sooner).
 pub const VALIDATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Stack of a schema worker thread. boon recurses per nesting level: a schema nested 64
+/// deep (the most a 1 MiB JSON body can hold) or a payload nested 128 deep needs a few MiB in
+/// a debug build; only touched pages are committed.
+const WORKER_STACK: usize = 32 * 1024 * 1024;
+/// Payloads nested deeper than this are validated on a schema worker even when small: the
+/// async workers have 2 MiB stacks.
+const INLINE_DEPTH: usize = 16;
 /// Longest violation message returned to a client.
 const MAX_ERROR_CHARS: usize = 512;
 /// Compiled schemas kept, by count and by weight (schema bytes, plus the regex size limit per
@@ -175,19 +183,22 @@ impl Compiled {
 
     /// Estimated validation steps of one payload (see [`cost::Cost::of_payload`]).
     pub fn steps(&self, v: &Value) -> Result<u64, String> {
-        self.cost.of_payload(v)
+        self.cost.of_payload(v).map(|(steps, _)| steps)
     }
 
     /// Parses every payload and prices its validation against the request's budget.
-    fn measure(&self, payloads: &[Bytes]) -> Result<(Vec<Value>, u64), CheckError> {
+    fn measure(&self, payloads: &[Bytes]) -> Result<(Vec<Value>, u64, usize), CheckError> {
         let mut total = 0u64;
+        let mut deepest = 0;
         let mut values = Vec::with_capacity(payloads.len());
         for (i, p) in payloads.iter().enumerate() {
             let v: Value =
                 serde_json::from_slice(p).map_err(|e| CheckError::Violation(i, not_json(e)))?;
-            let steps = self
-                .steps(&v)
+            let (steps, depth) = self
+                .cost
+                .of_payload(&v)
                 .map_err(|e| CheckError::TooComplex(Some(i), e))?;
+            deepest = deepest.max(depth);
             total = total.saturating_add(steps);
             if total > MAX_VALIDATION_STEPS {
                 return Err(CheckError::TooComplex(
@@ -199,7 +210,7 @@ impl Compiled {
             }
             values.push(v);
         }
-        Ok((values, total))
+        Ok((values, total, deepest))
     }
 
     fn validate_all(&self, values: &[Value]) -> Result<(), CheckError> {
@@ -297,7 +308,8 @@ impl SchemaCache {
         }
     }
 
-    /// Runs `f` on a blocking thread under a worker permit, which it holds until `f` returns.
+    /// Runs `f` on a schema worker thread under a permit, which it holds until `f` returns
+    /// (also when the caller stopped waiting): at most as many runaway jobs as permits.
     async fn offload<T: Send + 'static>(
         &self,
         timeout: Duration,
@@ -307,15 +319,25 @@ impl SchemaCache {
             .await
             .map_err(|_| Offload::Busy)?
             .map_err(|_| Offload::Busy)?;
-        let task = tokio::task::spawn_blocking(move || {
-            let out = f();
-            drop(permit);
-            out
-        });
-        match tokio::time::timeout(timeout, task).await {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // a thread of its own rather than tokio's blocking pool: boon recurses per nesting
+        // level of the schema and of the payload, deeper than a 2 MiB stack allows
+        std::thread::Builder::new()
+            .name("narad-schema".into())
+            .stack_size(WORKER_STACK)
+            .spawn(move || {
+                let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+                drop(permit);
+                let _ = tx.send(out);
+            })
+            .map_err(|e| {
+                tracing::warn!(error = %e, "could not start a schema worker thread");
+                Offload::Busy
+            })?;
+        match tokio::time::timeout(timeout, rx).await {
             Err(_) => Err(Offload::TimedOut),
-            Ok(Err(_)) => Err(Offload::Panicked),
-            Ok(Ok(out)) => Ok(out),
+            Ok(Ok(Ok(out))) => Ok(out),
+            Ok(Ok(Err(_)) | Err(_)) => Err(Offload::Panicked),
         }
     }
 
@@ -376,15 +398,15 @@ impl SchemaCache {
     ) -> Result<(), CheckError> {
         let bytes: usize = payloads.iter().map(Bytes::len).sum();
         let out = if bytes <= INLINE_BYTES {
-            let (values, steps) = compiled.measure(&payloads)?;
-            if steps <= INLINE_STEPS {
+            let (values, steps, depth) = compiled.measure(&payloads)?;
+            if steps <= INLINE_STEPS && depth <= INLINE_DEPTH {
                 return compiled.validate_all(&values);
             }
             self.offload(VALIDATE_TIMEOUT, move || compiled.validate_all(&values))
                 .await
         } else {
             self.offload(VALIDATE_TIMEOUT, move || {
-                let (values, _) = compiled.measure(&payloads)?;
+                let (values, _, _) = compiled.measure(&payloads)?;
                 compiled.validate_all(&values)
             })
             .await
@@ -548,6 +570,106 @@ mod tests {
         assert!(compile(&json!({"$defs": {"a": {"type": "string"}}, "$ref": "#/$defs/a"})).is_ok());
     }
 
+    fn nested(depth: usize, leaf: Value, wrap: impl Fn(Value) -> Value) -> Value {
+        (0..depth).fold(leaf, |v, _| wrap(v))
+    }
+
+    #[tokio::test]
+    async fn deep_schemas_and_payloads_do_not_overflow_a_stack() {
+        let cache = SchemaCache::with_workers(2);
+        // 64 levels of properties: as deep as a 1 MiB JSON body can nest it
+        let deep = nested(
+            63,
+            json!({"type": "integer"}),
+            |s| json!({"properties": {"a": s}}),
+        );
+        cache.compile(deep).await.unwrap();
+        let tree = cache
+            .compile(json!({"type": "object", "properties": {"a": {"$ref": "#"}}}))
+            .await
+            .unwrap();
+        let payload = nested(120, json!({}), |v| json!({"a": v}));
+        let bytes = Bytes::from(serde_json::to_vec(&payload).unwrap());
+        assert!(
+            bytes.len() < INLINE_BYTES,
+            "small, but deep: still off the async worker"
+        );
+        cache.check(tree, vec![bytes]).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn over_budget_payloads_are_refused_before_validation() {
+        let cache = SchemaCache::with_workers(2);
+        let patterns: serde_json::Map<String, Value> = (0..60)
+            .map(|i| (format!("^k{i}x"), json!({"type": "integer"})))
+            .collect();
+        let c = cache
+            .compile(json!({"patternProperties": patterns}))
+            .await
+            .unwrap();
+        let keys: serde_json::Map<String, Value> = (0..200_000)
+            .map(|i| (format!("key{i}"), json!(i)))
+            .collect();
+        let payload = Bytes::from(serde_json::to_vec(&keys).unwrap());
+        let started = std::time::Instant::now();
+        let e = cache.check(c.clone(), vec![payload]).await.unwrap_err();
+        assert!(matches!(e, CheckError::TooComplex(Some(0), _)), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        // the budget is per request: many small messages add up
+        let small = Bytes::from(
+            serde_json::to_vec(
+                &keys
+                    .iter()
+                    .take(2000)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<serde_json::Map<_, _>>(),
+            )
+            .unwrap(),
+        );
+        let e = cache.check(c, vec![small; 100]).await.unwrap_err();
+        assert!(
+            matches!(e, CheckError::TooComplex(Some(i), _) if i > 0),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_busy_worker_pool_answers_busy() {
+        let cache = SchemaCache::with_workers(1);
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let hold = cache.offload(Duration::from_secs(30), move || wait.recv());
+        let busy = async {
+            // the first job holds the only permit until released
+            let r = cache.compile(json!({"type": "string"})).await;
+            release.send(()).unwrap();
+            r
+        };
+        let (held, r) = tokio::join!(hold, busy);
+        assert!(held.is_ok());
+        assert!(matches!(r, Err(SchemaError::Busy(_))), "{:?}", r.err());
+    }
+
+    #[test]
+    fn the_cache_is_bounded_and_keeps_what_is_used() {
+        let mut lru = Lru::default();
+        let c = Arc::new(compile(&json!({"type": "string"})).unwrap());
+        lru.insert((0, 1), c.clone());
+        for i in 1..(CACHE_CAPACITY as u64 * 2) {
+            lru.insert((i, 1), c.clone());
+            assert!(
+                lru.get((0, 1)).is_some(),
+                "used every time: never the oldest"
+            );
+        }
+        assert!(lru.map.len() <= CACHE_CAPACITY);
+        assert_eq!(lru.weight, lru.map.len() * c.weight);
+        assert!(lru.get((1, 1)).is_none(), "least recently used went first");
+    }
+
     #[test]
     fn evolution_is_additive_only() {
         let base = json!({"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]});
@@ -595,5 +717,54 @@ mod tests {
         let via_ref = json!({"readOnly": true, "properties": {"id": {"$ref": "#/readOnly"}}});
         let flipped = json!({"readOnly": false, "properties": {"id": {"$ref": "#/readOnly"}}});
         assert!(check_evolution(&v(via_ref), &flipped).is_err());
+    }
+}
+
+/// `cargo test -p narad-infra calibrate -- --ignored --nocapture`: how many estimated steps
+/// boon validates per second, to set [`MAX_VALIDATION_STEPS`].
+#[cfg(test)]
+mod calibrate {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    #[ignore]
+    fn steps_per_second() {
+        let cases = [
+            (
+                json!({"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 50}}, "required": ["id"]}}}}),
+                json!({"items": (0..100_000).map(|i| json!({"id": i, "name": "abc"})).collect::<Vec<_>>()}),
+            ),
+            (
+                json!({"patternProperties": (0..60).map(|i| (format!("^k{i}x"), json!({"type": "integer"}))).collect::<serde_json::Map<_, _>>()}),
+                Value::Object(
+                    (0..100_000)
+                        .map(|i| (format!("key{i}"), json!(i)))
+                        .collect(),
+                ),
+            ),
+            (
+                json!({"type": "object", "properties": {"left": {"$ref": "#"}, "right": {"$ref": "#"}, "v": {"type": "integer"}}}),
+                {
+                    let mut v = json!({"v": 1});
+                    for _ in 0..20 {
+                        v = json!({"left": v, "v": 2});
+                    }
+                    v
+                },
+            ),
+        ];
+        for (s, p) in cases {
+            let c = compile(&s).unwrap();
+            let steps = c.steps(&p).unwrap();
+            let t = std::time::Instant::now();
+            let r = c.validate(&p);
+            let el = t.elapsed();
+            eprintln!(
+                "steps {steps} took {el:?}: {:.1} M steps/s ({})",
+                steps as f64 / el.as_secs_f64() / 1e6,
+                r.is_ok()
+            );
+        }
     }
 }

@@ -68,16 +68,18 @@ pub struct Cost {
 }
 
 impl Cost {
-    /// Estimated validation steps for one payload; `Err` names the depth when it is deeper
-    /// than analysed.
-    pub fn of_payload(&self, v: &Value) -> Result<u64, String> {
+    /// Estimated validation steps for one payload, and its deepest nesting; `Err` when it is
+    /// nested deeper than analysed.
+    pub fn of_payload(&self, v: &Value) -> Result<(u64, usize), String> {
         let mut steps = 0u64;
+        let mut deepest = 0;
         let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
         let string_units = |s: &str| 1 + (s.len() / STRING_BYTES_PER_STEP) as u64;
         while let Some((v, depth)) = stack.pop() {
             let Some(&per) = self.per_level.get(depth) else {
                 return Err(format!("payload is nested deeper than {MAX_DEPTH} levels"));
             };
+            deepest = deepest.max(depth);
             let units = match v {
                 Value::String(s) => string_units(s),
                 _ => 1,
@@ -95,7 +97,7 @@ impl Cost {
                 _ => {}
             }
         }
-        Ok(steps)
+        Ok((steps, deepest))
     }
 }
 
@@ -639,7 +641,8 @@ mod tests {
         assert!(c.per_level[0] < 20, "{:?}", &c.per_level[..3]);
         assert!(c.per_level[1] < 5);
         assert_eq!(c.per_level[5], 0);
-        let steps = c.of_payload(&json!({"id": 3})).unwrap();
+        let (steps, depth) = c.of_payload(&json!({"id": 3})).unwrap();
+        assert_eq!(depth, 1);
         assert!(steps < 40, "{steps}");
     }
 
@@ -724,10 +727,10 @@ mod tests {
             LOC,
         )
         .unwrap();
-        let small = c.of_payload(&json!({"a": 1})).unwrap();
+        let (small, _) = c.of_payload(&json!({"a": 1})).unwrap();
         let keys: serde_json::Map<String, Value> =
             (0..1000).map(|i| (format!("k{i}"), json!(1))).collect();
-        let big = c.of_payload(&Value::Object(keys)).unwrap();
+        let (big, _) = c.of_payload(&Value::Object(keys)).unwrap();
         assert!(big > 500 * small, "{big} vs {small}");
     }
 
