@@ -767,4 +767,57 @@ mod calibrate {
             );
         }
     }
+
+    /// What the attacks of issue 11 cost boon before the limits (run by hand; slow).
+    #[test]
+    #[ignore]
+    fn attacks_without_limits() {
+        let boon_compile = |s: Value| {
+            let mut c = boon::Compiler::new();
+            c.add_resource(LOCATION, s).unwrap();
+            let mut schemas = boon::Schemas::new();
+            let index = c.compile(LOCATION, &mut schemas).unwrap();
+            (schemas, index)
+        };
+        let bomb = json!({"type": "object", "properties": {"a": {"allOf": [{"$ref": "#"}, {"$ref": "#"}]}}});
+        let (schemas, index) = boon_compile(bomb.clone());
+        let payload = (0..22).fold(json!({}), |v, _| json!({"a": v}));
+        let t = std::time::Instant::now();
+        let _ = schemas.validate(&payload, index);
+        eprintln!(
+            "fan-out bomb, {} byte payload: boon {:?}",
+            serde_json::to_vec(&payload).unwrap().len(),
+            t.elapsed()
+        );
+        let t = std::time::Instant::now();
+        let e = compile(&bomb).err();
+        eprintln!("fan-out bomb refused in {:?}: {e:?}", t.elapsed());
+        let props: serde_json::Map<String, Value> = (0..20)
+            .map(|i| {
+                (
+                    format!("p{i}"),
+                    json!({"pattern": format!("^[\\p{{L}}\\p{{N}}]{{{}}}$", 90 + i % 10)}),
+                )
+            })
+            .collect();
+        let heavy = json!({"properties": props});
+        let t = std::time::Instant::now();
+        drop(boon_compile(heavy.clone()));
+        eprintln!("20 heavy regexes: boon compile {:?}", t.elapsed());
+        let t = std::time::Instant::now();
+        let e = compile(&heavy).err();
+        eprintln!("20 heavy regexes refused in {:?}: {e:?}", t.elapsed());
+        let patterns: serde_json::Map<String, Value> =
+            (0..3000).map(|i| (format!("^k{i}_"), json!({}))).collect();
+        let pp = json!({"patternProperties": patterns});
+        let (schemas, index) = boon_compile(pp.clone());
+        let keys: serde_json::Map<String, Value> =
+            (0..2000).map(|i| (format!("key{i}"), json!(i))).collect();
+        let t = std::time::Instant::now();
+        let _ = schemas.validate(&Value::Object(keys), index);
+        eprintln!("3000 patternProperties x 2000 keys: boon {:?}", t.elapsed());
+        let t = std::time::Instant::now();
+        let e = compile(&pp).err();
+        eprintln!("3000 patternProperties refused in {:?}: {e:?}", t.elapsed());
+    }
 }
