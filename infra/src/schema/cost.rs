@@ -391,8 +391,8 @@ impl<'a> Graph<'a> {
             } else if IN_PLACE_ARRAY.contains(&k) || k == "prefixItems" || k == "items" {
                 let Some(a) = val.as_array() else { continue };
                 n.weight = n.weight.saturating_add(a.len() as u64);
-                for i in 0..a.len() {
-                    if !(a[i].is_object() || a[i].is_boolean()) {
+                for (i, sub) in a.iter().enumerate() {
+                    if !(sub.is_object() || sub.is_boolean()) {
                         continue;
                     }
                     let c = self.edge(format!("{}/{i}", at(k)))?;
