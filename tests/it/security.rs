@@ -1381,3 +1381,204 @@ async fn tls_clients_silent_after_the_handshake_are_closed_in_bounded_time() {
     .await;
     crate::connections::check_tls_timeouts(s.base.trim_start_matches("https://"), &ca).await;
 }
+
+/// POSTs `body` and returns the response with how long it took.
+async fn timed_post(
+    s: &Server,
+    path: &str,
+    method: Method,
+    body: reqwest::Body,
+) -> (reqwest::Response, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let r = s
+        .http
+        .request(method, s.url(path))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r, started.elapsed())
+}
+
+fn json_body(v: &Value) -> reqwest::Body {
+    serde_json::to_vec(v).unwrap().into()
+}
+
+#[tokio::test]
+async fn schema_ref_fan_out_is_refused_and_healthz_stays_responsive() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    // each nesting level of "a" doubled the work: two 150-byte payloads froze the server 7 s
+    let bomb =
+        json!({"type": "object", "properties": {"a": {"allOf": [{"$ref": "#"}, {"$ref": "#"}]}}});
+    let (r, took) = timed_post(
+        &s,
+        "/v1/topics",
+        Method::POST,
+        json_body(&json!({"name": "bomb", "schema": bomb})),
+    )
+    .await;
+    expect_error(r, StatusCode::BAD_REQUEST, "schema_too_complex").await;
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    s.create_topic(json!({"name": "plain"})).await;
+    let (r, _) = timed_post(
+        &s,
+        "/v1/topics/plain",
+        Method::PATCH,
+        json_body(&json!({"schema": bomb})),
+    )
+    .await;
+    expect_error(r, StatusCode::BAD_REQUEST, "schema_too_complex").await;
+
+    // a recursive schema without fan-out is fine; a payload too costly for it is refused, and
+    // while large validations run /healthz keeps answering
+    let tree = json!({"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}, "v": {"type": "string"}}});
+    s.create_topic(json!({"name": "tree", "schema": tree, "max_message_bytes": 8_388_608}))
+        .await;
+    let leaf = json!({"v": "x"});
+    let wide = json!({"kids": vec![leaf; 200_000]});
+    let (r, took) = timed_post(
+        &s,
+        "/v1/topics/tree/produce",
+        Method::POST,
+        json_body(&wide),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "{:?}", r.text().await);
+    let big_ok = took;
+    let heavy: Vec<_> = (0..3)
+        .map(|_| {
+            let http = s.http.clone();
+            let url = s.url("/v1/topics/tree/produce");
+            let body = serde_json::to_vec(&wide).unwrap();
+            tokio::spawn(async move { http.post(url).body(body).send().await.unwrap().status() })
+        })
+        .collect();
+    let mut polls = 0;
+    while heavy.iter().any(|h| !h.is_finished()) || polls == 0 {
+        let started = std::time::Instant::now();
+        let r = s.get("/healthz").await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let took = started.elapsed();
+        assert!(
+            took < std::time::Duration::from_millis(1000),
+            "/healthz took {took:?} while validations ran"
+        );
+        polls += 1;
+    }
+    for h in heavy {
+        let st = h.await.unwrap();
+        assert!(
+            st == StatusCode::ACCEPTED || st == StatusCode::SERVICE_UNAVAILABLE,
+            "{st}"
+        );
+    }
+    eprintln!("healthz polled {polls} times during 3 validations of {big_ok:?} each");
+}
+
+#[tokio::test]
+async fn schema_pattern_properties_and_huge_payloads_are_refused_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let patterns = |n: usize| -> serde_json::Map<String, Value> {
+        (0..n)
+            .map(|i| (format!("^k{i}_"), json!({"type": "integer"})))
+            .collect()
+    };
+    // thousands of patternProperties: refused when the schema is set
+    let (r, took) = timed_post(
+        &s,
+        "/v1/topics",
+        Method::POST,
+        json_body(&json!({"name": "pp", "schema": {"patternProperties": patterns(3000)}})),
+    )
+    .await;
+    expect_error(r, StatusCode::BAD_REQUEST, "schema_too_complex").await;
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    // within the limit, the size check comes before any validation work: a 90,000-key
+    // payload over max_message_bytes is a 413 at once
+    s.create_topic(json!({"name": "pp", "schema": {"patternProperties": patterns(60)}, "max_message_bytes": 65536}))
+        .await;
+    let keys = |n: usize| -> Value {
+        Value::Object((0..n).map(|i| (format!("key{i}"), json!(i))).collect())
+    };
+    let (r, took) = timed_post(
+        &s,
+        "/v1/topics/pp/produce",
+        Method::POST,
+        json_body(&keys(90_000)),
+    )
+    .await;
+    expect_error(r, StatusCode::PAYLOAD_TOO_LARGE, "message_too_large").await;
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    // the same in a batch
+    let batch = json!({"messages": [{"payload": {"k0_": 1}}, {"payload": keys(90_000)}]});
+    let (r, _) = timed_post(
+        &s,
+        "/v1/topics/pp/produce/batch",
+        Method::POST,
+        json_body(&batch),
+    )
+    .await;
+    expect_error(r, StatusCode::PAYLOAD_TOO_LARGE, "message_too_large").await;
+    // under the size limit but over the validation budget: refused before boon runs
+    s.create_topic(json!({"name": "pp-big", "schema": {"patternProperties": patterns(60)}, "max_message_bytes": 8_388_608}))
+        .await;
+    let (r, took) = timed_post(
+        &s,
+        "/v1/topics/pp-big/produce",
+        Method::POST,
+        json_body(&keys(300_000)),
+    )
+    .await;
+    expect_error(r, StatusCode::BAD_REQUEST, "payload_too_complex").await;
+    assert!(took < std::time::Duration::from_secs(3), "{took:?}");
+    // and a fitting payload is still accepted
+    let r = s
+        .produce("pp-big", "", r#"{"k1_x": 1, "other": "y"}"#)
+        .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn schema_with_heavy_regexes_is_refused_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    // each regex compiles to megabytes: 24 KB of them took 12 s and 1.6 GB to compile
+    let props: serde_json::Map<String, Value> = (0..200)
+        .map(|i| (format!("p{i}"), json!({"type": "string", "pattern": format!("^[\\p{{L}}\\p{{N}}]{{{}}}$", 90 + i % 10)})))
+        .collect();
+    let schema = json!({"type": "object", "properties": props});
+    assert!(serde_json::to_vec(&schema).unwrap().len() > 8_000);
+    let (r, took) = timed_post(
+        &s,
+        "/v1/topics",
+        Method::POST,
+        json_body(&json!({"name": "rx", "schema": schema})),
+    )
+    .await;
+    expect_error(r, StatusCode::BAD_REQUEST, "schema_too_complex").await;
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    // one heavy regex alone is refused for its compiled size, a small one is fine
+    let (r, _) = timed_post(
+        &s,
+        "/v1/topics",
+        Method::POST,
+        json_body(&json!({"name": "rx", "schema": {"pattern": "^\\p{L}{200}$"}})),
+    )
+    .await;
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("schema_too_complex") && text.contains("compiles to more than"),
+        "{text}"
+    );
+    s.create_topic(json!({"name": "rx", "schema": {"type": "string", "pattern": "^[a-z]{1,20}$"}}))
+        .await;
+    assert_eq!(
+        s.produce("rx", "", r#""abc""#).await.status(),
+        StatusCode::ACCEPTED
+    );
+    let r = s.produce("rx", "", r#""ABC""#).await;
+    expect_error(r, StatusCode::BAD_REQUEST, "schema_violation").await;
+}

@@ -12,8 +12,8 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use narad_core::broker::ProduceMessage;
-use narad_core::topic::MAX_MESSAGE_BYTES_LIMIT;
+use narad_core::broker::{BrokerError, ProduceMessage};
+use narad_core::topic::{MAX_DELAY_MS, MAX_MESSAGE_BYTES_LIMIT};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -23,6 +23,7 @@ use super::{
     ApiError, ApiResult, SharedState, json_response, json_text_response, parse_json_borrowed,
     read_body,
 };
+use crate::schema::{CheckError, Lookup, SchemaError};
 
 /// Longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 4096;
@@ -66,24 +67,61 @@ fn check_headers(h: &[(String, Bytes)], at: &str) -> Result<(), ApiError> {
 
 /// Validates every payload against the topic's latest JSON Schema, if it has one; the whole
 /// request is refused (400 naming the message and the violation) before anything is written.
-fn check_schema(
+///
+/// What the broker would refuse anyway is refused first, in the broker's order (a malformed
+/// delay, then a size over the topic's `max_message_bytes`), so an oversized payload costs no
+/// parsing; then the validation is priced and refused over budget before boon runs.
+async fn check_schema(
     state: &SharedState,
     broker: &narad_core::broker::Broker,
     topic: &str,
     msgs: &[ProduceMessage],
 ) -> Result<(), ApiError> {
-    let Some(compiled) = broker.with_topic_meta(topic, |m| state.schemas.latest(m))? else {
-        return Ok(());
-    };
-    let compiled = compiled.map_err(|e| {
-        tracing::error!(topic, error = %e, "a stored topic schema does not compile");
-        ApiError::unavailable(
-            "schema_unavailable",
-            format!("the topic's schema cannot be used: {e}"),
-        )
+    let (lookup, max_bytes, default_delay) = broker.with_topic_meta(topic, |m| {
+        let lookup = state.schemas.lookup(m);
+        (lookup, m.config.max_message_bytes, m.config.delay_ms)
     })?;
-    for (i, m) in msgs.iter().enumerate() {
-        if let Err(e) = compiled.check(&m.payload) {
+    if let Lookup::None = lookup {
+        return Ok(());
+    }
+    for (index, m) in msgs.iter().enumerate() {
+        let delay = m.delay_ms.unwrap_or(default_delay);
+        if !(0..=MAX_DELAY_MS).contains(&delay) {
+            return Err(BrokerError::InvalidMessage {
+                index,
+                reason: format!("delay_ms must be between 0 and {MAX_DELAY_MS}"),
+            }
+            .into());
+        }
+        if m.payload.len() as u64 > max_bytes {
+            return Err(BrokerError::MessageTooLarge {
+                index,
+                size: m.payload.len(),
+                max: max_bytes,
+            }
+            .into());
+        }
+    }
+    let compiled = match lookup {
+        Lookup::None => return Ok(()),
+        Lookup::Hit(c) => c,
+        Lookup::Miss { key, schema } => state
+            .schemas
+            .compile_latest(key, schema)
+            .await
+            .map_err(|e| stored_schema_error(topic, e))?,
+    };
+    let payloads = msgs.iter().map(|m| m.payload.clone()).collect();
+    let at = |i: usize| {
+        if msgs.len() > 1 {
+            format!("message {i}: ")
+        } else {
+            String::new()
+        }
+    };
+    match state.schemas.check(compiled, payloads).await {
+        Ok(()) => Ok(()),
+        Err(CheckError::Violation(i, e)) => {
             state
                 .metrics
                 .schema_rejected
@@ -91,18 +129,31 @@ fn check_schema(
                     topic: topic.to_owned(),
                 })
                 .inc();
-            let at = if msgs.len() > 1 {
-                format!("message {i}: ")
-            } else {
-                String::new()
-            };
-            return Err(ApiError::bad_request(
+            Err(ApiError::bad_request(
                 "schema_violation",
-                format!("{at}{e}"),
-            ));
+                format!("{}{e}", at(i)),
+            ))
+        }
+        Err(CheckError::TooComplex(i, e)) => Err(ApiError::bad_request(
+            "payload_too_complex",
+            format!("{}{e}", i.map(at).unwrap_or_default()),
+        )),
+        Err(CheckError::Busy(e)) => Err(ApiError::unavailable("schema_busy", e)),
+    }
+}
+
+/// A stored schema that cannot be compiled now is the server's problem, not the request's.
+fn stored_schema_error(topic: &str, e: SchemaError) -> ApiError {
+    match e {
+        SchemaError::Busy(e) => ApiError::unavailable("schema_busy", e),
+        SchemaError::Invalid(_) | SchemaError::TooComplex(_) => {
+            tracing::error!(topic, error = %e, "a stored topic schema does not compile");
+            ApiError::unavailable(
+                "schema_unavailable",
+                format!("the topic's schema cannot be used: {e}"),
+            )
         }
     }
-    Ok(())
 }
 
 /// A delay from the wire; anything above `i64::MAX` is out of range anyway (the broker caps
@@ -160,7 +211,7 @@ pub async fn single(
         headers: msg_headers,
         payload,
     };
-    check_schema(&state, &broker, &topic, std::slice::from_ref(&msg))?;
+    check_schema(&state, &broker, &topic, std::slice::from_ref(&msg)).await?;
     let r = broker.produce(&topic, vec![msg]).await?;
     Ok(json_response(
         StatusCode::ACCEPTED,
@@ -355,7 +406,7 @@ pub async fn batch(
         .enumerate()
         .map(|(i, m)| message(i, m, &body))
         .collect::<Result<Vec<_>, _>>()?;
-    check_schema(&state, &broker, &topic, &msgs)?;
+    check_schema(&state, &broker, &topic, &msgs).await?;
     let results = broker.produce(&topic, msgs).await?;
     // written by hand: one allocation instead of a JSON map per message
     let mut out = String::with_capacity(32 + results.len() * 32);

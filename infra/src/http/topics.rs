@@ -16,6 +16,7 @@ use super::query::Query;
 use super::{
     ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
 };
+use crate::schema::SchemaError;
 
 #[derive(Serialize)]
 pub struct TopicJson<'a> {
@@ -203,7 +204,7 @@ pub async fn create(
     narad_core::topic::validate_name(&name)
         .map_err(|e| ApiError::bad_request("invalid_field", e.to_string()))?;
     caller.require(Action::Create, &name)?;
-    let schema = take_schema(&mut fields)?;
+    let schema = take_schema(&state, &mut fields).await?;
     // `parent` (+ `fanout_delay_ms`, `from`): create and attach in one step
     let parent = match fields.remove("parent") {
         None | Some(serde_json::Value::Null) => None,
@@ -396,7 +397,7 @@ pub async fn alter(
     let current = caller.manage_topic(&broker, &topic)?;
     let body = read_body(body, MAX_JSON_BODY).await?;
     let mut fields: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
-    let schema = take_schema(&mut fields)?;
+    let schema = take_schema(&state, &mut fields).await?;
     let unchanged = |s: &serde_json::Value| current.schemas.last().is_some_and(|v| v.schema == *s);
     if let Some(s) = schema.as_ref().filter(|s| !unchanged(s)) {
         // everything that can refuse the schema is checked before any setting changes (and
@@ -443,14 +444,26 @@ pub async fn alter(
     ))
 }
 
-/// Takes `schema` out of a create or change body and checks that it compiles.
-fn take_schema(
+/// Takes `schema` out of a create or change body and checks that it compiles within the
+/// cost limits (on a schema worker: compiling can take a while).
+async fn take_schema(
+    state: &SharedState,
     fields: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<Option<serde_json::Value>, ApiError> {
     match fields.remove("schema") {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(s) => {
-            crate::schema::compile(&s).map_err(|e| ApiError::bad_request("invalid_schema", e))?;
+            state
+                .schemas
+                .compile(s.clone())
+                .await
+                .map_err(|e| match e {
+                    SchemaError::Invalid(m) => ApiError::bad_request("invalid_schema", m),
+                    SchemaError::TooComplex(_) => {
+                        ApiError::bad_request("schema_too_complex", e.to_string())
+                    }
+                    SchemaError::Busy(m) => ApiError::unavailable("schema_busy", m),
+                })?;
             Ok(Some(s))
         }
     }
