@@ -139,7 +139,7 @@ pub async fn run(
         &cfg.dir.join("local"),
         LogConfig {
             segment_max_bytes: cfg.segment_bytes,
-            tail_cache_bytes: 0,
+            tail_cache: narad_core::log::TailBudget::new(0),
             ..LogConfig::default()
         },
         ManualClock::new(base_ts),

@@ -52,7 +52,9 @@ pub struct ServerConfig {
     pub segment_max_bytes: u64,
     /// Seal a segment this long after its first record, so quiet partitions seal too.
     pub segment_max_age_ms: i64,
-    /// Newest records per partition kept decoded in memory (fresh reads skip the disk).
+    /// Memory for the newest records kept decoded, so fresh reads skip the disk: one budget
+    /// for the whole node, shared by every open partition (each evicts its own oldest records
+    /// when the node is over it). 0 turns the cache off; reads then always use the page cache.
     pub tail_cache_bytes: usize,
     /// Close a partition's files after this long unused; reopening costs a scan of its active
     /// segment.
@@ -71,6 +73,12 @@ pub struct ServerConfig {
     pub max_batch_messages: usize,
     /// Largest batch produce body (before and after decompression).
     pub max_batch_bytes: usize,
+    /// Request body bytes the whole node holds at once (read, and inflated by
+    /// decompression), over every request being served. A request that would take more is
+    /// answered `503 server_busy` with `Retry-After: 1` (up front when its `Content-Length`
+    /// does not fit). Bounds memory under many concurrent large batches; at least
+    /// `2 × max_batch_bytes` so one compressed batch always fits.
+    pub max_request_bytes_in_flight: usize,
     /// Client connections served at once. One more takes the place of the keep-alive
     /// connection idle the longest (closed); with none idle it is answered
     /// `503 too_many_connections` with `Retry-After: 1` and closed. Keep it below the
@@ -138,7 +146,7 @@ impl Default for ServerConfig {
             log_level: "info".into(),
             segment_max_bytes: log.segment_max_bytes,
             segment_max_age_ms: log.segment_max_age_ms,
-            tail_cache_bytes: log.tail_cache_bytes,
+            tail_cache_bytes: log.tail_cache.limit(),
             idle_close_ms: 10 * 60 * 1000,
             ack_flush_interval_ms: 100,
             retention_interval_ms: 30_000,
@@ -146,6 +154,7 @@ impl Default for ServerConfig {
             max_wait_ms: MAX_WAIT_MS_LIMIT,
             max_batch_messages: 1000,
             max_batch_bytes: 16 * 1024 * 1024,
+            max_request_bytes_in_flight: 256 * 1024 * 1024,
             shutdown_grace_ms: 10_000,
             max_connections: 10_000,
             header_read_timeout_ms: 10_000,
@@ -286,6 +295,13 @@ impl ServerConfig {
         if !(1024..=256 * 1024 * 1024).contains(&self.max_batch_bytes) {
             return bad("max_batch_bytes", "must be between 1 KiB and 256 MiB");
         }
+        let floor = (2 * self.max_batch_bytes).max(2 * crate::http::MAX_BODY_LIMIT);
+        if !(floor..=1 << 40).contains(&self.max_request_bytes_in_flight) {
+            return bad(
+                "max_request_bytes_in_flight",
+                "must be at least 2 × max(max_batch_bytes, 8 MiB) (and at most 1 TiB)",
+            );
+        }
         let url = self.archive_url.trim();
         if !(url.is_empty()
             || url == "off"
@@ -372,7 +388,7 @@ impl ServerConfig {
             log: LogConfig {
                 segment_max_bytes: self.segment_max_bytes,
                 segment_max_age_ms: self.segment_max_age_ms,
-                tail_cache_bytes: self.tail_cache_bytes,
+                tail_cache: narad_core::log::TailBudget::new(self.tail_cache_bytes),
             },
             topic_defaults: self.topic_defaults(),
             idle_close_ms: self.idle_close_ms,

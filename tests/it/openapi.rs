@@ -74,6 +74,7 @@ fn router_serves_every_listed_route() {
             metrics: std::sync::Arc::new(narad_infra::metrics::Metrics::new()),
             archive: None,
             auth: None,
+            body_budget: narad_infra::http::budget::BodyBudget::new(1 << 30),
             schemas: Default::default(),
         });
         let app = narad_infra::http::router(state);

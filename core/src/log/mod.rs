@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, oneshot};
 
@@ -45,9 +46,93 @@ pub struct LogConfig {
     pub segment_max_bytes: u64,
     /// Seal the active segment this long after its first record, so quiet partitions seal too.
     pub segment_max_age_ms: i64,
-    /// Newest records kept decoded in memory per partition, so consumers of fresh data never
-    /// touch the disk.
-    pub tail_cache_bytes: usize,
+    /// Newest records kept decoded in memory, so consumers of fresh data never touch the
+    /// disk. One budget for the whole node: every log opened with (a clone of) this config
+    /// shares it, so many partitions do not multiply it.
+    pub tail_cache: TailBudget,
+}
+
+/// The node-wide memory budget of the partitions' tail caches.
+///
+/// Cached records are copies sized to what they hold (never slices of a request buffer,
+/// which would keep the whole buffer alive while the budget counted only the payload), and
+/// each counts its payload, key, headers and a fixed overhead. A partition that caches more
+/// while the node is over the budget evicts its own oldest records down to its fair share
+/// (the budget over the open caches), then the oldest records of the caches above their
+/// share: a partition gone quiet cannot keep the busy ones from caching.
+#[derive(Debug, Clone)]
+pub struct TailBudget(Arc<TailBudgetInner>);
+
+#[derive(Debug)]
+struct TailBudgetInner {
+    limit: usize,
+    used: AtomicU64,
+    /// Every open log's cache, for eviction across partitions.
+    caches: Mutex<Vec<std::sync::Weak<Mutex<TailCache>>>>,
+}
+
+impl TailBudget {
+    pub fn new(limit_bytes: usize) -> Self {
+        Self(Arc::new(TailBudgetInner {
+            limit: limit_bytes,
+            used: AtomicU64::new(0),
+            caches: Mutex::new(Vec::new()),
+        }))
+    }
+
+    fn register(&self, cache: &Arc<Mutex<TailCache>>) {
+        let mut caches = self.0.caches.lock();
+        caches.retain(|c| c.strong_count() > 0);
+        caches.push(Arc::downgrade(cache));
+    }
+
+    /// Evicts the oldest records of the caches above their fair share until the node is
+    /// within the budget (or every cache is at its share). Called with no cache locked.
+    fn rebalance(&self) {
+        let caches: Vec<Arc<Mutex<TailCache>>> = {
+            let mut list = self.0.caches.lock();
+            list.retain(|c| c.strong_count() > 0);
+            list.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        let share = self.0.limit / caches.len().max(1);
+        for cache in caches {
+            if !self.over() {
+                return;
+            }
+            // a cache busy elsewhere is skipped: its own writer rebalances after its push
+            let Some(mut c) = cache.try_lock() else {
+                continue;
+            };
+            while self.over() && c.bytes > share && c.pop_front() {}
+        }
+    }
+
+    pub fn limit(&self) -> usize {
+        self.0.limit
+    }
+
+    /// Bytes the caches of every open log hold now.
+    pub fn used(&self) -> u64 {
+        self.0.used.load(Ordering::Relaxed)
+    }
+
+    fn over(&self) -> bool {
+        self.used() > self.0.limit as u64
+    }
+}
+
+/// Memory a cached record accounts for besides its bytes (the `Arc<Record>`, its vectors and
+/// the allocator's per-allocation overhead).
+const CACHED_RECORD_OVERHEAD: usize = 128;
+
+fn cached_size(r: &Record) -> usize {
+    CACHED_RECORD_OVERHEAD
+        + r.payload.len()
+        + r.key.as_ref().map_or(0, Bytes::len)
+        + r.headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 32)
+            .sum::<usize>()
 }
 
 impl Default for LogConfig {
@@ -55,7 +140,7 @@ impl Default for LogConfig {
         Self {
             segment_max_bytes: 64 * 1024 * 1024,
             segment_max_age_ms: 10 * 60 * 1000,
-            tail_cache_bytes: 4 * 1024 * 1024,
+            tail_cache: TailBudget::new(64 * 1024 * 1024),
         }
     }
 }
@@ -132,10 +217,32 @@ enum Cmd {
     },
 }
 
-#[derive(Default)]
 struct TailCache {
     records: VecDeque<Arc<Record>>,
     bytes: usize,
+    budget: TailBudget,
+}
+
+impl TailCache {
+    fn pop_front(&mut self) -> bool {
+        let Some(r) = self.records.pop_front() else {
+            return false;
+        };
+        let n = cached_size(&r);
+        self.bytes -= n;
+        self.budget.0.used.fetch_sub(n as u64, Ordering::Relaxed);
+        true
+    }
+}
+
+impl Drop for TailCache {
+    /// A closed (idle) log gives its share of the budget back.
+    fn drop(&mut self) {
+        self.budget
+            .0
+            .used
+            .fetch_sub(self.bytes as u64, Ordering::Relaxed);
+    }
 }
 
 struct Shared {
@@ -146,7 +253,7 @@ struct Shared {
     segments: RwLock<Vec<Arc<Segment>>>,
     /// One past the last durable offset.
     next_offset: AtomicU64,
-    cache: Mutex<TailCache>,
+    cache: Arc<Mutex<TailCache>>,
     poisoned: Mutex<Option<String>>,
 }
 
@@ -278,6 +385,12 @@ impl PartitionLog {
             .open(&active.path)
             .map_err(io_err(&active.path))?;
         metrics.logs_opened.inc();
+        let cache = Arc::new(Mutex::new(TailCache {
+            records: VecDeque::new(),
+            bytes: 0,
+            budget: cfg.tail_cache.clone(),
+        }));
+        cfg.tail_cache.register(&cache);
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
             cfg,
@@ -285,7 +398,7 @@ impl PartitionLog {
             metrics,
             segments: RwLock::new(segments),
             next_offset: AtomicU64::new(next_offset),
-            cache: Mutex::new(TailCache::default()),
+            cache: cache.clone(),
             poisoned: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel(WRITER_QUEUE);
@@ -749,18 +862,25 @@ impl Writer {
                 meta.note_record(offset, pos, len, ts);
             }
         }
-        let mut fresh = Vec::with_capacity(notes.len());
+        let caching = self.shared.cfg.tail_cache.limit() > 0;
+        let mut fresh = Vec::with_capacity(if caching { notes.len() } else { 0 });
         let mut replies = Vec::with_capacity(placed.len());
         for (base, records, reply) in placed {
             let count = records.len() as u32;
-            for (i, r) in records.into_iter().enumerate() {
+            for (i, r) in records.iter().enumerate().filter(|_| caching) {
+                // copies: the producer's bytes are usually slices of a much larger request
+                // buffer, which a cached slice would keep alive
                 fresh.push(Arc::new(Record {
                     offset: base + i as u64,
                     timestamp_ms: ts,
                     delay_ms: r.delay_ms,
-                    key: r.key,
-                    headers: r.headers,
-                    payload: r.payload,
+                    key: r.key.as_deref().map(Bytes::copy_from_slice),
+                    headers: r
+                        .headers
+                        .iter()
+                        .map(|(k, v)| (k.clone(), Bytes::copy_from_slice(v)))
+                        .collect(),
+                    payload: Bytes::copy_from_slice(&r.payload),
                 }));
             }
             replies.push((
@@ -780,16 +900,22 @@ impl Writer {
     }
 
     fn push_cache(&self, fresh: Vec<Arc<Record>>) {
-        let max = self.shared.cfg.tail_cache_bytes;
-        let mut cache = self.shared.cache.lock();
-        for r in fresh {
-            cache.bytes += r.payload.len() + 64;
-            cache.records.push_back(r);
+        if fresh.is_empty() {
+            return;
         }
-        while cache.bytes > max && cache.records.len() > 1 {
-            if let Some(r) = cache.records.pop_front() {
-                cache.bytes -= r.payload.len() + 64;
-            }
+        let budget = &self.shared.cfg.tail_cache;
+        {
+            let mut cache = self.shared.cache.lock();
+            let added: usize = fresh.iter().map(|r| cached_size(r)).sum();
+            cache.bytes += added;
+            budget.0.used.fetch_add(added as u64, Ordering::Relaxed);
+            cache.records.extend(fresh);
+            // this partition pays first for what it added, down to its fair share
+            let share = budget.limit() / budget.0.caches.lock().len().max(1);
+            while budget.over() && cache.bytes > share && cache.pop_front() {}
+        }
+        if budget.over() {
+            budget.rebalance();
         }
     }
 

@@ -17,7 +17,7 @@ fn small_segments() -> LogConfig {
     LogConfig {
         segment_max_bytes: 1024,
         segment_max_age_ms: 3_600_000,
-        tail_cache_bytes: 0,
+        tail_cache: TailBudget::new(0),
     }
 }
 
@@ -346,4 +346,65 @@ async fn a_failed_roll_leaves_the_segment_active_and_unsealed() {
     let all = log.read(0, 10, usize::MAX).unwrap();
     let payloads: Vec<_> = all.iter().map(|r| r.payload.clone()).collect();
     assert_eq!(payloads, ["a", "b", "c", "d"]);
+}
+
+/// Issue 11, bug 6: the tail cache is one budget for the node (many partitions do not
+/// multiply it), a closed log gives its share back, and cached records never keep the
+/// producer's (much larger) request buffer alive.
+#[tokio::test]
+async fn the_tail_cache_is_one_node_budget_of_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let budget = TailBudget::new(64 * 1024);
+    let cfg = LogConfig {
+        tail_cache: budget.clone(),
+        ..LogConfig::default()
+    };
+    let request = Bytes::from(vec![b'r'; 1 << 20]);
+    let range = request.as_ptr() as usize..request.as_ptr() as usize + request.len();
+    let mut logs = Vec::new();
+    for p in 0..8 {
+        let (log, _) = open_with(
+            &dir.path().join(format!("p{p}")),
+            cfg.clone(),
+            clock.clone(),
+        );
+        for i in 0..200 {
+            let at = (p * 200 + i) * 256;
+            let r = NewRecord {
+                key: Some(request.slice(at..at + 8)),
+                payload: request.slice(at..at + 256),
+                ..Default::default()
+            };
+            log.append(vec![r]).await.unwrap();
+            assert!(budget.used() <= 64 * 1024, "over budget: {}", budget.used());
+        }
+        logs.push(log);
+    }
+    assert!(
+        budget.used() > 32 * 1024,
+        "the cache is used: {}",
+        budget.used()
+    );
+    // the busiest partition caches despite the quiet ones that filled the budget first
+    // (a cache hit hands out the same record twice; a disk read decodes a new one) ...
+    let last = logs[7].read(199, 1, usize::MAX).unwrap();
+    let again = logs[7].read(199, 1, usize::MAX).unwrap();
+    assert!(
+        Arc::ptr_eq(&last[0], &again[0]),
+        "the newest record is not cached"
+    );
+    // ... as a copy, never a slice of the producer's request buffer
+    assert_eq!(last[0].payload.len(), 256);
+    let ptr = last[0].payload.as_ptr() as usize;
+    assert!(
+        !range.contains(&ptr),
+        "a cached payload is a slice of the request"
+    );
+    assert!(!range.contains(&(last[0].key.as_ref().unwrap().as_ptr() as usize)));
+    drop(request);
+    for log in logs {
+        log.close().await;
+    }
+    assert_eq!(budget.used(), 0, "closed logs keep budget");
 }

@@ -5,6 +5,7 @@
 
 pub mod access;
 mod ack;
+pub mod budget;
 mod consume;
 mod produce;
 pub mod query;
@@ -32,6 +33,8 @@ use crate::metrics::{HttpLabels, Metrics};
 
 /// Largest JSON body for topic and ack requests.
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
+/// Largest body a route other than batch produce reads (a single produce's message).
+pub const MAX_BODY_LIMIT: usize = narad_core::topic::MAX_MESSAGE_BYTES_LIMIT as usize;
 
 pub struct AppState {
     pub cfg: ServerConfig,
@@ -43,6 +46,8 @@ pub struct AppState {
     pub archive: Option<Arc<narad_replay::ArchiveReader>>,
     /// Users and credential checks; `None` when security is off.
     pub auth: Option<Arc<narad_auth::Authenticator>>,
+    /// Request bytes in flight, node-wide (`max_request_bytes_in_flight`).
+    pub body_budget: budget::BodyBudget,
     /// Compiled JSON Schemas of topics, by topic incarnation and version.
     pub schemas: crate::schema::SchemaCache,
 }
@@ -177,12 +182,15 @@ pub type ApiResult = Result<Response, ApiError>;
 pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
-        let mut too_large = false;
+        let (mut too_large, mut spent) = (false, false);
         while let Some(s) = source {
             too_large |= s.is::<http_body_util::LengthLimitError>();
+            spent |= s.is::<budget::BudgetSpent>();
             source = s.source();
         }
-        if too_large {
+        if spent {
+            budget::spent()
+        } else if too_large {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
@@ -293,6 +301,10 @@ pub fn router(state: SharedState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             access::authenticate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            budget::limit,
         ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)

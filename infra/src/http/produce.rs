@@ -361,6 +361,7 @@ fn message(i: usize, m: BatchMessage<'_>, body: &Bytes) -> Result<ProduceMessage
 pub async fn batch(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
+    Extension(held): Extension<super::budget::Held>,
     Path(topic): Path<String>,
     uri: Uri,
     headers: HeaderMap,
@@ -374,6 +375,10 @@ pub async fn batch(
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("(invalid)"));
+    if encoding.is_some_and(|e| !matches!(e.trim(), "" | "identity")) {
+        // the inflated copy is request memory too
+        state.body_budget.reserve(&held, limit)?;
+    }
     let body = decompress(encoding, body, limit)?;
     let max = state.cfg.max_batch_messages;
     let check_count = |n: usize| {

@@ -1,0 +1,190 @@
+//! The node-wide budget of request bytes in flight.
+//!
+//! Every request body is counted against one semaphore of bytes while its request is being
+//! served: up front by its `Content-Length` (so an unaffordable request is refused before a
+//! byte of it is read), else chunk by chunk as it arrives, plus what decompression inflates
+//! it to. When the budget is spent the request is answered `503 server_busy` with
+//! `Retry-After`, instead of many concurrent 16 MiB batches growing the process without bound.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{ApiError, SharedState};
+
+/// The budget: bytes of request bodies (read or inflated) held by requests being served.
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    bytes: Arc<Semaphore>,
+    limit: usize,
+}
+
+/// The permits one request holds; released when the request has been answered.
+#[derive(Debug, Clone, Default)]
+pub struct Held(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl Held {
+    fn add(&self, permit: OwnedSemaphorePermit) {
+        let mut held = self.0.lock();
+        match held.as_mut() {
+            Some(p) => p.merge(permit),
+            None => *held = Some(permit),
+        }
+    }
+
+    fn release(&self) {
+        self.0.lock().take();
+    }
+}
+
+/// Returned by a body whose next chunk does not fit in the budget.
+#[derive(Debug, thiserror::Error)]
+#[error("the server's budget of request bytes in flight is spent")]
+pub struct BudgetSpent;
+
+impl BodyBudget {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            bytes: Arc::new(Semaphore::new(limit.min(Semaphore::MAX_PERMITS))),
+            limit,
+        }
+    }
+
+    /// Bytes held by requests now.
+    pub fn in_use(&self) -> usize {
+        self.limit - self.bytes.available_permits()
+    }
+
+    fn try_take(&self, n: usize) -> Result<Option<OwnedSemaphorePermit>, BudgetSpent> {
+        if n == 0 {
+            return Ok(None);
+        }
+        let n = u32::try_from(n).map_err(|_| BudgetSpent)?;
+        self.bytes
+            .clone()
+            .try_acquire_many_owned(n)
+            .map(Some)
+            .map_err(|_| BudgetSpent)
+    }
+
+    /// Counts `n` more bytes (decompressed output, say) for the request that holds `held`.
+    pub fn reserve(&self, held: &Held, n: usize) -> Result<(), ApiError> {
+        if let Some(p) = self.try_take(n).map_err(|_| spent())? {
+            held.add(p);
+        }
+        Ok(())
+    }
+}
+
+pub fn spent() -> ApiError {
+    ApiError::unavailable(
+        "server_busy",
+        "the server holds as many request bytes as it may (max_request_bytes_in_flight); retry shortly",
+    )
+}
+
+/// Middleware: counts the request's body against the budget while the request is served.
+pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
+    let budget = state.body_budget.clone();
+    let held = Held::default();
+    // never more than the largest body any route reads (a larger one is refused with 413)
+    let reserved = content_length(req.headers())
+        .unwrap_or(0)
+        .min(state.cfg.max_batch_bytes.max(super::MAX_BODY_LIMIT));
+    match budget.try_take(reserved) {
+        Ok(Some(p)) => held.add(p),
+        Ok(None) => {}
+        Err(BudgetSpent) => return spent().into_response(),
+    }
+    let inner = std::mem::replace(req.body_mut(), Body::empty());
+    *req.body_mut() = Body::new(Budgeted {
+        inner,
+        budget: budget.clone(),
+        held: held.clone(),
+        free: reserved,
+    });
+    req.extensions_mut().insert(held.clone());
+    let resp = next.run(req).await;
+    held.release();
+    resp
+}
+
+fn content_length(h: &HeaderMap) -> Option<usize> {
+    h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// A request body that takes budget for every chunk beyond what was reserved up front.
+struct Budgeted {
+    inner: Body,
+    budget: BodyBudget,
+    held: Held,
+    /// Bytes still covered by the up-front reservation.
+    free: usize,
+}
+
+impl http_body::Body for Budgeted {
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let Some(data) = frame.data_ref() {
+            let covered = data.len().min(self.free);
+            self.free -= covered;
+            let extra = data.len() - covered;
+            match self.budget.try_take(extra) {
+                Ok(Some(p)) => self.held.add(p),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_shared_and_given_back() {
+        let b = BodyBudget::new(1000);
+        let (one, two) = (Held::default(), Held::default());
+        b.reserve(&one, 600).unwrap();
+        assert_eq!(b.in_use(), 600);
+        assert!(b.reserve(&two, 500).is_err());
+        b.reserve(&two, 400).unwrap();
+        assert!(b.reserve(&one, 1).is_err());
+        one.release();
+        assert_eq!(b.in_use(), 400);
+        b.reserve(&two, 600).unwrap();
+        two.release();
+        assert_eq!(b.in_use(), 0);
+    }
+}
