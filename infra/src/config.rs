@@ -79,6 +79,11 @@ pub struct ServerConfig {
     /// does not fit). Bounds memory under many concurrent large batches; at least
     /// `2 × max_batch_bytes` so one compressed batch always fits.
     pub max_request_bytes_in_flight: usize,
+    /// Longest a request's body may take to arrive, from the start of the request: a client
+    /// that sends its body slowly or stops is answered `408 body_timeout` and costs no more
+    /// than this (its connection slot and body budget come back). Allow for the largest batch
+    /// over the slowest link you serve.
+    pub body_read_timeout_ms: u64,
     /// Client connections served at once. One more takes the place of the keep-alive
     /// connection idle the longest (closed); with none idle it is answered
     /// `503 too_many_connections` with `Retry-After: 1` and closed. Keep it below the
@@ -155,6 +160,7 @@ impl Default for ServerConfig {
             max_batch_messages: 1000,
             max_batch_bytes: 16 * 1024 * 1024,
             max_request_bytes_in_flight: 256 * 1024 * 1024,
+            body_read_timeout_ms: 60_000,
             shutdown_grace_ms: 10_000,
             max_connections: 10_000,
             header_read_timeout_ms: 10_000,
@@ -294,6 +300,9 @@ impl ServerConfig {
         }
         if !(1024..=256 * 1024 * 1024).contains(&self.max_batch_bytes) {
             return bad("max_batch_bytes", "must be between 1 KiB and 256 MiB");
+        }
+        if !(100..=3_600_000).contains(&self.body_read_timeout_ms) {
+            return bad("body_read_timeout_ms", "must be between 100 and 3600000");
         }
         let floor = (2 * self.max_batch_bytes).max(2 * crate::http::MAX_BODY_LIMIT);
         if !(floor..=1 << 40).contains(&self.max_request_bytes_in_flight) {

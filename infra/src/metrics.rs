@@ -82,6 +82,10 @@ pub struct Metrics {
     fanout_due_lag: Family<ChildLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     topics: Gauge,
     open_logs: Gauge,
+    /// Request body bytes held by requests being served (`max_request_bytes_in_flight`).
+    pub request_bytes_in_flight: Gauge,
+    /// Bytes the tail caches of all open partitions hold (`tail_cache_bytes`).
+    pub tail_cache_bytes: Gauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -123,6 +127,8 @@ impl Metrics {
             fanout_due_lag: Family::default(),
             topics: Gauge::default(),
             open_logs: Gauge::default(),
+            request_bytes_in_flight: Gauge::default(),
+            tail_cache_bytes: Gauge::default(),
             registry: Mutex::new(Registry::default()),
         };
         registry.register(
@@ -205,6 +211,16 @@ impl Metrics {
             m.fanout_due_lag.clone(),
         );
         registry.register("narad_topics", "topics", m.topics.clone());
+        registry.register(
+            "narad_http_request_bytes_in_flight",
+            "request body bytes held by requests being served (bounded by max_request_bytes_in_flight)",
+            m.request_bytes_in_flight.clone(),
+        );
+        registry.register(
+            "narad_tail_cache_bytes",
+            "bytes the tail caches of all open partitions hold (bounded by tail_cache_bytes)",
+            m.tail_cache_bytes.clone(),
+        );
         registry.register(
             "narad_open_partition_logs",
             "partition logs with open files",

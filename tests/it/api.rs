@@ -216,6 +216,11 @@ async fn topic_lifecycle_and_validation() {
     )
     .await;
     assert_eq!(s.get("/healthz").await.status(), StatusCode::OK);
+    // (series of deleted topics are gone: produce to one that exists)
+    assert_eq!(
+        s.produce("orders", "", "{}").await.status(),
+        StatusCode::ACCEPTED
+    );
     let metrics = s.get("/metrics").await.text().await.unwrap();
     for name in [
         "narad_messages_produced_total",

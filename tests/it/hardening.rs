@@ -366,18 +366,16 @@ async fn request_bodies_in_flight_have_a_node_budget() {
         c.write_all(b"{\"slow\":").await.unwrap();
         holders.push(c);
     }
+    // the server has taken both reservations
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = s.produce("budget", "", "{\"small\":1}").await;
-        if r.status() == StatusCode::SERVICE_UNAVAILABLE {
-            assert!(r.headers().contains_key("retry-after"));
-            expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
-            break;
-        }
-        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let held = "narad_http_request_bytes_in_flight 16777216";
+    while !s.get("/metrics").await.text().await.unwrap().contains(held) {
         assert!(Instant::now() < deadline, "the budget never filled");
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let r = s.produce("budget", "", "{\"small\":1}").await;
+    assert!(r.headers().contains_key("retry-after"));
+    expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
     drop(holders);
     loop {
         let r = s.produce("budget", "", "{\"small\":2}").await;
@@ -388,4 +386,42 @@ async fn request_bodies_in_flight_have_a_node_budget() {
         assert!(Instant::now() < deadline, "the budget was never given back");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Bug 4's class, for bodies: a client that announces a body and sends it slowly (or never)
+/// is answered `408 body_timeout` in bounded time, and its share of the body budget returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_costs_bounded_time() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("NARAD_BODY_READ_TIMEOUT_MS", "500")];
+    let s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "stall", "partitions": 1}))
+        .await;
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    c.write_all(
+        b"POST /v1/topics/stall/produce HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"a\":",
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = c.read(&mut buf).await.unwrap();
+            got.extend_from_slice(&buf[..n]);
+            if n == 0 || got.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "a stalled body held its request for 20 s");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let r = s.produce("stall", "", "{\"after\":1}").await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
 }

@@ -337,6 +337,11 @@ impl Broker {
         &self.metrics
     }
 
+    /// Bytes the tail caches of all open partitions hold now (node-wide budget).
+    pub fn tail_cache_used(&self) -> u64 {
+        self.cfg.log.tail_cache.used()
+    }
+
     pub fn topic_defaults(&self) -> &TopicConfig {
         &self.cfg.topic_defaults
     }

@@ -5,7 +5,11 @@
 //! byte of it is read), else chunk by chunk as it arrives, plus what decompression inflates
 //! it to. When the budget is spent the request is answered `503 server_busy` with
 //! `Retry-After`, instead of many concurrent 16 MiB batches growing the process without bound.
+//!
+//! A body must also arrive whole within `body_read_timeout_ms` of the request's start: a
+//! client that sends its body slowly, or stops, costs bounded time (`408 body_timeout`).
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -46,6 +50,11 @@ impl Held {
         self.0.lock().take();
     }
 }
+
+/// Returned by a body that did not arrive within `body_read_timeout_ms`.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+pub struct BodyTimeout;
 
 /// Returned by a body whose next chunk does not fit in the budget.
 #[derive(Debug, thiserror::Error)]
@@ -107,11 +116,13 @@ pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Nex
         Err(BudgetSpent) => return spent().into_response(),
     }
     let inner = std::mem::replace(req.body_mut(), Body::empty());
+    let timeout = std::time::Duration::from_millis(state.cfg.body_read_timeout_ms);
     *req.body_mut() = Body::new(Budgeted {
         inner,
         budget: budget.clone(),
         held: held.clone(),
         free: reserved,
+        deadline: Box::pin(tokio::time::sleep(timeout)),
     });
     req.extensions_mut().insert(held.clone());
     let resp = next.run(req).await;
@@ -130,6 +141,8 @@ struct Budgeted {
     held: Held,
     /// Bytes still covered by the up-front reservation.
     free: usize,
+    /// When the whole body must have arrived.
+    deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl http_body::Body for Budgeted {
@@ -144,7 +157,12 @@ impl http_body::Body for Budgeted {
             Poll::Ready(Some(Ok(frame))) => frame,
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => return Poll::Ready(None),
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => {
+                return match self.deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout)))),
+                    Poll::Pending => Poll::Pending,
+                };
+            }
         };
         if let Some(data) = frame.data_ref() {
             let covered = data.len().min(self.free);

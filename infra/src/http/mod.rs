@@ -182,14 +182,21 @@ pub type ApiResult = Result<Response, ApiError>;
 pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
-        let (mut too_large, mut spent) = (false, false);
+        let (mut too_large, mut spent, mut late) = (false, false, false);
         while let Some(s) = source {
             too_large |= s.is::<http_body_util::LengthLimitError>();
             spent |= s.is::<budget::BudgetSpent>();
+            late |= s.is::<budget::BodyTimeout>();
             source = s.source();
         }
         if spent {
             budget::spent()
+        } else if late {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the request body did not arrive within body_read_timeout_ms",
+            )
         } else if too_large {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -438,6 +445,12 @@ pub fn metrics_router(state: SharedState) -> Router {
 }
 
 fn metrics_text(state: &AppState) -> Response {
+    let m = &state.metrics;
+    m.request_bytes_in_flight
+        .set(state.body_budget.in_use() as i64);
+    if let Some(b) = state.broker.get() {
+        m.tail_cache_bytes.set(b.tail_cache_used() as i64);
+    }
     let text = state.metrics.render(state.broker.get().map(Arc::as_ref));
     let mut resp = (StatusCode::OK, text).into_response();
     resp.headers_mut().insert(
