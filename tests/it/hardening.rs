@@ -425,3 +425,42 @@ async fn a_stalled_body_costs_bounded_time() {
     let r = s.produce("stall", "", "{\"after\":1}").await;
     assert_eq!(r.status(), StatusCode::ACCEPTED);
 }
+
+/// Bug 3: with a 1 s visibility timeout, A leases and never acks, B long-polls and gets it at
+/// ~1 s and never acks, C long-polls: C must get it when B's lease ends (~2 s), not a 204 when
+/// its own wait runs out (leases made inside a dispatch did not re-arm the topic's timer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_expires_serves_the_reader_in_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "expiry", "partitions": 1, "visibility_timeout_ms": 1000}))
+        .await;
+    assert_eq!(
+        s.produce("expiry", "", "x").await.status(),
+        StatusCode::ACCEPTED
+    );
+    let started = Instant::now();
+    let a = s.consume("expiry", "").await.expect("A leases");
+    assert_eq!(a["delivery_count"], 1);
+    let b = s
+        .consume("expiry", "?wait=8s")
+        .await
+        .expect("B is served on expiry");
+    assert_eq!(b["delivery_count"], 2);
+    let c = s
+        .consume("expiry", "?wait=8s")
+        .await
+        .expect("C was not served when B's lease ended");
+    assert_eq!(c["delivery_count"], 3);
+    // (C's wait alone would have run to ~1 s + 8 s)
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    let text = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        text.contains(r#"narad_lease_expiries_total{topic="expiry"} 2"#),
+        "expiries not counted when they happened"
+    );
+}
