@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
@@ -74,6 +75,9 @@ pub struct Authenticator {
     /// Bounds concurrent argon2 computations to the cores there are; a permit lives as long
     /// as its computation.
     hashing: Arc<tokio::sync::Semaphore>,
+    /// argon2 verifications started, for tests that must prove one ran (a timing test alone
+    /// would be flaky on a busy machine).
+    argon2_checks: AtomicU64,
     /// Serialise slow-path attempts of one (user, address); striped to bound memory.
     stripes: Vec<tokio::sync::Mutex<()>>,
     stripe_hasher: std::collections::hash_map::RandomState,
@@ -169,6 +173,7 @@ impl Authenticator {
             free_failures,
             dummy_hash: hash_password(&random_password()),
             hashing: Arc::new(tokio::sync::Semaphore::new(permits)),
+            argon2_checks: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             stripe_hasher: Default::default(),
         }
@@ -283,6 +288,7 @@ impl Authenticator {
                 () = client.closed() => return Err(AuthError::BadCredentials),
             };
             let pw = password.to_owned();
+            self.argon2_checks.fetch_add(1, Ordering::Relaxed);
             tokio::task::spawn_blocking(move || {
                 let _permit = permit; // held for as long as the hash runs
                 verify_hash(&pw, &hash)
