@@ -240,11 +240,7 @@ impl Broker {
         }
         let (id, edited, linked, live) = (c.id(), link.clone(), link.clone(), c.clone());
         self.commit_meta(
-            move |metas| {
-                if let Some(m) = metas.iter_mut().find(|m| m.id == id) {
-                    m.parent = Some(edited);
-                }
-            },
+            move |metas| super::edit_topic(metas, id, |m| m.parent = Some(edited)),
             move || live.meta.write().parent = Some(linked),
         )
         .await?;
@@ -273,11 +269,7 @@ impl Broker {
         }
         let (id, live) = (c.id(), c.clone());
         self.commit_meta(
-            move |metas| {
-                if let Some(m) = metas.iter_mut().find(|m| m.id == id) {
-                    m.parent = None;
-                }
-            },
+            move |metas| super::edit_topic(metas, id, |m| m.parent = None),
             move || live.meta.write().parent = None,
         )
         .await?;

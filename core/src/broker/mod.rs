@@ -415,9 +415,12 @@ impl Broker {
     /// finishes even if the caller's future is dropped (a client that disconnects, releasing
     /// `meta_lock`), and the next change then starts from what this one published, so disk
     /// and memory never disagree.
+    ///
+    /// `edit` sees the metadata as published at that moment and may refuse (the caller checked
+    /// under `meta_lock`, but a caller that gave up released that lock early).
     async fn commit_meta(
         &self,
-        edit: impl FnOnce(&mut Vec<TopicMeta>) + Send + 'static,
+        edit: impl FnOnce(&mut Vec<TopicMeta>) -> Result<(), BrokerError> + Send + 'static,
         publish: impl FnOnce() + Send + 'static,
     ) -> Result<(), BrokerError> {
         let topics = self.topics.clone();
@@ -430,14 +433,13 @@ impl Broker {
                 .values()
                 .map(|t| t.meta.read().clone())
                 .collect();
-            edit(&mut metas);
+            edit(&mut metas)?;
             meta::store(&dir, metas)?;
             publish();
-            Ok::<_, meta::MetaError>(())
+            Ok::<_, BrokerError>(())
         })
         .await
-        .expect("metadata commit task")?;
-        Ok(())
+        .expect("metadata commit task")
     }
 
     // ---- topics ----------------------------------------------------------------------------
@@ -528,7 +530,13 @@ impl Broker {
         let (topics, live, name) = (self.topics.clone(), topic.clone(), meta.name.clone());
         let committed = self
             .commit_meta(
-                move |metas| metas.push(adding),
+                move |metas| {
+                    if metas.iter().any(|m| m.name == adding.name) {
+                        return Err(BrokerError::TopicExists(adding.name));
+                    }
+                    metas.push(adding);
+                    Ok(())
+                },
                 move || {
                     topics.write().insert(name, live);
                 },
@@ -660,11 +668,7 @@ impl Broker {
         let (id, edited, live) = (old.id, config.clone(), topic.clone());
         let committed = self
             .commit_meta(
-                move |metas| {
-                    if let Some(m) = metas.iter_mut().find(|m| m.id == id) {
-                        m.config = edited;
-                    }
-                },
+                move |metas| edit_topic(metas, id, |m| m.config = edited),
                 move || {
                     *live.partitions.write() = Arc::new(all);
                     live.meta.write().config = config;
@@ -724,11 +728,7 @@ impl Broker {
         };
         let (id, edited, live) = (topic.id(), added.clone(), topic.clone());
         self.commit_meta(
-            move |metas| {
-                if let Some(m) = metas.iter_mut().find(|m| m.id == id) {
-                    m.schemas.push(edited);
-                }
-            },
+            move |metas| edit_topic(metas, id, |m| m.schemas.push(edited)),
             move || live.meta.write().schemas.push(added),
         )
         .await?;
@@ -761,6 +761,7 @@ impl Broker {
                 for m in metas.iter_mut().filter(|m| ids.contains(&m.id)) {
                     (m.owner, m.owner_id) = (None, None);
                 }
+                Ok(())
             },
             move || {
                 for t in owned {
@@ -786,15 +787,25 @@ impl Broker {
         let (id, child_ids): (u64, Vec<u64>) =
             (topic.id(), children.iter().map(|c| c.id()).collect());
         let (topics, gone, unlink) = (self.topics.clone(), name.to_owned(), children.clone());
+        let gone_name = name.to_owned();
         self.commit_meta(
             move |metas| {
+                let before = metas.len();
                 metas.retain(|m| m.id != id);
+                if metas.len() == before {
+                    return Err(BrokerError::TopicNotFound(gone_name));
+                }
                 for m in metas.iter_mut().filter(|m| child_ids.contains(&m.id)) {
                     m.parent = None;
                 }
+                Ok(())
             },
             move || {
-                topics.write().remove(&gone);
+                if let Some(t) = topics.write().remove(&gone) {
+                    // its timer stops even if the caller is gone before the cleanup below
+                    t.deleted.store(true, Ordering::Release);
+                    t.timer.notify_one();
+                }
                 for c in unlink {
                     c.meta.write().parent = None;
                 }
@@ -1637,6 +1648,20 @@ impl Broker {
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Acquire)
     }
+}
+
+/// Applies `f` to the metadata of topic incarnation `id` in a metadata edit.
+fn edit_topic(
+    metas: &mut [TopicMeta],
+    id: u64,
+    f: impl FnOnce(&mut TopicMeta),
+) -> Result<(), BrokerError> {
+    let m = metas
+        .iter_mut()
+        .find(|m| m.id == id)
+        .ok_or_else(|| BrokerError::TopicNotFound(format!("{id:016x}")))?;
+    f(m);
+    Ok(())
 }
 
 /// The records a consume looks at, read ahead from the log: the next offsets are usually
