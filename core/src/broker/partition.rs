@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -13,10 +13,61 @@ use crate::queue::{PartitionQueue, QueueSnapshot};
 
 pub const QUEUE_STATE_FILE: &str = "queue.state";
 
+/// The node's budget of open partition logs (`max_open_logs`). Every open log holds file
+/// descriptors (a read handle per segment and a write handle for the active one), so this is
+/// what keeps many topics × partitions from exhausting the process's descriptor limit: past
+/// it, the least recently used idle logs are closed (see `Broker::log_of`), and with none
+/// idle a use that needs one more log is refused with a retryable error.
+#[derive(Debug)]
+pub(crate) struct OpenLogs {
+    max: usize,
+    open: AtomicUsize,
+}
+
+impl OpenLogs {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            open: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// A slot for one more open log, if the budget has room.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<LogSlot> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| LogSlot(self.clone()))
+    }
+}
+
+/// One open log's place in [`OpenLogs`]; given back when dropped (the log closed).
+#[derive(Debug)]
+pub(crate) struct LogSlot(Arc<OpenLogs>);
+
+impl Drop for LogSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 pub(crate) struct Partition {
     pub index: u32,
     pub dir: PathBuf,
     log: Mutex<Option<Arc<PartitionLog>>>,
+    /// The budget slot the open log holds; `Some` exactly while `log` is (set and cleared
+    /// under `opening`).
+    slot: Mutex<Option<LogSlot>>,
     /// Serialises opening and closing the log.
     opening: tokio::sync::Mutex<()>,
     pub queue: Mutex<PartitionQueue>,
@@ -45,6 +96,8 @@ pub(crate) struct LogEnv {
 
 impl Partition {
     /// Opens the partition's log (recovering it) and restores its queue state. Blocking.
+    /// The log is left open without a budget slot: the caller gives it one with
+    /// [`Partition::adopt_slot`] or closes it.
     pub fn open(index: u32, dir: PathBuf, env: &LogEnv) -> Result<Self, LogError> {
         let (log, report) = PartitionLog::open(
             &dir,
@@ -84,6 +137,7 @@ impl Partition {
             index,
             dir,
             log: Mutex::new(Some(Arc::new(log))),
+            slot: Mutex::new(None),
             opening: tokio::sync::Mutex::new(()),
             queue: Mutex::new(queue),
             last_used_ms: AtomicI64::new(env.clock.now_ms()),
@@ -101,8 +155,14 @@ impl Partition {
         self.log.lock().is_some()
     }
 
-    /// The open log, reopening it if it was closed for idleness.
-    pub async fn log(&self, env: &LogEnv) -> Result<Arc<PartitionLog>, LogError> {
+    /// Gives the log opened by [`Partition::open`] its budget slot.
+    pub fn adopt_slot(&self, slot: LogSlot) {
+        *self.slot.lock() = Some(slot);
+    }
+
+    /// The open log, reopening it if it was closed for idleness; a reopened log takes `slot`
+    /// (dropped, so given back, when the log was open already).
+    pub async fn log(&self, env: &LogEnv, slot: LogSlot) -> Result<Arc<PartitionLog>, LogError> {
         if let Some(log) = self.log.lock().clone() {
             return Ok(log);
         }
@@ -118,6 +178,7 @@ impl Partition {
                 .map_err(|e| LogError::Poisoned(format!("log open task failed: {e}")))??;
         let log = Arc::new(log);
         *self.log.lock() = Some(log.clone());
+        *self.slot.lock() = Some(slot);
         Ok(log)
     }
 
@@ -153,6 +214,8 @@ impl Partition {
             Some(log) => {
                 *self.last_stats.lock() = log.stats();
                 log.close().await;
+                drop(log);
+                self.slot.lock().take();
                 true
             }
             None => false,
@@ -167,6 +230,7 @@ impl Partition {
             *self.last_stats.lock() = log.stats();
             log.close().await;
         }
+        self.slot.lock().take();
     }
 
     /// Writes the queue snapshot if acks changed it. Blocking.
