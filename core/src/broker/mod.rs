@@ -719,7 +719,16 @@ impl Broker {
     /// Opens a new topic's partitions, persists the metadata (undoing the open if that fails)
     /// and registers the topic. The caller holds `meta_lock`.
     async fn install_topic(self: &Arc<Self>, meta: &TopicMeta) -> Result<(), BrokerError> {
-        let topic = self.open_topic(meta.clone()).await?;
+        let topic = match self.open_topic(meta.clone()).await {
+            Ok(topic) => topic,
+            Err(e) => {
+                // (e.g. out of descriptors half way): the directories made so far go too,
+                // rather than waiting for the sweep at the next start
+                let dir = self.cfg.data_dir.join("topics").join(meta.dir_name());
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+                return Err(e);
+            }
+        };
         let adding = meta.clone();
         let (topics, live, name) = (self.topics.clone(), topic.clone(), meta.name.clone());
         let committed = self
