@@ -72,7 +72,7 @@ pub async fn serve(
                     // the listen backlog, so retrying at once would spin. Back off, keep
                     // serving the connections already open (their requests give descriptors
                     // back), and say so.
-                    if failures % 100 == 0 {
+                    if failures.is_multiple_of(100) {
                         tracing::error!(
                             error = %e,
                             out_of_descriptors = narad_core::log::is_out_of_descriptors(&e),

@@ -464,9 +464,10 @@ impl Broker {
                     return Err(e.into());
                 }
             };
-            // Opening recovered the log; it stays open only if the budget has room, else it
-            // reopens on first use.
-            match self.reserve_log_slot().await {
+            // Opening recovered the log; it stays open only if the budget has a free slot,
+            // else it reopens on first use. (No eviction here: at start, with more partitions
+            // than slots, that would scan every partition for each one opened.)
+            match self.open_logs.try_acquire() {
                 Some(slot) => part.adopt_slot(slot),
                 None => part.close().await,
             }
