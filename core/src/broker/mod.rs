@@ -1719,14 +1719,16 @@ impl Broker {
         self.topic(topic)?.partition(partition)
     }
 
-    /// The sealed segments of a partition, oldest first (opens an idle partition's log).
+    /// The sealed segments of a partition, oldest first. An idle (closed) partition is not
+    /// reopened: nothing is sealed while it is closed, so it answers with what it had when it
+    /// closed. (The archive asks about every partition every pass; reopening each would
+    /// keep idle logs open, or with `max_open_logs` evict and reopen them every pass.)
     pub async fn sealed_segments(
         &self,
         topic: &str,
         partition: u32,
     ) -> Result<Vec<SealedSegment>, BrokerError> {
-        let part = self.partition(topic, partition)?;
-        Ok(self.log_of(&part).await?.sealed_segments())
+        Ok(self.partition(topic, partition)?.sealed_segments())
     }
 
     /// Every record of one sealed segment, for the archive.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::clock::SharedClock;
-use crate::log::{LogConfig, LogError, LogStats, PartitionLog};
+use crate::log::{LogConfig, LogError, LogStats, PartitionLog, SealedSegment};
 use crate::metrics::CoreMetrics;
 use crate::queue::{PartitionQueue, QueueSnapshot};
 
@@ -76,6 +76,9 @@ pub(crate) struct Partition {
     /// configured, retention deletes nothing at or above it.
     pub archived_below: AtomicU64,
     last_stats: Mutex<LogStats>,
+    /// The sealed segments when the log last closed: a closed log seals nothing, so this
+    /// answers the archive's question without reopening (and evicting another log).
+    last_sealed: Mutex<Vec<SealedSegment>>,
     persist_lock: Mutex<()>,
 }
 
@@ -143,6 +146,7 @@ impl Partition {
             last_used_ms: AtomicI64::new(env.clock.now_ms()),
             archived_below: AtomicU64::new(0),
             last_stats: Mutex::new(stats),
+            last_sealed: Mutex::new(Vec::new()),
             persist_lock: Mutex::new(()),
         })
     }
@@ -187,6 +191,14 @@ impl Partition {
         self.log.lock().clone()
     }
 
+    /// The sealed segments: the open log's, or those it had when it closed.
+    pub fn sealed_segments(&self) -> Vec<SealedSegment> {
+        match self.open_log() {
+            Some(log) => log.sealed_segments(),
+            None => self.last_sealed.lock().clone(),
+        }
+    }
+
     pub fn stats(&self) -> LogStats {
         match self.open_log() {
             Some(log) => {
@@ -213,6 +225,7 @@ impl Partition {
         match log {
             Some(log) => {
                 *self.last_stats.lock() = log.stats();
+                *self.last_sealed.lock() = log.sealed_segments();
                 log.close().await;
                 drop(log);
                 self.slot.lock().take();
@@ -228,6 +241,7 @@ impl Partition {
         let log = self.log.lock().take();
         if let Some(log) = log {
             *self.last_stats.lock() = log.stats();
+            *self.last_sealed.lock() = log.sealed_segments();
             log.close().await;
         }
         self.slot.lock().take();

@@ -737,3 +737,33 @@ fn descriptor_exhaustion_is_recognised() {
     assert!(!eio.is_out_of_descriptors());
     assert!(!BrokerError::TooManyOpenLogs { max: 1 }.is_out_of_descriptors());
 }
+
+/// The archive lists every partition's sealed segments each pass: a closed (idle) partition
+/// answers from what it had when it closed, without reopening its log (which, at
+/// `max_open_logs`, would evict another log every pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_segments_of_a_closed_partition_do_not_reopen_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = BrokerConfig::new(dir.path());
+    cfg.log.segment_max_bytes = 4096;
+    let b = Broker::open(cfg, Arc::new(SystemClock), Arc::new(CoreMetrics::default()))
+        .await
+        .unwrap();
+    b.create_topic(create("t", 1)).await.unwrap();
+    let big = ProduceMessage {
+        payload: Bytes::from(vec![b'x'; 3000]),
+        ..Default::default()
+    };
+    for _ in 0..4 {
+        b.produce("t", vec![big.clone()]).await.unwrap();
+    }
+    let sealed = b.sealed_segments("t", 0).await.unwrap();
+    assert!(!sealed.is_empty());
+    let part = b.topic("t").unwrap().partition(0).unwrap();
+    assert!(part.close_if_unused().await);
+    assert_eq!(b.open_log_count(), 0);
+    assert_eq!(b.sealed_segments("t", 0).await.unwrap(), sealed);
+    assert_eq!(b.open_log_count(), 0, "listing reopened the log");
+    assert!(!part.is_open());
+    b.shutdown().await;
+}
