@@ -35,6 +35,10 @@ pub struct CoreMetrics {
     pub lease_expiries: Family<TopicLabel, Counter>,
     pub logs_opened: Counter,
     pub idle_logs_closed: Counter,
+    /// Idle logs closed early to make room under `max_open_logs`.
+    pub logs_evicted: Counter,
+    /// Uses refused because `max_open_logs` logs were open and none idle.
+    pub log_opens_refused: Counter,
     pub log_poisoned: Counter,
     /// Records copied into a fan-out child (labelled by the child).
     pub fanout_copied: Family<TopicLabel, Counter>,
@@ -61,6 +65,8 @@ impl Default for CoreMetrics {
             lease_expiries: Family::default(),
             logs_opened: Counter::default(),
             idle_logs_closed: Counter::default(),
+            logs_evicted: Counter::default(),
+            log_opens_refused: Counter::default(),
             log_poisoned: Counter::default(),
             fanout_copied: Family::default(),
             fanout_dropped: Family::default(),
@@ -185,6 +191,16 @@ impl CoreMetrics {
             "narad_storage_idle_logs_closed",
             "idle partition logs closed",
             self.idle_logs_closed.clone(),
+        );
+        r.register(
+            "narad_storage_logs_evicted",
+            "idle partition logs closed early to stay within max_open_logs",
+            self.logs_evicted.clone(),
+        );
+        r.register(
+            "narad_storage_log_opens_refused",
+            "uses refused (503 too_many_open_logs) because max_open_logs logs were busy",
+            self.log_opens_refused.clone(),
         );
         r.register(
             "narad_storage_logs_poisoned",

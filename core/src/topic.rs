@@ -149,6 +149,9 @@ pub struct CreateTopic {
     pub owner: Option<(String, u64)>,
     /// A JSON Schema (already checked by the caller) that becomes version 1.
     pub schema: Option<serde_json::Value>,
+    /// Count the topic against its owner's `max_topics_per_user` (false for admins, whose
+    /// creates only the node-wide bounds limit).
+    pub count_against_owner: bool,
 }
 
 impl CreateTopic {

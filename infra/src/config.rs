@@ -67,6 +67,27 @@ pub struct ServerConfig {
     /// Bound on out-of-order acked ranges per partition; beyond it acks answer 503 (retry).
     pub max_ack_ranges: usize,
 
+    /// Most topics on the node; a create beyond it answers `409 too_many_topics`, for the
+    /// root too. Each topic costs a directory, a metadata entry (`topics.json` is rewritten
+    /// whole on every change, so it also slows creates and deletes) and its partitions.
+    pub max_topics: usize,
+    /// Most partitions summed over every topic; a create or a partition increase beyond it
+    /// answers `409 too_many_partitions`. Each partition costs memory (queue state, a tail
+    /// cache of up to `tail_cache_bytes` once written) and, while open, file descriptors.
+    pub max_partitions: u64,
+    /// Most topics one user may own (the topics it created); beyond it its creates answer
+    /// `409 too_many_owned_topics`. Admins are exempt. Keeps one `create` grant from taking
+    /// the whole of `max_topics` from everyone else. 0: no per-user bound.
+    pub max_topics_per_user: usize,
+    /// Most partition logs open at once. Each open log holds one file descriptor per segment
+    /// plus one for writing; past the bound the least recently used idle logs are closed
+    /// (reopening costs a scan of the active segment), and with none idle a request that
+    /// needs one more answers `503 too_many_open_logs` with `Retry-After`. 0 (default):
+    /// sized at start from the file-descriptor limit (RLIMIT_NOFILE, whose soft value the
+    /// server first raises to the hard one) after `max_connections` and a reserve, at most
+    /// 65536. A value that cannot fit in the limit (2 descriptors a log) refuses to start.
+    pub max_open_logs: usize,
+
     /// Longest `wait` a consume may ask for (at most 20 s).
     pub max_wait_ms: u64,
     /// Most messages in one batch produce.
@@ -156,6 +177,10 @@ impl Default for ServerConfig {
             ack_flush_interval_ms: 100,
             retention_interval_ms: 30_000,
             max_ack_ranges: 65_536,
+            max_topics: 10_000,
+            max_partitions: 100_000,
+            max_topics_per_user: 1_000,
+            max_open_logs: 0,
             max_wait_ms: MAX_WAIT_MS_LIMIT,
             max_batch_messages: 1000,
             max_batch_bytes: 16 * 1024 * 1024,
@@ -292,6 +317,24 @@ impl ServerConfig {
         if self.max_ack_ranges < 16 {
             return bad("max_ack_ranges", "must be at least 16");
         }
+        if !(1..=1_000_000).contains(&self.max_topics) {
+            return bad("max_topics", "must be between 1 and 1000000");
+        }
+        if !(1..=10_000_000).contains(&self.max_partitions) {
+            return bad("max_partitions", "must be between 1 and 10000000");
+        }
+        if self.max_topics_per_user > self.max_topics {
+            return bad(
+                "max_topics_per_user",
+                "must be at most max_topics (0: no per-user bound)",
+            );
+        }
+        if self.max_open_logs != 0 && !(16..=1_000_000).contains(&self.max_open_logs) {
+            return bad(
+                "max_open_logs",
+                "must be 0 (sized from the file-descriptor limit) or between 16 and 1000000",
+            );
+        }
         if self.max_wait_ms > MAX_WAIT_MS_LIMIT {
             return bad("max_wait_ms", "must be at most 20000");
         }
@@ -391,7 +434,9 @@ impl ServerConfig {
         }
     }
 
-    pub fn broker_config(&self) -> BrokerConfig {
+    /// The broker's settings; `max_open_logs` is the resolved value (see
+    /// [`crate::fdlimit::plan`]), never 0.
+    pub fn broker_config(&self, max_open_logs: usize) -> BrokerConfig {
         BrokerConfig {
             data_dir: self.data_dir.clone(),
             log: LogConfig {
@@ -406,6 +451,12 @@ impl ServerConfig {
             max_ack_ranges: self.max_ack_ranges,
             archive_gate: self.archive_settings().is_some(),
             local_retention_ms: self.local_retention_ms,
+            limits: narad_core::broker::Limits {
+                max_topics: self.max_topics,
+                max_partitions: self.max_partitions,
+                max_topics_per_user: self.max_topics_per_user,
+                max_open_logs,
+            },
         }
     }
 

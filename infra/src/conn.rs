@@ -58,6 +58,9 @@ pub async fn serve(
     serving: Arc<Serving>,
     stopping: CancellationToken,
 ) -> io::Result<()> {
+    // consecutive failed accepts: logged on the first and then every 100th (5 s apart at
+    // the 50 ms back-off), so a long shortage neither floods the log nor goes unseen
+    let mut failures = 0u64;
     loop {
         let (stream, peer) = tokio::select! {
             biased;
@@ -65,13 +68,31 @@ pub async fn serve(
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
-                    // out of file descriptors and the like: say so, back off, keep serving
-                    tracing::error!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of file descriptors and the like: the pending connection stays in
+                    // the listen backlog, so retrying at once would spin. Back off, keep
+                    // serving the connections already open (their requests give descriptors
+                    // back), and say so.
+                    if failures.is_multiple_of(100) {
+                        tracing::error!(
+                            error = %e,
+                            out_of_descriptors = narad_core::log::is_out_of_descriptors(&e),
+                            failures = failures + 1,
+                            "accept failed; backing off"
+                        );
+                    }
+                    failures += 1;
+                    tokio::select! {
+                        () = stopping.cancelled() => break,
+                        () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    }
                     continue;
                 }
             },
         };
+        if failures > 0 {
+            tracing::info!(failures, "accepting again");
+            failures = 0;
+        }
         let _ = stream.set_nodelay(true);
         let (serving, stopping) = (serving.clone(), stopping.clone());
         let admission = serving.limiter.try_admit();

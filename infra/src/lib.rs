@@ -9,11 +9,12 @@
 //!             http::router ◄── AppState { broker (opened in the background), metrics }
 //!               │  /healthz /readyz /metrics /v1/topics/...
 //!               ▼
-//!        narad_core::broker::Broker
+//!        narad_core::broker::Broker   (max_open_logs sized by fdlimit from RLIMIT_NOFILE)
 //! ```
 
 pub mod config;
 pub mod conn;
+pub mod fdlimit;
 pub mod http;
 pub mod limits;
 pub mod metrics;

@@ -30,6 +30,8 @@ pub enum ServerError {
     Security(String),
     #[error("tls: {0}")]
     Tls(String),
+    #[error("file descriptors: {0}")]
+    FdLimit(String),
 }
 
 /// Opens the user store and seeds the root user on first start: its password comes from
@@ -142,6 +144,26 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    let nofile = crate::fdlimit::raise_nofile();
+    let plan = crate::fdlimit::plan(nofile.soft, config.max_connections, config.max_open_logs)
+        .map_err(ServerError::FdLimit)?;
+    if nofile.soft != nofile.before {
+        tracing::info!(
+            from = nofile.before,
+            to = nofile.soft,
+            "raised the open-files limit to its hard value"
+        );
+    }
+    for w in &plan.warnings {
+        tracing::warn!(open_files_limit = nofile.soft, "{w}");
+    }
+    tracing::info!(
+        open_files_limit = nofile.soft,
+        max_open_logs = plan.max_open_logs,
+        max_topics = config.max_topics,
+        max_partitions = config.max_partitions,
+        "resource limits"
+    );
     let metrics = Arc::new(Metrics::new());
     let stopping_signal = tokio_util::sync::CancellationToken::new();
     let archive = config
@@ -196,7 +218,7 @@ pub async fn run(
 
     let started = std::time::Instant::now();
     let broker = Broker::open(
-        config.broker_config(),
+        config.broker_config(plan.max_open_logs),
         Arc::new(SystemClock),
         metrics.core.clone(),
     );

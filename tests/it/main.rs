@@ -9,6 +9,7 @@ mod crash;
 mod fanout;
 mod hardening;
 mod lifecycle;
+mod limits;
 mod openapi;
 mod queue;
 mod security;

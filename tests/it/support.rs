@@ -17,6 +17,8 @@ pub struct Server {
     /// `server start` arguments before the common ones (`--dev` unless secure).
     mode: Vec<&'static str>,
     scheme: &'static str,
+    /// A command the binary runs under (e.g. `prlimit --nofile=256:256 --`); empty: none.
+    wrapper: Vec<String>,
     pub http: reqwest::Client,
 }
 
@@ -39,6 +41,18 @@ impl Server {
         env: &[(&str, &str)],
         tls_ca: Option<&[u8]>,
     ) -> Self {
+        Self::start_wrapped(dir, dev, env, tls_ca, &[]).await
+    }
+
+    /// [`Server::start_opts`], the binary run under `wrapper` (a command and its arguments,
+    /// the binary's path appended).
+    pub async fn start_wrapped(
+        dir: &Path,
+        dev: bool,
+        env: &[(&str, &str)],
+        tls_ca: Option<&[u8]>,
+        wrapper: &[&str],
+    ) -> Self {
         let mut http = reqwest::Client::builder().timeout(Duration::from_secs(60));
         if let Some(pem) = tls_ca {
             http = http.add_root_certificate(reqwest::Certificate::from_pem(pem).unwrap());
@@ -53,6 +67,7 @@ impl Server {
                 .collect(),
             mode: if dev { vec!["--dev"] } else { vec![] },
             scheme: if tls_ca.is_some() { "https" } else { "http" },
+            wrapper: wrapper.iter().map(|w| w.to_string()).collect(),
             http: http.build().unwrap(),
         };
         s.launch().await;
@@ -67,7 +82,14 @@ impl Server {
             .append(true)
             .open(self.data_dir.with_extension("log"))
             .unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.wrapper.split_first() {
+            None => Command::new(BIN),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+        };
         cmd.args(["server", "start"])
             .args(&self.mode)
             .args(["--port", "0", "--data-dir"])

@@ -390,7 +390,7 @@ impl Broker {
     ) -> Result<(), BrokerError> {
         let part = topic.partition(partition)?;
         let n = records.len() as u64;
-        let appended = part.log(&self.env).await?.append(records).await?;
+        let appended = self.log_of(&part).await?.append(records).await?;
         part.touch(self.clock.now_ms());
         part.queue
             .lock()
@@ -501,7 +501,7 @@ async fn copy_slab<S: Sink>(
     state: &CursorState,
     next: u64,
 ) -> Result<Step, BrokerError> {
-    let log = part.log(&b.env).await?;
+    let log = b.log_of(part).await?;
     let read = {
         let log = log.clone();
         tokio::task::spawn_blocking(move || log.read(next, SLAB_RECORDS, SLAB_BYTES))

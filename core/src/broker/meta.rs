@@ -67,6 +67,16 @@ pub enum MetaError {
     Invalid { path: PathBuf, reason: String },
 }
 
+impl MetaError {
+    /// Whether this failed for want of a file descriptor.
+    pub fn is_out_of_descriptors(&self) -> bool {
+        match self {
+            Self::Io { source, .. } => crate::log::is_out_of_descriptors(source),
+            Self::Invalid { .. } => false,
+        }
+    }
+}
+
 pub fn load(data_dir: &Path) -> Result<Vec<TopicMeta>, MetaError> {
     let path = data_dir.join(META_FILE);
     let bytes = match std::fs::read(&path) {

@@ -35,7 +35,7 @@ use crate::topic::{
 };
 pub use fanout::{ChildInfo, MAX_CHILDREN, ParentLink};
 pub use meta::{SchemaVersion, TopicMeta};
-use partition::{LogEnv, Partition};
+use partition::{LogEnv, OpenLogs, Partition};
 use waiters::{Waiter, Waiters};
 
 /// Present in the data directory while a restore from the archive is unfinished.
@@ -60,6 +60,38 @@ pub struct BrokerConfig {
     /// With an archive: local segments older than this go once archived (0 = only the
     /// topic's retention applies).
     pub local_retention_ms: i64,
+    /// Bounds on what clients may make the node hold (see [`Limits`]).
+    pub limits: Limits,
+}
+
+/// Bounds on topics, partitions and open logs. Every partition is a directory, queue state
+/// and (while open) a log holding file descriptors, so without them a client allowed to
+/// create topics could grow the node until it runs out of descriptors, and then even the
+/// root's own requests fail. Creates and partition growth beyond a bound are refused before
+/// anything is opened; topics loaded at start or restored from the archive are not refused
+/// (they were admitted once), so lowering a bound never loses data.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most topics on the node.
+    pub max_topics: usize,
+    /// Most partitions, summed over every topic.
+    pub max_partitions: u64,
+    /// Most topics one user may own (creates counted against their owner, see
+    /// [`CreateTopic::count_against_owner`]); 0: no per-user bound.
+    pub max_topics_per_user: usize,
+    /// Most partition logs open at once (each holds 1 + its segments' file descriptors).
+    pub max_open_logs: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_topics: 10_000,
+            max_partitions: 100_000,
+            max_topics_per_user: 1_000,
+            max_open_logs: 4_096,
+        }
+    }
 }
 
 impl BrokerConfig {
@@ -74,6 +106,7 @@ impl BrokerConfig {
             max_ack_ranges: 65_536,
             archive_gate: false,
             local_retention_ms: 0,
+            limits: Limits::default(),
         }
     }
 }
@@ -124,10 +157,46 @@ pub enum BrokerError {
     /// A new schema version breaks the additive-only evolution rule.
     #[error("{0}")]
     SchemaIncompatible(String),
+    /// `max_topics`: the node holds as many topics as it may.
+    #[error(
+        "the node already has {max} topics, the most it allows (max_topics); delete a topic first"
+    )]
+    TooManyTopics { max: usize },
+    /// `max_partitions`: the change would take the node past its partition bound.
+    #[error(
+        "{requested} more partitions would take the node to {total}, beyond its limit of {max} (max_partitions); delete topics or use fewer partitions"
+    )]
+    TooManyPartitions {
+        requested: u64,
+        total: u64,
+        max: u64,
+    },
+    /// `max_topics_per_user`: the creating user owns as many topics as one user may.
+    #[error(
+        "user '{owner}' already owns {max} topics, the most one user may (max_topics_per_user); delete one first"
+    )]
+    TooManyOwnedTopics { owner: String, max: usize },
+    /// `max_open_logs` logs are open and every one is in use: retry shortly.
+    #[error(
+        "{max} partition logs are open, the most the node allows (max_open_logs), and none is idle; retry shortly"
+    )]
+    TooManyOpenLogs { max: usize },
     #[error("storage failure: {0}")]
     Storage(LogError),
     #[error("metadata failure: {0}")]
     Meta(#[from] meta::MetaError),
+}
+
+impl BrokerError {
+    /// Whether this failed for want of a file descriptor (`EMFILE`/`ENFILE`): a shortage that
+    /// passes once descriptors are given back, not a fault of the disk or the data.
+    pub fn is_out_of_descriptors(&self) -> bool {
+        match self {
+            Self::Storage(e) => e.is_out_of_descriptors(),
+            Self::Meta(e) => e.is_out_of_descriptors(),
+            _ => false,
+        }
+    }
 }
 
 impl From<LogError> for BrokerError {
@@ -241,6 +310,8 @@ pub struct Broker {
     clock: SharedClock,
     metrics: Arc<CoreMetrics>,
     handles: HandleCodec,
+    /// The `max_open_logs` budget every open partition log holds a slot of.
+    open_logs: Arc<OpenLogs>,
     topics: Arc<RwLock<BTreeMap<String, Arc<Topic>>>>,
     /// Serialises metadata changes (create, alter, delete).
     meta_lock: tokio::sync::Mutex<()>,
@@ -286,7 +357,9 @@ impl Broker {
             metrics: metrics.clone(),
             max_ack_ranges: cfg.max_ack_ranges,
         };
+        let open_logs = OpenLogs::new(cfg.limits.max_open_logs.max(1));
         let broker = Arc::new(Self {
+            open_logs,
             cfg,
             env,
             clock,
@@ -374,7 +447,7 @@ impl Broker {
         from: u32,
         to: u32,
     ) -> Result<Vec<Arc<Partition>>, BrokerError> {
-        let mut parts = Vec::new();
+        let mut parts: Vec<Arc<Partition>> = Vec::new();
         for p in from..to {
             let pdir = dir.join(format!("p{p:05}"));
             let env = LogEnv {
@@ -385,10 +458,134 @@ impl Broker {
             };
             let part = tokio::task::spawn_blocking(move || Partition::open(p, pdir, &env))
                 .await
-                .expect("partition open task")?;
-            parts.push(Arc::new(part));
+                .expect("partition open task");
+            let part = match part {
+                Ok(part) => Arc::new(part),
+                Err(e) => {
+                    // the logs opened so far are given back before the error is
+                    for p in &parts {
+                        p.close().await;
+                    }
+                    return Err(e.into());
+                }
+            };
+            // Opening recovered the log; it stays open only if the budget has a free slot,
+            // else it reopens on first use. (No eviction here: at start, with more partitions
+            // than slots, that would scan every partition for each one opened.)
+            match self.open_logs.try_acquire() {
+                Some(slot) => part.adopt_slot(slot),
+                None => part.close().await,
+            }
+            parts.push(part);
         }
         Ok(parts)
+    }
+
+    /// A `max_open_logs` slot: a free one, else one freed by closing the least recently used
+    /// idle logs (a batch at a time, so a run of misses does not scan every partition each).
+    async fn reserve_log_slot(&self) -> Option<partition::LogSlot> {
+        if let Some(slot) = self.open_logs.try_acquire() {
+            return Some(slot);
+        }
+        let batch = (self.open_logs.max() / 32).max(1);
+        let mut open: Vec<(i64, Arc<Partition>)> = self
+            .all_partitions()
+            .into_iter()
+            .filter(|(_, p)| p.is_open())
+            .map(|(_, p)| (p.last_used_ms.load(Ordering::Relaxed), p))
+            .collect();
+        open.sort_unstable_by_key(|(used, _)| *used);
+        let mut closed = 0;
+        for (_, p) in open {
+            if closed == batch {
+                break;
+            }
+            if p.close_if_unused().await {
+                closed += 1;
+                self.metrics.logs_evicted.inc();
+            }
+        }
+        if closed > 0 {
+            tracing::debug!(
+                closed,
+                max_open_logs = self.open_logs.max(),
+                "closed idle logs to stay within max_open_logs"
+            );
+        }
+        self.open_logs.try_acquire()
+    }
+
+    /// The partition's log, reopening it (within `max_open_logs`) if it was closed.
+    async fn log_of(&self, part: &Partition) -> Result<Arc<crate::log::PartitionLog>, BrokerError> {
+        if let Some(log) = part.open_log() {
+            return Ok(log);
+        }
+        let Some(slot) = self.reserve_log_slot().await else {
+            self.metrics.log_opens_refused.inc();
+            tracing::warn!(
+                dir = %part.dir.display(),
+                max_open_logs = self.open_logs.max(),
+                "partition log not opened: max_open_logs logs are open and none is idle"
+            );
+            return Err(BrokerError::TooManyOpenLogs {
+                max: self.open_logs.max(),
+            });
+        };
+        // (not touched: only a produce or consume counts as use, so retention reopening an
+        // idle partition leaves it first in line to close again)
+        Ok(part.log(&self.env, slot).await?)
+    }
+
+    /// How many partition logs are open now (each holds a `max_open_logs` slot).
+    pub fn open_log_count(&self) -> usize {
+        self.open_logs.open()
+    }
+
+    /// Refuses a change that would add `topics` topics (owned by `owner`, when they count
+    /// against it) and `partitions` partitions beyond the node's [`Limits`]. Called under
+    /// `meta_lock`, before anything is opened.
+    fn check_limits(
+        &self,
+        topics: usize,
+        partitions: u64,
+        owner: Option<&(String, u64)>,
+    ) -> Result<(), BrokerError> {
+        let limits = &self.cfg.limits;
+        let all = self.topics.read();
+        if topics > 0 && all.len() + topics > limits.max_topics {
+            return Err(BrokerError::TooManyTopics {
+                max: limits.max_topics,
+            });
+        }
+        if let Some((name, id)) = owner
+            && topics > 0
+            && limits.max_topics_per_user > 0
+        {
+            let owned = all
+                .values()
+                .filter(|t| t.meta.read().owner_id == Some(*id))
+                .count();
+            if owned + topics > limits.max_topics_per_user {
+                return Err(BrokerError::TooManyOwnedTopics {
+                    owner: name.clone(),
+                    max: limits.max_topics_per_user,
+                });
+            }
+        }
+        if partitions > 0 {
+            let in_use: u64 = all
+                .values()
+                .map(|t| u64::from(t.meta.read().config.partitions))
+                .sum();
+            if in_use + partitions > limits.max_partitions {
+                return Err(BrokerError::TooManyPartitions {
+                    requested: partitions,
+                    total: in_use + partitions,
+                    max: limits.max_partitions,
+                });
+            }
+        }
+        Ok(())
     }
 
     fn check_running(&self) -> Result<(), BrokerError> {
@@ -454,6 +651,11 @@ impl Broker {
         if self.topics.read().contains_key(&req.name) {
             return Err(BrokerError::TopicExists(req.name));
         }
+        self.check_limits(
+            1,
+            u64::from(config.partitions),
+            req.owner.as_ref().filter(|_| req.count_against_owner),
+        )?;
         let meta = TopicMeta {
             id: random_u64() | 1,
             name: req.name.clone(),
@@ -525,7 +727,16 @@ impl Broker {
     /// Opens a new topic's partitions, persists the metadata (undoing the open if that fails)
     /// and registers the topic. The caller holds `meta_lock`.
     async fn install_topic(self: &Arc<Self>, meta: &TopicMeta) -> Result<(), BrokerError> {
-        let topic = self.open_topic(meta.clone()).await?;
+        let topic = match self.open_topic(meta.clone()).await {
+            Ok(topic) => topic,
+            Err(e) => {
+                // (e.g. out of descriptors half way): the directories made so far go too,
+                // rather than waiting for the sweep at the next start
+                let dir = self.cfg.data_dir.join("topics").join(meta.dir_name());
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+                return Err(e);
+            }
+        };
         let adding = meta.clone();
         let (topics, live, name) = (self.topics.clone(), topic.clone(), meta.name.clone());
         let committed = self
@@ -641,6 +852,13 @@ impl Broker {
                     )));
                 }
             }
+        }
+        if config.partitions > old.config.partitions {
+            self.check_limits(
+                0,
+                u64::from(config.partitions - old.config.partitions),
+                None,
+            )?;
         }
         if config.partitions > old.config.partitions {
             // children's cursors for the new partitions exist before any record can land there
@@ -925,7 +1143,7 @@ impl Broker {
         let mut batches = Vec::with_capacity(groups.len());
         for (p, items) in groups {
             let (indices, records): (Vec<usize>, Vec<NewRecord>) = items.into_iter().unzip();
-            batches.push((p, indices, records, parts[p as usize].log(&self.env).await?));
+            batches.push((p, indices, records, self.log_of(&parts[p as usize]).await?));
         }
         let outcomes = if batches.len() == 1 {
             let (p, indices, records, log) = batches.pop().expect("one batch");
@@ -1083,7 +1301,7 @@ impl Broker {
                     continue;
                 }
             }
-            let log = part.log(&self.env).await?;
+            let log = self.log_of(part).await?;
             part.touch(now);
             let mut source = ReadAhead {
                 log: &log,
@@ -1291,7 +1509,7 @@ impl Broker {
     ) -> Result<Vec<Arc<Record>>, BrokerError> {
         self.check_running()?;
         let part = self.topic(topic_name)?.partition(partition)?;
-        let log = part.log(&self.env).await?;
+        let log = self.log_of(&part).await?;
         part.touch(self.clock.now_ms());
         let recs = tokio::task::spawn_blocking(move || -> Result<_, LogError> {
             let offset = match from {
@@ -1457,7 +1675,7 @@ impl Broker {
                     {
                         continue;
                     }
-                    match part.log(&self.env).await {
+                    match self.log_of(&part).await {
                         Ok(log) => log,
                         Err(e) => {
                             tracing::error!(topic = %topic.label.topic, partition = part.index, error = %e, "could not reopen partition for retention");
@@ -1517,14 +1735,16 @@ impl Broker {
         self.topic(topic)?.partition(partition)
     }
 
-    /// The sealed segments of a partition, oldest first (opens an idle partition's log).
+    /// The sealed segments of a partition, oldest first. An idle (closed) partition is not
+    /// reopened: nothing is sealed while it is closed, so it answers with what it had when it
+    /// closed. (The archive asks about every partition every pass; reopening each would
+    /// keep idle logs open, or with `max_open_logs` evict and reopen them every pass.)
     pub async fn sealed_segments(
         &self,
         topic: &str,
         partition: u32,
     ) -> Result<Vec<SealedSegment>, BrokerError> {
-        let part = self.partition(topic, partition)?;
-        Ok(part.log(&self.env).await?.sealed_segments())
+        Ok(self.partition(topic, partition)?.sealed_segments())
     }
 
     /// Every record of one sealed segment, for the archive.
@@ -1535,7 +1755,7 @@ impl Broker {
         base: u64,
     ) -> Result<Vec<Record>, BrokerError> {
         let part = self.partition(topic, partition)?;
-        let log = part.log(&self.env).await?;
+        let log = self.log_of(&part).await?;
         tokio::task::spawn_blocking(move || log.read_segment(base))
             .await
             .map_err(|e| BrokerError::Storage(LogError::Poisoned(e.to_string())))?
@@ -1571,7 +1791,7 @@ impl Broker {
         ts_ms: i64,
     ) -> Result<u64, BrokerError> {
         let part = self.partition(topic, partition)?;
-        let log = part.log(&self.env).await?;
+        let log = self.log_of(&part).await?;
         tokio::task::spawn_blocking(move || log.offset_for_time(ts_ms))
             .await
             .map_err(|e| BrokerError::Storage(LogError::Poisoned(e.to_string())))?

@@ -2,21 +2,72 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
 use crate::clock::SharedClock;
-use crate::log::{LogConfig, LogError, LogStats, PartitionLog};
+use crate::log::{LogConfig, LogError, LogStats, PartitionLog, SealedSegment};
 use crate::metrics::CoreMetrics;
 use crate::queue::{PartitionQueue, QueueSnapshot};
 
 pub const QUEUE_STATE_FILE: &str = "queue.state";
 
+/// The node's budget of open partition logs (`max_open_logs`). Every open log holds file
+/// descriptors (a read handle per segment and a write handle for the active one), so this is
+/// what keeps many topics × partitions from exhausting the process's descriptor limit: past
+/// it, the least recently used idle logs are closed (see `Broker::log_of`), and with none
+/// idle a use that needs one more log is refused with a retryable error.
+#[derive(Debug)]
+pub(crate) struct OpenLogs {
+    max: usize,
+    open: AtomicUsize,
+}
+
+impl OpenLogs {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            open: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// A slot for one more open log, if the budget has room.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<LogSlot> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| LogSlot(self.clone()))
+    }
+}
+
+/// One open log's place in [`OpenLogs`]; given back when dropped (the log closed).
+#[derive(Debug)]
+pub(crate) struct LogSlot(Arc<OpenLogs>);
+
+impl Drop for LogSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 pub(crate) struct Partition {
     pub index: u32,
     pub dir: PathBuf,
     log: Mutex<Option<Arc<PartitionLog>>>,
+    /// The budget slot the open log holds; `Some` exactly while `log` is (set and cleared
+    /// under `opening`).
+    slot: Mutex<Option<LogSlot>>,
     /// Serialises opening and closing the log.
     opening: tokio::sync::Mutex<()>,
     pub queue: Mutex<PartitionQueue>,
@@ -25,6 +76,9 @@ pub(crate) struct Partition {
     /// configured, retention deletes nothing at or above it.
     pub archived_below: AtomicU64,
     last_stats: Mutex<LogStats>,
+    /// The sealed segments when the log last closed: a closed log seals nothing, so this
+    /// answers the archive's question without reopening (and evicting another log).
+    last_sealed: Mutex<Vec<SealedSegment>>,
     persist_lock: Mutex<()>,
 }
 
@@ -45,6 +99,8 @@ pub(crate) struct LogEnv {
 
 impl Partition {
     /// Opens the partition's log (recovering it) and restores its queue state. Blocking.
+    /// The log is left open without a budget slot: the caller gives it one with
+    /// [`Partition::adopt_slot`] or closes it.
     pub fn open(index: u32, dir: PathBuf, env: &LogEnv) -> Result<Self, LogError> {
         let (log, report) = PartitionLog::open(
             &dir,
@@ -84,11 +140,13 @@ impl Partition {
             index,
             dir,
             log: Mutex::new(Some(Arc::new(log))),
+            slot: Mutex::new(None),
             opening: tokio::sync::Mutex::new(()),
             queue: Mutex::new(queue),
             last_used_ms: AtomicI64::new(env.clock.now_ms()),
             archived_below: AtomicU64::new(0),
             last_stats: Mutex::new(stats),
+            last_sealed: Mutex::new(Vec::new()),
             persist_lock: Mutex::new(()),
         })
     }
@@ -101,8 +159,14 @@ impl Partition {
         self.log.lock().is_some()
     }
 
-    /// The open log, reopening it if it was closed for idleness.
-    pub async fn log(&self, env: &LogEnv) -> Result<Arc<PartitionLog>, LogError> {
+    /// Gives the log opened by [`Partition::open`] its budget slot.
+    pub fn adopt_slot(&self, slot: LogSlot) {
+        *self.slot.lock() = Some(slot);
+    }
+
+    /// The open log, reopening it if it was closed for idleness; a reopened log takes `slot`
+    /// (dropped, so given back, when the log was open already).
+    pub async fn log(&self, env: &LogEnv, slot: LogSlot) -> Result<Arc<PartitionLog>, LogError> {
         if let Some(log) = self.log.lock().clone() {
             return Ok(log);
         }
@@ -118,12 +182,21 @@ impl Partition {
                 .map_err(|e| LogError::Poisoned(format!("log open task failed: {e}")))??;
         let log = Arc::new(log);
         *self.log.lock() = Some(log.clone());
+        *self.slot.lock() = Some(slot);
         Ok(log)
     }
 
     /// The log if it is open, without reopening it.
     pub fn open_log(&self) -> Option<Arc<PartitionLog>> {
         self.log.lock().clone()
+    }
+
+    /// The sealed segments: the open log's, or those it had when it closed.
+    pub fn sealed_segments(&self) -> Vec<SealedSegment> {
+        match self.open_log() {
+            Some(log) => log.sealed_segments(),
+            None => self.last_sealed.lock().clone(),
+        }
     }
 
     pub fn stats(&self) -> LogStats {
@@ -152,7 +225,10 @@ impl Partition {
         match log {
             Some(log) => {
                 *self.last_stats.lock() = log.stats();
+                *self.last_sealed.lock() = log.sealed_segments();
                 log.close().await;
+                drop(log);
+                self.slot.lock().take();
                 true
             }
             None => false,
@@ -165,8 +241,10 @@ impl Partition {
         let log = self.log.lock().take();
         if let Some(log) = log {
             *self.last_stats.lock() = log.stats();
+            *self.last_sealed.lock() = log.sealed_segments();
             log.close().await;
         }
+        self.slot.lock().take();
     }
 
     /// Writes the queue snapshot if acks changed it. Blocking.

@@ -446,3 +446,324 @@ async fn queue_consume_is_capped_in_bytes() {
     );
     b.shutdown().await;
 }
+
+async fn open_limited(dir: &Path, limits: Limits) -> Arc<Broker> {
+    let mut cfg = BrokerConfig::new(dir);
+    cfg.ack_flush_interval_ms = 10;
+    cfg.limits = limits;
+    Broker::open(cfg, Arc::new(SystemClock), Arc::new(CoreMetrics::default()))
+        .await
+        .unwrap()
+}
+
+/// The names of the topic directories on disk.
+fn topic_dirs(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("topics"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Issue 11, security 5: a create beyond `max_topics` is refused before anything is opened,
+/// written or published; so is one beyond `max_partitions` (summed over the node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_beyond_the_node_limits_are_refused_before_anything_is_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        max_topics: 2,
+        max_partitions: 5,
+        ..Limits::default()
+    };
+    let b = open_limited(dir.path(), limits.clone()).await;
+    b.create_topic(create("a", 2)).await.unwrap();
+    // 2 + 4 > 5 partitions
+    let e = b.create_topic(create("b", 4)).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BrokerError::TooManyPartitions {
+                requested: 4,
+                total: 6,
+                max: 5
+            }
+        ),
+        "{e:?}"
+    );
+    b.create_topic(create("b", 3)).await.unwrap();
+    let (dirs, meta, logs) = (
+        topic_dirs(dir.path()),
+        std::fs::read(dir.path().join(meta::META_FILE)).unwrap(),
+        b.open_log_count(),
+    );
+    let e = b.create_topic(create("c", 1)).await.unwrap_err();
+    assert!(matches!(e, BrokerError::TooManyTopics { max: 2 }), "{e:?}");
+    assert!(e.to_string().contains("max_topics"), "{e}");
+    // nothing opened, written or published
+    assert_eq!(topic_dirs(dir.path()), dirs);
+    assert_eq!(
+        std::fs::read(dir.path().join(meta::META_FILE)).unwrap(),
+        meta
+    );
+    assert_eq!(b.open_log_count(), logs);
+    assert_eq!(b.topic_names(), vec!["a", "b"]);
+    assert!(matches!(
+        b.check_topic("c"),
+        Err(BrokerError::TopicNotFound(_))
+    ));
+    // a delete makes room again
+    b.delete_topic("a").await.unwrap();
+    b.create_topic(create("c", 2)).await.unwrap();
+    b.shutdown().await;
+    drop(b);
+    // the limits never refuse what is already on disk: a restart with lower ones loads all
+    let b = open_limited(
+        dir.path(),
+        Limits {
+            max_topics: 1,
+            max_partitions: 1,
+            ..limits
+        },
+    )
+    .await;
+    assert_eq!(b.topic_names(), vec!["b", "c"]);
+    b.produce("c", vec![msg("still served")]).await.unwrap();
+    b.shutdown().await;
+}
+
+/// Growing a topic's partitions past `max_partitions` is refused with nothing opened: no
+/// new partition directories, the topic's settings unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn growing_partitions_beyond_the_node_limit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_limited(
+        dir.path(),
+        Limits {
+            max_partitions: 4,
+            ..Limits::default()
+        },
+    )
+    .await;
+    b.create_topic(create("t", 2)).await.unwrap();
+    b.create_topic(create("u", 1)).await.unwrap();
+    let grow = |n| TopicPatch {
+        partitions: Some(n),
+        ..Default::default()
+    };
+    let tdir = dir
+        .path()
+        .join("topics")
+        .join(b.topic_meta("t").unwrap().dir_name());
+    let parts_before = std::fs::read_dir(&tdir).unwrap().count();
+    let e = b.alter_topic("t", grow(4)).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BrokerError::TooManyPartitions {
+                requested: 2,
+                total: 5,
+                max: 4
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(std::fs::read_dir(&tdir).unwrap().count(), parts_before);
+    assert_eq!(b.topic_meta("t").unwrap().config.partitions, 2);
+    assert!(matches!(
+        b.produce(
+            "t",
+            vec![ProduceMessage {
+                partition: Some(2),
+                ..msg("x")
+            }]
+        )
+        .await,
+        Err(BrokerError::PartitionOutOfRange { .. })
+    ));
+    // up to the limit is fine, and changes other than growth are not counted
+    b.alter_topic("t", grow(3)).await.unwrap();
+    b.alter_topic(
+        "t",
+        TopicPatch {
+            retention_ms: Some(60_000),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    b.shutdown().await;
+}
+
+/// `max_topics_per_user` counts the topics a user owns; creates that do not count against
+/// their owner (admins') are bound only by the node-wide limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_may_own_at_most_max_topics_per_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_limited(
+        dir.path(),
+        Limits {
+            max_topics: 4,
+            max_topics_per_user: 2,
+            ..Limits::default()
+        },
+    )
+    .await;
+    let by = |name: &str, user: &str, id: u64, counted: bool| CreateTopic {
+        owner: Some((user.to_owned(), id)),
+        count_against_owner: counted,
+        ..create(name, 1)
+    };
+    b.create_topic(by("a1", "alice", 7, true)).await.unwrap();
+    b.create_topic(by("a2", "alice", 7, true)).await.unwrap();
+    let e = b
+        .create_topic(by("a3", "alice", 7, true))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, BrokerError::TooManyOwnedTopics { owner, max: 2 } if owner == "alice"),
+        "{e:?}"
+    );
+    assert!(b.check_topic("a3").is_err());
+    // another user, and an admin, are not held to alice's count
+    b.create_topic(by("b1", "bob", 8, true)).await.unwrap();
+    b.create_topic(by("r1", "root", 1, false)).await.unwrap();
+    // the node-wide bound holds for the admin too
+    let e = b
+        .create_topic(by("r2", "root", 1, false))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BrokerError::TooManyTopics { max: 4 }), "{e:?}");
+    // alice's deletes give her room back
+    b.delete_topic("a1").await.unwrap();
+    b.create_topic(by("a3", "alice", 7, true)).await.unwrap();
+    b.shutdown().await;
+}
+
+/// `max_open_logs`: a topic with more partitions than the budget opens (and keeps open) at
+/// most that many logs; using a closed one closes the least recently used idle log; with
+/// every open log in use, one more is refused (retryable) rather than opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_logs_stay_within_max_open_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_limited(
+        dir.path(),
+        Limits {
+            max_open_logs: 2,
+            ..Limits::default()
+        },
+    )
+    .await;
+    b.create_topic(create("t", 5)).await.unwrap();
+    assert!(b.open_log_count() <= 2, "{}", b.open_log_count());
+    let to = |p| ProduceMessage {
+        partition: Some(p),
+        ..msg("m")
+    };
+    for round in 0..2 {
+        for p in 0..5 {
+            b.produce("t", vec![to(p)]).await.unwrap();
+            assert!(
+                b.open_log_count() <= 2,
+                "round {round} p{p}: {}",
+                b.open_log_count()
+            );
+        }
+    }
+    let got = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 10);
+    assert!(b.open_log_count() <= 2);
+    assert!(b.metrics.logs_evicted.get() > 0);
+    // two logs held in use: a third cannot be opened
+    let t = b.topic("t").unwrap();
+    let parts = t.partitions();
+    let held: Vec<_> = {
+        let mut held = Vec::new();
+        for p in &parts[..2] {
+            held.push(b.log_of(p).await.unwrap());
+        }
+        held
+    };
+    let e = b.log_of(&parts[2]).await.unwrap_err();
+    assert!(
+        matches!(e, BrokerError::TooManyOpenLogs { max: 2 }),
+        "{e:?}"
+    );
+    assert_eq!(b.open_log_count(), 2);
+    drop(held);
+    b.log_of(&parts[2]).await.unwrap();
+    assert!(b.open_log_count() <= 2);
+    b.shutdown().await;
+    drop(b);
+    // a restart recovers every partition but keeps at most the budget open
+    let b = open_limited(
+        dir.path(),
+        Limits {
+            max_open_logs: 2,
+            ..Limits::default()
+        },
+    )
+    .await;
+    assert!(b.open_log_count() <= 2, "{}", b.open_log_count());
+    let got = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
+    assert_eq!(
+        got.len(),
+        10,
+        "unacked messages come back after the restart"
+    );
+    b.shutdown().await;
+}
+
+/// Out of file descriptors is told apart from a storage fault (the HTTP layer answers it
+/// 503 too_many_open_files, not 500).
+#[test]
+fn descriptor_exhaustion_is_recognised() {
+    let emfile = || {
+        BrokerError::Storage(LogError::Io {
+            path: "/x".into(),
+            source: std::io::Error::from_raw_os_error(24),
+        })
+    };
+    assert!(emfile().is_out_of_descriptors());
+    let enfile = BrokerError::Meta(meta::MetaError::Io {
+        path: "/x".into(),
+        source: std::io::Error::from_raw_os_error(23),
+    });
+    assert!(enfile.is_out_of_descriptors());
+    let eio = BrokerError::Storage(LogError::Io {
+        path: "/x".into(),
+        source: std::io::Error::from_raw_os_error(5),
+    });
+    assert!(!eio.is_out_of_descriptors());
+    assert!(!BrokerError::TooManyOpenLogs { max: 1 }.is_out_of_descriptors());
+}
+
+/// The archive lists every partition's sealed segments each pass: a closed (idle) partition
+/// answers from what it had when it closed, without reopening its log (which, at
+/// `max_open_logs`, would evict another log every pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_segments_of_a_closed_partition_do_not_reopen_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = BrokerConfig::new(dir.path());
+    cfg.log.segment_max_bytes = 4096;
+    let b = Broker::open(cfg, Arc::new(SystemClock), Arc::new(CoreMetrics::default()))
+        .await
+        .unwrap();
+    b.create_topic(create("t", 1)).await.unwrap();
+    let big = ProduceMessage {
+        payload: Bytes::from(vec![b'x'; 3000]),
+        ..Default::default()
+    };
+    for _ in 0..4 {
+        b.produce("t", vec![big.clone()]).await.unwrap();
+    }
+    let sealed = b.sealed_segments("t", 0).await.unwrap();
+    assert!(!sealed.is_empty());
+    let part = b.topic("t").unwrap().partition(0).unwrap();
+    assert!(part.close_if_unused().await);
+    assert_eq!(b.open_log_count(), 0);
+    assert_eq!(b.sealed_segments("t", 0).await.unwrap(), sealed);
+    assert_eq!(b.open_log_count(), 0, "listing reopened the log");
+    assert!(!part.is_open());
+    b.shutdown().await;
+}

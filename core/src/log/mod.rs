@@ -171,6 +171,33 @@ pub enum LogError {
     Closed,
 }
 
+/// `EMFILE` (this process) and `ENFILE` (the whole system): out of file descriptors. The
+/// values are the same on Linux, the BSDs and macOS.
+const EMFILE: i32 = 24;
+const ENFILE: i32 = 23;
+
+/// Whether `e` means the process (or the system) has no file descriptor left: a shortage
+/// that passes once descriptors are given back, not a fault of the disk or the data.
+pub fn is_out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(EMFILE | ENFILE))
+}
+
+impl LogError {
+    /// Whether this failed for want of a file descriptor (see [`is_out_of_descriptors`]).
+    pub fn is_out_of_descriptors(&self) -> bool {
+        match self {
+            Self::Io { source, .. } | Self::Recovery(RecoveryError::Io { source, .. }) => {
+                is_out_of_descriptors(source)
+            }
+            Self::Poisoned(_)
+            | Self::Recovery(_)
+            | Self::Truncated { .. }
+            | Self::Corrupt { .. }
+            | Self::Closed => false,
+        }
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     move |source| LogError::Io {
         path: path.to_owned(),

@@ -154,6 +154,30 @@ impl From<BrokerError> for ApiError {
             BrokerError::FanoutInvalid(_) => Self::bad_request("invalid_child", msg),
             BrokerError::FanoutNotChild(_) => Self::new(StatusCode::NOT_FOUND, "not_a_child", msg),
             BrokerError::SchemaIncompatible(_) => Self::bad_request("schema_incompatible", msg),
+            // A bound the node was configured with: a client's request, not a fault of the
+            // server; it passes once topics are deleted (or the bound is raised).
+            BrokerError::TooManyTopics { .. } => {
+                Self::new(StatusCode::CONFLICT, "too_many_topics", msg)
+            }
+            BrokerError::TooManyPartitions { .. } => {
+                Self::new(StatusCode::CONFLICT, "too_many_partitions", msg)
+            }
+            BrokerError::TooManyOwnedTopics { .. } => {
+                Self::new(StatusCode::CONFLICT, "too_many_owned_topics", msg)
+            }
+            BrokerError::TooManyOpenLogs { .. } => Self::unavailable("too_many_open_logs", msg),
+            // Out of file descriptors: the node is short of a resource, not broken; it
+            // passes once descriptors are given back (idle logs close, clients disconnect,
+            // topics are deleted), so 503 + Retry-After, and the answer names the cause.
+            ref e if e.is_out_of_descriptors() => {
+                tracing::error!(error = %msg, "out of file descriptors");
+                Self::unavailable(
+                    "too_many_open_files",
+                    format!(
+                        "the server has run out of file descriptors (its open-files limit, RLIMIT_NOFILE, is reached): {msg}; retry shortly"
+                    ),
+                )
+            }
             BrokerError::Storage(ref inner) => {
                 tracing::error!(error = %msg, "storage failure");
                 match inner {

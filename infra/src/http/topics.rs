@@ -258,6 +258,7 @@ pub async fn create(
             settings,
             owner: caller.owner(),
             schema,
+            count_against_owner: !caller.is_admin(),
         })
         .await?;
     let Some(p) = parent else {

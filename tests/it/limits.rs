@@ -1,0 +1,273 @@
+//! Issue 11, security 5: a `create` grant cannot exhaust file descriptors. Topics and
+//! partitions are bounded (node-wide and per user) with a 4xx for everyone, the root
+//! included; running out of descriptors anyway is a 503 that names the cause, and passes.
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::*;
+
+const ROOT_PW: &str = "root-password-1";
+const PW: &str = "user-password-1";
+
+async fn call(
+    s: &Server,
+    who: (&str, &str),
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut r = s
+        .http
+        .request(method, s.url(path))
+        .basic_auth(who.0, Some(who.1));
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    r.send().await.unwrap()
+}
+
+async fn create(s: &Server, who: (&str, &str), name: &str, partitions: u32) -> reqwest::Response {
+    call(
+        s,
+        who,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": name, "partitions": partitions})),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_grant_meets_a_4xx_at_the_limits_and_so_does_the_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_opts(
+        dir.path(),
+        false,
+        &[
+            ("NARAD_ADMIN_PASSWORD", ROOT_PW),
+            ("NARAD_MAX_TOPICS", "3"),
+            ("NARAD_MAX_TOPICS_PER_USER", "2"),
+            ("NARAD_MAX_PARTITIONS", "8"),
+        ],
+        None,
+    )
+    .await;
+    let root = ("admin", ROOT_PW);
+    let alice = ("alice", PW);
+    let r = call(
+        &s,
+        root,
+        Method::POST,
+        "/v1/users",
+        Some(json!({"username": "alice", "password": PW,
+            "grants": [{"action": "create", "patterns": ["a-*"]}]})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+
+    for name in ["a-1", "a-2"] {
+        let r = create(&s, alice, name, 2).await;
+        assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+    }
+    // alice owns as many topics as one user may
+    expect_error(
+        create(&s, alice, "a-3", 1).await,
+        StatusCode::CONFLICT,
+        "too_many_owned_topics",
+    )
+    .await;
+    // the root is not held to a user's count, but to the node's partitions: 4 + 5 > 8
+    expect_error(
+        create(&s, root, "r-1", 5).await,
+        StatusCode::CONFLICT,
+        "too_many_partitions",
+    )
+    .await;
+    let r = create(&s, root, "r-1", 4).await;
+    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+    // the node is full: the root's own create is a 409 that says why, not a 500
+    let r = create(&s, root, "r-2", 1).await;
+    let text = r.text().await.unwrap();
+    assert!(text.contains("max_topics"), "{text}");
+    expect_error(
+        create(&s, root, "r-2", 1).await,
+        StatusCode::CONFLICT,
+        "too_many_topics",
+    )
+    .await;
+    // growing partitions counts too
+    expect_error(
+        call(
+            &s,
+            alice,
+            Method::PATCH,
+            "/v1/topics/a-1",
+            Some(json!({"partitions": 3})),
+        )
+        .await,
+        StatusCode::CONFLICT,
+        "too_many_partitions",
+    )
+    .await;
+    // refusals created nothing
+    let listed: Value = call(&s, root, Method::GET, "/v1/topics", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = listed["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a-1", "a-2", "r-1"]);
+    // a delete gives room back
+    let r = call(&s, alice, Method::DELETE, "/v1/topics/a-1", None).await;
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let r = create(&s, root, "r-2", 1).await;
+    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+    assert!(!s.log().contains("storage failure"), "{}", s.log());
+}
+
+/// One request on an open connection; the response's head (lowercased) and body.
+async fn raw(c: &mut TcpStream, request: &str) -> (String, String) {
+    c.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), c.read(&mut chunk))
+            .await
+            .expect("an answer within 30 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed unanswered: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let head = text[..end].to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                return (head, text[end + 4..end + 4 + len].to_owned());
+            }
+        }
+    }
+}
+
+fn post_topic(name: &str) -> String {
+    let body = format!(r#"{{"name":"{name}","partitions":1}}"#);
+    format!(
+        "POST /v1/topics HTTP/1.1\r\nHost: narad\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Polls `f` until it is true, at most `limit`.
+async fn eventually(limit: Duration, what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f().await {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The server runs with a small RLIMIT_NOFILE (`prlimit`) and idle clients take every
+/// descriptor it has left: a create then answers `503 too_many_open_files` (not
+/// `500 storage_failed`) with `Retry-After`, the accept loop backs off without dying, and
+/// once the clients go the same create succeeds and everything is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_descriptors_is_a_503_that_passes() {
+    if std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: prlimit (util-linux) is not installed");
+        return;
+    }
+    const NOFILE: usize = 256;
+    let dir = tempfile::tempdir().unwrap();
+    let limit = format!("--nofile={NOFILE}:{NOFILE}");
+    let s = Server::start_wrapped(
+        dir.path(),
+        true,
+        // silent clients must hold their descriptors for the whole test
+        &[("NARAD_HEADER_READ_TIMEOUT_MS", "300000")],
+        None,
+        &["prlimit", &limit, "--"],
+    )
+    .await;
+    assert!(
+        s.log()
+            .lines()
+            .any(|l| l.contains("resource limits") && l.contains(&NOFILE.to_string())),
+        "the limit did not apply; log:\n{}",
+        s.log()
+    );
+    s.create_topic(json!({"name": "before", "partitions": 1}))
+        .await;
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    // the connection the creates go over, accepted while descriptors were left
+    let mut client = TcpStream::connect(&addr).await.unwrap();
+    let (head, _) = raw(&mut client, "GET /healthz HTTP/1.1\r\nHost: narad\r\n\r\n").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+
+    // idle clients until the server cannot accept one more (the rest wait in the backlog)
+    let mut idle = Vec::new();
+    for _ in 0..NOFILE + 16 {
+        idle.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    eventually(Duration::from_secs(20), "accept to fail", async || {
+        s.log().contains("accept failed")
+    })
+    .await;
+
+    let (head, body) = raw(&mut client, &post_topic("starved")).await;
+    assert!(head.starts_with("http/1.1 503"), "{head}\n{body}");
+    assert!(head.contains("retry-after:"), "{head}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["code"], "too_many_open_files", "{body}");
+    assert!(
+        v["error"].as_str().unwrap().contains("file descriptors"),
+        "{body}"
+    );
+    assert!(s.log().contains("out of file descriptors"), "{}", s.log());
+
+    // the clients go: the server accepts (and closes) the waiting ones and serves again
+    drop(idle);
+    eventually(
+        Duration::from_secs(20),
+        "the create to succeed",
+        async || {
+            let (head, body) = raw(&mut client, &post_topic("starved")).await;
+            assert!(
+                head.starts_with("http/1.1 201") || head.starts_with("http/1.1 503"),
+                "{head}\n{body}"
+            );
+            head.starts_with("http/1.1 201")
+        },
+    )
+    .await;
+    let r = s.produce("starved", "", "{\"n\": 1}").await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let r = s.produce("before", "", "{\"n\": 2}").await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    assert!(s.consume("starved", "").await.is_some());
+    // and new clients are accepted again
+    let mut fresh = TcpStream::connect(&addr).await.unwrap();
+    let (head, _) = raw(&mut fresh, "GET /healthz HTTP/1.1\r\nHost: narad\r\n\r\n").await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(s.log().contains("accepting again"), "{}", s.log());
+    assert!(!s.log().contains("storage_failed"), "{}", s.log());
+}
