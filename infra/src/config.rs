@@ -122,6 +122,11 @@ pub struct ServerConfig {
     /// anyway. Keep it above the idle timeout of clients' connection pools where you can,
     /// so a pooled request never races the close.
     pub keepalive_idle_timeout_ms: u64,
+    /// A response the client does not read: once the socket takes no more bytes, the
+    /// connection is closed if it stays that way this long, so a client that never reads
+    /// (its response may be several MiB) costs a bounded time and memory. Allow for your
+    /// slowest readers; a long-poll that is still waiting is not writing, so never cut.
+    pub response_write_timeout_ms: u64,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
 
@@ -190,6 +195,7 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             header_read_timeout_ms: 10_000,
             keepalive_idle_timeout_ms: 60_000,
+            response_write_timeout_ms: 60_000,
             archive_url: String::new(),
             archive_endpoint: String::new(),
             archive_region: String::new(),
@@ -381,6 +387,12 @@ impl ServerConfig {
                 "must be between 100 and 300000 (5 min)",
             );
         }
+        if !(100..=3_600_000).contains(&self.response_write_timeout_ms) {
+            return bad(
+                "response_write_timeout_ms",
+                "must be between 100 and 3600000 (1 h)",
+            );
+        }
         if !(100..=3_600_000).contains(&self.keepalive_idle_timeout_ms) {
             return bad(
                 "keepalive_idle_timeout_ms",
@@ -431,6 +443,7 @@ impl ServerConfig {
         crate::limits::Timeouts {
             header_read: std::time::Duration::from_millis(self.header_read_timeout_ms),
             keepalive_idle: std::time::Duration::from_millis(self.keepalive_idle_timeout_ms),
+            write_stall: std::time::Duration::from_millis(self.response_write_timeout_ms),
         }
     }
 

@@ -180,7 +180,9 @@ async fn serve_connection<I>(
                     }
                     tracing::debug!(%peer, ?why, "closing connection");
                     match why {
-                        CloseReason::HeaderTimeout | CloseReason::Shutdown => return,
+                        CloseReason::HeaderTimeout
+                        | CloseReason::WriteTimeout
+                        | CloseReason::Shutdown => return,
                         // hyper closes an idle connection at once, after flushing what it holds
                         CloseReason::IdleTimeout | CloseReason::EvictedIdle => {
                             conn.as_mut().graceful_shutdown();
@@ -260,13 +262,27 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     }
 }
 
+impl<I> Watched<I> {
+    /// A write the socket would not take starts the stall clock; one it took stops it.
+    fn note_write(&self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Pending => self.state.write_blocked(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.state.write_progressed(),
+            Poll::Ready(_) => {}
+        }
+    }
+}
+
 impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.note_write(&r);
+        r
     }
 
     fn poll_write_vectored(
@@ -274,7 +290,10 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.note_write(&r);
+        r
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -42,6 +42,9 @@ pub struct Timeouts {
     pub header_read: Duration,
     /// From the end of a response until the first byte of the next request.
     pub keepalive_idle: Duration,
+    /// How long a write may stay blocked (the client reads nothing) before the connection
+    /// is closed.
+    pub write_stall: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +71,8 @@ pub enum CloseReason {
     EvictedIdle,
     /// The server is stopping and no request was in progress.
     Shutdown,
+    /// The client read nothing of its response for `response_write_timeout_ms`.
+    WriteTimeout,
 }
 
 impl CloseReason {
@@ -77,11 +82,17 @@ impl CloseReason {
             Self::HeaderTimeout => Some("header_timeout"),
             Self::IdleTimeout => Some("idle_timeout"),
             Self::EvictedIdle => Some("evicted_idle"),
+            Self::WriteTimeout => Some("write_timeout"),
             Self::Shutdown => None,
         }
     }
 
-    pub const COUNTED: [&'static str; 3] = ["header_timeout", "idle_timeout", "evicted_idle"];
+    pub const COUNTED: [&'static str; 4] = [
+        "header_timeout",
+        "idle_timeout",
+        "evicted_idle",
+        "write_timeout",
+    ];
 }
 
 /// What the connection task should do next.
@@ -100,6 +111,8 @@ struct Inner {
     in_flight: u32,
     /// A new client asked for this connection's slot while it was idle.
     evict: bool,
+    /// Since when the socket has taken none of the bytes written to it.
+    write_blocked: Option<Instant>,
 }
 
 /// One connection's phase, shared by its IO wrapper, its service and the limiter.
@@ -117,6 +130,7 @@ impl ConnState {
                 since: Instant::now(),
                 in_flight: 0,
                 evict: false,
+                write_blocked: None,
             }),
             changed: Notify::new(),
         }
@@ -144,6 +158,21 @@ impl ConnState {
             drop(s);
             self.changed.notify_one();
         }
+    }
+
+    /// A write found the socket full (the client is not reading).
+    pub fn write_blocked(&self) {
+        let mut s = self.inner.lock();
+        if s.write_blocked.is_none() {
+            s.write_blocked = Some(Instant::now());
+            drop(s);
+            self.changed.notify_one();
+        }
+    }
+
+    /// The socket took bytes again.
+    pub fn write_progressed(&self) {
+        self.inner.lock().write_blocked = None;
     }
 
     /// A header block was read and its request handed to the router.
@@ -189,12 +218,22 @@ impl ConnState {
                 Check::Until(Some(at))
             }
         };
-        match s.phase {
+        // whatever the phase, a response (or what hyper still holds of one) may be stuck
+        let stall_at = s.write_blocked.map(|since| since + t.write_stall);
+        if stall_at.is_some_and(|at| at <= now) {
+            return Check::Close(CloseReason::WriteTimeout);
+        }
+        let by_phase = match s.phase {
             Phase::Busy => Check::Until(None),
             Phase::Headers if stopping => Check::Close(CloseReason::Shutdown),
             Phase::Headers => due(s.since + t.header_read, CloseReason::HeaderTimeout),
             Phase::Idle if s.evict => Check::Close(CloseReason::EvictedIdle),
             Phase::Idle => due(s.since + t.keepalive_idle, CloseReason::IdleTimeout),
+        };
+        match (by_phase, stall_at) {
+            (Check::Until(None), at) => Check::Until(at),
+            (Check::Until(Some(a)), Some(b)) => Check::Until(Some(a.min(b))),
+            (other, _) => other,
         }
     }
 }
@@ -366,6 +405,7 @@ mod tests {
     const T: Timeouts = Timeouts {
         header_read: Duration::from_secs(10),
         keepalive_idle: Duration::from_secs(60),
+        write_stall: Duration::from_secs(30),
     };
     const HOUR: Duration = Duration::from_secs(3600);
 
@@ -373,6 +413,36 @@ mod tests {
         fn set_since(&self, at: Instant) {
             self.inner.lock().since = at;
         }
+    }
+
+    #[tokio::test]
+    async fn a_stalled_write_is_due_in_any_phase() {
+        let l = ConnectionLimiter::new(1);
+        let slot = l.admit().await.unwrap();
+        let c = slot.state().clone();
+        c.request_started();
+        c.write_blocked();
+        let t0 = c.inner.lock().write_blocked.unwrap();
+        assert_eq!(
+            c.check(&T, t0, false),
+            Check::Until(Some(t0 + T.write_stall))
+        );
+        // progress stops the clock: a slow but steady reader is never cut
+        c.write_progressed();
+        assert_eq!(c.check(&T, t0 + HOUR, false), Check::Until(None));
+        c.write_blocked();
+        let t1 = c.inner.lock().write_blocked.unwrap();
+        // hyper may hold the rest of a response after the request counts as finished
+        c.request_finished();
+        c.set_since(t1);
+        assert_eq!(
+            c.check(&T, t1, false),
+            Check::Until(Some(t1 + T.write_stall))
+        );
+        assert_eq!(
+            c.check(&T, t1 + T.write_stall, false),
+            Check::Close(CloseReason::WriteTimeout)
+        );
     }
 
     #[tokio::test]

@@ -464,3 +464,52 @@ async fn a_lease_that_expires_serves_the_reader_in_line() {
         "expiries not counted when they happened"
     );
 }
+
+/// Bug 4's class, for responses: a client that asks for a large reply and never reads it is
+/// disconnected once the socket has taken nothing for `response_write_timeout_ms`, and its
+/// connection slot (and the reply's memory) come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_costs_bounded_time() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("NARAD_RESPONSE_WRITE_TIMEOUT_MS", "500")];
+    let s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "unread", "partitions": 1, "max_message_bytes": 1048576}))
+        .await;
+    for i in 0..8 {
+        let body = format!("\"{}{i}\"", "x".repeat(1_000_000));
+        assert_eq!(
+            s.produce("unread", "", body).await.status(),
+            StatusCode::ACCEPTED
+        );
+    }
+    let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut c = sock.connect(addr).await.unwrap();
+    // ~4 MiB of replay, several times over, and never a byte read
+    for _ in 0..4 {
+        c.write_all(
+            b"GET /v1/topics/unread/consume?partition=0&offset=0&max=100 HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let closed = r#"narad_http_connections_closed_total{reason="write_timeout"} 1"#;
+    while !s
+        .get("/metrics")
+        .await
+        .text()
+        .await
+        .unwrap()
+        .contains(closed)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a client that never reads kept its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(c);
+}
