@@ -131,6 +131,24 @@ impl Record {
             .saturating_add(1)
     }
 
+    /// An upper bound on the bytes this record takes in a JSON reply: the payload verbatim
+    /// (JSON), as an escaped string of at most 4/3 of its size (text; heavier escaping is
+    /// served as base64 instead) or base64; key, header names and values escaped at worst;
+    /// and the envelope. Reads cap their replies by this, not by payload bytes alone: a
+    /// record of 1 byte of payload and 1 MiB of headers is a 1 MiB record.
+    pub fn reply_weight(&self) -> usize {
+        const ENVELOPE: usize = 256;
+        ENVELOPE
+            + self.payload.len() / 3 * 4
+            + 8
+            + self.key.as_deref().map_or(0, json_escaped_len)
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| json_escaped_len(k.as_bytes()) + json_escaped_len(v) + 6)
+                .sum::<usize>()
+    }
+
     /// Bytes this record takes on disk.
     pub fn frame_len(&self) -> usize {
         NewRecord {
@@ -141,6 +159,22 @@ impl Record {
         }
         .encoded_len()
     }
+}
+
+/// An upper bound on the length of `bytes` written as the contents of a JSON string (lossy
+/// UTF-8, then escaped): quotes and backslashes take 2 bytes, other control characters 6
+/// (`\u00XX`), a byte of a multi-byte or invalid sequence at most 3 (a replacement
+/// character for each invalid byte).
+pub fn json_escaped_len(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .map(|&b| match b {
+            b'"' | b'\\' => 2,
+            0..0x20 => 6,
+            0x80.. => 3,
+            _ => 1,
+        })
+        .sum()
 }
 
 /// Why bytes at some position are not a valid frame.

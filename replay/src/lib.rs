@@ -183,6 +183,8 @@ impl ArchiveReader {
         let seg = seg.clone();
         let (path, meta) = self.object(topic, topic_id, partition, &seg).await?;
         let mut out = Vec::new();
+        // the same reply cap as local reads: by reply weight, at least one record
+        let mut weight = 0usize;
         for (g, rg) in meta.row_groups().iter().enumerate() {
             let Some((_, hi)) = format::int64_range(rg.column(0).statistics()) else {
                 continue;
@@ -191,13 +193,14 @@ impl ArchiveReader {
                 continue;
             }
             let recs = self.group(&path, g).await?;
-            out.extend(
-                recs.iter()
-                    .filter(|r| r.offset >= from)
-                    .take(max - out.len())
-                    .cloned(),
-            );
-            if out.len() >= max {
+            for r in recs.iter().filter(|r| r.offset >= from) {
+                if out.len() >= max || weight >= narad_core::broker::MAX_READ_BYTES {
+                    break;
+                }
+                weight += r.reply_weight();
+                out.push(r.clone());
+            }
+            if out.len() >= max || weight >= narad_core::broker::MAX_READ_BYTES {
                 break;
             }
         }

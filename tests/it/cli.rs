@@ -85,3 +85,49 @@ async fn topic_pub_sub_replay() {
     narad(&s, &["topic", "rm", "demo"]).await;
     assert!(!narad(&s, &["topic", "ls"]).await.contains("demo"));
 }
+
+/// From the black-box review: valid JSON that an ordinary reader cannot hold (`1e400`, deep
+/// nesting, a lone surrogate) made the CLI's `sub` and `replay` abort on every run, leaving the
+/// good messages leased and unacked. Such payloads are served as text, and the CLI reads on.
+#[tokio::test]
+async fn the_cli_reads_past_payloads_a_strict_parser_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    narad(&s, &["topic", "add", "odd", "--partitions", "1"]).await;
+    let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
+    for p in [
+        r#"{"good":1}"#,
+        r#"{"n":1e400}"#,
+        deep.as_str(),
+        r#""\ud800""#,
+        r#"{"good":3}"#,
+    ] {
+        let r = s.produce("odd", "", p.to_owned()).await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    let out = narad(
+        &s,
+        &[
+            "replay",
+            "odd",
+            "--partition",
+            "0",
+            "--from",
+            "0",
+            "--to",
+            "5",
+        ],
+    )
+    .await;
+    assert!(
+        out.contains("good\":3") || out.contains("\"good\": 3"),
+        "{out}"
+    );
+    let out = narad(&s, &["sub", "odd", "--max", "10", "--idle-exit", "1"]).await;
+    assert!(out.contains("1e400"), "{out}");
+    let v: Value = s.get("/v1/topics/odd").await.json().await.unwrap();
+    assert_eq!(
+        v["partition_stats"][0]["unacked"], 0,
+        "the CLI acked everything: {v}"
+    );
+}

@@ -34,9 +34,20 @@ async fn poison_payloads_are_served_verbatim_by_batch_reads() {
         let r = s.get(path).await;
         assert_eq!(r.status(), StatusCode::OK, "{path}");
         let text = r.text().await.unwrap();
-        assert!(text.contains(r#""payload":{"n":1e400}"#), "{path}: {text}");
+        // every payload comes back byte for byte; JSON that an ordinary reader cannot hold
+        // (1e400, 129 levels) is served as a string, so the whole reply reads with one
+        let v: Value = serde_json::from_str(&text).expect("the reply reads as plain JSON");
+        let got: Vec<String> = v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| match &m["payload"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect();
+        assert_eq!(got, bodies, "{path}");
         assert!(text.contains(r#""payload":{"ok":1}"#), "{path}: {text}");
-        assert!(text.contains(&deep), "{path}");
     }
 }
 
@@ -512,4 +523,98 @@ async fn a_client_that_never_reads_costs_bounded_time() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(c);
+}
+
+/// From the black-box review: replies were capped by payload bytes only, so messages of one
+/// byte of payload and 1 MiB of headers (escaped 6× in JSON) made a single replay reply of
+/// hundreds of MiB. Replies are capped by what they weigh on the wire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_are_capped_by_their_size_on_the_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "heavy", "partitions": 1}))
+        .await;
+    let value = "\u{1}".repeat(16 * 1024);
+    let headers: serde_json::Map<String, Value> =
+        (0..64).map(|i| (format!("h{i}"), json!(value))).collect();
+    // 6 MiB of request JSON per message (escaped), two per batch
+    let msgs: Vec<Value> = (0..2)
+        .map(|_| json!({"payload": 1, "headers": headers}))
+        .collect();
+    for _ in 0..10 {
+        let r = s
+            .post_json("/v1/topics/heavy/produce/batch", &json!({"messages": msgs}))
+            .await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{:?}", r.text().await);
+    }
+    for path in [
+        "/v1/topics/heavy/consume?partition=0&offset=0&max=100",
+        "/v1/topics/heavy/consume?max=100",
+    ] {
+        let r = s.get(path).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let len = r.bytes().await.unwrap().len();
+        // 4 MiB of weight plus one message (~6 MiB escaped), not 60 × 6 MiB
+        assert!(len < 12 << 20, "{path}: a {} MiB reply", len >> 20);
+    }
+    // an escape-heavy text payload is served as base64, not 6× its size
+    let r = s.produce("heavy", "", vec![1u8; 1 << 20]).await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let v: Value = r.json().await.unwrap();
+    let offset = v["offset"].as_u64().unwrap();
+    let r = s
+        .get(&format!(
+            "/v1/topics/heavy/consume?partition=0&offset={offset}"
+        ))
+        .await;
+    let text = r.text().await.unwrap();
+    assert!(text.len() < (1 << 20) * 3 / 2, "{} bytes", text.len());
+    assert!(text.contains(r#""payload_encoding":"base64""#));
+}
+
+/// From the black-box review: a body's `Content-Length` was reserved from the node's budget
+/// before the route's limit or the caller's permission was checked, so 16 silent sockets of
+/// any user held the whole budget. Now an oversized `Content-Length` is 413 at once, only
+/// produce routes reserve up front (after the produce grant is checked), and a JSON route
+/// counts only bytes that arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_bodies_cannot_lock_out_producers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("NARAD_MAX_BATCH_BYTES", "1048576"),
+        ("NARAD_MAX_REQUEST_BYTES_IN_FLIGHT", "16777216"),
+    ];
+    let s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "open", "partitions": 1}))
+        .await;
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    // over the route's limit: refused without waiting for the body
+    let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    c.write_all(b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n{")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut buf))
+        .await
+        .expect("an oversized Content-Length was not refused at once")
+        .unwrap();
+    assert_eq!(&buf, b"HTTP/1.1 413");
+    // many JSON-route bodies announced but not sent hold nothing
+    let mut holders = Vec::new();
+    for _ in 0..32 {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{")
+            .await
+            .unwrap();
+        holders.push(c);
+    }
+    let r = s.produce("open", "", "{\"still\":\"served\"}").await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let text = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        !text.contains("narad_http_request_bytes_in_flight 16"),
+        "announced JSON bodies took budget"
+    );
+    drop(holders);
 }

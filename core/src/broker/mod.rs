@@ -111,7 +111,8 @@ impl BrokerConfig {
     }
 }
 
-/// A consume or replay read stops adding messages once their payloads reach this many bytes
+/// A consume or replay read stops adding messages once their reply weight (payload, key and
+/// headers as the JSON reply writes them at worst, see [`Record::reply_weight`]) reaches this
 /// (so a reply holds at most this plus one message, and always at least one message):
 /// `max` × the largest message would otherwise be hundreds of MiB in one reply.
 pub const MAX_READ_BYTES: usize = 4 << 20;
@@ -1326,7 +1327,7 @@ impl Broker {
                     else {
                         break;
                     };
-                    out_bytes += source.payload_len(l.offset);
+                    out_bytes += source.reply_weight(l.offset);
                     leased.push(l);
                 }
                 if let Some(at) = q.next_wakeup() {
@@ -1894,11 +1895,11 @@ struct ReadAhead<'a> {
 }
 
 impl ReadAhead<'_> {
-    /// Payload bytes of the record at `offset` (0 if it cannot be read now).
-    fn payload_len(&mut self, offset: u64) -> usize {
+    /// The reply weight of the record at `offset` (0 if it cannot be read now).
+    fn reply_weight(&mut self, offset: u64) -> usize {
         use crate::queue::DueSource as _;
         self.due_ms(offset);
-        self.seen.get(&offset).map_or(0, |r| r.payload.len())
+        self.seen.get(&offset).map_or(0, |r| r.reply_weight())
     }
 }
 

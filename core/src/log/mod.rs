@@ -593,7 +593,7 @@ impl PartitionLog {
                     if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
                         break;
                     }
-                    bytes += r.payload.len();
+                    bytes += r.reply_weight();
                     out.push(r.clone());
                 }
                 return Ok(out);
@@ -631,7 +631,7 @@ impl PartitionLog {
                     continue;
                 }
                 next = rec.offset + 1;
-                bytes += rec.payload.len();
+                bytes += rec.reply_weight();
                 out.push(Arc::new(rec));
             }
         }

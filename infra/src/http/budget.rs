@@ -1,9 +1,11 @@
 //! The node-wide budget of request bytes in flight.
 //!
 //! Every request body is counted against one semaphore of bytes while its request is being
-//! served: up front by its `Content-Length` (so an unaffordable request is refused before a
-//! byte of it is read), else chunk by chunk as it arrives, plus what decompression inflates
-//! it to. When the budget is spent the request is answered `503 server_busy` with
+//! served: by its `Content-Length` (capped at its route's body limit) when the handler starts
+//! reading it — after the caller's permission was checked, so a user without the grant never
+//! holds any — and so before a byte of it is read; else chunk by chunk as it arrives; plus
+//! what decompression inflates it to. A `Content-Length` over the route's limit is answered
+//! `413` at once. When the budget is spent the request is answered `503 server_busy` with
 //! `Retry-After`, instead of many concurrent 16 MiB batches growing the process without bound.
 //!
 //! A body must also arrive whole within `body_read_timeout_ms` of the request's start: a
@@ -106,28 +108,57 @@ pub fn spent() -> ApiError {
 pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let budget = state.body_budget.clone();
     let held = Held::default();
-    // never more than the largest body any route reads (a larger one is refused with 413)
-    let reserved = content_length(req.headers())
-        .unwrap_or(0)
-        .min(state.cfg.max_batch_bytes.max(super::MAX_BODY_LIMIT));
-    match budget.try_take(reserved) {
-        Ok(Some(p)) => held.add(p),
-        Ok(None) => {}
-        Err(BudgetSpent) => return spent().into_response(),
-    }
+    // routes that read no body never take budget (their body, if any, is never read)
+    let announced = match body_limit(&state, &req) {
+        (0, _) => 0,
+        (limit, up_front) => {
+            let n = content_length(req.headers()).unwrap_or(0);
+            if n > limit {
+                return too_large(limit).into_response();
+            }
+            if up_front { n } else { 0 }
+        }
+    };
     let inner = std::mem::replace(req.body_mut(), Body::empty());
     let timeout = std::time::Duration::from_millis(state.cfg.body_read_timeout_ms);
     *req.body_mut() = Body::new(Budgeted {
         inner,
         budget: budget.clone(),
         held: held.clone(),
-        free: reserved,
+        announced,
+        free: 0,
         deadline: Box::pin(tokio::time::sleep(timeout)),
     });
     req.extensions_mut().insert(held.clone());
     let resp = next.run(req).await;
     held.release();
     resp
+}
+
+/// The largest body the matched route reads (0 for routes that read none, and unknown ones),
+/// and whether its `Content-Length` is taken from the budget up front. Only the produce
+/// routes do that: they read the body after checking the caller's produce grant, so only a
+/// producer can hold budget for bytes it has not sent yet. The other routes read small JSON
+/// bodies (whose content they need for the permission check) and are counted as they arrive.
+fn body_limit(state: &SharedState, req: &Request) -> (usize, bool) {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str);
+    match (req.method().as_str(), route) {
+        ("POST", Some("/v1/topics/{topic}/produce/batch")) => (state.cfg.max_batch_bytes, true),
+        ("POST", Some("/v1/topics/{topic}/produce")) => (super::MAX_BODY_LIMIT, true),
+        ("POST" | "PUT" | "PATCH", Some(_)) => (super::MAX_JSON_BODY, false),
+        _ => (0, false),
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("request body exceeds {limit} bytes"),
+    )
 }
 
 fn content_length(h: &HeaderMap) -> Option<usize> {
@@ -139,7 +170,9 @@ struct Budgeted {
     inner: Body,
     budget: BodyBudget,
     held: Held,
-    /// Bytes still covered by the up-front reservation.
+    /// The `Content-Length` (≤ the route's limit), taken from the budget at the first read.
+    announced: usize,
+    /// Bytes still covered by that reservation.
     free: usize,
     /// When the whole body must have arrived.
     deadline: Pin<Box<tokio::time::Sleep>>,
@@ -153,6 +186,16 @@ impl http_body::Body for Budgeted {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.announced > 0 {
+            // the handler has begun to read: the whole announced body, before any of it
+            let n = std::mem::take(&mut self.announced);
+            match self.budget.try_take(n) {
+                Ok(Some(p)) => self.held.add(p),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+            }
+            self.free = n;
+        }
         let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),

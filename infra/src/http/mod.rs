@@ -329,13 +329,14 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/users/{username}/password", put(users::set_password))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            access::authenticate,
-        ))
+        // (inner first: the body budget applies to authenticated requests only)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             budget::limit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::authenticate,
         ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
