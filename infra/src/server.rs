@@ -18,6 +18,9 @@ use crate::config::ServerConfig;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 
+/// Connections the separate metrics listener (`metrics_addr`) serves at once.
+const METRICS_MAX_CONNECTIONS: usize = 64;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("broker failed to start: {0}")]
@@ -205,10 +208,19 @@ pub async fn run(
     });
     if let Some(l) = metrics_listener {
         tracing::info!(addr = %l.local_addr()?, "metrics listener (no authentication)");
-        let serve = axum::serve(l, http::metrics_router(state.clone()))
-            .with_graceful_shutdown(stopping_signal.clone().cancelled_owned());
+        // the same connection handling as the API (header, idle and write timeouts), with a
+        // small cap of its own: a scraper needs a few connections, an attacker gets no more
+        let serving = Arc::new(crate::conn::Serving {
+            router: http::metrics_router(state.clone()),
+            limiter: crate::limits::ConnectionLimiter::new(METRICS_MAX_CONNECTIONS),
+            tls: None,
+            timeouts: config.connection_timeouts(),
+            refused: metrics.connections_refused.clone(),
+            closed: metrics.connections_closed.clone(),
+        });
+        let stopping = stopping_signal.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve.await {
+            if let Err(e) = crate::conn::serve(l, serving, stopping).await {
                 tracing::error!(error = %e, "metrics listener failed");
             }
         });
