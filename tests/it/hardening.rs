@@ -574,12 +574,12 @@ async fn replies_are_capped_by_their_size_on_the_wire() {
 
 /// From the black-box review: a body's `Content-Length` was reserved from the node's budget
 /// before the route's limit or the caller's permission was checked, so 16 silent sockets of
-/// any user held the whole budget. Now an oversized `Content-Length` is 413 at once, only
-/// produce routes reserve up front (after the produce grant is checked), and a JSON route
-/// counts only bytes that arrived.
+/// any user held the whole budget. Now only produce routes reserve up front (after the
+/// produce grant is checked, at most the route's limit), and a JSON route counts only bytes
+/// that arrived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn announced_bodies_cannot_lock_out_producers() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().unwrap();
     let env = [
         ("NARAD_MAX_BATCH_BYTES", "1048576"),
@@ -589,22 +589,12 @@ async fn announced_bodies_cannot_lock_out_producers() {
     s.create_topic(json!({"name": "open", "partitions": 1}))
         .await;
     let addr = s.base.trim_start_matches("http://").to_owned();
-    // over the route's limit: refused without waiting for the body
-    let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    c.write_all(b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n{")
-        .await
-        .unwrap();
-    let mut buf = [0u8; 12];
-    tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut buf))
-        .await
-        .expect("an oversized Content-Length was not refused at once")
-        .unwrap();
-    assert_eq!(&buf, b"HTTP/1.1 413");
-    // many JSON-route bodies announced but not sent hold nothing
+    // many JSON-route bodies announced (even far over the route's limit) but not sent
+    // hold nothing
     let mut holders = Vec::new();
     for _ in 0..32 {
         let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        c.write_all(b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{")
+        c.write_all(b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n{")
             .await
             .unwrap();
         holders.push(c);
@@ -617,4 +607,75 @@ async fn announced_bodies_cannot_lock_out_producers() {
         "announced JSON bodies took budget"
     );
     drop(holders);
+}
+
+/// From the black-box review: concurrent large replies had no node-wide bound (16 replays of
+/// hundreds of MiB reached 10 GB). A reply's bytes are held against the same budget as
+/// request bodies until written; a consume whose reply does not fit is answered 503 and its
+/// leases are given back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_in_flight_share_the_node_budget() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("NARAD_MAX_BATCH_BYTES", "1048576"),
+        ("NARAD_MAX_REQUEST_BYTES_IN_FLIGHT", "16777216"),
+    ];
+    let s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "big", "partitions": 1, "max_message_bytes": 1048576}))
+        .await;
+    for i in 0..6 {
+        let body = format!("\"{}{i}\"", "x".repeat(1_000_000));
+        assert_eq!(
+            s.produce("big", "", body).await.status(),
+            StatusCode::ACCEPTED
+        );
+    }
+    // four replays whose ~4 MB replies are never read hold ~16 MB of the 16 MiB
+    let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let mut c = sock.connect(addr).await.unwrap();
+        c.write_all(
+            b"GET /v1/topics/big/consume?partition=0&offset=0&max=100 HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        readers.push(c);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = s.get("/metrics").await.text().await.unwrap();
+        let held: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if held > 15_000_000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "unread replies hold {held} bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = s.get("/v1/topics/big/consume?max=100").await;
+    expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
+    let v: Value = s.get("/v1/topics/big").await.json().await.unwrap();
+    assert_eq!(v["partition_stats"][0]["in_flight"], 0, "leases kept: {v}");
+    drop(readers);
+    // the budget comes back and the messages are delivered, counted once
+    loop {
+        let r = s.get("/v1/topics/big/consume?max=1").await;
+        if r.status() == StatusCode::OK {
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["messages"][0]["delivery_count"], 1);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the budget never came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

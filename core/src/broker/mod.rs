@@ -1421,6 +1421,15 @@ impl Broker {
         }
     }
 
+    /// Gives leases back that were never handed to the consumer (its reply could not be
+    /// sent): the messages are deliverable again at once and the deliveries do not count.
+    pub fn give_back(&self, topic_name: &str, deliveries: &[Delivery]) {
+        if let Ok(topic) = self.topic(topic_name) {
+            self.release(&topic, deliveries);
+            topic.timer.notify_one();
+        }
+    }
+
     fn release(&self, topic: &Arc<Topic>, deliveries: &[Delivery]) {
         let parts = topic.partitions();
         let now = self.clock.now_ms();

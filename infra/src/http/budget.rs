@@ -4,8 +4,8 @@
 //! served: by its `Content-Length` (capped at its route's body limit) when the handler starts
 //! reading it — after the caller's permission was checked, so a user without the grant never
 //! holds any — and so before a byte of it is read; else chunk by chunk as it arrives; plus
-//! what decompression inflates it to. A `Content-Length` over the route's limit is answered
-//! `413` at once. When the budget is spent the request is answered `503 server_busy` with
+//! what decompression inflates it to; plus the replies of consume and replay, held until
+//! the socket has taken them. When the budget is spent the request is answered `503 server_busy` with
 //! `Retry-After`, instead of many concurrent 16 MiB batches growing the process without bound.
 //!
 //! A body must also arrive whole within `body_read_timeout_ms` of the request's start: a
@@ -97,6 +97,34 @@ impl BodyBudget {
     }
 }
 
+/// A reply of `text` (JSON), its bytes held against the budget for as long as they exist:
+/// the permit lives inside the reply's buffer, which hyper keeps until the socket has taken
+/// it (or the connection is dropped). Replies are request memory too, and many concurrent
+/// large replies must not grow the process without bound.
+pub fn reply(
+    budget: &BodyBudget,
+    status: axum::http::StatusCode,
+    text: String,
+) -> Result<Response, ApiError> {
+    let permit = budget.try_take(text.len()).map_err(|_| spent())?;
+    let body = Bytes::from_owner(HeldBytes(text.into_bytes(), permit));
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+/// Reply bytes with the budget they hold (released when the last reference is dropped).
+struct HeldBytes(Vec<u8>, #[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+impl AsRef<[u8]> for HeldBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 pub fn spent() -> ApiError {
     ApiError::unavailable(
         "server_busy",
@@ -108,16 +136,12 @@ pub fn spent() -> ApiError {
 pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let budget = state.body_budget.clone();
     let held = Held::default();
-    // routes that read no body never take budget (their body, if any, is never read)
+    // Only produce routes reserve their announced body, and never more than the route
+    // reads (a larger one is refused 413 once that much has arrived: answering before the
+    // client has sent its body would leave most clients a broken pipe instead of the 413).
     let announced = match body_limit(&state, &req) {
-        (0, _) => 0,
-        (limit, up_front) => {
-            let n = content_length(req.headers()).unwrap_or(0);
-            if n > limit {
-                return too_large(limit).into_response();
-            }
-            if up_front { n } else { 0 }
-        }
+        (limit, true) => content_length(req.headers()).unwrap_or(0).min(limit),
+        _ => 0,
     };
     let inner = std::mem::replace(req.body_mut(), Body::empty());
     let timeout = std::time::Duration::from_millis(state.cfg.body_read_timeout_ms);
@@ -151,14 +175,6 @@ fn body_limit(state: &SharedState, req: &Request) -> (usize, bool) {
         ("POST" | "PUT" | "PATCH", Some(_)) => (super::MAX_JSON_BODY, false),
         _ => (0, false),
     }
-}
-
-fn too_large(limit: usize) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
-        format!("request body exceeds {limit} bytes"),
-    )
 }
 
 fn content_length(h: &HeaderMap) -> Option<usize> {

@@ -8,7 +8,7 @@ use axum::response::IntoResponse;
 use narad_core::broker::ReplayFrom;
 
 use super::query::{Query, parse_duration, parse_time_ms};
-use super::{ApiError, ApiResult, SharedState, json_response, render};
+use super::{ApiError, ApiResult, SharedState, render};
 
 fn archive_error(e: narad_replay::ReplayError) -> ApiError {
     tracing::warn!(error = %e, "archive read failed");
@@ -22,6 +22,18 @@ fn archive_error(e: narad_replay::ReplayError) -> ApiError {
 pub const MAX_CONSUME_BATCH: u64 = 100;
 /// Header set when the requested wait was longer than the server allows.
 pub const WAIT_CLAMPED_HEADER: &str = "x-narad-wait-clamped";
+
+/// The reply: one message alone, or `{"messages": [...]}` when `max` was given; its bytes are
+/// held against the node's budget until written (`503 server_busy` when they do not fit).
+fn reply(state: &SharedState, msgs: &[render::MessageJson<'_>], batch: bool) -> ApiResult {
+    let text = if batch {
+        serde_json::to_string(&render::Batch { messages: msgs })
+    } else {
+        serde_json::to_string(&msgs[0])
+    }
+    .expect("messages serialise");
+    super::budget::reply(&state.body_budget, StatusCode::OK, text)
+}
 
 pub async fn consume(
     State(state): State<SharedState>,
@@ -102,20 +114,14 @@ pub async fn consume(
                 .iter()
                 .map(|r| render::record(&topic, p, r))
                 .collect();
-            return Ok(match max {
-                None => json_response(StatusCode::OK, &msgs[0]),
-                Some(_) => json_response(StatusCode::OK, &render::Batch { messages: &msgs }),
-            });
+            return reply(&state, &msgs, max.is_some());
         }
         let recs = broker.replay(&topic, p, from, n).await?;
         if recs.is_empty() {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         let msgs: Vec<_> = recs.iter().map(|r| render::record(&topic, p, r)).collect();
-        return Ok(match max {
-            None => json_response(StatusCode::OK, &msgs[0]),
-            Some(_) => json_response(StatusCode::OK, &render::Batch { messages: &msgs }),
-        });
+        return reply(&state, &msgs, max.is_some());
     }
 
     let limit = Duration::from_millis(state.cfg.max_wait_ms);
@@ -128,9 +134,13 @@ pub async fn consume(
         StatusCode::NO_CONTENT.into_response()
     } else {
         let msgs: Vec<_> = got.iter().map(|d| render::delivery(&topic, d)).collect();
-        match max {
-            None => json_response(StatusCode::OK, &msgs[0]),
-            Some(_) => json_response(StatusCode::OK, &render::Batch { messages: &msgs }),
+        match reply(&state, &msgs, max.is_some()) {
+            Ok(resp) => resp,
+            Err(e) => {
+                // not handed out: the messages are deliverable again at once
+                broker.give_back(&topic, &got);
+                return Err(e);
+            }
         }
     };
     if clamped {
