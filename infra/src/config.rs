@@ -439,6 +439,13 @@ impl ServerConfig {
         }
     }
 
+    /// Most request and reply bytes one user holds at once (security on): a quarter of
+    /// `max_request_bytes_in_flight`, and at least one largest body.
+    pub fn max_request_bytes_per_user(&self) -> usize {
+        (self.max_request_bytes_in_flight / 4)
+            .max(self.max_batch_bytes.max(crate::http::MAX_BODY_LIMIT))
+    }
+
     pub fn connection_timeouts(&self) -> crate::limits::Timeouts {
         crate::limits::Timeouts {
             header_read: std::time::Duration::from_millis(self.header_read_timeout_ms),

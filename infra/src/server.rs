@@ -203,7 +203,10 @@ pub async fn run(
             .clone()
             .map(|a| Arc::new(narad_replay::ArchiveReader::new(a))),
         auth,
-        body_budget: http::budget::BodyBudget::new(config.max_request_bytes_in_flight),
+        body_budget: http::budget::BodyBudget::new(
+            config.max_request_bytes_in_flight,
+            config.max_request_bytes_per_user(),
+        ),
         schemas: crate::schema::SchemaCache::default(),
     });
     if let Some(l) = metrics_listener {

@@ -679,3 +679,92 @@ async fn replies_in_flight_share_the_node_budget() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// From the second black-box review: routes that need a body's content to check a permission
+/// (creating a topic) count it as it arrives, so a user with no grants at all could fill the
+/// node's byte budget with stalled bodies and starve every producer. One user now holds at
+/// most a quarter of the budget (at least one largest body).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_grants_cannot_starve_producers() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("NARAD_ADMIN_PASSWORD", ROOT_PW),
+        ("NARAD_MAX_BATCH_BYTES", "1048576"),
+        ("NARAD_MAX_REQUEST_BYTES_IN_FLIGHT", "16777216"),
+    ];
+    let s = Server::start_opts(dir.path(), false, &env, None).await;
+    let admin = ("admin", ROOT_PW);
+    let r = as_user(
+        &s,
+        admin,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "t", "partitions": 1})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = as_user(
+        &s,
+        admin,
+        Method::POST,
+        "/v1/users",
+        Some(json!({"username": "nog", "password": PW, "grants": []})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let auth = format!(
+        "Basic {}",
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            format!("nog:{PW}")
+        )
+    );
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    // 16 stalled bodies of ~1 MiB each: the whole 16 MiB budget if nothing capped them
+    let mut stalled = Vec::new();
+    for _ in 0..16 {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST /v1/topics HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nContent-Length: 1048576\r\n\r\n"
+        );
+        c.write_all(head.as_bytes()).await.unwrap();
+        c.write_all(&vec![b' '; 1_048_000]).await.unwrap();
+        stalled.push(c);
+    }
+    // the server has taken what it will of them (one user's share)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = 0u64;
+    loop {
+        let text = as_user(&s, admin, Method::GET, "/metrics", None)
+            .await
+            .text()
+            .await
+            .unwrap();
+        let held: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if held > 7 << 20 && held == last {
+            assert!(held <= 8 << 20, "one user holds {held} bytes");
+            break;
+        }
+        last = held;
+        assert!(
+            Instant::now() < deadline,
+            "the stalled bodies were not counted: {held}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = s
+        .http
+        .post(s.url("/v1/topics/t/produce"))
+        .basic_auth(admin.0, Some(admin.1))
+        .body(vec![b'p'; 1 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "a producer was starved");
+    drop(stalled);
+}

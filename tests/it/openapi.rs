@@ -74,7 +74,7 @@ fn router_serves_every_listed_route() {
             metrics: std::sync::Arc::new(narad_infra::metrics::Metrics::new()),
             archive: None,
             auth: None,
-            body_budget: narad_infra::http::budget::BodyBudget::new(1 << 30),
+            body_budget: narad_infra::http::budget::BodyBudget::new(1 << 30, 1 << 28),
             schemas: Default::default(),
         });
         let app = narad_infra::http::router(state);

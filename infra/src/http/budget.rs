@@ -8,9 +8,16 @@
 //! the socket has taken them. When the budget is spent the request is answered `503 server_busy` with
 //! `Retry-After`, instead of many concurrent 16 MiB batches growing the process without bound.
 //!
+//! No one user (with security on) may hold more than a quarter of the budget (at least one
+//! largest body): routes that need a body's content to
+//! check a permission (create a topic, change one's password) count it as it arrives, so
+//! without this one authenticated user with no grants could fill the budget and starve every
+//! producer.
+//!
 //! A body must also arrive whole within `body_read_timeout_ms` of the request's start: a
 //! client that sends its body slowly, or stops, costs bounded time (`408 body_timeout`).
 
+use std::collections::HashMap;
 use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,28 +35,61 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{ApiError, SharedState};
 
-/// The budget: bytes of request bodies (read or inflated) held by requests being served.
+/// The budget: bytes of request bodies (read or inflated) and replies held by requests being
+/// served, node-wide and per principal.
 #[derive(Debug, Clone)]
 pub struct BodyBudget {
     bytes: Arc<Semaphore>,
     limit: usize,
+    /// Most one principal may hold.
+    per_principal: usize,
+    /// Bytes each principal holds now (entries go when they reach 0).
+    holders: Arc<Mutex<HashMap<String, usize>>>,
 }
 
-/// The permits one request holds; released when the request has been answered.
-#[derive(Debug, Clone, Default)]
-pub struct Held(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+/// Bytes taken from the budget for one principal; given back when dropped.
+#[derive(Debug)]
+pub struct Taken {
+    _permit: OwnedSemaphorePermit,
+    n: usize,
+    principal: String,
+    holders: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let mut holders = self.holders.lock();
+        if let Some(used) = holders.get_mut(&self.principal) {
+            *used = used.saturating_sub(self.n);
+            if *used == 0 {
+                holders.remove(&self.principal);
+            }
+        }
+    }
+}
+
+/// What one request holds, and for whom (`None`: security is off, no per-user cap);
+/// released when the request has been answered.
+#[derive(Debug, Clone)]
+pub struct Held {
+    principal: Option<String>,
+    taken: Arc<Mutex<Vec<Taken>>>,
+}
 
 impl Held {
-    fn add(&self, permit: OwnedSemaphorePermit) {
-        let mut held = self.0.lock();
-        match held.as_mut() {
-            Some(p) => p.merge(permit),
-            None => *held = Some(permit),
+    pub fn new(principal: Option<String>) -> Self {
+        Self {
+            principal,
+            taken: Arc::default(),
         }
     }
 
+    fn add(&self, taken: Taken) {
+        self.taken.lock().push(taken);
+    }
+
     fn release(&self) {
-        self.0.lock().take();
+        self.taken.lock().clear();
     }
 }
 
@@ -64,10 +104,13 @@ pub struct BodyTimeout;
 pub struct BudgetSpent;
 
 impl BodyBudget {
-    pub fn new(limit: usize) -> Self {
+    /// A budget of `limit` bytes, of which one principal may hold `per_principal`.
+    pub fn new(limit: usize, per_principal: usize) -> Self {
         Self {
             bytes: Arc::new(Semaphore::new(limit.min(Semaphore::MAX_PERMITS))),
             limit,
+            per_principal,
+            holders: Arc::default(),
         }
     }
 
@@ -76,22 +119,35 @@ impl BodyBudget {
         self.limit - self.bytes.available_permits()
     }
 
-    fn try_take(&self, n: usize) -> Result<Option<OwnedSemaphorePermit>, BudgetSpent> {
+    fn try_take(&self, principal: &Option<String>, n: usize) -> Result<Option<Taken>, BudgetSpent> {
         if n == 0 {
             return Ok(None);
         }
-        let n = u32::try_from(n).map_err(|_| BudgetSpent)?;
-        self.bytes
+        let mut holders = self.holders.lock();
+        let key = principal.as_deref().unwrap_or("");
+        let used = holders.get(key).copied().unwrap_or(0);
+        if principal.is_some() && used + n > self.per_principal {
+            return Err(BudgetSpent);
+        }
+        let units = u32::try_from(n).map_err(|_| BudgetSpent)?;
+        let permit = self
+            .bytes
             .clone()
-            .try_acquire_many_owned(n)
-            .map(Some)
-            .map_err(|_| BudgetSpent)
+            .try_acquire_many_owned(units)
+            .map_err(|_| BudgetSpent)?;
+        *holders.entry(key.to_owned()).or_default() += n;
+        Ok(Some(Taken {
+            _permit: permit,
+            n,
+            principal: key.to_owned(),
+            holders: self.holders.clone(),
+        }))
     }
 
     /// Counts `n` more bytes (decompressed output, say) for the request that holds `held`.
     pub fn reserve(&self, held: &Held, n: usize) -> Result<(), ApiError> {
-        if let Some(p) = self.try_take(n).map_err(|_| spent())? {
-            held.add(p);
+        if let Some(t) = self.try_take(&held.principal, n).map_err(|_| spent())? {
+            held.add(t);
         }
         Ok(())
     }
@@ -103,11 +159,14 @@ impl BodyBudget {
 /// large replies must not grow the process without bound.
 pub fn reply(
     budget: &BodyBudget,
+    held: &Held,
     status: axum::http::StatusCode,
     text: String,
 ) -> Result<Response, ApiError> {
-    let permit = budget.try_take(text.len()).map_err(|_| spent())?;
-    let body = Bytes::from_owner(HeldBytes(text.into_bytes(), permit));
+    let taken = budget
+        .try_take(&held.principal, text.len())
+        .map_err(|_| spent())?;
+    let body = Bytes::from_owner(HeldBytes(text.into_bytes(), taken));
     let mut resp = (status, body).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -117,7 +176,7 @@ pub fn reply(
 }
 
 /// Reply bytes with the budget they hold (released when the last reference is dropped).
-struct HeldBytes(Vec<u8>, #[allow(dead_code)] Option<OwnedSemaphorePermit>);
+struct HeldBytes(Vec<u8>, #[allow(dead_code)] Option<Taken>);
 
 impl AsRef<[u8]> for HeldBytes {
     fn as_ref(&self) -> &[u8] {
@@ -135,7 +194,7 @@ pub fn spent() -> ApiError {
 /// Middleware: counts the request's body against the budget while the request is served.
 pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let budget = state.body_budget.clone();
-    let held = Held::default();
+    let held = Held::new(principal(&req));
     // Only produce routes reserve their announced body, and never more than the route
     // reads (a larger one is refused 413 once that much has arrived: answering before the
     // client has sent its body would leave most clients a broken pipe instead of the 413).
@@ -157,6 +216,14 @@ pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Nex
     let resp = next.run(req).await;
     held.release();
     resp
+}
+
+/// Whom a request's bytes are counted for: its user (`None` with security off).
+fn principal(req: &Request) -> Option<String> {
+    req.extensions()
+        .get::<super::access::Caller>()
+        .and_then(|c| c.username())
+        .map(str::to_owned)
 }
 
 /// The largest body the matched route reads (0 for routes that read none, and unknown ones),
@@ -205,8 +272,8 @@ impl http_body::Body for Budgeted {
         if self.announced > 0 {
             // the handler has begun to read: the whole announced body, before any of it
             let n = std::mem::take(&mut self.announced);
-            match self.budget.try_take(n) {
-                Ok(Some(p)) => self.held.add(p),
+            match self.budget.try_take(&self.held.principal, n) {
+                Ok(Some(t)) => self.held.add(t),
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
             }
@@ -227,8 +294,8 @@ impl http_body::Body for Budgeted {
             let covered = data.len().min(self.free);
             self.free -= covered;
             let extra = data.len() - covered;
-            match self.budget.try_take(extra) {
-                Ok(Some(p)) => self.held.add(p),
+            match self.budget.try_take(&self.held.principal, extra) {
+                Ok(Some(t)) => self.held.add(t),
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
             }
@@ -251,8 +318,8 @@ mod tests {
 
     #[test]
     fn the_budget_is_shared_and_given_back() {
-        let b = BodyBudget::new(1000);
-        let (one, two) = (Held::default(), Held::default());
+        let b = BodyBudget::new(1000, 1000);
+        let (one, two) = (Held::new(Some("a".into())), Held::new(Some("b".into())));
         b.reserve(&one, 600).unwrap();
         assert_eq!(b.in_use(), 600);
         assert!(b.reserve(&two, 500).is_err());
@@ -263,5 +330,33 @@ mod tests {
         b.reserve(&two, 600).unwrap();
         two.release();
         assert_eq!(b.in_use(), 0);
+    }
+
+    #[test]
+    fn one_principal_holds_at_most_its_share() {
+        let b = BodyBudget::new(1000, 250);
+        let (a1, a2, other) = (
+            Held::new(Some("a".into())),
+            Held::new(Some("a".into())),
+            Held::new(Some("b".into())),
+        );
+        b.reserve(&a1, 200).unwrap();
+        // another request of the same principal shares its cap
+        assert!(b.reserve(&a2, 100).is_err());
+        b.reserve(&a2, 50).unwrap();
+        b.reserve(&other, 250).unwrap();
+        a1.release();
+        b.reserve(&a2, 200).unwrap();
+        a2.release();
+        other.release();
+        assert_eq!(b.in_use(), 0);
+        assert!(
+            b.holders.lock().is_empty(),
+            "entries of principals holding nothing stay"
+        );
+        // security off: no per-user cap
+        let open = Held::new(None);
+        b.reserve(&open, 900).unwrap();
+        open.release();
     }
 }

@@ -25,19 +25,25 @@ pub const WAIT_CLAMPED_HEADER: &str = "x-narad-wait-clamped";
 
 /// The reply: one message alone, or `{"messages": [...]}` when `max` was given; its bytes are
 /// held against the node's budget until written (`503 server_busy` when they do not fit).
-fn reply(state: &SharedState, msgs: &[render::MessageJson<'_>], batch: bool) -> ApiResult {
+fn reply(
+    state: &SharedState,
+    held: &super::budget::Held,
+    msgs: &[render::MessageJson<'_>],
+    batch: bool,
+) -> ApiResult {
     let text = if batch {
         serde_json::to_string(&render::Batch { messages: msgs })
     } else {
         serde_json::to_string(&msgs[0])
     }
     .expect("messages serialise");
-    super::budget::reply(&state.body_budget, StatusCode::OK, text)
+    super::budget::reply(&state.body_budget, held, StatusCode::OK, text)
 }
 
 pub async fn consume(
     State(state): State<SharedState>,
     axum::Extension(caller): axum::Extension<super::access::Caller>,
+    axum::Extension(held): axum::Extension<super::budget::Held>,
     Path(topic): Path<String>,
     uri: Uri,
 ) -> ApiResult {
@@ -114,14 +120,14 @@ pub async fn consume(
                 .iter()
                 .map(|r| render::record(&topic, p, r))
                 .collect();
-            return reply(&state, &msgs, max.is_some());
+            return reply(&state, &held, &msgs, max.is_some());
         }
         let recs = broker.replay(&topic, p, from, n).await?;
         if recs.is_empty() {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         let msgs: Vec<_> = recs.iter().map(|r| render::record(&topic, p, r)).collect();
-        return reply(&state, &msgs, max.is_some());
+        return reply(&state, &held, &msgs, max.is_some());
     }
 
     let limit = Duration::from_millis(state.cfg.max_wait_ms);
@@ -134,7 +140,7 @@ pub async fn consume(
         StatusCode::NO_CONTENT.into_response()
     } else {
         let msgs: Vec<_> = got.iter().map(|d| render::delivery(&topic, d)).collect();
-        match reply(&state, &msgs, max.is_some()) {
+        match reply(&state, &held, &msgs, max.is_some()) {
             Ok(resp) => resp,
             Err(e) => {
                 // not handed out: the messages are deliverable again at once

@@ -43,7 +43,10 @@ pub struct MessageJson<'a> {
 /// ([`plain_json`]); UTF-8 text as a string when escaping grows it by at most a third;
 /// anything else as base64 (so a reply is never several times the size of what it carries).
 fn payload(bytes: &[u8]) -> (Payload<'_>, &'static str) {
+    // (a JSON value with whitespace around it is text: embedding the value would drop the
+    // whitespace, and a payload is served byte for byte)
     if let Ok(raw) = serde_json::from_slice::<&RawValue>(bytes)
+        && raw.get().len() == bytes.len()
         && plain_json(bytes)
     {
         return (Payload::Json(raw), "json");
@@ -198,6 +201,10 @@ mod tests {
             r#""\\u""#,
         ] {
             assert_eq!(payload(ok.as_bytes()).1, "json", "{ok}");
+        }
+        // whitespace around a value would be dropped if it were embedded: served as text
+        for spaced in [" {\"a\":1} \n", "\t1\n", "[1,2]\n\n"] {
+            assert_eq!(payload(spaced.as_bytes()).1, "utf8", "{spaced:?}");
         }
         let deep = format!("{}{}", "[".repeat(101), "]".repeat(101));
         let long = "9".repeat(400);
