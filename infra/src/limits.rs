@@ -175,13 +175,13 @@ impl ConnState {
         self.inner.lock().write_blocked = None;
     }
 
-    /// A header block was read and its request handed to the router.
+    /// A header block was read and its request handed to the router. The connection task is
+    /// not woken: a busy connection has no deadline, so the one it sleeps on can only come
+    /// early (it then finds the connection busy and waits for the next change).
     pub fn request_started(&self) {
         let mut s = self.inner.lock();
         s.in_flight += 1;
         s.phase = Phase::Busy;
-        drop(s);
-        self.changed.notify_one();
     }
 
     /// The response body was written out (or dropped with the connection).

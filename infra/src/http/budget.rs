@@ -199,19 +199,24 @@ pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Nex
     // reads (a larger one is refused 413 once that much has arrived: answering before the
     // client has sent its body would leave most clients a broken pipe instead of the 413).
     let announced = match body_limit(&state, &req) {
-        (limit, true) => content_length(req.headers()).unwrap_or(0).min(limit),
-        _ => 0,
+        // a route that reads no body: nothing to count or time
+        (0, _) => None,
+        (limit, true) => Some(content_length(req.headers()).unwrap_or(0).min(limit)),
+        (_, false) => Some(0),
     };
-    let inner = std::mem::replace(req.body_mut(), Body::empty());
-    let timeout = std::time::Duration::from_millis(state.cfg.body_read_timeout_ms);
-    *req.body_mut() = Body::new(Budgeted {
-        inner,
-        budget: budget.clone(),
-        held: held.clone(),
-        announced,
-        free: 0,
-        deadline: Box::pin(tokio::time::sleep(timeout)),
-    });
+    if let Some(announced) = announced {
+        let inner = std::mem::replace(req.body_mut(), Body::empty());
+        let timeout = std::time::Duration::from_millis(state.cfg.body_read_timeout_ms);
+        *req.body_mut() = Body::new(Budgeted {
+            inner,
+            budget: budget.clone(),
+            held: held.clone(),
+            announced,
+            free: 0,
+            due: tokio::time::Instant::now() + timeout,
+            deadline: None,
+        });
+    }
     req.extensions_mut().insert(held.clone());
     let resp = next.run(req).await;
     held.release();
@@ -258,7 +263,10 @@ struct Budgeted {
     /// Bytes still covered by that reservation.
     free: usize,
     /// When the whole body must have arrived.
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    due: tokio::time::Instant,
+    /// A timer for `due`, made only once the body keeps the handler waiting (most bodies
+    /// have arrived whole with their headers and never need one).
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl http_body::Body for Budgeted {
@@ -284,7 +292,11 @@ impl http_body::Body for Budgeted {
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => {
-                return match self.deadline.as_mut().poll(cx) {
+                let due = self.due;
+                let deadline = self
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+                return match deadline.as_mut().poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout)))),
                     Poll::Pending => Poll::Pending,
                 };
