@@ -583,28 +583,11 @@ async fn retention_deletes_old_segments_and_replay_answers_410() {
     );
 }
 
-/// Reads one HTTP/1.1 response (status line, headers, Content-Length body) from `c`.
+/// Reads one HTTP/1.1 response from `c` (status, head, body).
 async fn read_response(c: &mut tokio::net::TcpStream) -> (u16, String, String) {
-    use tokio::io::AsyncReadExt;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = c.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "connection closed before a response");
-        buf.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let head = text[..end].to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            if buf.len() >= end + 4 + len {
-                let status = head[9..12].parse().unwrap();
-                return (status, head, text[end + 4..end + 4 + len].to_owned());
-            }
-        }
-    }
+    read_http_response(c)
+        .await
+        .expect("connection closed before a response")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

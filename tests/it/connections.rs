@@ -11,29 +11,11 @@ use crate::support::*;
 
 const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: narad\r\n\r\n";
 
-/// Reads one HTTP/1.1 response (status line, headers, Content-Length body); `None` if the
-/// connection closed first.
+/// Reads one HTTP/1.1 response: status and body; `None` if the connection closed first.
 pub(crate) async fn read_response(c: &mut (impl AsyncRead + Unpin)) -> Option<(u16, String)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = c.read(&mut chunk).await.unwrap_or(0);
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let head = text[..end].to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            if buf.len() >= end + 4 + len {
-                return Some((head[9..12].parse().unwrap(), text[end + 4..].to_owned()));
-            }
-        }
-    }
+    read_http_response(c)
+        .await
+        .map(|(status, _, body)| (status, body))
 }
 
 /// One `GET /healthz` on a new connection: its status, or `None` if closed unanswered.

@@ -206,23 +206,6 @@ async fn a_torn_record_holding_frames_does_not_stop_a_restart() {
 const ROOT_PW: &str = "root-password-1";
 const PW: &str = "user-password-1";
 
-async fn as_user(
-    s: &Server,
-    who: (&str, &str),
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> reqwest::Response {
-    let mut r = s
-        .http
-        .request(method, s.url(path))
-        .basic_auth(who.0, Some(who.1));
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    r.send().await.unwrap()
-}
-
 /// Security 9 and 10: the audit line names the user changed (the JSON log wrote two `target`
 /// keys and the module path won), and a child topic never reveals its parent's name to a user
 /// who may not see the parent (topic JSON, or the error for producing to a delay child).
@@ -237,7 +220,7 @@ async fn audit_names_the_user_and_children_hide_their_parent() {
     )
     .await;
     let admin = ("admin", ROOT_PW);
-    let r = as_user(
+    let r = call_as(
         &s,
         admin,
         Method::POST,
@@ -267,15 +250,15 @@ async fn audit_names_the_user_and_children_hide_their_parent() {
         json!({"name": "secret-parent", "partitions": 1}),
         json!({"name": "pub-child", "partitions": 1, "parent": "secret-parent", "fanout_delay_ms": 1000}),
     ] {
-        let r = as_user(&s, admin, Method::POST, "/v1/topics", Some(body)).await;
+        let r = call_as(&s, admin, Method::POST, "/v1/topics", Some(body)).await;
         assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
     }
     let user = ("auditee", PW);
-    let r = as_user(&s, user, Method::GET, "/v1/topics/pub-child", None).await;
+    let r = call_as(&s, user, Method::GET, "/v1/topics/pub-child", None).await;
     assert_eq!(r.status(), StatusCode::OK);
     let text = r.text().await.unwrap();
     assert!(!text.contains("secret-parent"), "{text}");
-    let r = as_user(&s, user, Method::GET, "/v1/topics", None).await;
+    let r = call_as(&s, user, Method::GET, "/v1/topics", None).await;
     let text = r.text().await.unwrap();
     assert!(
         text.contains("pub-child") && !text.contains("secret-parent"),
@@ -293,7 +276,7 @@ async fn audit_names_the_user_and_children_hide_their_parent() {
     assert!(st.is_client_error(), "{st}");
     assert!(!text.contains("secret-parent"), "{text}");
     // the admin, who may see both, is shown the link
-    let r = as_user(&s, admin, Method::GET, "/v1/topics/pub-child", None).await;
+    let r = call_as(&s, admin, Method::GET, "/v1/topics/pub-child", None).await;
     assert!(r.text().await.unwrap().contains("secret-parent"));
 }
 
@@ -695,7 +678,7 @@ async fn a_user_without_grants_cannot_starve_producers() {
     ];
     let s = Server::start_opts(dir.path(), false, &env, None).await;
     let admin = ("admin", ROOT_PW);
-    let r = as_user(
+    let r = call_as(
         &s,
         admin,
         Method::POST,
@@ -704,7 +687,7 @@ async fn a_user_without_grants_cannot_starve_producers() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::CREATED);
-    let r = as_user(
+    let r = call_as(
         &s,
         admin,
         Method::POST,
@@ -736,7 +719,7 @@ async fn a_user_without_grants_cannot_starve_producers() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut last = 0u64;
     loop {
-        let text = as_user(&s, admin, Method::GET, "/metrics", None)
+        let text = call_as(&s, admin, Method::GET, "/metrics", None)
             .await
             .text()
             .await

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::support::*;
@@ -14,25 +14,8 @@ use crate::support::*;
 const ROOT_PW: &str = "root-password-1";
 const PW: &str = "user-password-1";
 
-async fn call(
-    s: &Server,
-    who: (&str, &str),
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> reqwest::Response {
-    let mut r = s
-        .http
-        .request(method, s.url(path))
-        .basic_auth(who.0, Some(who.1));
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    r.send().await.unwrap()
-}
-
 async fn create(s: &Server, who: (&str, &str), name: &str, partitions: u32) -> reqwest::Response {
-    call(
+    call_as(
         s,
         who,
         Method::POST,
@@ -59,7 +42,7 @@ async fn a_create_grant_meets_a_4xx_at_the_limits_and_so_does_the_root() {
     .await;
     let root = ("admin", ROOT_PW);
     let alice = ("alice", PW);
-    let r = call(
+    let r = call_as(
         &s,
         root,
         Method::POST,
@@ -102,7 +85,7 @@ async fn a_create_grant_meets_a_4xx_at_the_limits_and_so_does_the_root() {
     .await;
     // growing partitions counts too
     expect_error(
-        call(
+        call_as(
             &s,
             alice,
             Method::PATCH,
@@ -115,7 +98,7 @@ async fn a_create_grant_meets_a_4xx_at_the_limits_and_so_does_the_root() {
     )
     .await;
     // refusals created nothing
-    let listed: Value = call(&s, root, Method::GET, "/v1/topics", None)
+    let listed: Value = call_as(&s, root, Method::GET, "/v1/topics", None)
         .await
         .json()
         .await
@@ -128,7 +111,7 @@ async fn a_create_grant_meets_a_4xx_at_the_limits_and_so_does_the_root() {
         .collect();
     assert_eq!(names, ["a-1", "a-2", "r-1"]);
     // a delete gives room back
-    let r = call(&s, alice, Method::DELETE, "/v1/topics/a-1", None).await;
+    let r = call_as(&s, alice, Method::DELETE, "/v1/topics/a-1", None).await;
     assert!(r.status().is_success(), "{:?}", r.text().await);
     let r = create(&s, root, "r-2", 1).await;
     assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
@@ -138,31 +121,11 @@ async fn a_create_grant_meets_a_4xx_at_the_limits_and_so_does_the_root() {
 /// One request on an open connection; the response's head (lowercased) and body.
 async fn raw(c: &mut TcpStream, request: &str) -> (String, String) {
     c.write_all(request.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = tokio::time::timeout(Duration::from_secs(30), c.read(&mut chunk))
-            .await
-            .expect("an answer within 30 s")
-            .unwrap();
-        assert!(
-            n > 0,
-            "closed unanswered: {}",
-            String::from_utf8_lossy(&buf)
-        );
-        buf.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let head = text[..end].to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            if buf.len() >= end + 4 + len {
-                return (head, text[end + 4..end + 4 + len].to_owned());
-            }
-        }
-    }
+    let (_, head, body) = tokio::time::timeout(Duration::from_secs(30), read_http_response(c))
+        .await
+        .expect("an answer within 30 s")
+        .expect("closed unanswered");
+    (head, body)
 }
 
 fn post_topic(name: &str) -> String {

@@ -254,3 +254,51 @@ pub async fn expect_error(r: reqwest::Response, status: StatusCode, code: &str) 
         "body: {text}"
     );
 }
+
+/// One request as `who` (HTTP Basic), with an optional JSON body.
+pub async fn call_as(
+    s: &Server,
+    who: (&str, &str),
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut r = s
+        .http
+        .request(method, s.url(path))
+        .basic_auth(who.0, Some(who.1));
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    r.send().await.unwrap()
+}
+
+/// Reads one HTTP/1.1 response from a raw connection: status, head (lowercased) and its
+/// `Content-Length` body; `None` if the connection closed first.
+pub async fn read_http_response(
+    c: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Option<(u16, String, String)> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = c.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let head = text[..end].to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                let status = head[9..12].parse().unwrap();
+                let body = text[end + 4..end + 4 + len].to_owned();
+                return Some((status, head, body));
+            }
+        }
+    }
+}
