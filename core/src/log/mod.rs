@@ -894,9 +894,10 @@ impl Writer {
         let mut replies = Vec::with_capacity(placed.len());
         for (base, records, reply) in placed {
             let count = records.len() as u32;
-            for (i, r) in records.iter().enumerate().filter(|_| caching) {
-                // copies: the producer's bytes are usually slices of a much larger request
-                // buffer, which a cached slice would keep alive
+            // copies: the producer's bytes are usually slices of a much larger request
+            // buffer, which a cached slice would keep alive
+            let cached = if caching { records.as_slice() } else { &[] };
+            for (i, r) in cached.iter().enumerate() {
                 fresh.push(Arc::new(Record {
                     offset: base + i as u64,
                     timestamp_ms: ts,

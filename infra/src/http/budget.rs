@@ -166,7 +166,10 @@ pub fn reply(
     let taken = budget
         .try_take(&held.principal, text.len())
         .map_err(|_| spent())?;
-    let body = Bytes::from_owner(HeldBytes(text.into_bytes(), taken));
+    let body = Bytes::from_owner(HeldBytes {
+        bytes: text.into_bytes(),
+        _held: taken,
+    });
     let mut resp = (status, body).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -176,11 +179,14 @@ pub fn reply(
 }
 
 /// Reply bytes with the budget they hold (released when the last reference is dropped).
-struct HeldBytes(Vec<u8>, #[allow(dead_code)] Option<Taken>);
+struct HeldBytes {
+    bytes: Vec<u8>,
+    _held: Option<Taken>,
+}
 
 impl AsRef<[u8]> for HeldBytes {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        &self.bytes
     }
 }
 
