@@ -240,7 +240,7 @@ impl Broker {
         }
         let (id, edited, linked, live) = (c.id(), link.clone(), link.clone(), c.clone());
         self.commit_meta(
-            move |metas| super::edit_topic(metas, id, |m| m.parent = Some(edited)),
+            move |metas| super::catalog::edit_topic(metas, id, |m| m.parent = Some(edited)),
             move || live.meta.write().parent = Some(linked),
         )
         .await?;
@@ -269,7 +269,7 @@ impl Broker {
         }
         let (id, live) = (c.id(), c.clone());
         self.commit_meta(
-            move |metas| super::edit_topic(metas, id, |m| m.parent = None),
+            move |metas| super::catalog::edit_topic(metas, id, |m| m.parent = None),
             move || live.meta.write().parent = None,
         )
         .await?;

@@ -1,0 +1,539 @@
+//! Topic metadata changes (create, alter, schema versions, ownership, delete) and the reads
+//! of it. Every change is made durable before it goes live (see `Broker::commit_meta`).
+
+use super::*;
+
+impl Broker {
+    /// Refuses a change that would add `topics` topics (owned by `owner`, when they count
+    /// against it) and `partitions` partitions beyond the node's [`Limits`]. Called under
+    /// `meta_lock`, before anything is opened.
+    pub(super) fn check_limits(
+        &self,
+        topics: usize,
+        partitions: u64,
+        owner: Option<&(String, u64)>,
+    ) -> Result<(), BrokerError> {
+        let limits = &self.cfg.limits;
+        let all = self.topics.read();
+        if topics > 0 && all.len() + topics > limits.max_topics {
+            return Err(BrokerError::TooManyTopics {
+                max: limits.max_topics,
+            });
+        }
+        if let Some((name, id)) = owner
+            && topics > 0
+            && limits.max_topics_per_user > 0
+        {
+            let owned = all
+                .values()
+                .filter(|t| t.meta.read().owner_id == Some(*id))
+                .count();
+            if owned + topics > limits.max_topics_per_user {
+                return Err(BrokerError::TooManyOwnedTopics {
+                    owner: name.clone(),
+                    max: limits.max_topics_per_user,
+                });
+            }
+        }
+        if partitions > 0 {
+            let in_use: u64 = all
+                .values()
+                .map(|t| u64::from(t.meta.read().config.partitions))
+                .sum();
+            if in_use + partitions > limits.max_partitions {
+                return Err(BrokerError::TooManyPartitions {
+                    requested: partitions,
+                    total: in_use + partitions,
+                    max: limits.max_partitions,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes a metadata change durable, then live: `edit` turns the published metadata of
+    /// every topic into the new set, which is written (temp file, fsync, rename, fsync); only
+    /// once that succeeded does `publish` apply the change in memory. A failed write publishes
+    /// nothing, so no client ever acts on (and gets a 2xx for) state that a crash would undo.
+    ///
+    /// Read, write and publish run as one step on a blocking thread under `meta_commit`: it
+    /// finishes even if the caller's future is dropped (a client that disconnects, releasing
+    /// `meta_lock`), and the next change then starts from what this one published, so disk
+    /// and memory never disagree.
+    ///
+    /// `edit` sees the metadata as published at that moment and may refuse (the caller checked
+    /// under `meta_lock`, but a caller that gave up released that lock early).
+    pub(super) async fn commit_meta(
+        &self,
+        edit: impl FnOnce(&mut Vec<TopicMeta>) -> Result<(), BrokerError> + Send + 'static,
+        publish: impl FnOnce() + Send + 'static,
+    ) -> Result<(), BrokerError> {
+        let topics = self.topics.clone();
+        let commit = self.meta_commit.clone();
+        let dir = self.cfg.data_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let _one_change = commit.lock();
+            let mut metas: Vec<TopicMeta> = topics
+                .read()
+                .values()
+                .map(|t| t.meta.read().clone())
+                .collect();
+            edit(&mut metas)?;
+            meta::store(&dir, metas)?;
+            publish();
+            Ok::<_, BrokerError>(())
+        })
+        .await
+        .expect("metadata commit task")
+    }
+
+    pub async fn create_topic(
+        self: &Arc<Self>,
+        req: CreateTopic,
+    ) -> Result<TopicMeta, BrokerError> {
+        self.check_running()?;
+        let config = req.resolve(&self.cfg.topic_defaults)?;
+        let _guard = self.meta_lock.lock().await;
+        if self.topics.read().contains_key(&req.name) {
+            return Err(BrokerError::TopicExists(req.name));
+        }
+        self.check_limits(
+            1,
+            u64::from(config.partitions),
+            req.owner.as_ref().filter(|_| req.count_against_owner),
+        )?;
+        let meta = TopicMeta {
+            id: random_u64() | 1,
+            name: req.name.clone(),
+            created_at_ms: self.clock.now_ms(),
+            config,
+            parent: None,
+            owner: req.owner.as_ref().map(|(name, _)| name.clone()),
+            owner_id: req.owner.as_ref().map(|(_, id)| *id),
+            schemas: req
+                .schema
+                .clone()
+                .map(|schema| SchemaVersion {
+                    version: 1,
+                    created_at_ms: self.clock.now_ms(),
+                    schema,
+                })
+                .into_iter()
+                .collect(),
+        };
+        self.install_topic(&meta).await?;
+        tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
+        Ok(meta)
+    }
+
+    /// Re-creates a topic from the archive after a disk loss: same incarnation id and settings,
+    /// each partition's log starting at `starts[p]` (the first offset the archive does not
+    /// hold), so new produces never reuse an archived offset.
+    pub async fn restore_topic(
+        self: &Arc<Self>,
+        meta: TopicMeta,
+        starts: &[u64],
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        meta.config.validate()?;
+        let _guard = self.meta_lock.lock().await;
+        if self.topics.read().contains_key(&meta.name) {
+            return Err(BrokerError::TopicExists(meta.name));
+        }
+        let dir = self.cfg.data_dir.join("topics").join(meta.dir_name());
+        for p in 0..meta.config.partitions {
+            let start = starts.get(p as usize).copied().unwrap_or(0);
+            if start == 0 {
+                continue;
+            }
+            let pdir = dir.join(format!("p{p:05}"));
+            let made = crate::fsutil::create_dir_private(&pdir)
+                .and_then(|()| {
+                    crate::fsutil::open_or_create_private(&crate::log::segment::segment_path(
+                        &pdir, start,
+                    ))
+                    .and_then(|f| f.sync_all())
+                })
+                .and_then(|()| crate::log::segment::sync_dir(&pdir));
+            made.map_err(|source| LogError::Io {
+                path: pdir.clone(),
+                source,
+            })?;
+        }
+        self.install_topic(&meta).await?;
+        tracing::info!(topic = %meta.name, id = meta.id, ?starts, "topic restored from the archive");
+        Ok(())
+    }
+
+    /// Opens a new topic's partitions, persists the metadata (undoing the open if that fails)
+    /// and registers the topic. The caller holds `meta_lock`.
+    pub(super) async fn install_topic(
+        self: &Arc<Self>,
+        meta: &TopicMeta,
+    ) -> Result<(), BrokerError> {
+        let topic = match self.open_topic(meta.clone()).await {
+            Ok(topic) => topic,
+            Err(e) => {
+                // (e.g. out of descriptors half way): the directories made so far go too,
+                // rather than waiting for the sweep at the next start
+                let dir = self.cfg.data_dir.join("topics").join(meta.dir_name());
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+                return Err(e);
+            }
+        };
+        let adding = meta.clone();
+        let (topics, live, name) = (self.topics.clone(), topic.clone(), meta.name.clone());
+        let committed = self
+            .commit_meta(
+                move |metas| {
+                    if metas.iter().any(|m| m.name == adding.name) {
+                        return Err(BrokerError::TopicExists(adding.name));
+                    }
+                    metas.push(adding);
+                    Ok(())
+                },
+                move || {
+                    topics.write().insert(name, live);
+                },
+            )
+            .await;
+        if let Err(e) = committed {
+            for p in topic.partitions().iter() {
+                p.close().await;
+            }
+            let _ = std::fs::remove_dir_all(&topic.dir);
+            return Err(e);
+        }
+        self.spawn_topic_timer(topic);
+        Ok(())
+    }
+
+    pub fn list_topics(&self, after: Option<&str>, limit: usize) -> (Vec<TopicMeta>, bool) {
+        let topics = self.topics.read();
+        let mut out = Vec::new();
+        let range: Box<dyn Iterator<Item = (&String, &Arc<Topic>)>> = match after {
+            Some(a) => Box::new(
+                topics.range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+            ),
+            None => Box::new(topics.iter()),
+        };
+        let mut more = false;
+        for (_, t) in range {
+            if out.len() == limit {
+                more = true;
+                break;
+            }
+            out.push(t.meta.read().clone());
+        }
+        (out, more)
+    }
+
+    pub fn topic_info(&self, name: &str) -> Result<TopicInfo, BrokerError> {
+        let topic = self.topic(name)?;
+        let now = self.clock.now_ms();
+        let partitions = topic
+            .partitions()
+            .iter()
+            .map(|p| {
+                let queue = {
+                    let mut q = p.queue.lock();
+                    q.promote_due(now);
+                    q.stats()
+                };
+                PartitionInfo {
+                    partition: p.index,
+                    log: p.stats(),
+                    queue,
+                    open: p.is_open(),
+                }
+            })
+            .collect();
+        let waiters = topic.waiters.lock().len();
+        Ok(TopicInfo {
+            meta: topic.meta.read().clone(),
+            partitions,
+            waiters,
+        })
+    }
+
+    /// `Ok` if the topic exists (cheap: no statistics are gathered).
+    pub fn check_topic(&self, name: &str) -> Result<(), BrokerError> {
+        self.topic(name).map(|_| ())
+    }
+
+    pub fn topic_names(&self) -> Vec<String> {
+        self.topics.read().keys().cloned().collect()
+    }
+
+    pub async fn alter_topic(
+        self: &Arc<Self>,
+        name: &str,
+        patch: TopicPatch,
+    ) -> Result<TopicMeta, BrokerError> {
+        self.check_running()?;
+        if patch.is_empty() {
+            return Err(InvalidField {
+                field: "body",
+                reason: "at least one field must be given".into(),
+            }
+            .into());
+        }
+        let _guard = self.meta_lock.lock().await;
+        let topic = self.topic(name)?;
+        let old = topic.meta.read().clone();
+        let old_parts = topic.partitions();
+        let config = old.config.patched(&patch)?;
+        let children = self.child_topics(name);
+        // a parent must keep outliving its delay children's delays
+        if config.retention_ms > 0 {
+            for (child, _, link) in &children {
+                let delay = link.delay_ms;
+                if delay > 0 && config.retention_ms < delay + fanout::DELAY_RETENTION_MARGIN_MS {
+                    return Err(BrokerError::FanoutInvalid(format!(
+                        "retention_ms {} is shorter than delay child '{child}' needs ({} ms: its delay + 1 h)",
+                        config.retention_ms,
+                        delay + fanout::DELAY_RETENTION_MARGIN_MS
+                    )));
+                }
+            }
+        }
+        if config.partitions > old.config.partitions {
+            self.check_limits(
+                0,
+                u64::from(config.partitions - old.config.partitions),
+                None,
+            )?;
+        }
+        if config.partitions > old.config.partitions {
+            // children's cursors for the new partitions exist before any record can land there
+            for (child, _, link) in &children {
+                for p in old.config.partitions..config.partitions {
+                    let dir = topic.dir.join(format!("p{p:05}"));
+                    Self::write_start_cursor(&dir, child, link.epoch, 0).map_err(|source| {
+                        LogError::Io {
+                            path: dir.clone(),
+                            source,
+                        }
+                    })?;
+                }
+            }
+        }
+        // New partitions are opened now but go live (take produces, count in the topic) only
+        // once the metadata that names them is durable.
+        let new = if config.partitions > old.config.partitions {
+            self.open_partitions(&topic.dir, old.config.partitions, config.partitions)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let all: Vec<Arc<Partition>> = old_parts.iter().chain(&new).cloned().collect();
+        let (id, edited, live) = (old.id, config.clone(), topic.clone());
+        let committed = self
+            .commit_meta(
+                move |metas| edit_topic(metas, id, |m| m.config = edited),
+                move || {
+                    *live.partitions.write() = Arc::new(all);
+                    live.meta.write().config = config;
+                },
+            )
+            .await;
+        if let Err(e) = committed {
+            for p in &new {
+                p.close().await;
+            }
+            return Err(e);
+        }
+        // a grown parent: its children copy the new partitions too (cursors written above)
+        let (before, after) = (old.config.partitions, topic.config().partitions);
+        if after > before {
+            for (_, c, link) in &children {
+                for p in before..after {
+                    self.spawn_cursor(topic.clone(), p, c.clone(), link.clone());
+                }
+            }
+        }
+        // New capacity or partitions may make messages deliverable to waiting readers.
+        self.dispatch(&topic).await;
+        topic.timer.notify_one();
+        Ok(topic.meta.read().clone())
+    }
+
+    /// Appends a JSON Schema version to a topic. `check` sees the versions so far and refuses
+    /// an incompatible one; it runs under the metadata lock, so two concurrent changes cannot
+    /// both pass against the same latest version.
+    pub async fn add_schema_version(
+        &self,
+        name: &str,
+        schema: serde_json::Value,
+        check: impl FnOnce(&[SchemaVersion]) -> Result<(), String>,
+    ) -> Result<TopicMeta, BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let topic = self.topic(name)?;
+        if topic.meta.read().parent.is_some() {
+            return Err(BrokerError::FanoutConflict(format!(
+                "'{name}' is a fan-out child: it receives its parent's records as they are, so it cannot have its own schema"
+            )));
+        }
+        let old = topic.meta.read().schemas.clone();
+        if old.len() >= MAX_SCHEMA_VERSIONS {
+            return Err(BrokerError::SchemaIncompatible(format!(
+                "topic '{name}' already has {MAX_SCHEMA_VERSIONS} schema versions, the most it may keep"
+            )));
+        }
+        check(&old).map_err(BrokerError::SchemaIncompatible)?;
+        let version = old.last().map_or(1, |v| v.version + 1);
+        let added = SchemaVersion {
+            version,
+            created_at_ms: self.clock.now_ms(),
+            schema,
+        };
+        let (id, edited, live) = (topic.id(), added.clone(), topic.clone());
+        self.commit_meta(
+            move |metas| edit_topic(metas, id, |m| m.schemas.push(edited)),
+            move || live.meta.write().schemas.push(added),
+        )
+        .await?;
+        tracing::info!(topic = %name, version, "topic schema changed");
+        Ok(topic.meta.read().clone())
+    }
+
+    /// Clears the owner of every topic the user `owner` (of id `owner_id`) owns, after the
+    /// user was deleted. Returns how many there were.
+    pub async fn disown(&self, owner: &str, owner_id: u64) -> Result<usize, BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let owned: Vec<Arc<Topic>> = self
+            .topics
+            .read()
+            .values()
+            .filter(|t| {
+                let m = t.meta.read();
+                m.owner.as_deref() == Some(owner) && m.owner_id.unwrap_or(0) == owner_id
+            })
+            .cloned()
+            .collect();
+        if owned.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<u64> = owned.iter().map(|t| t.id()).collect();
+        let count = owned.len();
+        self.commit_meta(
+            move |metas| {
+                for m in metas.iter_mut().filter(|m| ids.contains(&m.id)) {
+                    (m.owner, m.owner_id) = (None, None);
+                }
+                Ok(())
+            },
+            move || {
+                for t in owned {
+                    let mut m = t.meta.write();
+                    (m.owner, m.owner_id) = (None, None);
+                }
+            },
+        )
+        .await?;
+        Ok(count)
+    }
+
+    pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let topic = self.topic(name)?;
+        // its children survive, standalone with their data
+        let children: Vec<Arc<Topic>> = self
+            .child_topics(name)
+            .into_iter()
+            .map(|(_, t, _)| t)
+            .collect();
+        let (id, child_ids): (u64, Vec<u64>) =
+            (topic.id(), children.iter().map(|c| c.id()).collect());
+        let (topics, gone, unlink) = (self.topics.clone(), name.to_owned(), children.clone());
+        let gone_name = name.to_owned();
+        self.commit_meta(
+            move |metas| {
+                let before = metas.len();
+                metas.retain(|m| m.id != id);
+                if metas.len() == before {
+                    return Err(BrokerError::TopicNotFound(gone_name));
+                }
+                for m in metas.iter_mut().filter(|m| child_ids.contains(&m.id)) {
+                    m.parent = None;
+                }
+                Ok(())
+            },
+            move || {
+                if let Some(t) = topics.write().remove(&gone) {
+                    // its timer stops even if the caller is gone before the cleanup below
+                    t.deleted.store(true, Ordering::Release);
+                    t.timer.notify_one();
+                }
+                for c in unlink {
+                    c.meta.write().parent = None;
+                }
+            },
+        )
+        .await?;
+        {
+            let gone: Vec<String> = children
+                .iter()
+                .map(|c| c.meta.read().name.clone())
+                .collect();
+            self.fanout
+                .lock()
+                .retain(|(child, _), _| child != name && !gone.contains(child));
+        }
+        if let Some(l) = topic.meta.read().parent.clone()
+            && let Ok(p) = self.topic(&l.parent)
+        {
+            for part in p.partitions().iter() {
+                fanout::remove_cursor_files(&part.dir, name);
+            }
+        }
+        topic.deleted.store(true, Ordering::Release);
+        topic.timer.notify_one();
+        self.metrics.forget_topic(name);
+        for w in topic.waiters.lock().drain() {
+            let _ = w.tx.send(Vec::new());
+        }
+        for p in topic.partitions().iter() {
+            p.close().await;
+        }
+        let dir = topic.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted topic's data; it will be swept at next start");
+            }
+        });
+        tracing::info!(topic = name, "topic deleted");
+        Ok(())
+    }
+
+    /// A topic's metadata (incarnation id, settings).
+    pub fn topic_meta(&self, name: &str) -> Result<TopicMeta, BrokerError> {
+        Ok(self.topic(name)?.meta.read().clone())
+    }
+
+    /// Reads a topic's metadata in place (no copy), for hot paths.
+    pub fn with_topic_meta<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&TopicMeta) -> R,
+    ) -> Result<R, BrokerError> {
+        Ok(f(&self.topic(name)?.meta.read()))
+    }
+}
+
+/// Applies `f` to the metadata of topic incarnation `id` in a metadata edit.
+pub(super) fn edit_topic(
+    metas: &mut [TopicMeta],
+    id: u64,
+    f: impl FnOnce(&mut TopicMeta),
+) -> Result<(), BrokerError> {
+    let m = metas
+        .iter_mut()
+        .find(|m| m.id == id)
+        .ok_or_else(|| BrokerError::TopicNotFound(format!("{id:016x}")))?;
+    f(m);
+    Ok(())
+}

@@ -1,0 +1,412 @@
+//! Consume, settle (ack, extend, nack) and the per-topic timer that expires leases and ends
+//! delays: how records reach the waiters of a topic.
+
+use super::*;
+
+impl Broker {
+    /// Leases up to `max` messages, waiting up to `wait` for the first one.
+    pub async fn consume(
+        &self,
+        topic_name: &str,
+        partition: Option<u32>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        self.check_running()?;
+        let topic = self.topic(topic_name)?;
+        if let Some(p) = partition {
+            let n = topic.config().partitions;
+            if p >= n {
+                return Err(BrokerError::PartitionOutOfRange {
+                    partition: p,
+                    partitions: n,
+                });
+            }
+        }
+        // Readers already in line are served first: a newcomer (even one that does not wait)
+        // never takes a message that became deliverable while they were waiting.
+        if !topic.waiters.lock().is_empty() {
+            self.dispatch(&topic).await;
+        }
+        let got = self.try_take(&topic, partition, max).await?;
+        if !got.is_empty() || wait.is_zero() || self.draining.load(Ordering::Acquire) {
+            self.count_consumed(&topic, got.len() as u64);
+            return Ok(got);
+        }
+        let (tx, mut rx) = oneshot::channel();
+        let id = topic.waiters.lock().push(Waiter {
+            id: 0,
+            partition,
+            max,
+            tx,
+        });
+        // A message may have arrived between the attempt above and joining the line.
+        self.dispatch(&topic).await;
+        let outcome = tokio::select! {
+            got = &mut rx => Some(got.unwrap_or_default()),
+            () = tokio::time::sleep(wait) => None,
+            () = self.shutdown.notified() => None,
+        };
+        match outcome {
+            Some(got) => Ok(got),
+            None => {
+                topic.waiters.lock().remove(id);
+                // A dispatcher may have served us just before we left the line (it counted it).
+                Ok(rx.try_recv().unwrap_or_default())
+            }
+        }
+    }
+
+    /// One pass over the topic's partitions (or the pinned one), round-robin.
+    pub(super) async fn try_take(
+        &self,
+        topic: &Arc<Topic>,
+        only: Option<u32>,
+        max: usize,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        if topic.deleted.load(Ordering::Acquire) {
+            return Ok(Vec::new());
+        }
+        let cfg = topic.config();
+        let parts = topic.partitions();
+        let n = parts.len();
+        let order: Vec<usize> = match only {
+            Some(p) => vec![p as usize],
+            None => {
+                let start = topic.consume_rr.fetch_add(1, Ordering::Relaxed) as usize % n;
+                (0..n).map(|i| (start + i) % n).collect()
+            }
+        };
+        let mut out = Vec::new();
+        let mut out_bytes = 0usize;
+        let now = self.clock.now_ms();
+        let max_in_flight = cfg.max_in_flight_per_partition as usize;
+        for i in order {
+            if out.len() >= max {
+                break;
+            }
+            let part = &parts[i];
+            {
+                let mut q = part.queue.lock();
+                // Appends whose producer went away before telling the queue are still
+                // durable: the log's end is the truth.
+                if let Some(log) = part.open_log() {
+                    q.on_append(log.next_offset());
+                }
+                let expired = q.expire(now);
+                if !expired.is_empty() {
+                    self.metrics
+                        .lease_expiries
+                        .get_or_create(&topic.label)
+                        .inc_by(expired.len() as u64);
+                }
+                q.promote_due(now);
+                if !q.may_deliver(max_in_flight) {
+                    continue;
+                }
+            }
+            let log = self.log_of(part).await?;
+            part.touch(now);
+            let mut source = ReadAhead {
+                log: &log,
+                seen: HashMap::new(),
+                topic: &topic.label.topic,
+                partition: part.index,
+            };
+            let leased = {
+                let mut q = part.queue.lock();
+                // one lease at a time, so the reply stops at MAX_READ_BYTES of payload
+                let mut leased = Vec::new();
+                while out.len() + leased.len() < max && out_bytes < MAX_READ_BYTES {
+                    let Some(l) = q
+                        .take(
+                            now,
+                            1,
+                            max_in_flight,
+                            cfg.visibility_timeout_ms,
+                            &mut source,
+                        )
+                        .pop()
+                    else {
+                        break;
+                    };
+                    out_bytes += source.reply_weight(l.offset);
+                    leased.push(l);
+                }
+                if let Some(at) = q.next_wakeup() {
+                    self.arm_timer(topic, at);
+                }
+                leased
+            };
+            let topic_id = topic.id();
+            let mut seen = source.seen;
+            for l in leased {
+                let record = match seen.remove(&l.offset) {
+                    Some(r) => Some(r),
+                    None => log
+                        .read(l.offset, 1, 0)
+                        .ok()
+                        .and_then(|mut v| v.pop())
+                        .filter(|r| r.offset == l.offset),
+                };
+                let Some(record) = record else {
+                    // Unreadable now (e.g. just deleted by retention): give the lease back.
+                    let _ = part.queue.lock().unlease(l.offset, l.nonce, now);
+                    continue;
+                };
+                out.push(Delivery {
+                    partition: part.index,
+                    record,
+                    receipt_handle: self.handles.encode(&ReceiptHandle {
+                        topic_id,
+                        partition: part.index,
+                        offset: l.offset,
+                        nonce: l.nonce,
+                    }),
+                    delivery_count: l.delivery_count,
+                    lease_deadline_ms: l.deadline_ms,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Hands deliverable messages to waiting readers, first in line first. Each waiter that
+    /// gets nothing stops the pass (an unpinned waiter that finds nothing means nobody can).
+    pub(super) async fn dispatch(&self, topic: &Arc<Topic>) {
+        let mut skip_pins: Vec<u32> = Vec::new();
+        let mut skipped: Vec<Waiter> = Vec::new();
+        loop {
+            let Some(w) = topic.waiters.lock().pop_first_except(&skip_pins) else {
+                break;
+            };
+            if w.tx.is_closed() {
+                continue;
+            }
+            let got = match self.try_take(topic, w.partition, w.max).await {
+                Ok(got) => got,
+                Err(e) => {
+                    tracing::warn!(topic = %topic.label.topic, error = %e, "dispatch failed");
+                    Vec::new()
+                }
+            };
+            if got.is_empty() {
+                match w.partition {
+                    Some(p) => {
+                        skip_pins.push(p);
+                        skipped.push(w);
+                        continue;
+                    }
+                    None => {
+                        skipped.push(w);
+                        break;
+                    }
+                }
+            }
+            let n = got.len() as u64;
+            match w.tx.send(got) {
+                Ok(()) => self.count_consumed(topic, n),
+                // The reader left; give its messages back at once.
+                Err(got) => self.release(topic, &got),
+            }
+        }
+        if !skipped.is_empty() {
+            topic.waiters.lock().restore_front(skipped);
+        }
+    }
+
+    pub(super) fn count_consumed(&self, topic: &Topic, n: u64) {
+        if n > 0 {
+            self.metrics
+                .consumed_messages
+                .get_or_create(&topic.label)
+                .inc_by(n);
+        }
+    }
+
+    /// Gives leases back that were never handed to the consumer (its reply could not be
+    /// sent): the messages are deliverable again at once and the deliveries do not count.
+    pub fn give_back(&self, topic_name: &str, deliveries: &[Delivery]) {
+        if let Ok(topic) = self.topic(topic_name) {
+            self.release(&topic, deliveries);
+            topic.timer.notify_one();
+        }
+    }
+
+    pub(super) fn release(&self, topic: &Arc<Topic>, deliveries: &[Delivery]) {
+        let parts = topic.partitions();
+        let now = self.clock.now_ms();
+        for d in deliveries {
+            if let Ok(h) = self.handles.decode(&d.receipt_handle) {
+                let _ = parts[d.partition as usize]
+                    .queue
+                    .lock()
+                    .unlease(h.offset, h.nonce, now);
+            }
+        }
+    }
+
+    pub async fn settle(
+        &self,
+        topic_name: &str,
+        handle: &str,
+        action: AckAction,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let h = self.handles.decode(handle).map_err(|e| match e {
+            HandleError::Malformed => BrokerError::HandleMalformed(e),
+            HandleError::OtherEpoch => BrokerError::LeaseGone(e.to_string()),
+        })?;
+        let topic = self.topic(topic_name)?;
+        if topic.id() != h.topic_id {
+            return Err(BrokerError::LeaseGone(
+                "receipt handle belongs to another topic (or an earlier topic of this name)".into(),
+            ));
+        }
+        let parts = topic.partitions();
+        let Some(part) = parts.get(h.partition as usize) else {
+            return Err(BrokerError::LeaseGone(
+                "receipt handle names no partition of this topic".into(),
+            ));
+        };
+        let cfg = topic.config();
+        let now = self.clock.now_ms();
+        let result = {
+            let mut q = part.queue.lock();
+            match action {
+                AckAction::Ack => q.ack(h.offset, h.nonce, now),
+                AckAction::Extend => q
+                    .extend(h.offset, h.nonce, now, cfg.visibility_timeout_ms)
+                    .map(|_| ()),
+                AckAction::Nack => q.nack(h.offset, h.nonce, now),
+            }
+        };
+        let outcome = match (&result, action) {
+            (Ok(()), AckAction::Ack) => "acked",
+            (Ok(()), AckAction::Extend) => "extended",
+            (Ok(()), AckAction::Nack) => "nacked",
+            (Err(LeaseError::Stale), _) => "stale",
+            (Err(LeaseError::AckSetFull), _) => "ack_set_full",
+        };
+        self.metrics
+            .acks
+            .get_or_create(&OutcomeLabel {
+                topic: topic.label.topic.clone(),
+                outcome,
+            })
+            .inc();
+        match result {
+            Ok(()) => {
+                if action != AckAction::Extend {
+                    // Freed capacity (ack) or a released message (nack): serve the line.
+                    self.dispatch(&topic).await;
+                }
+                Ok(())
+            }
+            Err(LeaseError::Stale) => Err(BrokerError::LeaseGone(LeaseError::Stale.to_string())),
+            Err(e @ LeaseError::AckSetFull) => Err(BrokerError::AckSetFull(e)),
+        }
+    }
+
+    pub(super) fn arm_timer(&self, topic: &Topic, at: i64) {
+        if at < topic.timer_at.load(Ordering::Acquire) {
+            topic.timer_at.store(at, Ordering::Release);
+            topic.timer.notify_one();
+        }
+    }
+
+    pub(super) fn spawn_topic_timer(self: &Arc<Self>, topic: Arc<Topic>) {
+        let weak = Arc::downgrade(self);
+        let handle = tokio::spawn(async move {
+            loop {
+                let Some(broker) = weak.upgrade() else { return };
+                if topic.deleted.load(Ordering::Acquire)
+                    || broker.shutting_down.load(Ordering::Acquire)
+                {
+                    return;
+                }
+                // From here on every new deadline (a lease or delay made by the dispatch below,
+                // or by any consume meanwhile) re-arms the timer: `arm_timer` compares against
+                // this, and a notification that arrives before the sleep is kept as a permit.
+                topic.timer_at.store(i64::MAX, Ordering::Release);
+                let now = broker.clock.now_ms();
+                let mut released = 0u64;
+                let mut any_ready = false;
+                for p in topic.partitions().iter() {
+                    let mut q = p.queue.lock();
+                    let expired = q.expire(now);
+                    released += expired.len() as u64;
+                    any_ready |= !expired.is_empty() | (q.promote_due(now) > 0);
+                }
+                if released > 0 {
+                    broker
+                        .metrics
+                        .lease_expiries
+                        .get_or_create(&topic.label)
+                        .inc_by(released);
+                }
+                if any_ready {
+                    broker.dispatch(&topic).await;
+                }
+                // the next deadline is taken after the dispatch, which may have made new ones
+                let next = topic
+                    .partitions()
+                    .iter()
+                    .filter_map(|p| p.queue.lock().next_wakeup())
+                    .min()
+                    .unwrap_or(i64::MAX);
+                let next = topic.timer_at.fetch_min(next, Ordering::AcqRel).min(next);
+                let sleep_ms = if next == i64::MAX {
+                    60_000
+                } else {
+                    (next - broker.clock.now_ms()).clamp(0, 60_000)
+                };
+                drop(broker);
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(sleep_ms as u64)) => {}
+                    () = topic.timer.notified() => {}
+                }
+            }
+        });
+        self.tasks.lock().push(handle);
+    }
+}
+
+/// The records a consume looks at, read ahead from the log: the next offsets are usually
+/// scanned right after this one.
+pub(super) struct ReadAhead<'a> {
+    log: &'a crate::log::PartitionLog,
+    seen: HashMap<u64, Arc<Record>>,
+    topic: &'a str,
+    partition: u32,
+}
+
+impl ReadAhead<'_> {
+    /// The reply weight of the record at `offset` (0 if it cannot be read now).
+    pub(super) fn reply_weight(&mut self, offset: u64) -> usize {
+        use crate::queue::DueSource as _;
+        self.due_ms(offset);
+        self.seen.get(&offset).map_or(0, |r| r.reply_weight())
+    }
+}
+
+impl crate::queue::DueSource for ReadAhead<'_> {
+    fn due_ms(&mut self, o: u64) -> Option<i64> {
+        if let Some(r) = self.seen.get(&o) {
+            return Some(r.due_ms());
+        }
+        match self.log.read(o, 64, 1 << 20) {
+            Ok(recs) => {
+                let due = recs.first().filter(|r| r.offset == o).map(|r| r.due_ms());
+                for r in recs {
+                    self.seen.insert(r.offset, r);
+                }
+                due
+            }
+            Err(e) => {
+                tracing::error!(topic = %self.topic, partition = self.partition, offset = o, error = %e, "cannot read record for delivery");
+                None
+            }
+        }
+    }
+}

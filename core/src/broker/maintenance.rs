@@ -1,0 +1,184 @@
+//! Background upkeep (queue snapshots, retention, idle log close) and shutdown.
+
+use super::*;
+
+impl Broker {
+    pub(super) fn spawn_maintenance(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let flush_every = Duration::from_millis(self.cfg.ack_flush_interval_ms.max(1));
+        let retention_every = self.cfg.retention_interval_ms.max(1) as i64;
+        let handle = tokio::spawn(async move {
+            let mut last_retention = i64::MIN;
+            loop {
+                tokio::time::sleep(flush_every).await;
+                let Some(broker) = weak.upgrade() else { return };
+                if broker.shutting_down.load(Ordering::Acquire) {
+                    return;
+                }
+                broker.persist_queues().await;
+                let now = broker.clock.now_ms();
+                if now.saturating_sub(last_retention) >= retention_every {
+                    last_retention = now;
+                    broker.run_retention().await;
+                    broker.close_idle().await;
+                }
+            }
+        });
+        self.tasks.lock().push(handle);
+    }
+
+    pub(super) fn all_partitions(&self) -> Vec<(Arc<Topic>, Arc<Partition>)> {
+        self.topics
+            .read()
+            .values()
+            .flat_map(|t| {
+                t.partitions()
+                    .iter()
+                    .map(|p| (t.clone(), p.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Writes every changed queue snapshot.
+    pub async fn persist_queues(&self) {
+        let parts: Vec<Arc<Partition>> = self
+            .all_partitions()
+            .into_iter()
+            .map(|(_, p)| p)
+            .filter(|p| p.queue.lock().is_dirty())
+            .collect();
+        if parts.is_empty() {
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || {
+            for p in parts {
+                if let Err(e) = p.persist_queue() {
+                    tracing::error!(dir = %p.dir.display(), error = %e, "could not persist queue state");
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Applies every topic's retention now.
+    pub async fn run_retention(&self) {
+        let now = self.clock.now_ms();
+        for (topic, part) in self.all_partitions() {
+            let cfg = topic.config();
+            let local = if self.cfg.archive_gate {
+                self.cfg.local_retention_ms
+            } else {
+                0
+            };
+            let retention_ms = match (cfg.retention_ms, local) {
+                (0, l) => l,
+                (r, 0) => r,
+                (r, l) => r.min(l),
+            };
+            let log = match part.open_log() {
+                Some(log) => log,
+                None => {
+                    // A closed (idle) partition was last written before it was last used, so
+                    // once that is older than the retention all its data has expired: reopen
+                    // it to delete the data, unless it is already empty.
+                    let idle_for = now - part.last_used_ms.load(Ordering::Relaxed);
+                    let stats = part.stats();
+                    if retention_ms == 0
+                        || idle_for <= retention_ms
+                        || stats.oldest_offset >= stats.next_offset
+                    {
+                        continue;
+                    }
+                    match self.log_of(&part).await {
+                        Ok(log) => log,
+                        Err(e) => {
+                            tracing::error!(topic = %topic.label.topic, partition = part.index, error = %e, "could not reopen partition for retention");
+                            continue;
+                        }
+                    }
+                }
+            };
+            let retention_bytes = cfg.retention_bytes;
+            let gate = self.cfg.archive_gate;
+            let apply = |log: Arc<crate::log::PartitionLog>| {
+                let archived = gate.then(|| part.archived_below.load(Ordering::Acquire));
+                tokio::task::spawn_blocking(move || {
+                    log.apply_retention(retention_ms, retention_bytes, archived)
+                })
+            };
+            let (mut deleted, active_expired) = apply(log.clone()).await.unwrap_or((0, false));
+            if active_expired {
+                match log.roll().await {
+                    // The segment just sealed is expired too: delete it in this pass.
+                    Ok(()) => deleted += apply(log.clone()).await.unwrap_or((0, false)).0,
+                    Err(e) => {
+                        tracing::error!(topic = %topic.label.topic, partition = part.index, error = %e, "could not roll expired segment");
+                    }
+                }
+            }
+            if deleted > 0 {
+                let oldest = log.oldest_offset();
+                let dropped = part.queue.lock().truncate_below(oldest);
+                tracing::info!(topic = %topic.label.topic, partition = part.index, segments = deleted, oldest, "retention deleted segments");
+                if dropped > 0 {
+                    self.metrics
+                        .retention_dropped_unacked
+                        .get_or_create(&topic.label)
+                        .inc_by(dropped);
+                    tracing::warn!(topic = %topic.label.topic, partition = part.index, dropped, "retention deleted messages that were never acked");
+                }
+            }
+        }
+    }
+
+    pub(super) async fn close_idle(&self) {
+        let now = self.clock.now_ms();
+        for (_, part) in self.all_partitions() {
+            if part.is_open()
+                && now - part.last_used_ms.load(Ordering::Relaxed) > self.cfg.idle_close_ms
+                && part.close_if_unused().await
+            {
+                self.metrics.idle_logs_closed.inc();
+            }
+        }
+    }
+
+    /// Answers every waiting reader with nothing and makes later consumes return at once;
+    /// the first step of a graceful shutdown (requests in flight can still finish).
+    pub fn drain_waiters(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.shutdown.notify_waiters();
+        let topics: Vec<Arc<Topic>> = self.topics.read().values().cloned().collect();
+        for t in &topics {
+            for w in t.waiters.lock().drain() {
+                let _ = w.tx.send(Vec::new());
+            }
+        }
+    }
+
+    /// Stops background work, answers waiting readers with nothing, persists queue state and
+    /// closes every log (after its queued appends are durable).
+    pub async fn shutdown(&self) {
+        if self.shutting_down.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.drain_waiters();
+        for t in self.topics.read().values() {
+            t.timer.notify_one();
+        }
+        for h in self.tasks.lock().drain(..) {
+            h.abort();
+        }
+        self.persist_queues().await;
+        for (_, p) in self.all_partitions() {
+            p.close().await;
+        }
+        // Acks that raced the close.
+        self.persist_queues().await;
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+}

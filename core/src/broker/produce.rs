@@ -1,0 +1,136 @@
+//! Produce: validate every message, group by partition, append (fsync), then wake readers.
+
+use super::*;
+
+impl Broker {
+    /// Produces `messages` all-or-none with respect to validation: every message is checked
+    /// before anything is written. Returns once every message is durable.
+    pub async fn produce(
+        &self,
+        topic_name: &str,
+        messages: Vec<ProduceMessage>,
+    ) -> Result<Vec<Produced>, BrokerError> {
+        self.check_running()?;
+        let topic = self.topic(topic_name)?;
+        let cfg = {
+            let meta = topic.meta.read();
+            if meta.parent.as_ref().is_some_and(|l| l.delay_ms > 0) {
+                // (the parent is not named: the producer may not be allowed to see it)
+                return Err(BrokerError::FanoutConflict(format!(
+                    "'{topic_name}' is a delay child: it only receives copies from its parent"
+                )));
+            }
+            meta.config.clone()
+        };
+        let n = cfg.partitions;
+        let mut groups: HashMap<u32, Vec<(usize, NewRecord)>> = HashMap::new();
+        let mut bytes = 0u64;
+        for (index, m) in messages.into_iter().enumerate() {
+            bytes += m.payload.len() as u64;
+            // a malformed field (400) is reported before a size that is merely over this
+            // topic's limit (413)
+            let delay = m.delay_ms.unwrap_or(cfg.delay_ms);
+            if !(0..=MAX_DELAY_MS).contains(&delay) {
+                return Err(BrokerError::InvalidMessage {
+                    index,
+                    reason: format!("delay_ms must be between 0 and {MAX_DELAY_MS}"),
+                });
+            }
+            if m.payload.len() as u64 > cfg.max_message_bytes {
+                return Err(BrokerError::MessageTooLarge {
+                    index,
+                    size: m.payload.len(),
+                    max: cfg.max_message_bytes,
+                });
+            }
+            let partition = match (m.partition, &m.key) {
+                (Some(p), _) if p >= n => {
+                    return Err(BrokerError::PartitionOutOfRange {
+                        partition: p,
+                        partitions: n,
+                    });
+                }
+                (Some(p), _) => p,
+                (None, Some(k)) => partition_for_key(k, n),
+                (None, None) => {
+                    (topic.produce_rr.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
+                }
+            };
+            groups.entry(partition).or_default().push((
+                index,
+                NewRecord {
+                    key: m.key,
+                    headers: m.headers,
+                    payload: m.payload,
+                    delay_ms: delay as u32,
+                },
+            ));
+        }
+        let total: usize = groups.values().map(Vec::len).sum();
+        let parts = topic.partitions();
+        let mut results = vec![
+            Produced {
+                partition: 0,
+                offset: 0
+            };
+            total
+        ];
+        // Open every log first, so no append starts unless all can be attempted.
+        let mut batches = Vec::with_capacity(groups.len());
+        for (p, items) in groups {
+            let (indices, records): (Vec<usize>, Vec<NewRecord>) = items.into_iter().unzip();
+            batches.push((p, indices, records, self.log_of(&parts[p as usize]).await?));
+        }
+        let outcomes = if batches.len() == 1 {
+            let (p, indices, records, log) = batches.pop().expect("one batch");
+            vec![(p, indices, log.append(records).await)]
+        } else {
+            // Partitions have their own writers and fsyncs: append to them in parallel.
+            let mut set = tokio::task::JoinSet::new();
+            for (p, indices, records, log) in batches {
+                set.spawn(async move { (p, indices, log.append(records).await) });
+            }
+            set.join_all().await
+        };
+        let mut touched = Vec::new();
+        let mut first_err = None;
+        for (p, indices, result) in outcomes {
+            match result {
+                Ok(appended) => {
+                    for (i, idx) in indices.into_iter().enumerate() {
+                        results[idx] = Produced {
+                            partition: p,
+                            offset: appended.base_offset + i as u64,
+                        };
+                    }
+                    touched.push((p, appended.base_offset + u64::from(appended.count)));
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let now = self.clock.now_ms();
+        for &(p, end) in &touched {
+            let part = &parts[p as usize];
+            part.touch(now);
+            part.queue.lock().on_append(end);
+        }
+        if !touched.is_empty() {
+            topic.appended.notify_waiters();
+            self.dispatch(&topic).await;
+        }
+        if let Some(e) = first_err {
+            return Err(e.into());
+        }
+        self.metrics
+            .produced_messages
+            .get_or_create(&topic.label)
+            .inc_by(total as u64);
+        self.metrics
+            .produced_bytes
+            .get_or_create(&topic.label)
+            .inc_by(bytes);
+        Ok(results)
+    }
+}
