@@ -278,6 +278,98 @@ impl Broker {
         Ok(())
     }
 
+    /// Re-creates a fan-out link from the archive's catalog snapshot after a disk loss: the
+    /// link exactly as it was (same epoch, so the child stays the same attachment), with one
+    /// cursor per parent partition at `positions[p]` clamped to what that partition holds
+    /// now (`[oldest, next]`; a missing position means `next`). A restored parent holds no
+    /// local records yet, so its cursors start at its next offset: a position above it would
+    /// skip records produced after the restore, one below it cannot be read locally (those
+    /// records are in the parent's archive only). Cursors are written before the link is
+    /// published, as in [`Broker::attach_child`]. Returns the positions used, per partition.
+    pub async fn restore_link(
+        self: &Arc<Self>,
+        child: &str,
+        link: ParentLink,
+        positions: &[u64],
+    ) -> Result<Vec<u64>, BrokerError> {
+        self.check_running()?;
+        let conflict = |m: String| Err(BrokerError::FanoutConflict(m));
+        let _guard = self.meta_lock.lock().await;
+        let p = self.topic(&link.parent)?;
+        let c = self.topic(child)?;
+        if p.id() != link.parent_id {
+            return conflict(format!(
+                "'{}' is another incarnation than the one '{child}' was attached to",
+                link.parent
+            ));
+        }
+        if c.meta.read().parent.is_some() {
+            return conflict(format!("'{child}' already has a parent"));
+        }
+        if p.meta.read().parent.is_some() || !self.child_topics(child).is_empty() {
+            return conflict(format!(
+                "'{child}' or its parent is part of another link: no grandchildren"
+            ));
+        }
+        if !c.meta.read().schemas.is_empty() {
+            return conflict(format!("'{child}' has a JSON Schema"));
+        }
+        if self.child_topics(&link.parent).len() >= MAX_CHILDREN
+            || !(0..=MAX_CHILD_DELAY_MS).contains(&link.delay_ms)
+        {
+            return Err(BrokerError::FanoutInvalid(format!(
+                "the link of '{child}' is out of bounds (children or delay)"
+            )));
+        }
+        let mut used = Vec::new();
+        for part in p.partitions().iter() {
+            let stats = self.log_of(part).await?.stats();
+            let at = positions
+                .get(part.index as usize)
+                .copied()
+                .unwrap_or(u64::MAX)
+                .clamp(stats.oldest_offset, stats.next_offset);
+            let path = cursor_path(&part.dir, child, link.epoch);
+            let (epoch, dir, name) = (link.epoch, part.dir.clone(), child.to_owned());
+            tokio::task::spawn_blocking(move || {
+                crate::fsutil::create_dir_private(&dir)?;
+                remove_cursor_files(&dir, &name);
+                write_cursor(&path, epoch, at)
+            })
+            .await
+            .expect("cursor write task")
+            .map_err(|source| LogError::Io {
+                path: part.dir.clone(),
+                source,
+            })?;
+            used.push(at);
+        }
+        let (id, edited, linked, live) = (c.id(), link.clone(), link.clone(), c.clone());
+        self.commit_meta(
+            move |metas| super::catalog::edit_topic(metas, id, |m| m.parent = Some(edited)),
+            move || live.meta.write().parent = Some(linked),
+        )
+        .await?;
+        for i in 0..p.partitions().len() as u32 {
+            self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
+        }
+        tracing::info!(parent = %link.parent, child, positions = ?used, "fan-out link restored from the archive");
+        Ok(used)
+    }
+
+    /// Every running cursor's position: `(child, parent partition, next parent offset to
+    /// copy)`, for the archive's catalog snapshot. Cheap (no IO); positions move on.
+    pub fn fanout_positions(&self) -> Vec<(String, u32, u64)> {
+        self.fanout
+            .lock()
+            .iter()
+            .filter_map(|((child, p), s)| {
+                let next = s.next.load(Ordering::Acquire);
+                (next != u64::MAX).then(|| (child.clone(), *p, next))
+            })
+            .collect()
+    }
+
     /// The children of `parent` with their lag.
     pub fn children(&self, parent: &str) -> Result<Vec<ChildInfo>, BrokerError> {
         let p = self.topic(parent)?;

@@ -783,3 +783,90 @@ async fn sealed_segments_of_a_closed_partition_do_not_reopen_it() {
     assert!(!part.is_open());
     b.shutdown().await;
 }
+
+/// A link restored from the archive keeps its epoch, starts each cursor at what the restored
+/// parent partition holds (never above it: new records would be skipped; never below it:
+/// unreadable), copies records produced afterwards, and survives a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_link_starts_at_the_parents_restored_tail_and_keeps_copying() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    let meta = |name: &str, id: u64, partitions: u32| TopicMeta {
+        id,
+        name: name.into(),
+        created_at_ms: 1,
+        config: TopicConfig {
+            partitions,
+            ..TopicConfig::default()
+        },
+        parent: None,
+        owner: None,
+        owner_id: None,
+        schemas: Vec::new(),
+    };
+    b.restore_topic(meta("p", 0x11, 2), &[5, 7]).await.unwrap();
+    b.restore_topic(meta("c", 0x21, 1), &[3]).await.unwrap();
+    let link = ParentLink {
+        parent: "p".into(),
+        parent_id: 0x11,
+        delay_ms: 0,
+        epoch: 0xabc,
+    };
+    let wrong = ParentLink {
+        parent_id: 0x99,
+        ..link.clone()
+    };
+    assert!(matches!(
+        b.restore_link("c", wrong, &[]).await,
+        Err(BrokerError::FanoutConflict(_))
+    ));
+    // 2 is below partition 0's restored start, 100 above partition 1's
+    let used = b.restore_link("c", link.clone(), &[2, 100]).await.unwrap();
+    assert_eq!(used, vec![5, 7]);
+    assert_eq!(b.topic_meta("c").unwrap().parent, Some(link.clone()));
+    assert!(matches!(
+        b.restore_link("c", link.clone(), &[]).await,
+        Err(BrokerError::FanoutConflict(_))
+    ));
+    let mut m = msg("after");
+    m.partition = Some(1);
+    let r = b.produce("p", vec![m]).await.unwrap();
+    assert_eq!(
+        r[0].offset, 7,
+        "the parent continues after its archived offsets"
+    );
+    let got = b
+        .consume("c", None, 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(got[0].record.payload, "after");
+    assert_eq!(got[0].record.offset, 3);
+    b.settle("c", &got[0].receipt_handle, AckAction::Ack)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut pos = b.fanout_positions();
+        pos.sort();
+        if pos == vec![("c".to_string(), 0, 5), ("c".to_string(), 1, 8)] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{pos:?}");
+        tokio::task::yield_now().await;
+    }
+    b.shutdown().await;
+    drop(b);
+    // after a restart the link and its cursors resume
+    let b = open(dir.path()).await;
+    assert_eq!(b.topic_meta("c").unwrap().parent, Some(link));
+    let mut m = msg("later");
+    m.partition = Some(0);
+    b.produce("p", vec![m]).await.unwrap();
+    let got = b
+        .consume("c", None, 10, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].record.payload, "later");
+    b.shutdown().await;
+}
