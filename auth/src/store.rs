@@ -84,6 +84,11 @@ pub enum UserCommand {
         password_hash: String,
         at_ms: i64,
     },
+    /// Every user at once, from the archive's catalog snapshot after a disk loss. Applies
+    /// only to an empty store (a node never trades the users it has for archived ones).
+    Restore {
+        users: Vec<UserRecord>,
+    },
 }
 
 impl std::fmt::Debug for UserCommand {
@@ -93,6 +98,7 @@ impl std::fmt::Debug for UserCommand {
             Self::Delete { username } => write!(f, "Delete({username})"),
             Self::SetGrants { username, .. } => write!(f, "SetGrants({username})"),
             Self::SetPassword { username, .. } => write!(f, "SetPassword({username})"),
+            Self::Restore { users } => write!(f, "Restore({} users)", users.len()),
         }
     }
 }
@@ -107,6 +113,10 @@ pub enum StoreError {
     Root,
     #[error("at most {MAX_USERS} users")]
     Full,
+    #[error("users can only be restored into an empty user store")]
+    NotEmpty,
+    #[error("restored users are invalid: {0}")]
+    InvalidRestore(String),
     #[error("io error on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -268,8 +278,43 @@ fn apply_to(
             u.password_hash = password_hash;
             u.updated_at_ms = at_ms;
         }
+        UserCommand::Restore { users: restored } => {
+            if !users.is_empty() {
+                return Err(StoreError::NotEmpty);
+            }
+            let checked = check_restored(restored)?;
+            *users = checked;
+        }
     }
     Ok(())
+}
+
+/// The checks every user passed when it was created, made again on records that come from
+/// outside (an archive): names, grants, one root named [`ROOT_USER`], the user bound.
+fn check_restored(
+    restored: Vec<UserRecord>,
+) -> Result<BTreeMap<String, Arc<UserRecord>>, StoreError> {
+    let bad = |m: String| Err(StoreError::InvalidRestore(m));
+    if restored.len() > MAX_USERS {
+        return Err(StoreError::Full);
+    }
+    let mut out = BTreeMap::new();
+    for u in restored {
+        validate_username(&u.username).map_err(StoreError::InvalidRestore)?;
+        crate::grant::validate_grants(&u.grants)
+            .map_err(|e| StoreError::InvalidRestore(format!("user '{}': {e}", u.username)))?;
+        if u.root != (u.username == ROOT_USER) {
+            return bad(format!(
+                "only '{ROOT_USER}' may be (and must be) the root user; '{}' is not",
+                u.username
+            ));
+        }
+        if out.contains_key(&u.username) {
+            return bad(format!("user '{}' is listed twice", u.username));
+        }
+        out.insert(u.username.clone(), Arc::new(u));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -350,6 +395,39 @@ mod tests {
             })
             .unwrap();
         assert!(UserStore::open(dir.path()).unwrap().get("alice").is_none());
+    }
+
+    #[test]
+    fn restore_fills_an_empty_store_only_and_checks_what_it_gets() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = UserStore::open(dir.path()).unwrap();
+        let bad = |users: Vec<UserRecord>| {
+            let e = s.apply(UserCommand::Restore { users }).unwrap_err();
+            assert!(matches!(e, StoreError::InvalidRestore(_)), "{e}");
+        };
+        bad(vec![user("alice", true)]);
+        bad(vec![user(ROOT_USER, false)]);
+        bad(vec![user("alice", false), user("alice", false)]);
+        bad(vec![user("no spaces", false)]);
+        let mut g = user("bob", false);
+        g.grants = vec![Grant {
+            action: Action::Produce,
+            patterns: vec![],
+        }];
+        bad(vec![g]);
+        assert!(s.is_empty(), "a refused restore leaves nothing behind");
+        s.apply(UserCommand::Restore {
+            users: vec![user(ROOT_USER, true), user("alice", false)],
+        })
+        .unwrap();
+        // durable before it is visible: a reopened store has them
+        let again = UserStore::open(dir.path()).unwrap();
+        assert_eq!(again.list().len(), 2);
+        assert!(again.get(ROOT_USER).unwrap().root);
+        assert!(matches!(
+            s.apply(UserCommand::Restore { users: vec![] }),
+            Err(StoreError::NotEmpty)
+        ));
     }
 
     #[test]

@@ -82,7 +82,11 @@ fn store_error(e: StoreError) -> ApiError {
         StoreError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "user_not_found", msg),
         StoreError::Root => forbidden(msg),
         StoreError::Full => ApiError::new(StatusCode::CONFLICT, "too_many_users", msg),
-        StoreError::Io { .. } | StoreError::Invalid { .. } => {
+        // (the last two come only from a restore, never from a request)
+        StoreError::Io { .. }
+        | StoreError::Invalid { .. }
+        | StoreError::NotEmpty
+        | StoreError::InvalidRestore(_) => {
             tracing::error!(error = %msg, "user store failure");
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "metadata_failed", msg)
         }
