@@ -5,6 +5,8 @@
 //! <prefix>/topic=<name>/_topic.json
 //! <prefix>/topic=<name>/partition=<p>/_manifest.json
 //! <prefix>/topic=<name>/partition=<p>/<first offset, 20 digits>-<last offset, 20 digits>.parquet
+//! <prefix>/_catalog/catalog.bin            (the catalog snapshot, see `catalog.rs`)
+//! <prefix>/_catalog/unopened-<ms>.bin      (a snapshot a restore could not open, kept)
 //! ```
 //!
 //! Object names are deterministic, so a retried upload overwrites the same object. A manifest
@@ -32,6 +34,16 @@ pub enum ArchiveError {
     Format(#[from] crate::format::FormatError),
     #[error("verification of {path} failed: {reason}")]
     Verify { path: String, reason: String },
+    #[error("restoring {what}: {source}")]
+    Restore {
+        what: String,
+        #[source]
+        source: narad_core::broker::BrokerError,
+    },
+    #[error("restoring users: {0}")]
+    RestoreUsers(#[source] narad_auth::store::StoreError),
+    #[error("catalog snapshot of {0} bytes exceeds the {max} byte limit", max = crate::catalog::MAX_CATALOG_BYTES)]
+    CatalogTooLarge(usize),
 }
 
 /// How to reach the archive. `s3://` settings left empty come from the standard AWS
@@ -138,6 +150,19 @@ impl Archive {
 
     pub fn topic_manifest_path(&self, topic: &str) -> Path {
         self.join(&[&format!("topic={topic}"), "_topic.json"])
+    }
+
+    /// The catalog snapshot object.
+    pub fn catalog_path(&self) -> Path {
+        self.join(&[crate::catalog::CATALOG_DIR, crate::catalog::CATALOG_FILE])
+    }
+
+    /// Where a snapshot that could not be opened is kept, named by its modification time.
+    pub fn unopened_catalog_path(&self, modified_ms: i64) -> Path {
+        self.join(&[
+            crate::catalog::CATALOG_DIR,
+            &format!("unopened-{modified_ms}.bin"),
+        ])
     }
 
     pub fn partition_dir(&self, topic: &str, partition: u32) -> Path {

@@ -26,12 +26,12 @@ use narad_auth::UserRecord;
 use narad_core::broker::TopicMeta;
 use serde::{Deserialize, Serialize};
 
-/// The one object, replaced whole by each upload (an S3 PUT is atomic: readers see the old or
-/// the new object, never a mix), relative to the archive prefix.
-pub const CATALOG_OBJECT: &str = "_catalog/catalog.bin";
-/// Where a snapshot this node could not open is copied before its first own upload replaces
-/// it (`<prefix>/_catalog/unopened-<ms>.bin`), so a restore with the right secret stays possible.
-pub const UNOPENED_PREFIX: &str = "_catalog/unopened-";
+/// The one object, `<prefix>/_catalog/catalog.bin`, replaced whole by each upload (an S3 PUT
+/// is atomic: readers see the old or the new object, never a mix). A snapshot a restore could
+/// not open is first copied beside it (`_catalog/unopened-<ms>.bin`), so the node's own
+/// uploads never destroy the only copy of its users.
+pub const CATALOG_DIR: &str = "_catalog";
+pub const CATALOG_FILE: &str = "catalog.bin";
 pub const CATALOG_FORMAT_VERSION: u8 = 1;
 const MAGIC: [u8; 8] = *b"NARADCAT";
 pub const HEADER_LEN: usize = 38;

@@ -2,6 +2,10 @@
 //! Parquet, is verified from the stored footer, and only then may local retention delete it.
 //! An unreachable archive only delays that: local segments stay (a metric and a log say so)
 //! and produce keeps working.
+//!
+//! Each pass also keeps the archive's catalog snapshot current (`catalog.rs`): uploaded when
+//! topics, links, schemas or users changed, and when only fan-out cursors moved at most once per
+//! `catalog_cursor_interval`. [`restore`] rebuilds a fresh node from it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +24,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use narad_auth::store::{UserCommand, UserStore};
+use narad_core::broker::TopicMeta;
+
 use crate::archive::{Archive, ArchiveError, ArchivedSegment, PartitionManifest, TopicManifest};
+use crate::catalog::{self, CatalogKeys, CatalogSnapshot, CursorPosition, KeyUsed};
 use crate::format::{self, FORMAT_VERSION};
 
 /// Uploads above this size go through multipart upload.
@@ -37,6 +45,11 @@ pub struct TieringConfig {
     /// First retry delay after a failure; doubles up to `max_backoff`.
     pub backoff: Duration,
     pub max_backoff: Duration,
+    /// When only fan-out cursor positions changed, the catalog snapshot is uploaded at most
+    /// this often (they move with every copied slab; a stale position costs nothing but a
+    /// larger "missed" count in a restore's warning). Topic, link, schema and user changes go
+    /// up on the next pass.
+    pub catalog_cursor_interval: Duration,
 }
 
 impl Default for TieringConfig {
@@ -47,6 +60,7 @@ impl Default for TieringConfig {
             concurrency: 2,
             backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
+            catalog_cursor_interval: Duration::from_secs(30),
         }
     }
 }
@@ -67,6 +81,9 @@ pub struct TieringMetrics {
     pub objects_deleted: Counter,
     pub lag_segments: Family<PartitionLabels, Gauge>,
     pub lag_seconds: Family<PartitionLabels, Gauge>,
+    pub catalog_uploads: Counter,
+    pub catalog_failures: Counter,
+    pub catalog_last_upload: Gauge,
 }
 
 impl TieringMetrics {
@@ -106,6 +123,21 @@ impl TieringMetrics {
             "age of the oldest sealed segment not yet archived",
             self.lag_seconds.clone(),
         );
+        r.register(
+            "narad_archive_catalog_uploads",
+            "catalog snapshots (topics, links, users) uploaded to the archive",
+            self.catalog_uploads.clone(),
+        );
+        r.register(
+            "narad_archive_catalog_failures",
+            "failed catalog snapshot uploads; retried with backoff",
+            self.catalog_failures.clone(),
+        );
+        r.register(
+            "narad_archive_catalog_last_upload_timestamp_seconds",
+            "when the catalog snapshot was last uploaded (Unix time; 0: not yet by this process)",
+            self.catalog_last_upload.clone(),
+        );
     }
 }
 
@@ -119,15 +151,56 @@ pub struct Tierer {
     manifests: tokio::sync::Mutex<HashMap<(String, u32), PartitionManifest>>,
     /// `_topic.json` as last written, per topic.
     topics_saved: tokio::sync::Mutex<HashMap<String, TopicManifest>>,
+    catalog: CatalogSource,
+    catalog_state: tokio::sync::Mutex<CatalogState>,
+}
+
+/// What the catalog snapshot is made of beyond the broker.
+#[derive(Clone, Default)]
+pub struct CatalogSource {
+    /// The user store (security on); its users go into sealed snapshots only.
+    pub users: Option<Arc<UserStore>>,
+    /// From the cluster secret. `None`: snapshots are unsealed and hold no users.
+    pub keys: Option<Arc<CatalogKeys>>,
+}
+
+/// What was last uploaded, and the retry schedule after a failure.
+#[derive(Default)]
+struct CatalogState {
+    /// Digests of the topics-and-users part and of the cursor part of the last upload.
+    structure: Option<[u8; 32]>,
+    cursors: Option<[u8; 32]>,
+    uploaded_at_ms: i64,
+    retry_at_ms: i64,
+    backoff: Option<Duration>,
 }
 
 impl Tierer {
+    /// A tierer whose catalog snapshots are unsealed and hold no users.
     pub fn new(
         broker: Arc<Broker>,
         archive: Archive,
         cfg: TieringConfig,
         clock: SharedClock,
         metrics: Arc<TieringMetrics>,
+    ) -> Arc<Self> {
+        Self::with_catalog(
+            broker,
+            archive,
+            cfg,
+            clock,
+            metrics,
+            CatalogSource::default(),
+        )
+    }
+
+    pub fn with_catalog(
+        broker: Arc<Broker>,
+        archive: Archive,
+        cfg: TieringConfig,
+        clock: SharedClock,
+        metrics: Arc<TieringMetrics>,
+        catalog: CatalogSource,
     ) -> Arc<Self> {
         Arc::new(Self {
             broker,
@@ -137,6 +210,8 @@ impl Tierer {
             metrics,
             manifests: tokio::sync::Mutex::new(HashMap::new()),
             topics_saved: tokio::sync::Mutex::new(HashMap::new()),
+            catalog,
+            catalog_state: tokio::sync::Mutex::new(CatalogState::default()),
         })
     }
 
@@ -144,6 +219,9 @@ impl Tierer {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut backoff = self.cfg.backoff;
         loop {
+            // (it logs, counts and backs off its failures itself: a failing catalog upload
+            // never holds segments back, nor the other way round)
+            let _ = self.sync_catalog().await;
             let delay = match self.clone().pass().await {
                 Ok(()) => {
                     backoff = self.cfg.backoff;
@@ -201,6 +279,119 @@ impl Tierer {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// The catalog as it is now: every topic (sorted by name), every running cursor of a
+    /// linked child, and the users when snapshots are sealed.
+    pub fn catalog_snapshot(&self) -> CatalogSnapshot {
+        let topics: Vec<TopicMeta> = self
+            .broker
+            .topic_names()
+            .iter()
+            .filter_map(|n| self.broker.topic_meta(n).ok())
+            .collect();
+        let epochs: HashMap<&str, u64> = topics
+            .iter()
+            .filter_map(|t| Some((t.name.as_str(), t.parent.as_ref()?.epoch)))
+            .collect();
+        let mut cursors: Vec<CursorPosition> = self
+            .broker
+            .fanout_positions()
+            .into_iter()
+            .filter_map(|(child, p, next)| {
+                Some(CursorPosition {
+                    epoch: *epochs.get(child.as_str())?,
+                    child,
+                    parent_partition: p,
+                    next_offset: next,
+                })
+            })
+            .collect();
+        cursors.sort_by(|a, b| (&a.child, a.parent_partition).cmp(&(&b.child, b.parent_partition)));
+        let users = match (&self.catalog.keys, &self.catalog.users) {
+            (Some(_), Some(store)) => Some(
+                store
+                    .list()
+                    .iter()
+                    .map(|u| narad_auth::UserRecord::clone(u))
+                    .collect(),
+            ),
+            _ => None,
+        };
+        CatalogSnapshot {
+            topics,
+            cursors,
+            users,
+        }
+    }
+
+    /// Uploads the catalog snapshot if it changed since the last upload (cursor positions
+    /// alone: at most once per `catalog_cursor_interval`). A failure is logged and counted,
+    /// and the next attempt waits (doubling from `backoff` up to `max_backoff`). Returns
+    /// whether it uploaded.
+    pub async fn sync_catalog(&self) -> Result<bool, ArchiveError> {
+        let mut st = self.catalog_state.lock().await;
+        let now = self.clock.now_ms();
+        if now < st.retry_at_ms {
+            return Ok(false);
+        }
+        let snap = self.catalog_snapshot();
+        let structure = catalog::digest(
+            &serde_json::to_vec(&(&snap.topics, &snap.users)).expect("the catalog serialises"),
+        );
+        let cursors =
+            catalog::digest(&serde_json::to_vec(&snap.cursors).expect("cursors serialise"));
+        let cursor_ms = self.cfg.catalog_cursor_interval.as_millis() as i64;
+        let due = st.structure != Some(structure)
+            || (st.cursors != Some(cursors) && now - st.uploaded_at_ms >= cursor_ms);
+        if !due {
+            return Ok(false);
+        }
+        match self.upload_catalog(&snap, now).await {
+            Ok(bytes) => {
+                (st.structure, st.cursors) = (Some(structure), Some(cursors));
+                (st.uploaded_at_ms, st.backoff) = (now, None);
+                self.metrics.catalog_uploads.inc();
+                self.metrics.catalog_last_upload.set(now / 1000);
+                tracing::debug!(
+                    bytes,
+                    topics = snap.topics.len(),
+                    users = snap.users.as_ref().map(Vec::len),
+                    sealed = self.catalog.keys.is_some(),
+                    "catalog snapshot uploaded"
+                );
+                Ok(true)
+            }
+            Err(e) => {
+                let wait = st
+                    .backoff
+                    .map_or(self.cfg.backoff, |b| (b * 2).min(self.cfg.max_backoff));
+                st.backoff = Some(wait);
+                st.retry_at_ms = now + wait.as_millis() as i64;
+                self.metrics.catalog_failures.inc();
+                tracing::warn!(archive = %self.archive.url, error = %e, retry_in = ?wait, "catalog snapshot upload failed; the archive's snapshot is older than the catalog until it succeeds");
+                Err(e)
+            }
+        }
+    }
+
+    async fn upload_catalog(
+        &self,
+        snap: &CatalogSnapshot,
+        now: i64,
+    ) -> Result<usize, ArchiveError> {
+        let obj = catalog::seal(snap, self.catalog.keys.as_deref(), now);
+        if obj.len() as u64 > catalog::MAX_CATALOG_BYTES {
+            return Err(ArchiveError::CatalogTooLarge(obj.len()));
+        }
+        let n = obj.len();
+        upload(
+            self.archive.store.as_ref(),
+            &self.archive.catalog_path(),
+            Bytes::from(obj),
+        )
+        .await?;
+        Ok(n)
     }
 
     async fn manifest(
@@ -500,62 +691,375 @@ pub async fn verify(
     Ok(summary)
 }
 
+/// What a restore has to work with beyond the broker and the archive.
+#[derive(Clone, Default)]
+pub struct RestoreTarget {
+    /// From the cluster secret; `None`: a sealed snapshot cannot be opened.
+    pub keys: Option<Arc<CatalogKeys>>,
+    /// The user store (security on); filled from the snapshot only while empty.
+    pub users: Option<Arc<UserStore>>,
+}
+
+/// What became of the catalog snapshot in a restore.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CatalogOutcome {
+    /// The archive holds none (nothing uploaded one yet, or an archive from before it).
+    #[default]
+    Missing,
+    Opened {
+        written_at_ms: i64,
+        key: KeyUsed,
+    },
+    /// It exists but could not be opened (`reason`); it was copied to `kept_at` first, so
+    /// this node's own uploads do not replace the only copy.
+    Unopened {
+        reason: String,
+        kept_at: String,
+    },
+}
+
 /// What a restore found and did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RestoreReport {
     /// `(topic, next offset per partition)` for each topic re-created.
     pub restored: Vec<(String, Vec<u64>)>,
+    pub catalog: CatalogOutcome,
+    /// Users restored from the snapshot, if they were.
+    pub users_restored: Option<usize>,
+    /// Why users were not restored, when that matters (security on and no users came back).
+    pub users_missing: Option<String>,
+    /// Children linked to their parent again.
+    pub links_restored: Vec<String>,
+    /// Children that came back standalone, with the reason.
+    pub links_missing: Vec<(String, String)>,
+    /// `(child, records)`: parent records archived before the disk loss that the child had
+    /// not copied; they are in the parent's archive, the child never gets them.
+    pub missed: Vec<(String, u64)>,
 }
 
-/// Rebuilds every archived topic the broker does not have (a fresh data directory after a
-/// disk loss) from the bucket alone: the topic's settings and incarnation from `_topic.json`,
-/// and each partition starting after its last archived offset. Every archived message stays
-/// readable by replay; nothing already present locally is touched.
+impl RestoreReport {
+    /// One sentence for operators (`/readyz` detail and the log) when something did not come
+    /// back: users, fan-out links, or records a child missed. `None` when all did, or when
+    /// there was nothing to restore.
+    pub fn notice(&self) -> Option<String> {
+        if self.catalog == CatalogOutcome::Missing && self.restored.is_empty() {
+            return None; // a new node on an empty archive: nothing was lost
+        }
+        let mut parts = Vec::new();
+        match &self.catalog {
+            CatalogOutcome::Missing if !self.restored.is_empty() => parts.push(
+                "the archive holds no catalog snapshot: fan-out links were not restored"
+                    .to_owned(),
+            ),
+            CatalogOutcome::Unopened { reason, kept_at } => parts.push(format!(
+                "the catalog snapshot could not be opened ({reason}; kept at {kept_at}): fan-out links were not restored"
+            )),
+            _ => {}
+        }
+        if let Some(why) = &self.users_missing {
+            parts.push(format!(
+                "users were not restored ({why}); the root user was created anew"
+            ));
+        }
+        if !self.links_missing.is_empty() {
+            let names: Vec<String> = self
+                .links_missing
+                .iter()
+                .map(|(c, why)| format!("{c} ({why})"))
+                .collect();
+            parts.push(format!(
+                "these children came back standalone: {}",
+                names.join(", ")
+            ));
+        }
+        for (child, n) in &self.missed {
+            parts.push(format!(
+                "child '{child}' missed {n} parent records archived before the disk loss"
+            ));
+        }
+        (!parts.is_empty()).then(|| format!("restored from the archive; {}", parts.join("; ")))
+    }
+}
+
+/// Rebuilds a fresh node (empty data directory after a disk loss) from the bucket alone:
+/// 1. the catalog snapshot, if there is one and it opens;
+/// 2. users from it into an empty user store (the snapshot's root replaces a new one);
+/// 3. every archived topic the broker does not have, with its incarnation and settings
+///    (from the snapshot when it knows that incarnation, else `_topic.json`), each partition
+///    starting after its last archived offset: every archived message stays readable by
+///    replay, no offset is reused;
+/// 4. fan-out links from the snapshot, cursors at what each restored parent partition holds.
+///
+/// Nothing already present locally is touched, so a restore interrupted half way can run
+/// again. Errors are the archive's or the disk's (retry); a snapshot that cannot be opened is
+/// not an error (topics come back without it, and the report says what did not).
 pub async fn restore(
     broker: &Arc<Broker>,
     archive: &Archive,
+    target: &RestoreTarget,
 ) -> Result<RestoreReport, ArchiveError> {
     let mut report = RestoreReport::default();
-    for name in archive.list_topics().await? {
+    let snapshot = load_catalog(archive, target.keys.as_deref(), &mut report).await?;
+    if let Some(store) = &target.users {
+        restore_users(store, snapshot.as_ref(), target.keys.is_some(), &mut report).await?;
+    }
+    let by_name: HashMap<&str, &TopicMeta> = snapshot
+        .iter()
+        .flat_map(|s| &s.topics)
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    let mut names: std::collections::BTreeSet<String> =
+        archive.list_topics().await?.into_iter().collect();
+    names.extend(by_name.keys().map(|n| (*n).to_owned()));
+    for name in names {
         if broker.topic_meta(&name).is_ok() {
             continue;
         }
-        let Some(t) = archive.load_topic(&name).await? else {
-            tracing::warn!(topic = %name, "archive holds partitions of a topic without _topic.json; not restored");
+        if let Err(e) = narad_core::topic::validate_name(&name) {
+            tracing::warn!(topic = %name, error = %e, "archive names a topic that is not valid; not restored");
+            continue;
+        }
+        let archived = archive.load_topic(&name).await?;
+        let Some(meta) = restored_meta(&name, archived, by_name.get(name.as_str()).copied()) else {
             continue;
         };
         let mut starts = Vec::new();
-        for p in 0..t.config.partitions {
+        for p in 0..meta.config.partitions {
             let next = match archive.load_manifest(&name, p).await? {
-                Some(m) if m.topic_id == t.topic_id => m.next_offset,
+                Some(m) if m.topic_id == meta.id => m.next_offset,
                 _ => 0,
             };
             starts.push(next);
         }
-        let meta = narad_core::broker::TopicMeta {
-            id: t.topic_id,
-            name: t.name.clone(),
-            created_at_ms: t.created_at_ms,
-            config: t.config.clone(),
-            parent: None,
-            owner: t.owner.clone(),
-            owner_id: t.owner_id,
-            schemas: t.schemas.clone(),
-        };
+        let id = meta.id;
         match broker.restore_topic(meta, &starts).await {
             Ok(()) => {}
             Err(BrokerError::TopicExists(_)) => continue,
-            Err(e) => {
-                return Err(ArchiveError::Verify {
-                    path: archive.topic_manifest_path(&name).to_string(),
-                    reason: format!("could not restore the topic: {e}"),
+            Err(source) => {
+                return Err(ArchiveError::Restore {
+                    what: format!("topic '{name}'"),
+                    source,
                 });
             }
         }
         for (p, &next) in starts.iter().enumerate() {
-            let _ = broker.set_archived(&name, t.topic_id, p as u32, next);
+            let _ = broker.set_archived(&name, id, p as u32, next);
         }
         report.restored.push((name, starts));
     }
+    if let Some(snap) = &snapshot {
+        restore_links(broker, snap, &mut report).await?;
+    }
     Ok(report)
 }
+
+/// The topic's metadata as restored, without its link (links come back last, once every
+/// parent exists). The snapshot's entry when it is the incarnation the archived data belongs
+/// to (it knows the link); `_topic.json` otherwise, which always matches the data.
+fn restored_meta(
+    name: &str,
+    archived: Option<TopicManifest>,
+    snap: Option<&TopicMeta>,
+) -> Option<TopicMeta> {
+    let from_snapshot = |m: &TopicMeta| TopicMeta {
+        parent: None,
+        ..m.clone()
+    };
+    match (archived, snap) {
+        (Some(t), Some(m)) if m.id == t.topic_id => Some(from_snapshot(m)),
+        (Some(t), s) => {
+            if s.is_some() {
+                tracing::warn!(topic = %name, "the catalog snapshot knows another incarnation of this topic than the archived data; restored from _topic.json, without a fan-out link");
+            }
+            Some(TopicMeta {
+                id: t.topic_id,
+                name: t.name,
+                created_at_ms: t.created_at_ms,
+                config: t.config,
+                parent: None,
+                owner: t.owner,
+                owner_id: t.owner_id,
+                schemas: t.schemas,
+            })
+        }
+        (None, Some(m)) => Some(from_snapshot(m)),
+        (None, None) => {
+            tracing::warn!(topic = %name, "archive holds partitions of a topic without _topic.json; not restored");
+            None
+        }
+    }
+}
+
+/// Reads and opens the catalog snapshot. One that cannot be opened is copied aside first (and
+/// reported); only the store failing is an error.
+async fn load_catalog(
+    archive: &Archive,
+    keys: Option<&CatalogKeys>,
+    report: &mut RestoreReport,
+) -> Result<Option<CatalogSnapshot>, ArchiveError> {
+    let path = archive.catalog_path();
+    let head = match archive.store.head(&path).await {
+        Ok(h) => h,
+        Err(object_store::Error::NotFound { .. }) => {
+            tracing::info!(archive = %archive.url, "the archive holds no catalog snapshot");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let opened = if head.size > catalog::MAX_CATALOG_BYTES {
+        Err(format!(
+            "{} bytes exceeds the {} byte limit",
+            head.size,
+            catalog::MAX_CATALOG_BYTES
+        ))
+    } else {
+        let bytes = archive.store.get(&path).await?.bytes().await?;
+        catalog::open(&bytes, keys).map_err(|e| e.to_string())
+    };
+    match opened {
+        Ok(o) => {
+            tracing::info!(
+                written_at_ms = o.written_at_ms,
+                key = ?o.key,
+                topics = o.snapshot.topics.len(),
+                users = o.snapshot.users.as_ref().map(Vec::len),
+                "catalog snapshot opened"
+            );
+            report.catalog = CatalogOutcome::Opened {
+                written_at_ms: o.written_at_ms,
+                key: o.key,
+            };
+            Ok(Some(o.snapshot))
+        }
+        Err(reason) => {
+            let kept = archive.unopened_catalog_path(head.last_modified.timestamp_millis());
+            archive.store.copy(&path, &kept).await?;
+            tracing::error!(archive = %archive.url, reason = %reason, kept_at = %kept, "the catalog snapshot cannot be opened: users and fan-out links are not restored; the snapshot is kept so a restore with the right cluster_secret stays possible");
+            report.catalog = CatalogOutcome::Unopened {
+                reason,
+                kept_at: kept.to_string(),
+            };
+            Ok(None)
+        }
+    }
+}
+
+/// Users from the snapshot into the user store, durably, if the store is empty.
+async fn restore_users(
+    store: &Arc<UserStore>,
+    snapshot: Option<&CatalogSnapshot>,
+    have_secret: bool,
+    report: &mut RestoreReport,
+) -> Result<(), ArchiveError> {
+    if !store.is_empty() {
+        tracing::info!(
+            "the user store is not empty; its users are kept and none are restored from the archive"
+        );
+        return Ok(());
+    }
+    let why = match snapshot.map(|s| &s.users) {
+        Some(Some(users)) => {
+            let (store, users) = (store.clone(), users.clone());
+            let n = users.len();
+            let applied =
+                tokio::task::spawn_blocking(move || store.apply(UserCommand::Restore { users }))
+                    .await
+                    .expect("user restore task");
+            match applied {
+                Ok(()) => {
+                    tracing::info!(users = n, "users restored from the catalog snapshot");
+                    report.users_restored = Some(n);
+                    return Ok(());
+                }
+                Err(e @ narad_auth::store::StoreError::Io { .. }) => {
+                    return Err(ArchiveError::RestoreUsers(e));
+                }
+                Err(e) => format!("the snapshot's users were refused: {e}"),
+            }
+        }
+        Some(None) if !have_secret => {
+            "no cluster_secret is configured, so snapshots hold no users".to_owned()
+        }
+        Some(None) => {
+            "the catalog snapshot holds no users (it was unsealed, or security was off)".to_owned()
+        }
+        None if !have_secret => "no cluster_secret is configured".to_owned(),
+        None => "no catalog snapshot could be read".to_owned(),
+    };
+    tracing::warn!(reason = %why, "users were not restored from the archive");
+    report.users_missing = Some(why);
+    Ok(())
+}
+
+/// Links every child of the snapshot to its parent again, once both exist as the incarnations
+/// the snapshot names.
+async fn restore_links(
+    broker: &Arc<Broker>,
+    snap: &CatalogSnapshot,
+    report: &mut RestoreReport,
+) -> Result<(), ArchiveError> {
+    for t in &snap.topics {
+        let Some(link) = &t.parent else { continue };
+        let Ok(child) = broker.topic_meta(&t.name) else {
+            continue;
+        };
+        if child.id != t.id {
+            report
+                .links_missing
+                .push((t.name.clone(), "another incarnation".into()));
+            continue;
+        }
+        match &child.parent {
+            Some(l) if l == link => continue, // an earlier, interrupted restore did it
+            Some(_) => continue,              // linked otherwise: not ours to change
+            None => {}
+        }
+        let parent = match broker.topic_meta(&link.parent) {
+            Ok(p) if p.id == link.parent_id => p,
+            _ => {
+                tracing::warn!(child = %t.name, parent = %link.parent, "the parent of a restored child is not in the archive; the child stays standalone");
+                report
+                    .links_missing
+                    .push((t.name.clone(), format!("parent '{}' missing", link.parent)));
+                continue;
+            }
+        };
+        let wanted: Vec<Option<u64>> = (0..parent.config.partitions)
+            .map(|p| {
+                snap.cursors
+                    .iter()
+                    .find(|c| c.child == t.name && c.epoch == link.epoch && c.parent_partition == p)
+                    .map(|c| c.next_offset)
+            })
+            .collect();
+        let positions: Vec<u64> = wanted.iter().map(|w| w.unwrap_or(u64::MAX)).collect();
+        let used = match broker.restore_link(&t.name, link.clone(), &positions).await {
+            Ok(u) => u,
+            Err(e @ (BrokerError::FanoutConflict(_) | BrokerError::FanoutInvalid(_))) => {
+                tracing::warn!(child = %t.name, error = %e, "fan-out link not restored");
+                report.links_missing.push((t.name.clone(), e.to_string()));
+                continue;
+            }
+            Err(source) => {
+                return Err(ArchiveError::Restore {
+                    what: format!("the fan-out link of '{}'", t.name),
+                    source,
+                });
+            }
+        };
+        let missed: u64 = wanted
+            .iter()
+            .zip(&used)
+            .map(|(w, u)| w.map_or(0, |w| u.saturating_sub(w)))
+            .sum();
+        if missed > 0 {
+            tracing::warn!(child = %t.name, parent = %link.parent, missed, "the child had not copied these parent records before the disk loss; they are in the parent's archive, the child will not get them");
+            report.missed.push((t.name.clone(), missed));
+        }
+        report.links_restored.push(t.name.clone());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
