@@ -20,6 +20,100 @@ pub enum LogFormat {
     Json,
 }
 
+/// A secret given in the configuration. Its `Debug` and `Serialize` never show the value
+/// (the defaults table and any dump of the config see `<redacted>`), so no log line or
+/// response can carry it by accident.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "<redacted>" })
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(if self.0.is_empty() { "" } else { "<redacted>" })
+    }
+}
+
+/// Longest cluster secret accepted.
+pub const MAX_SECRET_BYTES: usize = 4096;
+
+/// The cluster secret and, during a rotation, the one before it, as read from the
+/// configuration (values or files). `Debug` shows neither.
+pub struct ClusterSecrets {
+    pub current: Vec<u8>,
+    pub previous: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ClusterSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSecrets")
+            .field("previous", &self.previous.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// One secret from its value or its file (never both), checked for length. Errors name the
+/// key and the file, never the content.
+fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>, ConfigError> {
+    let bad = |key: String, message: String| Err(ConfigError::Invalid { key, message });
+    let file = file.trim();
+    let bytes = match (value.is_empty(), file.is_empty()) {
+        (true, true) => return Ok(None),
+        (false, false) => {
+            return bad(
+                key.into(),
+                format!("set {key} or {key}_file, not both"),
+            );
+        }
+        (false, true) => value.bytes().to_vec(),
+        (true, false) => {
+            let mut b = std::fs::read(file).map_err(|e| ConfigError::Invalid {
+                key: format!("{key}_file"),
+                message: format!("cannot read {file}: {e}"),
+            })?;
+            if b.ends_with(b"\n") {
+                b.pop();
+                if b.ends_with(b"\r") {
+                    b.pop();
+                }
+            }
+            b
+        }
+    };
+    let min = narad_tiering::catalog::MIN_SECRET_BYTES;
+    if bytes.len() < min {
+        return bad(
+            key.into(),
+            format!(
+                "must be at least {min} bytes (generate one with `openssl rand -base64 48`)"
+            ),
+        );
+    }
+    if bytes.len() > MAX_SECRET_BYTES {
+        return bad(key.into(), format!("must be at most {MAX_SECRET_BYTES} bytes"));
+    }
+    Ok(Some(bytes))
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -36,6 +130,24 @@ pub struct ServerConfig {
     /// blocked (1 s, doubling per further failure, at most 60 s; answered 429 + Retry-After).
     /// 0 never blocks.
     pub login_failures_before_block: u32,
+    /// The cluster secret, shared by every node of a cluster and by any node restored from its
+    /// archive: the archive's catalog snapshot (users with their password hashes and grants,
+    /// topics, fan-out links) is sealed under a key derived from it, and the Raft cluster will
+    /// authenticate nodes to each other with it. At least 32 bytes (e.g. the output of
+    /// `openssl rand -base64 48`). Empty: snapshots are unsealed and hold no users, so a restore
+    /// after a disk loss brings back topics and links but not users. Never logged or shown;
+    /// prefer `cluster_secret_file` (a secret in the environment or a config file is easier
+    /// to leak).
+    pub cluster_secret: Secret,
+    /// A file (keep it 0600) whose content is the cluster secret; one trailing newline is
+    /// ignored. Not together with `cluster_secret`.
+    pub cluster_secret_file: String,
+    /// During a rotation, the secret `cluster_secret` replaces: snapshots sealed under it
+    /// still open in a restore, new ones are sealed under `cluster_secret` only. Drop it once
+    /// a snapshot under the new secret was uploaded (`narad_archive_catalog_uploads_total`).
+    pub cluster_secret_previous: Secret,
+    /// A file holding `cluster_secret_previous`.
+    pub cluster_secret_previous_file: String,
     /// PEM certificate chain and private key: when both are set the API listener speaks
     /// HTTPS only. The files are re-read on SIGHUP and when they change.
     pub tls_cert_file: String,
@@ -170,6 +282,10 @@ impl Default for ServerConfig {
             security_enabled: true,
             metrics_addr: String::new(),
             login_failures_before_block: narad_auth::authn::DEFAULT_FREE_FAILURES,
+            cluster_secret: Secret::default(),
+            cluster_secret_file: String::new(),
+            cluster_secret_previous: Secret::default(),
+            cluster_secret_previous_file: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             data_dir: PathBuf::from("data"),
@@ -413,6 +529,7 @@ impl ServerConfig {
                 "tls_cert_file and tls_key_file must be set together",
             );
         }
+        self.cluster_secrets()?;
         if self.tiering_interval_ms < 10 {
             return bad("tiering_interval_ms", "must be at least 10");
         }
@@ -477,6 +594,28 @@ impl ServerConfig {
                 max_topics_per_user: self.max_topics_per_user,
                 max_open_logs,
             },
+        }
+    }
+
+    /// The cluster secrets (reading their files), or `None` when no `cluster_secret` is set.
+    pub fn cluster_secrets(&self) -> Result<Option<ClusterSecrets>, ConfigError> {
+        let current = read_secret(
+            "cluster_secret",
+            &self.cluster_secret,
+            &self.cluster_secret_file,
+        )?;
+        let previous = read_secret(
+            "cluster_secret_previous",
+            &self.cluster_secret_previous,
+            &self.cluster_secret_previous_file,
+        )?;
+        match (current, previous) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(ConfigError::Invalid {
+                key: "cluster_secret_previous".into(),
+                message: "needs cluster_secret (the secret that replaces it)".into(),
+            }),
+            (Some(current), previous) => Ok(Some(ClusterSecrets { current, previous })),
         }
     }
 
@@ -550,5 +689,70 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("keepalive_idle_timeout_ms"), "{e}");
+    }
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn cluster_secret_from_env_or_file_is_checked_and_never_shown() {
+        let env = |pairs: &[(&str, &str)]| {
+            ServerConfig::load(
+                None,
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert!(env(&[]).unwrap().cluster_secrets().unwrap().is_none());
+        let cfg = env(&[("NARAD_CLUSTER_SECRET", SECRET)]).unwrap();
+        let s = cfg.cluster_secrets().unwrap().unwrap();
+        assert_eq!(s.current, SECRET.as_bytes());
+        assert!(s.previous.is_none());
+        // never in Debug output, nor in a serialised config
+        for shown in [
+            format!("{cfg:?}"),
+            format!("{s:?}"),
+            toml::to_string(&cfg).unwrap(),
+        ] {
+            assert!(!shown.contains("0123456789abcdef"), "{shown}");
+        }
+        // too short: refused at load, naming the key and not the value
+        let short = &SECRET[..31];
+        let e = env(&[("NARAD_CLUSTER_SECRET", short)]).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("cluster_secret") && msg.contains("32 bytes"), "{msg}");
+        assert!(!msg.contains(short), "{msg}");
+        let e = env(&[
+            ("NARAD_CLUSTER_SECRET", SECRET),
+            ("NARAD_CLUSTER_SECRET_PREVIOUS", "short"),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("cluster_secret_previous"), "{e}");
+        let e = env(&[("NARAD_CLUSTER_SECRET_PREVIOUS", SECRET)]).unwrap_err();
+        assert!(e.to_string().contains("needs cluster_secret"), "{e}");
+        // from a file: one trailing newline is not part of it
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secret");
+        std::fs::write(&file, format!("{SECRET}\n")).unwrap();
+        let path = file.display().to_string();
+        let cfg = env(&[
+            ("NARAD_CLUSTER_SECRET_FILE", &path),
+            ("NARAD_CLUSTER_SECRET_PREVIOUS", &SECRET.replace('0', "z")),
+        ])
+        .unwrap();
+        let s = cfg.cluster_secrets().unwrap().unwrap();
+        assert_eq!(s.current, SECRET.as_bytes());
+        assert_eq!(s.previous.unwrap(), SECRET.replace('0', "z").as_bytes());
+        let e = env(&[
+            ("NARAD_CLUSTER_SECRET_FILE", &path),
+            ("NARAD_CLUSTER_SECRET", SECRET),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("not both"), "{e}");
+        let e = env(&[("NARAD_CLUSTER_SECRET_FILE", "/nonexistent/secret")]).unwrap_err();
+        assert!(e.to_string().contains("cluster_secret_file"), "{e}");
+        std::fs::write(&file, "too short\n").unwrap();
+        assert!(env(&[("NARAD_CLUSTER_SECRET_FILE", &path)]).is_err());
     }
 }

@@ -12,7 +12,8 @@ use narad_core::clock::{Clock as _, SystemClock};
 use tokio::net::TcpListener;
 
 use narad_tiering::archive::Archive;
-use narad_tiering::tierer::{Tierer, TieringConfig, TieringMetrics};
+use narad_tiering::catalog::CatalogKeys;
+use narad_tiering::tierer::{CatalogSource, RestoreTarget, Tierer, TieringConfig, TieringMetrics};
 
 use crate::config::ServerConfig;
 use crate::http::{self, AppState};
@@ -35,15 +36,25 @@ pub enum ServerError {
     Tls(String),
     #[error("file descriptors: {0}")]
     FdLimit(String),
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
 }
 
-/// Opens the user store and seeds the root user on first start: its password comes from
-/// `NARAD_ADMIN_PASSWORD`, or is generated and printed once to stderr (never to the log).
-async fn open_security(
-    cfg: &ServerConfig,
-) -> Result<Option<Arc<narad_auth::Authenticator>>, ServerError> {
-    use narad_auth::store::{ROOT_USER, UserCommand, UserRecord, UserStore, validate_password};
-    use narad_auth::{Authenticator, authn};
+/// The user store and its authenticator (security on), and the root password to seed with
+/// if, once a restore from the archive had its chance, there is still no root user.
+struct Security {
+    auth: Arc<narad_auth::Authenticator>,
+    store: Arc<narad_auth::UserStore>,
+    /// `NARAD_ADMIN_PASSWORD`, checked; `None`: generate one.
+    admin_password: Option<String>,
+}
+
+/// Opens the user store. The root user is not seeded here but by [`seed_root`] after the
+/// broker opened: a node restored from the archive gets its root (with its old password)
+/// from the catalog snapshot instead. Until then no user exists, so nobody gets in.
+async fn open_security(cfg: &ServerConfig) -> Result<Option<Security>, ServerError> {
+    use narad_auth::store::{ROOT_USER, UserStore, validate_password};
+    use narad_auth::Authenticator;
     if !cfg.security_enabled {
         tracing::warn!(
             "security is OFF: no authentication, every request is allowed (development mode)"
@@ -53,85 +64,124 @@ async fn open_security(
     narad_core::fsutil::create_dir_private(&cfg.data_dir)?;
     let store =
         Arc::new(UserStore::open(&cfg.data_dir).map_err(|e| ServerError::Security(e.to_string()))?);
+    let mut admin_password = None;
     if store.get(ROOT_USER).is_none() {
-        let given = std::env::var("NARAD_ADMIN_PASSWORD")
+        admin_password = std::env::var("NARAD_ADMIN_PASSWORD")
             .ok()
             .filter(|p| !p.is_empty());
-        let generated = given.is_none();
-        let password = given.unwrap_or_else(authn::random_password);
-        validate_password(&password)
-            .map_err(|e| ServerError::Security(format!("NARAD_ADMIN_PASSWORD: {e}")))?;
-        let hash = tokio::task::spawn_blocking(move || (authn::hash_password(&password), password))
-            .await
-            .map_err(|e| ServerError::Security(e.to_string()))?;
-        let now = SystemClock.now_ms();
-        store
-            .apply(UserCommand::Create {
-                user: UserRecord {
-                    username: ROOT_USER.into(),
-                    id: authn::new_user_id(),
-                    password_hash: hash.0,
-                    root: true,
-                    grants: Vec::new(),
-                    created_at_ms: now,
-                    updated_at_ms: now,
-                },
-            })
-            .map_err(|e| ServerError::Security(e.to_string()))?;
-        if generated {
-            eprintln!(
-                "narad: created the root user '{ROOT_USER}' with password: {}\nnarad: it is shown only this once; change it with `narad user passwd {ROOT_USER}`",
-                hash.1
-            );
-            tracing::warn!(
-                user = ROOT_USER,
-                "root user created with a generated password (printed once on stderr)"
-            );
-        } else {
-            tracing::info!(
-                user = ROOT_USER,
-                "root user created with the password from NARAD_ADMIN_PASSWORD"
-            );
+        if let Some(p) = &admin_password {
+            validate_password(p)
+                .map_err(|e| ServerError::Security(format!("NARAD_ADMIN_PASSWORD: {e}")))?;
         }
     }
     let free = cfg.login_failures_before_block;
-    let auth = tokio::task::spawn_blocking(move || Authenticator::new(store, free))
+    let auth_store = store.clone();
+    let auth = tokio::task::spawn_blocking(move || Authenticator::new(auth_store, free))
         .await
         .map_err(|e| ServerError::Security(e.to_string()))?;
     tracing::info!("security is on: HTTP Basic authentication, per-topic grants");
-    Ok(Some(Arc::new(auth)))
+    Ok(Some(Security {
+        auth: Arc::new(auth),
+        store,
+        admin_password,
+    }))
 }
 
-/// A node with an empty data directory rebuilds its topics from the archive before it reports
-/// ready; while the archive cannot be read it stays not-ready and retries (with a log line
-/// each time). Returns false if shutdown began first.
+/// Creates the root user if there is none (first start, or a restore that brought no users
+/// back): its password comes from `NARAD_ADMIN_PASSWORD`, or is generated and printed once to
+/// stderr (never to the log). Never an empty or default password.
+async fn seed_root(sec: &Security) -> Result<(), ServerError> {
+    use narad_auth::authn;
+    use narad_auth::store::{ROOT_USER, UserCommand, UserRecord};
+    if sec.store.get(ROOT_USER).is_some() {
+        if sec.admin_password.is_some() {
+            tracing::info!(
+                user = ROOT_USER,
+                "root user restored from the archive; NARAD_ADMIN_PASSWORD was not used"
+            );
+        }
+        return Ok(());
+    }
+    let generated = sec.admin_password.is_none();
+    let password = sec.admin_password.clone().unwrap_or_else(authn::random_password);
+    let hash = tokio::task::spawn_blocking(move || (authn::hash_password(&password), password))
+        .await
+        .map_err(|e| ServerError::Security(e.to_string()))?;
+    let now = SystemClock.now_ms();
+    let store = sec.store.clone();
+    let root = UserRecord {
+        username: ROOT_USER.into(),
+        id: authn::new_user_id(),
+        password_hash: hash.0,
+        root: true,
+        grants: Vec::new(),
+        created_at_ms: now,
+        updated_at_ms: now,
+    };
+    tokio::task::spawn_blocking(move || store.apply(UserCommand::Create { user: root }))
+        .await
+        .map_err(|e| ServerError::Security(e.to_string()))?
+        .map_err(|e| ServerError::Security(e.to_string()))?;
+    if generated {
+        eprintln!(
+            "narad: created the root user '{ROOT_USER}' with password: {}\nnarad: it is shown only this once; change it with `narad user passwd {ROOT_USER}`",
+            hash.1
+        );
+        tracing::warn!(
+            user = ROOT_USER,
+            "root user created with a generated password (printed once on stderr)"
+        );
+    } else {
+        tracing::info!(
+            user = ROOT_USER,
+            "root user created with the password from NARAD_ADMIN_PASSWORD"
+        );
+    }
+    Ok(())
+}
+
+/// A node with an empty data directory rebuilds its users, topics and fan-out links from the
+/// archive before it reports ready; while the archive cannot be read it stays not-ready and
+/// retries (with a log line each time). Returns `None` if shutdown began first, else what did
+/// not come back (for `/readyz`), if anything.
 async fn restore_from_archive(
     broker: &Arc<Broker>,
     archive: &Archive,
+    target: &RestoreTarget,
     stopping: &tokio_util::sync::CancellationToken,
-) -> bool {
+) -> Option<Option<String>> {
     let mut backoff = Duration::from_millis(200);
     // a node stopped half way through still counts as fresh next time
     if let Err(e) = broker.set_restore_pending(true) {
         tracing::error!(error = %e, "cannot mark the restore in progress");
     }
     loop {
-        match narad_tiering::tierer::restore(broker, archive).await {
+        match narad_tiering::tierer::restore(broker, archive, target).await {
             Ok(r) => {
                 if let Err(e) = broker.set_restore_pending(false) {
                     tracing::error!(error = %e, "cannot clear the restore marker; the next start will look for archived topics again");
                 }
-                if !r.restored.is_empty() {
-                    tracing::info!(archive = %archive.url, topics = r.restored.len(), "restored topics from the archive");
+                if !r.restored.is_empty() || r.users_restored.is_some() {
+                    tracing::info!(
+                        archive = %archive.url,
+                        topics = r.restored.len(),
+                        users = r.users_restored,
+                        links = r.links_restored.len(),
+                        "restored from the archive"
+                    );
                 }
-                return true;
+                let notice = r.notice();
+                if let Some(n) = &notice {
+                    tracing::warn!(archive = %archive.url, "{n}");
+                }
+                return Some(notice);
             }
             Err(e) => {
                 tracing::error!(archive = %archive.url, error = %e, retry_in = ?backoff, "cannot restore from the archive; not ready until it can");
             }
         }
         tokio::select! {
-            () = stopping.cancelled() => return false,
+            () = stopping.cancelled() => return None,
             () = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -177,7 +227,20 @@ pub async fn run(
     if archive.is_some() {
         metrics.register_with(|r| tiering_metrics.register(r));
     }
-    let auth = open_security(&config).await?;
+    let keys = config.cluster_secrets()?.map(|s| {
+        let k = CatalogKeys::derive(&s.current, s.previous.as_deref());
+        tracing::info!(
+            key_id = %k.current_id(),
+            previous = s.previous.is_some(),
+            "cluster secret configured: the archive's catalog snapshot is sealed and holds the users"
+        );
+        Arc::new(k)
+    });
+    if keys.is_none() && archive.is_some() && config.security_enabled {
+        tracing::warn!("no cluster_secret: the archive's catalog snapshot is unsealed and holds no users, so a restore after a disk loss brings back topics and links but not users");
+    }
+    let security = open_security(&config).await?;
+    let auth = security.as_ref().map(|s| s.auth.clone());
     let tls = match (config.tls_cert_file.trim(), config.tls_key_file.trim()) {
         ("", _) | (_, "") => None,
         (cert, key) => {
@@ -208,6 +271,7 @@ pub async fn run(
             config.max_request_bytes_per_user(),
         ),
         schemas: crate::schema::SchemaCache::default(),
+        restore_notice: std::sync::OnceLock::new(),
     });
     if let Some(l) = metrics_listener {
         tracing::info!(addr = %l.local_addr()?, "metrics listener (no authentication)");
@@ -244,11 +308,28 @@ pub async fn run(
         tokio::spawn(async move {
             match broker.await {
                 Ok(b) => {
+                    let users = security.as_ref().map(|s| s.store.clone());
                     if let Some(a) = &archive
                         && b.is_fresh()
-                        && !restore_from_archive(&b, a, &stopping).await
                     {
-                        return; // shutting down before the restore could finish
+                        let target = RestoreTarget {
+                            keys: keys.clone(),
+                            users: users.clone(),
+                        };
+                        match restore_from_archive(&b, a, &target, &stopping).await {
+                            None => return, // shutting down before the restore could finish
+                            Some(Some(notice)) => {
+                                let _ = state.restore_notice.set(notice);
+                            }
+                            Some(None) => {}
+                        }
+                    }
+                    if let Some(sec) = &security
+                        && let Err(e) = seed_root(sec).await
+                    {
+                        tracing::error!(error = %e, "cannot create the root user");
+                        let _ = broker_tx.send(Err(e));
+                        return;
                     }
                     if let Some(a) = archive {
                         tracing::info!(archive = %a.url, "tiering sealed segments to the archive");
@@ -258,8 +339,14 @@ pub async fn run(
                             concurrency: config.tiering_concurrency,
                             ..TieringConfig::default()
                         };
-                        let t =
-                            Tierer::new(b.clone(), a, cfg, Arc::new(SystemClock), tiering_metrics);
+                        let t = Tierer::with_catalog(
+                            b.clone(),
+                            a,
+                            cfg,
+                            Arc::new(SystemClock),
+                            tiering_metrics,
+                            CatalogSource { users, keys },
+                        );
                         tokio::spawn(t.run(stopping));
                     }
                     let _ = state.broker.set(b);
@@ -272,7 +359,7 @@ pub async fn run(
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "broker failed to open");
-                    let _ = broker_tx.send(Err(e));
+                    let _ = broker_tx.send(Err(ServerError::from(e)));
                 }
             }
         })
@@ -292,7 +379,7 @@ pub async fn run(
             };
             tokio::select! {
                 () = shutdown => {}
-                e = open_failed => *failed.lock() = Some(e.into()),
+                e = open_failed => *failed.lock() = Some(e),
             }
             tracing::info!("shutting down");
             state.ready.store(false, Ordering::Release);

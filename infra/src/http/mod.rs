@@ -50,6 +50,9 @@ pub struct AppState {
     pub body_budget: budget::BodyBudget,
     /// Compiled JSON Schemas of topics, by topic incarnation and version.
     pub schemas: crate::schema::SchemaCache,
+    /// What a restore from the archive did not bring back (users, fan-out links), shown as
+    /// `/readyz` detail for as long as the process runs.
+    pub restore_notice: std::sync::OnceLock<String>,
 }
 
 impl AppState {
@@ -444,7 +447,11 @@ async fn healthz(State(state): State<SharedState>) -> Response {
 
 async fn readyz(State(state): State<SharedState>) -> Response {
     if state.ready.load(Ordering::Acquire) && !state.shutting_down.load(Ordering::Acquire) {
-        json_response(StatusCode::OK, &serde_json::json!({"status": "ready"}))
+        let body = match state.restore_notice.get() {
+            Some(detail) => serde_json::json!({"status": "ready", "detail": detail}),
+            None => serde_json::json!({"status": "ready"}),
+        };
+        json_response(StatusCode::OK, &body)
     } else {
         ApiError::unavailable("not_ready", "not ready").into_response()
     }
