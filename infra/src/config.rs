@@ -43,7 +43,11 @@ impl Secret {
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_empty() { "\"\"" } else { "<redacted>" })
+        f.write_str(if self.0.is_empty() {
+            "\"\""
+        } else {
+            "<redacted>"
+        })
     }
 }
 
@@ -79,10 +83,7 @@ fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>,
     let bytes = match (value.is_empty(), file.is_empty()) {
         (true, true) => return Ok(None),
         (false, false) => {
-            return bad(
-                key.into(),
-                format!("set {key} or {key}_file, not both"),
-            );
+            return bad(key.into(), format!("set {key} or {key}_file, not both"));
         }
         (false, true) => value.bytes().to_vec(),
         (true, false) => {
@@ -103,13 +104,14 @@ fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>,
     if bytes.len() < min {
         return bad(
             key.into(),
-            format!(
-                "must be at least {min} bytes (generate one with `openssl rand -base64 48`)"
-            ),
+            format!("must be at least {min} bytes (generate one with `openssl rand -base64 48`)"),
         );
     }
     if bytes.len() > MAX_SECRET_BYTES {
-        return bad(key.into(), format!("must be at most {MAX_SECRET_BYTES} bytes"));
+        return bad(
+            key.into(),
+            format!("must be at most {MAX_SECRET_BYTES} bytes"),
+        );
     }
     Ok(Some(bytes))
 }
@@ -721,7 +723,10 @@ mod tests {
         let short = &SECRET[..31];
         let e = env(&[("NARAD_CLUSTER_SECRET", short)]).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("cluster_secret") && msg.contains("32 bytes"), "{msg}");
+        assert!(
+            msg.contains("cluster_secret") && msg.contains("32 bytes"),
+            "{msg}"
+        );
         assert!(!msg.contains(short), "{msg}");
         let e = env(&[
             ("NARAD_CLUSTER_SECRET", SECRET),

@@ -53,8 +53,8 @@ struct Security {
 /// broker opened: a node restored from the archive gets its root (with its old password)
 /// from the catalog snapshot instead. Until then no user exists, so nobody gets in.
 async fn open_security(cfg: &ServerConfig) -> Result<Option<Security>, ServerError> {
-    use narad_auth::store::{ROOT_USER, UserStore, validate_password};
     use narad_auth::Authenticator;
+    use narad_auth::store::{ROOT_USER, UserStore, validate_password};
     if !cfg.security_enabled {
         tracing::warn!(
             "security is OFF: no authentication, every request is allowed (development mode)"
@@ -103,7 +103,10 @@ async fn seed_root(sec: &Security) -> Result<(), ServerError> {
         return Ok(());
     }
     let generated = sec.admin_password.is_none();
-    let password = sec.admin_password.clone().unwrap_or_else(authn::random_password);
+    let password = sec
+        .admin_password
+        .clone()
+        .unwrap_or_else(authn::random_password);
     let hash = tokio::task::spawn_blocking(move || (authn::hash_password(&password), password))
         .await
         .map_err(|e| ServerError::Security(e.to_string()))?;
@@ -237,7 +240,9 @@ pub async fn run(
         Arc::new(k)
     });
     if keys.is_none() && archive.is_some() && config.security_enabled {
-        tracing::warn!("no cluster_secret: the archive's catalog snapshot is unsealed and holds no users, so a restore after a disk loss brings back topics and links but not users");
+        tracing::warn!(
+            "no cluster_secret: the archive's catalog snapshot is unsealed and holds no users, so a restore after a disk loss brings back topics and links but not users"
+        );
     }
     let security = open_security(&config).await?;
     let auth = security.as_ref().map(|s| s.auth.clone());
@@ -337,6 +342,9 @@ pub async fn run(
                             interval: Duration::from_millis(config.tiering_interval_ms),
                             archive_retention_ms: config.archive_retention_ms,
                             concurrency: config.tiering_concurrency,
+                            catalog_cursor_interval: Duration::from_millis(
+                                config.tiering_interval_ms,
+                            ),
                             ..TieringConfig::default()
                         };
                         let t = Tierer::with_catalog(

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -318,4 +319,288 @@ async fn analytics_engines_read_the_archive_in_place() {
         first_ts = first_ts.min(m["timestamp_ms"].as_i64().unwrap());
     }
     assert_eq!(seen["duckdb"]["first_ts_ms"], first_ts, "{seen}");
+}
+
+const ROOT_PW: &str = "root-password-1";
+const ROOT_PW_CHANGED: &str = "root-password-2";
+const ALICE_PW: &str = "alice-password-1";
+const CLUSTER_SECRET: &str = "a cluster secret for the restore tests, 32+ bytes";
+
+/// An archive for one test: the S3-compatible server when the test command started one,
+/// else a local directory.
+fn test_archive(dir: &std::path::Path, name: &str) -> (String, narad_tiering::archive::Archive) {
+    let url = match std::env::var("NARAD_TEST_S3_URL") {
+        Ok(base) => format!("{base}/{name}-{}", std::process::id()),
+        Err(_) => format!("file://{}", dir.join("bucket").display()),
+    };
+    let archive = narad_tiering::archive::Archive::open(&narad_tiering::archive::ArchiveSettings {
+        url: url.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    (url, archive)
+}
+
+async fn ok_as(s: &Server, who: (&str, &str), method: reqwest::Method, path: &str, body: Value) {
+    let r = call_as(s, who, method, path, Some(body)).await;
+    let st = r.status();
+    assert!(st.is_success(), "{path}: {st} {}", r.text().await.unwrap());
+}
+
+/// A secure node with the cluster secret: root's password changed, a user `alice` who may
+/// produce to `par`, a parent `par` with a child `kid`, 300 records produced and archived,
+/// and a catalog snapshot in the archive that lists alice and the link. Returns how far
+/// `par` was archived.
+async fn populate(s: &Server, archive: &narad_tiering::archive::Archive) -> u64 {
+    let root = ("admin", ROOT_PW);
+    ok_as(
+        s,
+        root,
+        Method::PUT,
+        "/v1/users/admin/password",
+        json!({"new_password": ROOT_PW_CHANGED, "current_password": ROOT_PW}),
+    )
+    .await;
+    let root = ("admin", ROOT_PW_CHANGED);
+    ok_as(
+        s,
+        root,
+        Method::POST,
+        "/v1/users",
+        json!({"username": "alice", "password": ALICE_PW,
+               "grants": [{"action": "produce", "patterns": ["par"]}]}),
+    )
+    .await;
+    for t in ["par", "kid"] {
+        ok_as(
+            s,
+            root,
+            Method::POST,
+            "/v1/topics",
+            json!({"name": t, "partitions": 1}),
+        )
+        .await;
+    }
+    ok_as(
+        s,
+        root,
+        Method::POST,
+        "/v1/topics/par/children",
+        json!({"child": "kid"}),
+    )
+    .await;
+    for i in 0..300 {
+        let r = call_as(
+            s,
+            ("alice", ALICE_PW),
+            Method::POST,
+            "/v1/topics/par/produce",
+            Some(json!({ "i": i })),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    let keys = narad_tiering::catalog::CatalogKeys::derive(CLUSTER_SECRET.as_bytes(), None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = archive.load_manifest("par", 0).await.ok().flatten();
+        let snap = archive.load_catalog().await.unwrap().map(|b| {
+            narad_tiering::catalog::open(&b, Some(&keys))
+                .unwrap()
+                .snapshot
+        });
+        // the snapshot lists alice and the child's link, with a cursor at least as far as
+        // the archived parent (else a restore rightly warns about records the child missed)
+        let archived_to = m.as_ref().map_or(u64::MAX, |m| m.next_offset);
+        let snap_ok = snap.is_some_and(|s| {
+            let copied = s
+                .cursors
+                .iter()
+                .any(|c| c.child == "kid" && c.next_offset >= archived_to);
+            let linked = s
+                .topics
+                .iter()
+                .any(|t| t.name == "kid" && t.parent.as_ref().is_some_and(|l| l.parent == "par"));
+            let alice = s
+                .users
+                .is_some_and(|u| u.iter().any(|u| u.username == "alice"));
+            linked && alice && copied
+        });
+        if let Some(m) = &m
+            && m.next_offset >= 200
+            && snap_ok
+        {
+            return m.next_offset;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "archive did not catch up ({m:?}, snapshot ok: {snap_ok}); log:\n{}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn restore_env<'a>(url: &'a str, secret: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("NARAD_SEGMENT_MAX_BYTES", "4096"),
+        ("NARAD_TIERING_INTERVAL_MS", "50"),
+        ("NARAD_ARCHIVE_URL", url),
+    ];
+    if let Some(s) = secret {
+        env.push(("NARAD_CLUSTER_SECRET", s));
+    }
+    env
+}
+
+async fn readyz(s: &Server) -> Value {
+    let r = s.get("/readyz").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    r.json().await.unwrap()
+}
+
+/// Disk loss with the cluster secret: users come back with their passwords (root's changed
+/// one too, not a new root), the child is still a child and keeps copying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_loss_with_the_cluster_secret_restores_users_and_fanout_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, archive) = test_archive(dir.path(), "catalog");
+    let mut env = restore_env(&url, Some(CLUSTER_SECRET));
+    env.push(("NARAD_ADMIN_PASSWORD", ROOT_PW));
+    let mut s = Server::start_opts(dir.path(), false, &env, None).await;
+    let archived = populate(&s, &archive).await;
+    assert!(
+        !s.log().contains(CLUSTER_SECRET),
+        "the secret is never logged"
+    );
+    s.kill9();
+    std::fs::remove_dir_all(&s.data_dir).unwrap();
+    s.restart().await;
+    assert_eq!(readyz(&s).await, json!({"status": "ready"}), "{}", s.log());
+    // root is the archived one: its changed password works, the env one does not
+    let r = call_as(&s, ("admin", ROOT_PW), Method::GET, "/v1/topics", None).await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let root = ("admin", ROOT_PW_CHANGED);
+    let r = call_as(&s, root, Method::GET, "/v1/topics/kid", None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let kid: Value = r.json().await.unwrap();
+    assert_eq!(kid["parent"], "par", "{kid}");
+    let kid_next = kid["partition_stats"][0]["next_offset"].as_u64().unwrap();
+    // alice logs in with her old password and produces where her grant says
+    let r = call_as(
+        &s,
+        ("alice", ALICE_PW),
+        Method::POST,
+        "/v1/topics/par/produce",
+        Some(json!({"after": "restore"})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["offset"].as_u64().unwrap(),
+        archived,
+        "no offset reused"
+    );
+    let r = call_as(
+        &s,
+        ("alice", ALICE_PW),
+        Method::POST,
+        "/v1/topics/kid/produce",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::FORBIDDEN,
+        "her grants came back too"
+    );
+    // the record produced after the restore reaches the child
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = call_as(
+            &s,
+            root,
+            Method::GET,
+            &format!("/v1/topics/kid/consume?partition=0&offset={kid_next}"),
+            None,
+        )
+        .await;
+        if r.status() == StatusCode::OK {
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["payload"], json!({"after": "restore"}), "{v}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child never got it; log:\n{}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Disk loss, restarted without the secret: topics and data come back, users and links do
+/// not, `/readyz` says so, and the root is a new one with a generated password (never open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_loss_without_the_cluster_secret_restores_topics_only_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, archive) = test_archive(dir.path(), "catalog-nosecret");
+    let mut env = restore_env(&url, Some(CLUSTER_SECRET));
+    env.push(("NARAD_ADMIN_PASSWORD", ROOT_PW));
+    let mut s = Server::start_opts(dir.path(), false, &env, None).await;
+    let archived = populate(&s, &archive).await;
+    s.kill9();
+    std::fs::remove_dir_all(&s.data_dir).unwrap();
+    let _ = std::fs::remove_file(s.data_dir.with_extension("log"));
+    // the same node, no secret and no admin password given
+    let mut s = Server::start_opts(dir.path(), false, &restore_env(&url, None), None).await;
+    let ready = readyz(&s).await;
+    let detail = ready["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("users were not restored")
+            && detail.contains("fan-out links were not restored"),
+        "{ready}"
+    );
+    let log = s.log();
+    assert!(log.contains("users were not restored"), "{log}");
+    // never an open root: no credentials, the old passwords, all refused
+    let r = s.get("/v1/topics").await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    for who in [
+        ("admin", ROOT_PW_CHANGED),
+        ("admin", ROOT_PW),
+        ("alice", ALICE_PW),
+    ] {
+        let r = call_as(&s, who, Method::GET, "/v1/topics", None).await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{who:?}");
+    }
+    // the new root's password was printed once; with it, the topics are back, standalone
+    let generated = log
+        .lines()
+        .find_map(|l| {
+            l.split("created the root user 'admin' with password: ")
+                .nth(1)
+        })
+        .expect("a generated root password")
+        .trim()
+        .to_owned();
+    let root = ("admin", generated.as_str());
+    let r = call_as(&s, root, Method::GET, "/v1/topics/kid", None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let kid: Value = r.json().await.unwrap();
+    assert!(kid["parent"].is_null(), "{kid}");
+    let r = call_as(&s, root, Method::GET, "/v1/topics/par", None).await;
+    let par: Value = r.json().await.unwrap();
+    assert_eq!(
+        par["partition_stats"][0]["next_offset"].as_u64().unwrap(),
+        archived
+    );
+    // the snapshot it could not open was kept beside its own new one
+    let names = archive.catalog_objects().await.unwrap();
+    assert!(
+        names.iter().any(|n| n.starts_with("unopened-")),
+        "{names:?}"
+    );
+    s.stop().await;
 }

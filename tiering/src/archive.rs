@@ -165,6 +165,28 @@ impl Archive {
         ])
     }
 
+    /// The catalog snapshot object as stored (not opened), if there is one.
+    pub async fn load_catalog(&self) -> Result<Option<Bytes>, ArchiveError> {
+        match self.store.get(&self.catalog_path()).await {
+            Ok(r) => Ok(Some(r.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Names of the objects under `_catalog/`: the snapshot and any kept unopened ones.
+    pub async fn catalog_objects(&self) -> Result<Vec<String>, ArchiveError> {
+        let dir = self.join(&[crate::catalog::CATALOG_DIR]);
+        let listing = self.store.list_with_delimiter(Some(&dir)).await?;
+        let mut names: Vec<String> = listing
+            .objects
+            .iter()
+            .filter_map(|o| o.location.filename().map(str::to_owned))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
     pub fn partition_dir(&self, topic: &str, partition: u32) -> Path {
         self.join(&[&format!("topic={topic}"), &format!("partition={partition}")])
     }

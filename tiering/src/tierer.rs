@@ -47,8 +47,8 @@ pub struct TieringConfig {
     pub max_backoff: Duration,
     /// When only fan-out cursor positions changed, the catalog snapshot is uploaded at most
     /// this often (they move with every copied slab; a stale position costs nothing but a
-    /// larger "missed" count in a restore's warning). Topic, link, schema and user changes go
-    /// up on the next pass.
+    /// larger "may have missed" count in a restore's warning). Topic, link, schema and user
+    /// changes go up on the next pass. The server uses `tiering_interval_ms`.
     pub catalog_cursor_interval: Duration,
 }
 
@@ -60,7 +60,7 @@ impl Default for TieringConfig {
             concurrency: 2,
             backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
-            catalog_cursor_interval: Duration::from_secs(30),
+            catalog_cursor_interval: Duration::from_secs(1),
         }
     }
 }
@@ -732,8 +732,10 @@ pub struct RestoreReport {
     pub links_restored: Vec<String>,
     /// Children that came back standalone, with the reason.
     pub links_missing: Vec<(String, String)>,
-    /// `(child, records)`: parent records archived before the disk loss that the child had
-    /// not copied; they are in the parent's archive, the child never gets them.
+    /// `(child, records)`: at most this many parent records archived before the disk loss
+    /// had not been copied to the child (as far as the snapshot's cursor positions know: a
+    /// stale position overstates it); they are in the parent's archive, the child never gets
+    /// them.
     pub missed: Vec<(String, u64)>,
 }
 
@@ -774,7 +776,7 @@ impl RestoreReport {
         }
         for (child, n) in &self.missed {
             parts.push(format!(
-                "child '{child}' missed {n} parent records archived before the disk loss"
+                "child '{child}' may have missed up to {n} parent records archived before the disk loss (they are in the parent's archive)"
             ));
         }
         (!parts.is_empty()).then(|| format!("restored from the archive; {}", parts.join("; ")))
@@ -1053,7 +1055,7 @@ async fn restore_links(
             .map(|(w, u)| w.map_or(0, |w| u.saturating_sub(w)))
             .sum();
         if missed > 0 {
-            tracing::warn!(child = %t.name, parent = %link.parent, missed, "the child had not copied these parent records before the disk loss; they are in the parent's archive, the child will not get them");
+            tracing::warn!(child = %t.name, parent = %link.parent, missed, "by the snapshot's cursor positions the child had not copied up to this many archived parent records before the disk loss; they are in the parent's archive, the child will not get them");
             report.missed.push((t.name.clone(), missed));
         }
         report.links_restored.push(t.name.clone());
