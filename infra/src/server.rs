@@ -191,6 +191,38 @@ async fn restore_from_archive(
     }
 }
 
+/// What happens between the broker opening and the node turning ready: a fresh node restores
+/// from the archive (users, topics, links; what did not come back goes to `/readyz`), then
+/// the root user is created if there still is none. `Ok(false)`: shutdown began first.
+async fn prepare(
+    b: &Arc<Broker>,
+    archive: Option<&Archive>,
+    security: Option<&Security>,
+    keys: &Option<Arc<CatalogKeys>>,
+    state: &AppState,
+    stopping: &tokio_util::sync::CancellationToken,
+) -> Result<bool, ServerError> {
+    if let Some(a) = archive
+        && b.is_fresh()
+    {
+        let target = RestoreTarget {
+            keys: keys.clone(),
+            users: security.map(|s| s.store.clone()),
+        };
+        match restore_from_archive(b, a, &target, stopping).await {
+            None => return Ok(false),
+            Some(Some(notice)) => {
+                let _ = state.restore_notice.set(notice);
+            }
+            Some(None) => {}
+        }
+    }
+    if let Some(sec) = security {
+        seed_root(sec).await?;
+    }
+    Ok(true)
+}
+
 /// Serves the API on `listener` until `shutdown` resolves, then:
 /// 1. reports not ready and answers waiting long-polls with 204,
 /// 2. stops accepting and lets in-flight requests finish (up to `shutdown_grace_ms`),
@@ -313,29 +345,26 @@ pub async fn run(
         tokio::spawn(async move {
             match broker.await {
                 Ok(b) => {
-                    let users = security.as_ref().map(|s| s.store.clone());
-                    if let Some(a) = &archive
-                        && b.is_fresh()
+                    match prepare(
+                        &b,
+                        archive.as_ref(),
+                        security.as_ref(),
+                        &keys,
+                        &state,
+                        &stopping,
+                    )
+                    .await
                     {
-                        let target = RestoreTarget {
-                            keys: keys.clone(),
-                            users: users.clone(),
-                        };
-                        match restore_from_archive(&b, a, &target, &stopping).await {
-                            None => return, // shutting down before the restore could finish
-                            Some(Some(notice)) => {
-                                let _ = state.restore_notice.set(notice);
-                            }
-                            Some(None) => {}
+                        Ok(true) => {}
+                        Ok(false) => return, // shutting down before the restore could finish
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot create the root user");
+                            let _ = state.broker.set(b); // closed in order at exit
+                            let _ = broker_tx.send(Err(e));
+                            return;
                         }
                     }
-                    if let Some(sec) = &security
-                        && let Err(e) = seed_root(sec).await
-                    {
-                        tracing::error!(error = %e, "cannot create the root user");
-                        let _ = broker_tx.send(Err(e));
-                        return;
-                    }
+                    let users = security.as_ref().map(|s| s.store.clone());
                     if let Some(a) = archive {
                         tracing::info!(archive = %a.url, "tiering sealed segments to the archive");
                         let cfg = TieringConfig {
