@@ -57,6 +57,23 @@ impl Serialize for Secret {
     }
 }
 
+/// A TOML syntax error as shown to the operator. The parser quotes the offending line; when
+/// that line may hold a secret (any `*secret*` key), only its number is given.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        return e.to_string();
+    };
+    let line_start = text[..span.start.min(text.len())]
+        .rfind('\n')
+        .map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or_default();
+    if line.to_ascii_lowercase().contains("secret") {
+        let n = text[..line_start].matches('\n').count() + 1;
+        return format!("syntax error on line {n} (not shown: it may hold a secret)");
+    }
+    e.to_string()
+}
+
 /// Longest cluster secret accepted.
 pub const MAX_SECRET_BYTES: usize = 4096;
 
@@ -364,7 +381,7 @@ impl ServerConfig {
             let file_table: toml::Table =
                 toml::from_str(&text).map_err(|e| ConfigError::Parse {
                     path: path.to_owned(),
-                    message: e.to_string(),
+                    message: parse_message(&text, &e),
                 })?;
             for (k, v) in file_table {
                 if !table.contains_key(&k) {
@@ -759,5 +776,24 @@ mod tests {
         assert!(e.to_string().contains("cluster_secret_file"), "{e}");
         std::fs::write(&file, "too short\n").unwrap();
         assert!(env(&[("NARAD_CLUSTER_SECRET_FILE", &path)]).is_err());
+        // a syntax error on the secret's line does not quote it
+        let toml_file = dir.path().join("narad.toml");
+        std::fs::write(
+            &toml_file,
+            format!("data_dir = \"x\"\ncluster_secret = \"{SECRET}\n"),
+        )
+        .unwrap();
+        let e = ServerConfig::load(Some(&toml_file), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2") && !e.contains("0123456789"), "{e}");
+        std::fs::write(&toml_file, "data_dir = \"x\nsegment_max_bytes = 5\n").unwrap();
+        let e = ServerConfig::load(Some(&toml_file), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("data_dir"),
+            "other syntax errors still quote their line: {e}"
+        );
     }
 }
