@@ -20,6 +20,7 @@
 //! - [`broker`]: wires topics, logs and queues together; no HTTP here.
 
 pub mod broker;
+pub mod catalog;
 pub mod clock;
 pub mod fsutil;
 pub mod handle;

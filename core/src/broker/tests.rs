@@ -269,6 +269,127 @@ fn to_partition(p: u32) -> ProduceMessage {
     }
 }
 
+/// A [`MetaStore`] for tests: the node's own store, with a gate a test can hold to keep
+/// commands from being committed, and a record of every command that applied.
+#[derive(Debug)]
+struct RecordingStore {
+    inner: LocalMetaStore,
+    gate: Arc<tokio::sync::Mutex<()>>,
+    log: Arc<Mutex<Vec<CatalogCommand>>>,
+}
+
+impl MetaStore for RecordingStore {
+    fn propose(
+        &self,
+        cmd: CatalogCommand,
+        publish: crate::catalog::store::Publish,
+    ) -> crate::catalog::store::Proposal {
+        let (gate, log) = (self.gate.clone(), self.log.clone());
+        let recorded = cmd.clone();
+        let commit = move || {
+            let _open = gate.blocking_lock();
+            self_propose(cmd, recorded, publish, log)
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (cmd, publish) = tokio::task::spawn_blocking(commit).await.unwrap();
+            inner.propose(cmd, publish).await
+        })
+    }
+
+    fn catalog(&self) -> Arc<crate::catalog::Catalog> {
+        self.inner.catalog()
+    }
+
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<Arc<crate::catalog::Catalog>> {
+        self.inner.subscribe()
+    }
+}
+
+/// The command and a publish hook that records it once it applied.
+fn self_propose(
+    cmd: CatalogCommand,
+    recorded: CatalogCommand,
+    publish: crate::catalog::store::Publish,
+    log: Arc<Mutex<Vec<CatalogCommand>>>,
+) -> (CatalogCommand, crate::catalog::store::Publish) {
+    let hook: crate::catalog::store::Publish = Box::new(move |cat, applied| {
+        log.lock().push(recorded);
+        publish(cat, applied);
+    });
+    (cmd, hook)
+}
+
+async fn open_recording(dir: &Path) -> (Arc<Broker>, Arc<RecordingStore>) {
+    let mut cfg = BrokerConfig::new(dir);
+    cfg.ack_flush_interval_ms = 10;
+    let store = Arc::new(RecordingStore {
+        inner: LocalMetaStore::open(dir).unwrap(),
+        gate: Arc::default(),
+        log: Arc::default(),
+    });
+    let b = Broker::open_with_store(
+        cfg,
+        Arc::new(SystemClock),
+        Arc::new(CoreMetrics::default()),
+        store.clone(),
+    )
+    .await
+    .unwrap();
+    (b, store)
+}
+
+/// Issue 12: the catalog is what its commands make. Every metadata change the broker makes
+/// goes through the store as a command; replaying the recorded commands on an empty catalog
+/// gives the catalog the node published, and the one it reads back from disk after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_the_command_log_rebuilds_the_catalog() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, store) = open_recording(dir.path()).await;
+    let owned = |name: &str| CreateTopic {
+        owner: Some(("alice".into(), 42)),
+        ..create(name, 2)
+    };
+    b.create_topic(owned("p")).await.unwrap();
+    b.create_topic(owned("c")).await.unwrap();
+    b.create_topic(create("d", 1)).await.unwrap();
+    b.alter_topic("p", grow(3)).await.unwrap();
+    b.add_schema_version("d", serde_json::json!({"type": "object"}), |_| Ok(()))
+        .await
+        .unwrap();
+    b.attach_child("p", "c", 0, false).await.unwrap();
+    b.detach_child("p", "c").await.unwrap();
+    b.attach_child("p", "c", 0, true).await.unwrap();
+    assert_eq!(b.disown("alice", 42).await.unwrap(), 2);
+    b.create_topic(create("gone", 1)).await.unwrap();
+    b.delete_topic("gone").await.unwrap();
+    // refused changes are not in the log
+    assert!(b.create_topic(create("p", 1)).await.is_err());
+    assert!(b.attach_child("c", "d", 0, false).await.is_err());
+
+    let log = store.log.lock().clone();
+    assert_eq!(log.len(), 11, "{log:#?}");
+    let mut replayed = crate::catalog::Catalog::default();
+    for cmd in &log {
+        replayed = crate::catalog::apply(&replayed, cmd).unwrap().0;
+    }
+    assert_eq!(&replayed, &*b.catalog());
+    let c = replayed.get("c").unwrap();
+    assert_eq!(c.parent.as_ref().unwrap().parent, "p");
+    assert_eq!(c.owner, None);
+    assert_eq!(replayed.get("p").unwrap().config.partitions, 3);
+    // what the broker serves agrees with the catalog
+    for t in replayed.topics() {
+        assert_eq!(&b.topic_meta(&t.name).unwrap(), &**t);
+    }
+    b.shutdown().await;
+    drop(b);
+    assert_eq!(meta::load(dir.path()).unwrap(), replayed);
+    let b = open(dir.path()).await;
+    assert_eq!(&*b.catalog(), &replayed);
+    b.shutdown().await;
+}
+
 fn grow(partitions: u32) -> TopicPatch {
     TopicPatch {
         partitions: Some(partitions),
@@ -282,19 +403,11 @@ fn grow(partitions: u32) -> TopicPatch {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_partitions_go_live_only_once_durable() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path()).await;
+    let (b, store) = open_recording(dir.path()).await;
     b.create_topic(create("t", 3)).await.unwrap();
     let topic_dir = b.topic("t").unwrap().dir.clone();
     // the metadata write of the change cannot finish while the test holds this
-    let (locked_tx, locked) = std::sync::mpsc::channel();
-    let (release, release_rx) = std::sync::mpsc::channel::<()>();
-    let commit = b.meta_commit.clone();
-    let holder = std::thread::spawn(move || {
-        let _held = commit.lock();
-        locked_tx.send(()).unwrap();
-        let _ = release_rx.recv();
-    });
-    locked.recv().unwrap();
+    let held = store.gate.lock().await;
     let b2 = b.clone();
     let alter = tokio::spawn(async move { b2.alter_topic("t", grow(4)).await });
     // the new partition is open on disk and the change waits for its durable write
@@ -314,8 +427,7 @@ async fn new_partitions_go_live_only_once_durable() {
         assert_eq!(b.topic_info("t").unwrap().partitions.len(), 3);
         tokio::task::yield_now().await;
     }
-    release.send(()).unwrap();
-    holder.join().unwrap();
+    drop(held);
     alter.await.unwrap().unwrap();
     b.produce("t", vec![to_partition(3)]).await.unwrap();
     b.shutdown().await;
