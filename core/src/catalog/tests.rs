@@ -250,3 +250,58 @@ proptest! {
         prop_assert_eq!(run(&cmds), cat);
     }
 }
+
+/// The store publishes a command's catalog only once it is on disk: a watcher sees nothing of
+/// a command whose write failed, and the published catalog is what a restart reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_publishes_only_what_is_durable() {
+    use store::{LocalMetaStore, MetaStore, StoreError};
+    let dir = tempfile::tempdir().unwrap();
+    let s = LocalMetaStore::open(dir.path()).unwrap();
+    let mut watch = s.subscribe();
+    let create = |id, name: &str| CatalogCommand::CreateTopic {
+        topic: topic(id, name),
+    };
+    let published = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+
+    s.propose(create(1, "a"), Box::new(|_, _| {}))
+        .await
+        .unwrap();
+    assert!(watch.has_changed().unwrap());
+    assert_eq!(watch.borrow_and_update().applied(), 1);
+    assert_eq!(store::load(dir.path()).unwrap(), *s.catalog());
+
+    // a write that cannot happen: nothing is published, the hook does not run
+    let blocker = dir.path().join(format!("{}.tmp", store::META_FILE));
+    std::fs::create_dir(&blocker).unwrap();
+    let ran = published.clone();
+    let e = s
+        .propose(
+            create(2, "b"),
+            Box::new(move |_, _| {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Meta(_)), "{e:?}");
+    assert!(!watch.has_changed().unwrap());
+    assert_eq!(published.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(s.catalog().get("b").is_none());
+
+    // a refused command: likewise
+    std::fs::remove_dir(&blocker).unwrap();
+    let e = s
+        .propose(create(3, "a"), Box::new(|_, _| {}))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Refused(CatalogError::Exists(_))));
+    assert!(!watch.has_changed().unwrap());
+
+    s.propose(create(2, "b"), Box::new(|_, _| {}))
+        .await
+        .unwrap();
+    assert_eq!(watch.borrow_and_update().len(), 2);
+    let reopened = LocalMetaStore::open(dir.path()).unwrap();
+    assert_eq!(reopened.catalog(), s.catalog());
+}
