@@ -32,7 +32,8 @@ use std::path::{Path, PathBuf};
 pub(crate) const JOURNAL_SNAPSHOT_BYTES: u64 = 4 << 20;
 
 /// While this many generations are on disk (snapshots keep failing), a snapshot does not
-/// start a new one: the current file keeps growing instead of the file count.
+/// start a new one and no new file is created: the current file keeps growing instead of the
+/// file count.
 const MAX_GENERATIONS: usize = 16;
 
 const MAGIC: &[u8; 8] = b"NRDDJ001";
@@ -148,6 +149,9 @@ pub(crate) struct DeliveryJournal {
     named: bool,
     /// Generations whose file is (or may be) on disk.
     on_disk: BTreeSet<u64>,
+    /// A write failed: appends fail at once until the next rotation (the snapshot that holds
+    /// their counts), so a failing disk costs one attempt, and one file, per snapshot pass.
+    broken: bool,
 }
 
 /// A journal file to `fdatasync` outside the journal's lock.
@@ -207,6 +211,7 @@ impl DeliveryJournal {
             unsynced: false,
             named: false,
             on_disk,
+            broken: false,
         }
     }
 
@@ -234,9 +239,19 @@ impl DeliveryJournal {
     /// it; `fdatasync` comes from [`Self::pending_sync`]). After a failure the next append
     /// starts a new generation, so a short write never misaligns later records.
     pub fn append(&mut self, entries: &[(u64, u32)]) -> std::io::Result<()> {
+        if self.broken {
+            return Err(std::io::Error::other(
+                "an earlier journal write failed; waiting for the next queue snapshot",
+            ));
+        }
         let mut buf = Vec::with_capacity(MAGIC.len() + entries.len() * RECORD_LEN);
         let result = (|| {
             if self.file.is_none() {
+                if self.on_disk.len() >= MAX_GENERATIONS {
+                    return Err(std::io::Error::other(
+                        "too many deliveries journals wait for a queue snapshot",
+                    ));
+                }
                 let path = self.dir.join(file_name(self.generation));
                 let file = crate::fsutil::create_new_private(&path)?;
                 self.on_disk.insert(self.generation);
@@ -259,6 +274,7 @@ impl DeliveryJournal {
             }
             Err(e) => {
                 self.next_generation();
+                self.broken = true;
                 Err(e)
             }
         }
@@ -280,6 +296,7 @@ impl DeliveryJournal {
         if self.file.is_some() && self.on_disk.len() < MAX_GENERATIONS {
             self.next_generation();
         }
+        self.broken = false;
         self.generation.checked_sub(1)
     }
 
@@ -385,6 +402,66 @@ mod tests {
         assert!(!j.has_files());
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(names.is_empty(), "{names:?}");
+    }
+
+    #[test]
+    fn a_failed_write_waits_for_the_next_snapshot() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("p");
+        std::fs::create_dir(&dir).unwrap();
+        let mut j = DeliveryJournal::open(&dir, |_, _| {});
+        j.append(&[(1, 1)]).unwrap();
+        j.rotate();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            j.append(&[(2, 1)]).is_err(),
+            "no directory to create the file in"
+        );
+        std::fs::create_dir(&dir).unwrap();
+        assert!(j.append(&[(2, 1)]).is_err(), "no retry before the snapshot");
+        assert!(std::fs::read_dir(&dir).unwrap().next().is_none());
+        j.rotate();
+        j.append(&[(2, 2)]).unwrap();
+        let mut got = Vec::new();
+        DeliveryJournal::open(&dir, |o, c| got.push((o, c)));
+        assert_eq!(got, vec![(2, 2)]);
+    }
+
+    #[test]
+    fn generations_on_disk_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = DeliveryJournal::open(dir.path(), |_, _| {});
+        // snapshots that never become durable: nothing is removed
+        for i in 0..40u64 {
+            j.append(&[(i, 1)]).unwrap();
+            j.rotate();
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            MAX_GENERATIONS
+        );
+        let mut got = Vec::new();
+        DeliveryJournal::open(dir.path(), |o, _| got.push(o));
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            (0..40).collect::<Vec<_>>(),
+            "the last file kept growing"
+        );
+    }
+
+    #[test]
+    fn a_big_generation_asks_for_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = DeliveryJournal::open(dir.path(), |_, _| {});
+        let n = JOURNAL_SNAPSHOT_BYTES / RECORD_LEN as u64;
+        let entries: Vec<(u64, u32)> = (0..n - 1).map(|o| (o, 1)).collect();
+        j.append(&entries).unwrap();
+        assert!(!j.wants_snapshot());
+        j.append(&[(n, 1)]).unwrap();
+        assert!(j.wants_snapshot());
+        j.rotate();
+        assert!(!j.wants_snapshot());
     }
 
     #[test]
