@@ -327,6 +327,12 @@ impl PartitionQueue {
         }
     }
 
+    /// Changes the bound on persisted delivery counts (tests of what happens past it).
+    #[cfg(test)]
+    pub(crate) fn set_max_counts(&mut self, max_counts: usize) {
+        self.max_counts = max_counts;
+    }
+
     /// How many delivery counts [`Self::snapshot`] leaves out for want of room.
     pub fn counts_left_out(&self) -> usize {
         self.deliveries.len().saturating_sub(self.max_counts)

@@ -950,3 +950,36 @@ async fn the_journal_is_synced_and_bounded_by_snapshots() {
     assert_eq!(counts, vec![2, 2]);
     b.shutdown().await;
 }
+
+/// Issue 12: past the bound on persisted counts, snapshots keep the lowest offsets' counts
+/// and say so in a metric; the others count from 1 again after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_past_the_snapshot_bound_are_counted_in_a_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_without_maintenance(dir.path()).await;
+    b.create_topic(create("t", 1)).await.unwrap();
+    b.produce("t", vec![msg("a"), msg("b"), msg("c")])
+        .await
+        .unwrap();
+    let part = b.topic("t").unwrap().partition(0).unwrap();
+    part.queue.lock().set_max_counts(2);
+    let got = b.consume("t", None, 3, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 3);
+    b.settle("t", &got[2].receipt_handle, AckAction::Nack)
+        .await
+        .unwrap();
+    let truncated = || {
+        b.metrics
+            .delivery_counts_truncated
+            .get_or_create(&TopicLabel { topic: "t".into() })
+            .get()
+    };
+    b.shutdown().await;
+    assert_eq!(truncated(), 1);
+    drop(b);
+    let b = open_without_maintenance(dir.path()).await;
+    let got = b.consume("t", None, 3, Duration::ZERO).await.unwrap();
+    let counts: Vec<u32> = got.iter().map(|d| d.delivery_count).collect();
+    assert_eq!(counts, vec![2, 2, 1]);
+    b.shutdown().await;
+}
