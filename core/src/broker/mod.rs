@@ -12,12 +12,14 @@
 //! The code follows those seams: `catalog` (topic metadata changes), `produce`, `delivery`
 //! (consume, settle, timers), `history` (replay and the tierer's reads), `maintenance`
 //! (snapshots, retention, shutdown), `layout` (directories and open logs), `fanout` (children
-//! and their cursors), `partition` (one partition's log and queue), `meta` (the metadata file).
+//! and their cursors), `partition` (one partition's log and queue), `journal` (its delivery
+//! counts between queue snapshots), `meta` (the metadata file).
 
 mod catalog;
 mod delivery;
 mod fanout;
 mod history;
+mod journal;
 mod layout;
 mod maintenance;
 mod partition;
