@@ -145,31 +145,6 @@ fn payload_bytes(m: &Message) -> Result<Bytes> {
         .map_err(|e| BenchError::new("bad response", e))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batch_body_is_valid_json() {
-        let body = batch_body(
-            &[Bytes::from_static(b"abc"), Bytes::from_static(b"q\"uote\n")],
-            Some(5),
-        );
-        // what the hand-written body says is what the wire type says
-        let b: narad_wire::ProduceBatch = serde_json::from_slice(&body).unwrap();
-        assert_eq!(b.messages[0].payload.get(), "\"abc\"");
-        assert_eq!(
-            serde_json::from_str::<String>(b.messages[1].payload.get()).unwrap(),
-            "q\"uote\n"
-        );
-        assert_eq!(b.messages[0].delay_ms, Some(5));
-        assert_eq!(b.messages[1].delay_ms, Some(5));
-        for m in &b.messages {
-            assert_eq!(m.payload_encoding, Some(narad_wire::Encoding::Utf8));
-        }
-    }
-}
-
 /// Builds a batch-produce body of UTF-8 payloads. Written by hand (the bench's payloads are
 /// ASCII without quotes or backslashes) so the load generator spends little CPU per message.
 pub fn batch_body(payloads: &[Bytes], delay_ms: Option<u32>) -> Bytes {
@@ -335,6 +310,31 @@ impl Conn for NaradConn {
                 format!("ack item {s}"),
                 "batch ack item failed",
             )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_body_is_valid_json() {
+        let body = batch_body(
+            &[Bytes::from_static(b"abc"), Bytes::from_static(b"q\"uote\n")],
+            Some(5),
+        );
+        // what the hand-written body says is what the wire type says
+        let b: narad_wire::ProduceBatch = serde_json::from_slice(&body).unwrap();
+        assert_eq!(b.messages[0].payload.get(), "\"abc\"");
+        assert_eq!(
+            serde_json::from_str::<String>(b.messages[1].payload.get()).unwrap(),
+            "q\"uote\n"
+        );
+        assert_eq!(b.messages[0].delay_ms, Some(5));
+        assert_eq!(b.messages[1].delay_ms, Some(5));
+        for m in &b.messages {
+            assert_eq!(m.payload_encoding, Some(narad_wire::Encoding::Utf8));
         }
     }
 }
