@@ -151,13 +151,15 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
             grants,
             new_password: pw,
         } => {
+            // the grants are checked before a password is asked for
+            let grants = grants
+                .iter()
+                .map(|g| parse_grant(g))
+                .collect::<Result<_, _>>()?;
             let body = wire::CreateUser {
                 username: name,
                 password: new_password(pw)?,
-                grants: grants
-                    .iter()
-                    .map(|g| parse_grant(g))
-                    .collect::<Result<_, _>>()?,
+                grants,
             };
             print_reply(c.post_json("/v1/users", &body).await?)?;
         }
