@@ -214,10 +214,12 @@ pub async fn single(
     };
     check_schema(&state, &broker, &topic, std::slice::from_ref(&msg)).await?;
     let r = broker.produce(&topic, vec![msg]).await?;
-    Ok(json_response(
-        StatusCode::ACCEPTED,
-        &serde_json::json!({"partition": r[0].partition, "offset": r[0].offset}),
-    ))
+    // the wire type itself: written straight to text, no JSON map in between
+    let produced = narad_wire::Produced {
+        partition: r[0].partition,
+        offset: r[0].offset,
+    };
+    Ok(json_response(StatusCode::ACCEPTED, &produced))
 }
 
 /// The batch body, parsed without copying: message texts, keys and (escape-free) payloads
