@@ -458,6 +458,7 @@ pub fn metrics_router(state: SharedState) -> Router {
             get(|State(state): State<SharedState>| async move { metrics_text(&state) }),
         )
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
