@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::Method;
+use narad_wire::{CreateTopic, TopicDetails};
 use serde::Serialize;
-use serde_json::{Value, json};
 
-use crate::narad::{Http, batch_body};
+use crate::narad::{Http, batch_body, json_body};
 use crate::target::{BenchError, Result};
 use crate::workload::payload;
 
@@ -32,11 +32,9 @@ async fn total(http: &mut Http, topic: &str) -> Result<u64> {
     let body = http
         .expect_2xx(Method::GET, &format!("/v1/topics/{topic}"), Bytes::new())
         .await?;
-    let v: Value = serde_json::from_slice(&body).map_err(|e| BenchError::new("bad response", e))?;
-    Ok(v["partition_stats"]
-        .as_array()
-        .map(|ps| ps.iter().filter_map(|p| p["next_offset"].as_u64()).sum())
-        .unwrap_or(0))
+    let t: TopicDetails =
+        serde_json::from_slice(&body).map_err(|e| BenchError::new("bad response", e))?;
+    Ok(t.partition_stats.iter().map(|p| p.next_offset).sum())
 }
 
 async fn recreate(
@@ -48,11 +46,10 @@ async fn recreate(
     let _ = http
         .request(Method::DELETE, &format!("/v1/topics/{name}"), Bytes::new())
         .await?;
-    let mut body = json!({"name": name, "partitions": partitions});
-    if let Some(p) = parent {
-        body["parent"] = p.into();
-    }
-    http.expect_2xx(Method::POST, "/v1/topics", Bytes::from(body.to_string()))
+    let mut body = CreateTopic::new(name);
+    body.settings.partitions = Some(partitions);
+    body.parent = parent.map(str::to_owned);
+    http.expect_2xx(Method::POST, "/v1/topics", json_body(&body))
         .await
         .map(drop)
 }

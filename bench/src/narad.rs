@@ -8,8 +8,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde::Deserialize;
-use serde_json::json;
+use narad_wire::{AckBatch, AckResults, CreateTopic, ErrorBody, Messages};
+pub use narad_wire::{Message, Settle};
 
 use crate::target::{BenchError, Conn, Received, Result, Target};
 
@@ -119,56 +119,30 @@ impl Http {
         if status.is_success() {
             Ok(body)
         } else {
-            Err(BenchError::new(
-                format!("http {}", status.as_u16()),
-                String::from_utf8_lossy(&body),
-            ))
+            Err(http_error(status, &body))
         }
     }
 }
 
-/// A message as returned by a queue read.
-#[derive(Debug, Deserialize)]
-pub struct Message {
-    pub partition: u32,
-    pub offset: u64,
-    pub payload: serde_json::Value,
-    #[serde(default)]
-    pub receipt_handle: Option<String>,
-    #[serde(default)]
-    pub delivery_count: Option<u32>,
+/// A non-2xx answer, counted under its status; the detail names the error code.
+pub fn http_error(status: StatusCode, body: &[u8]) -> BenchError {
+    let detail = match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(e) => format!("{}: {}", e.code, e.error),
+        Err(_) => String::from_utf8_lossy(body).into_owned(),
+    };
+    BenchError::new(format!("http {}", status.as_u16()), detail)
 }
 
-impl Message {
-    /// The payload as bytes: the bench sends UTF-8 text, which comes back as a JSON string.
-    pub fn payload_bytes(&self) -> Bytes {
-        match &self.payload {
-            serde_json::Value::String(s) => Bytes::copy_from_slice(s.as_bytes()),
-            other => Bytes::from(other.to_string()),
-        }
-    }
+/// A JSON body for a request.
+pub fn json_body(v: &impl serde::Serialize) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).expect("request bodies serialise"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batch_body_is_valid_json() {
-        let body = batch_body(
-            &[Bytes::from_static(b"abc"), Bytes::from_static(b"q\"uote\n")],
-            Some(5),
-        );
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["messages"][0]["payload"], "abc");
-        assert_eq!(v["messages"][1]["payload"], "q\"uote\n");
-        assert_eq!(v["messages"][1]["delay_ms"], 5);
-    }
-}
-
-#[derive(Deserialize)]
-struct Messages {
-    messages: Vec<Message>,
+/// A message's payload bytes (the bench sends UTF-8 text: a `utf8` string comes back).
+fn payload_bytes(m: &Message) -> Result<Bytes> {
+    m.payload_bytes()
+        .map(|b| Bytes::copy_from_slice(&b))
+        .map_err(|e| BenchError::new("bad response", e))
 }
 
 /// Builds a batch-produce body of UTF-8 payloads. Written by hand (the bench's payloads are
@@ -223,38 +197,25 @@ pub async fn consume(
         StatusCode::OK => serde_json::from_slice::<Messages>(&body)
             .map(|m| m.messages)
             .map_err(|e| BenchError::new("bad response", e)),
-        s => Err(BenchError::new(
-            format!("http {}", s.as_u16()),
-            String::from_utf8_lossy(&body),
-        )),
+        s => Err(http_error(s, &body)),
     }
 }
 
-/// Per-handle outcome of a batch ack: the HTTP status of each item.
+/// Per-handle outcome of a batch ack, extend or nack: the HTTP status of each item.
 pub async fn ack(
     http: &mut Http,
     topic: &str,
     handles: &[String],
-    extend: &str,
+    settle: Settle,
 ) -> Result<Vec<u16>> {
-    #[derive(Deserialize)]
-    struct Item {
-        status: u16,
-    }
-    #[derive(Deserialize)]
-    struct Results {
-        results: Vec<Item>,
-    }
-    let body = serde_json::to_vec(&json!({"receipt_handles": handles, "extend": extend}))
-        .expect("serializable");
+    let body = json_body(&AckBatch {
+        receipt_handles: handles.to_vec(),
+        extend: Some(settle),
+    });
     let res = http
-        .expect_2xx(
-            Method::POST,
-            &format!("/v1/topics/{topic}/ack"),
-            Bytes::from(body),
-        )
+        .expect_2xx(Method::POST, &format!("/v1/topics/{topic}/ack"), body)
         .await?;
-    let r: Results =
+    let r: AckResults =
         serde_json::from_slice(&res).map_err(|e| BenchError::new("bad response", e))?;
     Ok(r.results.into_iter().map(|i| i.status).collect())
 }
@@ -271,18 +232,13 @@ impl Target for Narad {
         let path = format!("/v1/topics/{}", self.topic);
         let (status, body) = http.request(Method::DELETE, &path, Bytes::new()).await?;
         if !status.is_success() && status != StatusCode::NOT_FOUND {
-            return Err(BenchError::new(
-                format!("http {}", status.as_u16()),
-                String::from_utf8_lossy(&body),
-            ));
+            return Err(http_error(status, &body));
         }
-        let create = json!({
-            "name": self.topic,
-            "partitions": partitions,
-            "visibility_timeout_ms": self.visibility_ms,
-            "max_in_flight_per_partition": 1_000_000,
-        });
-        http.expect_2xx(Method::POST, "/v1/topics", Bytes::from(create.to_string()))
+        let mut create = CreateTopic::new(&self.topic);
+        create.settings.partitions = Some(partitions);
+        create.settings.visibility_timeout_ms = i64::try_from(self.visibility_ms).ok();
+        create.settings.max_in_flight_per_partition = Some(1_000_000);
+        http.expect_2xx(Method::POST, "/v1/topics", json_body(&create))
             .await?;
         Ok(())
     }
@@ -329,13 +285,14 @@ impl Conn for NaradConn {
 
     async fn consume(&mut self, max: usize, wait: Duration) -> Result<Vec<Received<String>>> {
         let msgs = consume(&mut self.http, &self.topic, max, wait).await?;
-        Ok(msgs
-            .into_iter()
-            .map(|m| Received {
-                payload: m.payload_bytes(),
-                token: m.receipt_handle.unwrap_or_default(),
+        msgs.into_iter()
+            .map(|m| {
+                Ok(Received {
+                    payload: payload_bytes(&m)?,
+                    token: m.receipt_handle.unwrap_or_default(),
+                })
             })
-            .collect())
+            .collect()
     }
 
     async fn ack(&mut self, tokens: Vec<String>) -> Result<()> {
@@ -346,13 +303,38 @@ impl Conn for NaradConn {
                 .await?;
             return Ok(());
         }
-        let statuses = ack(&mut self.http, &self.topic, &tokens, "").await?;
+        let statuses = ack(&mut self.http, &self.topic, &tokens, Settle::Ack).await?;
         match statuses.iter().find(|s| **s != 204) {
             None => Ok(()),
             Some(s) => Err(BenchError::new(
                 format!("ack item {s}"),
                 "batch ack item failed",
             )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_body_is_valid_json() {
+        let body = batch_body(
+            &[Bytes::from_static(b"abc"), Bytes::from_static(b"q\"uote\n")],
+            Some(5),
+        );
+        // what the hand-written body says is what the wire type says
+        let b: narad_wire::ProduceBatch = serde_json::from_slice(&body).unwrap();
+        assert_eq!(b.messages[0].payload.get(), "\"abc\"");
+        assert_eq!(
+            serde_json::from_str::<String>(b.messages[1].payload.get()).unwrap(),
+            "q\"uote\n"
+        );
+        assert_eq!(b.messages[0].delay_ms, Some(5));
+        assert_eq!(b.messages[1].delay_ms, Some(5));
+        for m in &b.messages {
+            assert_eq!(m.payload_encoding, Some(narad_wire::Encoding::Utf8));
         }
     }
 }

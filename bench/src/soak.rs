@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::{Method, StatusCode};
+use narad_wire::{CreateTopic, Messages, ProduceBatch, ProduceMessage, Settle};
 use serde::Serialize;
-use serde_json::json;
 
 use crate::lifecycle::{MsgId, Recorder, Report, Tally, Violation};
 use crate::narad::{self, Http};
@@ -100,13 +100,12 @@ pub async fn soak(cfg: SoakConfig, mut on_tally: impl FnMut(&TallyLine)) -> Resu
     let mut admin = Http::connect(&cfg.addr).await?;
     let path = format!("/v1/topics/{}", cfg.topic);
     let _ = admin.request(Method::DELETE, &path, Bytes::new()).await?;
-    let create = json!({
-        "name": cfg.topic, "partitions": 4,
-        "visibility_timeout_ms": cfg.visibility_ms,
-        "max_in_flight_per_partition": 100_000,
-    });
+    let mut create = CreateTopic::new(&cfg.topic);
+    create.settings.partitions = Some(4);
+    create.settings.visibility_timeout_ms = i64::try_from(cfg.visibility_ms).ok();
+    create.settings.max_in_flight_per_partition = Some(100_000);
     admin
-        .expect_2xx(Method::POST, "/v1/topics", Bytes::from(create.to_string()))
+        .expect_2xx(Method::POST, "/v1/topics", narad::json_body(&create))
         .await?;
 
     let visibility = Duration::from_millis(cfg.visibility_ms);
@@ -254,7 +253,7 @@ async fn batch_producer(sh: Arc<Shared>, rate: f64, size: u64, delayed: bool) ->
     while sh.producing.load(Ordering::Relaxed) {
         pace.tick().await;
         let ids: Vec<MsgId> = sh.ids(size).collect();
-        let msgs: Vec<serde_json::Value> = ids
+        let messages = ids
             .iter()
             .map(|&id| {
                 let delay = if delayed {
@@ -263,15 +262,13 @@ async fn batch_producer(sh: Arc<Shared>, rate: f64, size: u64, delayed: bool) ->
                     0
                 };
                 sh.rec.sent(id, sh.rec.now(), Duration::from_millis(delay));
-                json!({
-                    "payload": body(id, sh.cfg.payload_bytes),
-                    "payload_encoding": "utf8",
-                    "key": format!("k{}", id % 64),
-                    "delay_ms": delay,
-                })
+                let mut m = ProduceMessage::text(&body(id, sh.cfg.payload_bytes));
+                m.key = Some(format!("k{}", id % 64));
+                m.delay_ms = Some(delay);
+                m
             })
             .collect();
-        let b = Bytes::from(json!({ "messages": msgs }).to_string());
+        let b = narad::json_body(&ProduceBatch { messages });
         let res = http.request(Method::POST, &path, b).await;
         record_produce(&sh, &ids, res);
     }
@@ -296,7 +293,8 @@ async fn consumer(sh: Arc<Shared>, reader: u32) -> Result<()> {
         let draining = sh.draining.load(Ordering::Relaxed);
         let (mut acks, mut nacks) = (Vec::new(), Vec::new());
         for m in &msgs {
-            let payload = m.payload.as_str().unwrap_or_default();
+            let payload = m.payload_str().unwrap_or_default();
+            let payload = payload.as_ref();
             let id = parse_id(payload);
             let handle = m.receipt_handle.clone().unwrap_or_default();
             sh.rec.delivered(
@@ -319,21 +317,21 @@ async fn consumer(sh: Arc<Shared>, reader: u32) -> Result<()> {
                 acks.push((id, handle));
             }
         }
-        settle(&sh, &mut http, acks, "").await;
-        settle(&sh, &mut http, nacks, "0").await;
+        settle(&sh, &mut http, acks, Settle::Ack).await;
+        settle(&sh, &mut http, nacks, Settle::Nack).await;
     }
     Ok(())
 }
 
-async fn settle(sh: &Shared, http: &mut Http, items: Vec<(MsgId, String)>, extend: &str) {
+async fn settle(sh: &Shared, http: &mut Http, items: Vec<(MsgId, String)>, how: Settle) {
     if items.is_empty() {
         return;
     }
     let handles: Vec<String> = items.iter().map(|(_, h)| h.clone()).collect();
     let sent_at = sh.rec.now();
-    let res = narad::ack(http, &sh.cfg.topic, &handles, extend).await;
+    let res = narad::ack(http, &sh.cfg.topic, &handles, how).await;
     sh.rec
-        .settle_outcome(&items, sent_at, res.as_deref().ok(), extend.is_empty());
+        .settle_outcome(&items, sent_at, res.as_deref().ok(), how == Settle::Ack);
 }
 
 /// Replays every partition from offset 0 as it grows: offsets must be dense and every payload
@@ -354,18 +352,14 @@ async fn replayer(sh: Arc<Shared>) -> Result<()> {
             if status != StatusCode::OK {
                 continue;
             }
-            #[derive(serde::Deserialize)]
-            struct Msgs {
-                messages: Vec<narad::Message>,
-            }
-            let Ok(msgs) = serde_json::from_slice::<Msgs>(&b) else {
+            let Ok(msgs) = serde_json::from_slice::<Messages>(&b) else {
                 continue;
             };
             idle = false;
             for m in msgs.messages {
                 let sent = m
-                    .payload
-                    .as_str()
+                    .payload_str()
+                    .as_deref()
                     .and_then(parse_id)
                     .is_some_and(|id| id < sh.next_id.load(Ordering::Relaxed));
                 if m.offset != *next || !sent {
@@ -375,7 +369,7 @@ async fn replayer(sh: Arc<Shared>) -> Result<()> {
                         detail: format!(
                             "replay of partition {p}: expected offset {next}, got offset {} with payload {}",
                             m.offset,
-                            m.payload.to_string().chars().take(40).collect::<String>()
+                            m.payload.get().chars().take(40).collect::<String>()
                         ),
                     });
                 }

@@ -1,25 +1,90 @@
-//! A small HTTP client for the v1 API, used by the CLI.
+//! A small HTTP client for the v1 API, used by the CLI. Bodies sent and fields read are the
+//! `narad-wire` types; a reply is kept as the server's bytes so that commands which print it
+//! print what the server said.
 
 use std::time::Duration;
 
+use narad_wire::{ErrorBody, ErrorCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+/// A non-2xx answer.
 #[derive(Debug)]
 pub struct ApiFailure {
     pub status: u16,
-    pub code: String,
+    /// The body's `code`: as sent, also when this build does not know it; `None` when the
+    /// body was not an error body (a proxy's page, hyper's empty `431`).
+    pub code: Option<String>,
     pub message: String,
+}
+
+impl ApiFailure {
+    /// The code, when it is one of the table's.
+    pub fn known_code(&self) -> Option<ErrorCode> {
+        self.code.as_deref().and_then(ErrorCode::from_code)
+    }
+
+    fn from_body(status: u16, body: &[u8]) -> Self {
+        match serde_json::from_slice::<ErrorBody>(body) {
+            Ok(b) => Self {
+                status,
+                code: Some(b.code),
+                message: b.error,
+            },
+            Err(_) => {
+                let text = String::from_utf8_lossy(body).trim().to_owned();
+                Self {
+                    status,
+                    code: None,
+                    message: if text.is_empty() {
+                        "the broker answered without an error body".into()
+                    } else {
+                        text
+                    },
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Display for ApiFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({}, HTTP {})", self.message, self.code, self.status)
+        match &self.code {
+            Some(code) => write!(f, "{} ({code}, HTTP {})", self.message, self.status),
+            None => write!(f, "{} (HTTP {})", self.message, self.status),
+        }
     }
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl std::error::Error for ApiFailure {}
+
+/// A JSON reply, as the server's bytes.
+pub struct Json(Vec<u8>);
+
+impl Json {
+    /// The reply as a wire type.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, BoxError> {
+        serde_json::from_slice(&self.0)
+            .map_err(|e| format!("unexpected reply from the broker: {e}").into())
+    }
+
+    /// Pretty-printed on stdout.
+    pub fn print_pretty(&self) -> Result<(), BoxError> {
+        let v: Value = self.parse()?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        Ok(())
+    }
+
+    /// On one line of stdout.
+    pub fn print_line(&self) -> Result<(), BoxError> {
+        let v: Value = self.parse()?;
+        println!("{v}");
+        Ok(())
+    }
+}
 
 #[derive(Clone)]
 pub struct Client {
@@ -38,7 +103,7 @@ pub struct Connect<'a> {
 }
 
 pub enum Reply {
-    Json(Value),
+    Json(Json),
     Empty,
 }
 
@@ -85,38 +150,30 @@ impl Client {
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await?;
         if status >= 400 {
-            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             if status == 401 && self.creds.is_none() {
                 return Err(Box::new(ApiFailure {
                     status,
-                    code: "unauthorized".into(),
+                    code: Some(ErrorCode::Unauthorized.as_str().to_owned()),
                     message: "the broker needs credentials: set --user/--password or NARAD_USER/NARAD_PASSWORD".into(),
                 }));
             }
-            return Err(Box::new(ApiFailure {
-                status,
-                code: v["code"].as_str().unwrap_or("unknown").to_owned(),
-                message: v["error"].as_str().map_or_else(
-                    || String::from_utf8_lossy(&bytes).into_owned(),
-                    str::to_owned,
-                ),
-            }));
+            return Err(Box::new(ApiFailure::from_body(status, &bytes)));
         }
         if bytes.is_empty() {
             return Ok(Reply::Empty);
         }
-        Ok(Reply::Json(serde_json::from_slice(&bytes)?))
+        Ok(Reply::Json(Json(bytes.to_vec())))
     }
 
     pub async fn get(&self, path: &str) -> Result<Reply, BoxError> {
         self.send(self.http.get(self.url(path))).await
     }
 
-    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Reply, BoxError> {
+    pub async fn post_json(&self, path: &str, body: &impl Serialize) -> Result<Reply, BoxError> {
         self.send(self.http.post(self.url(path)).json(body)).await
     }
 
-    pub async fn patch_json(&self, path: &str, body: &Value) -> Result<Reply, BoxError> {
+    pub async fn patch_json(&self, path: &str, body: &impl Serialize) -> Result<Reply, BoxError> {
         self.send(self.http.patch(self.url(path)).json(body)).await
     }
 
@@ -135,7 +192,7 @@ impl Client {
         .await
     }
 
-    pub async fn put_json(&self, path: &str, body: &Value) -> Result<Reply, BoxError> {
+    pub async fn put_json(&self, path: &str, body: &impl Serialize) -> Result<Reply, BoxError> {
         self.send(self.http.put(self.url(path)).json(body)).await
     }
 
@@ -155,4 +212,34 @@ pub fn enc(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_becomes_a_message_naming_its_code() {
+        let f = ApiFailure::from_body(
+            404,
+            br#"{"error": "topic 'x' not found", "code": "topic_not_found"}"#,
+        );
+        assert_eq!(f.known_code(), Some(ErrorCode::TopicNotFound));
+        assert_eq!(
+            f.to_string(),
+            "topic 'x' not found (topic_not_found, HTTP 404)"
+        );
+        // a code newer than this build is shown as it came
+        let f = ApiFailure::from_body(409, br#"{"error": "later", "code": "from_the_future"}"#);
+        assert_eq!(f.known_code(), None);
+        assert_eq!(f.to_string(), "later (from_the_future, HTTP 409)");
+        // not an error body: the text, and no code
+        let f = ApiFailure::from_body(502, b"<html>bad gateway</html>");
+        assert_eq!(f.to_string(), "<html>bad gateway</html> (HTTP 502)");
+        let f = ApiFailure::from_body(431, b"");
+        assert_eq!(
+            f.to_string(),
+            "the broker answered without an error body (HTTP 431)"
+        );
+    }
 }

@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use narad_infra::config::{LogFormat, ServerConfig};
-use serde_json::{Value, json};
+use narad_wire as wire;
+use serde_json::Value;
+use serde_json::value::RawValue;
 
-use crate::client::{BoxError, Client, Connect, Reply, enc};
+use crate::client::{ApiFailure, BoxError, Client, Connect, Json, Reply, enc};
 use crate::{
     Cli, Command, PubArgs, ReplayArgs, ServeArgs, ServerCmd, StorageArgs, SubArgs, TopicCmd,
     TopicSettings, UserCmd,
@@ -79,17 +81,49 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
     }
 }
 
-/// `ACTION:PATTERN[,PATTERN...]` or `admin` as a grant object.
-fn parse_grant(spec: &str) -> Result<Value, BoxError> {
+/// `ACTION:PATTERN[,PATTERN...]` or `admin` as a grant.
+fn parse_grant(spec: &str) -> Result<wire::Grant, BoxError> {
     let (action, patterns) = spec.split_once(':').unwrap_or((spec, ""));
-    let patterns: Vec<&str> = patterns.split(',').filter(|p| !p.is_empty()).collect();
-    if !matches!(action, "produce" | "consume" | "create" | "admin") {
-        return Err(format!(
-            "grant '{spec}': the action must be produce, consume, create or admin"
-        )
-        .into());
+    let action = match action {
+        "produce" => wire::GrantAction::Produce,
+        "consume" => wire::GrantAction::Consume,
+        "create" => wire::GrantAction::Create,
+        "admin" => wire::GrantAction::Admin,
+        _ => {
+            return Err(format!(
+                "grant '{spec}': the action must be produce, consume, create or admin"
+            )
+            .into());
+        }
+    };
+    let patterns = patterns
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    Ok(wire::Grant { action, patterns })
+}
+
+fn grant_text(g: &wire::Grant) -> String {
+    let action = match g.action {
+        wire::GrantAction::Produce => "produce",
+        wire::GrantAction::Consume => "consume",
+        wire::GrantAction::Create => "create",
+        wire::GrantAction::Admin => "admin",
+    };
+    if g.patterns.is_empty() {
+        action.to_owned()
+    } else {
+        format!("{action}:{}", g.patterns.join(","))
     }
-    Ok(json!({"action": action, "patterns": patterns}))
+}
+
+/// Prints a JSON reply as it came (pretty), if there is one.
+fn print_reply(r: Reply) -> Result<(), BoxError> {
+    match r {
+        Reply::Json(j) => j.print_pretty(),
+        Reply::Empty => Ok(()),
+    }
 }
 
 /// A new password: given, or the first line of stdin.
@@ -117,82 +151,59 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
             grants,
             new_password: pw,
         } => {
+            // the grants are checked before a password is asked for
             let grants = grants
                 .iter()
                 .map(|g| parse_grant(g))
-                .collect::<Result<Vec<_>, _>>()?;
-            let body = json!({"username": name, "password": new_password(pw)?, "grants": grants});
-            if let Reply::Json(v) = c.post_json("/v1/users", &body).await? {
-                print_json(&v);
-            }
+                .collect::<Result<_, _>>()?;
+            let body = wire::CreateUser {
+                username: name,
+                password: new_password(pw)?,
+                grants,
+            };
+            print_reply(c.post_json("/v1/users", &body).await?)?;
         }
         UserCmd::Ls => {
-            if let Reply::Json(v) = c.get("/v1/users").await? {
+            if let Reply::Json(j) = c.get("/v1/users").await? {
+                let list: wire::UserList = j.parse()?;
                 println!("{:<32} {:<6} GRANTS", "USERNAME", "ROOT");
-                for u in v["users"].as_array().into_iter().flatten() {
-                    let grants: Vec<String> = u["grants"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|g| {
-                            let pats: Vec<&str> = g["patterns"]
-                                .as_array()
-                                .into_iter()
-                                .flatten()
-                                .filter_map(Value::as_str)
-                                .collect();
-                            let action = g["action"].as_str().unwrap_or("?");
-                            if pats.is_empty() {
-                                action.to_owned()
-                            } else {
-                                format!("{action}:{}", pats.join(","))
-                            }
-                        })
-                        .collect();
+                for u in &list.users {
+                    let grants: Vec<String> = u.grants.iter().map(grant_text).collect();
                     println!(
                         "{:<32} {:<6} {}",
-                        u["username"].as_str().unwrap_or(""),
-                        if u["root"].as_bool() == Some(true) {
-                            "yes"
-                        } else {
-                            ""
-                        },
+                        u.username,
+                        if u.root { "yes" } else { "" },
                         grants.join(" ")
                     );
                 }
             }
         }
-        UserCmd::Show { name } => {
-            if let Reply::Json(v) = c.get(&path(&name)).await? {
-                print_json(&v);
-            }
-        }
+        UserCmd::Show { name } => print_reply(c.get(&path(&name)).await?)?,
         UserCmd::Rm { name } => {
             c.delete(&path(&name)).await?;
             println!("deleted user {name}");
         }
         UserCmd::Grant { name, grants } => {
-            let grants = grants
-                .iter()
-                .map(|g| parse_grant(g))
-                .collect::<Result<Vec<_>, _>>()?;
-            let body = json!({"grants": grants});
-            if let Reply::Json(v) = c
-                .put_json(&format!("{}/grants", path(&name)), &body)
-                .await?
-            {
-                print_json(&v);
-            }
+            let body = wire::SetGrants {
+                grants: grants
+                    .iter()
+                    .map(|g| parse_grant(g))
+                    .collect::<Result<_, _>>()?,
+            };
+            print_reply(
+                c.put_json(&format!("{}/grants", path(&name)), &body)
+                    .await?,
+            )?;
         }
         UserCmd::Passwd {
             name,
             new_password: pw,
             current,
         } => {
-            let mut body = json!({"new_password": new_password(pw)?});
-            if let Some(cur) = current {
-                body["current_password"] = Value::from(cur);
-            }
+            let body = wire::SetPassword {
+                new_password: new_password(pw)?,
+                current_password: current,
+            };
             c.put_json(&format!("{}/password", path(&name)), &body)
                 .await?;
             println!("password of {name} changed");
@@ -278,81 +289,69 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-fn settings_json(s: &TopicSettings) -> serde_json::Map<String, Value> {
-    let mut m = serde_json::Map::new();
-    let mut put = |k: &str, v: Option<Value>| {
-        if let Some(v) = v {
-            m.insert(k.into(), v);
-        }
-    };
-    put("partitions", s.partitions.map(Value::from));
-    put(
-        "visibility_timeout_ms",
-        s.visibility_timeout_ms.map(Value::from),
-    );
-    put("retention_ms", s.retention_ms.map(Value::from));
-    put("retention_bytes", s.retention_bytes.map(Value::from));
-    put(
-        "max_in_flight_per_partition",
-        s.max_in_flight.map(Value::from),
-    );
-    put("delay_ms", s.delay_ms.map(Value::from));
-    put("max_message_bytes", s.max_message_bytes.map(Value::from));
-    m
-}
-
-fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+fn settings(s: &TopicSettings) -> wire::TopicSettings {
+    wire::TopicSettings {
+        partitions: s.partitions,
+        visibility_timeout_ms: s.visibility_timeout_ms,
+        retention_ms: s.retention_ms,
+        retention_bytes: s.retention_bytes,
+        max_in_flight_per_partition: s.max_in_flight,
+        delay_ms: s.delay_ms,
+        max_message_bytes: s.max_message_bytes,
+    }
 }
 
 async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
     match cmd {
         TopicCmd::Add(a) => {
-            let mut body = settings_json(&a.settings);
-            body.insert("name".into(), Value::from(a.name));
+            let mut body = wire::CreateTopic::new(a.name);
+            body.settings = settings(&a.settings);
             if let Some(p) = &a.schema {
-                body.insert("schema".into(), read_schema(p)?);
+                body.schema = Some(read_schema(p)?);
             }
-            if let Reply::Json(v) = c.post_json("/v1/topics", &Value::Object(body)).await? {
-                print_json(&v);
-            }
+            print_reply(c.post_json("/v1/topics", &body).await?)?;
         }
         TopicCmd::Ls { json } => {
             let mut token = String::new();
-            let mut all = Vec::new();
+            // each topic as the server wrote it: printed as is with --json, read for the table
+            let mut all: Vec<Box<RawValue>> = Vec::new();
             loop {
                 let path = format!("/v1/topics?limit=1000&page_token={}", enc(&token));
-                let Reply::Json(v) = c.get(&path).await? else {
+                let Reply::Json(j) = c.get(&path).await? else {
                     break;
                 };
-                all.extend(v["topics"].as_array().cloned().unwrap_or_default());
-                token = v["next_page_token"].as_str().unwrap_or("").to_owned();
+                let page: wire::TopicList<Box<RawValue>> = j.parse()?;
+                all.extend(page.topics);
+                token = page.next_page_token;
                 if token.is_empty() {
                     break;
                 }
             }
             if json {
-                print_json(&Value::Array(all));
+                let all = all
+                    .iter()
+                    .map(|t| serde_json::from_str(t.get()))
+                    .collect::<Result<Vec<Value>, _>>()?;
+                println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
                 println!(
                     "{:<40} {:>10} {:>12} {:>14}",
                     "NAME", "PARTITIONS", "VISIBILITY", "RETENTION"
                 );
-                for t in all {
+                for t in &all {
+                    let t: wire::Topic = serde_json::from_str(t.get())?;
                     println!(
                         "{:<40} {:>10} {:>10}ms {:>12}ms",
-                        t["name"].as_str().unwrap_or(""),
-                        t["partitions"],
-                        t["visibility_timeout_ms"],
-                        t["retention_ms"]
+                        t.name,
+                        t.config.partitions,
+                        t.config.visibility_timeout_ms,
+                        t.config.retention_ms
                     );
                 }
             }
         }
         TopicCmd::Info { name } => {
-            if let Reply::Json(v) = c.get(&format!("/v1/topics/{}", enc(&name))).await? {
-                print_json(&v);
-            }
+            print_reply(c.get(&format!("/v1/topics/{}", enc(&name))).await?)?;
         }
         TopicCmd::Rm { name } => {
             c.delete(&format!("/v1/topics/{}", enc(&name))).await?;
@@ -364,12 +363,17 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
             delay_ms,
             earliest,
         } => {
-            let body = json!({"child": child, "delay_ms": delay_ms,
-                              "from": if earliest { "earliest" } else { "latest" }});
+            let body = wire::AttachChild {
+                child,
+                delay_ms,
+                from: Some(if earliest {
+                    wire::StartFrom::Earliest
+                } else {
+                    wire::StartFrom::Latest
+                }),
+            };
             let path = format!("/v1/topics/{}/children", enc(&parent));
-            if let Reply::Json(v) = c.post_json(&path, &body).await? {
-                print_json(&v);
-            }
+            print_reply(c.post_json(&path, &body).await?)?;
         }
         TopicCmd::Detach { parent, child } => {
             c.delete(&format!(
@@ -381,32 +385,26 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
             println!("detached {child} from {parent}");
         }
         TopicCmd::Children { parent } => {
-            if let Reply::Json(v) = c
-                .get(&format!("/v1/topics/{}/children", enc(&parent)))
-                .await?
-            {
-                print_json(&v);
-            }
+            print_reply(
+                c.get(&format!("/v1/topics/{}/children", enc(&parent)))
+                    .await?,
+            )?;
         }
         TopicCmd::Schema { name } => {
-            if let Reply::Json(v) = c.get(&format!("/v1/topics/{}/schema", enc(&name))).await? {
-                print_json(&v);
-            }
+            print_reply(c.get(&format!("/v1/topics/{}/schema", enc(&name))).await?)?;
         }
         TopicCmd::Edit(a) => {
-            let mut body = settings_json(&a.settings);
+            let mut body = wire::AlterTopic {
+                settings: settings(&a.settings),
+                schema: None,
+            };
             if let Some(p) = &a.schema {
-                body.insert("schema".into(), read_schema(p)?);
+                body.schema = Some(read_schema(p)?);
             }
-            if let Reply::Json(v) = c
-                .patch_json(
-                    &format!("/v1/topics/{}", enc(&a.name)),
-                    &Value::Object(body),
-                )
-                .await?
-            {
-                print_json(&v);
-            }
+            print_reply(
+                c.patch_json(&format!("/v1/topics/{}", enc(&a.name)), &body)
+                    .await?,
+            )?;
         }
     }
     Ok(())
@@ -451,25 +449,22 @@ async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
     }
     // One request carries `per_request` messages: the raw body, or a JSON batch of copies.
     let (path, body, content_type, per_request) = if a.batch > 1 {
-        let (value, encoding) = match std::str::from_utf8(&payload) {
-            Ok(s) => (Value::from(s), "utf8"),
+        let mut m = match std::str::from_utf8(&payload) {
+            Ok(s) => wire::ProduceMessage::text(s),
             Err(_) => {
                 use base64::Engine;
                 let b64 = base64::engine::general_purpose::STANDARD.encode(&payload);
-                (Value::from(b64), "base64")
+                let mut m = wire::ProduceMessage::text(&b64);
+                m.payload_encoding = Some(wire::Encoding::Base64);
+                m
             }
         };
-        let mut m = json!({"payload": value, "payload_encoding": encoding});
-        if let Some(k) = &a.key {
-            m["key"] = Value::from(k.as_str());
-        }
-        if let Some(p) = a.partition {
-            m["partition"] = Value::from(p);
-        }
-        if let Some(d) = a.delay_ms {
-            m["delay_ms"] = Value::from(d);
-        }
-        let body = serde_json::to_vec(&json!({"messages": vec![m; a.batch as usize]}))?;
+        m.key.clone_from(&a.key);
+        m.partition = a.partition;
+        m.delay_ms = a.delay_ms;
+        let body = serde_json::to_vec(&wire::ProduceBatch {
+            messages: vec![m; a.batch as usize],
+        })?;
         let path = format!("/v1/topics/{}/produce/batch", enc(&a.topic));
         (path, body, "application/json", a.batch)
     } else {
@@ -477,8 +472,8 @@ async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
         (path, payload, "application/octet-stream", 1)
     };
     if a.count == 1 && per_request == 1 {
-        if let Reply::Json(v) = c.post_body(&path, body, content_type).await? {
-            println!("{v}");
+        if let Reply::Json(j) = c.post_body(&path, body, content_type).await? {
+            j.print_line()?;
         }
         return Ok(());
     }
@@ -525,6 +520,20 @@ async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The messages of a batch reply, each as the server wrote it (printed as a line) and typed
+/// (for the fields the CLI reads).
+fn messages(j: &Json) -> Result<Vec<(Value, wire::Message)>, BoxError> {
+    let page: wire::Messages<Box<RawValue>> = j.parse()?;
+    page.messages
+        .iter()
+        .map(|raw| {
+            let typed = serde_json::from_str(raw.get())
+                .map_err(|e| format!("unexpected message from the broker: {e}"))?;
+            Ok((serde_json::from_str(raw.get())?, typed))
+        })
+        .collect()
+}
+
 async fn subscribe(c: &Client, a: SubArgs) -> Result<(), BoxError> {
     if a.peek {
         return peek(c, a).await;
@@ -548,7 +557,7 @@ async fn subscribe(c: &Client, a: SubArgs) -> Result<(), BoxError> {
             ))
             .await?;
         let msgs = match reply {
-            Reply::Json(v) => v["messages"].as_array().cloned().unwrap_or_default(),
+            Reply::Json(j) => messages(&j)?,
             Reply::Empty => {
                 if a.idle_exit
                     .is_some_and(|s| idle_since.elapsed() >= Duration::from_secs(s))
@@ -560,10 +569,10 @@ async fn subscribe(c: &Client, a: SubArgs) -> Result<(), BoxError> {
         };
         idle_since = std::time::Instant::now();
         let mut handles = Vec::new();
-        for m in &msgs {
-            writeln!(out, "{m}")?;
-            if let Some(h) = m["receipt_handle"].as_str() {
-                handles.push(h.to_owned());
+        for (line, m) in msgs.iter() {
+            writeln!(out, "{line}")?;
+            if let Some(h) = &m.receipt_handle {
+                handles.push(h.clone());
             }
         }
         out.flush()?;
@@ -578,25 +587,26 @@ async fn subscribe(c: &Client, a: SubArgs) -> Result<(), BoxError> {
 /// Acks a batch, retrying the handles that answered 503 (not applied) a few times.
 async fn ack_with_retry(c: &Client, topic: &str, mut handles: Vec<String>) -> Result<(), BoxError> {
     for attempt in 0..5u64 {
+        let body = wire::AckBatch {
+            receipt_handles: handles.clone(),
+            extend: None,
+        };
         let reply = c
-            .post_json(
-                &format!("/v1/topics/{topic}/ack"),
-                &json!({"receipt_handles": handles}),
-            )
+            .post_json(&format!("/v1/topics/{topic}/ack"), &body)
             .await?;
-        let Reply::Json(v) = reply else { return Ok(()) };
-        let results = v["results"].as_array().cloned().unwrap_or_default();
+        let Reply::Json(j) = reply else { return Ok(()) };
+        let results = j.parse::<wire::AckResults>()?.results;
         let retry: Vec<String> = handles
             .iter()
             .zip(&results)
-            .filter(|(_, r)| r["status"] == 503)
+            .filter(|(_, r)| r.status == 503)
             .map(|(h, _)| h.clone())
             .collect();
         for (h, r) in handles.iter().zip(&results) {
-            if r["status"] == 410 {
+            if r.status == 410 {
                 eprintln!(
                     "ack of {h}: lease gone ({})",
-                    r["error"].as_str().unwrap_or("")
+                    r.error.as_deref().unwrap_or("")
                 );
             }
         }
@@ -614,21 +624,13 @@ async fn ack_with_retry(c: &Client, topic: &str, mut handles: Vec<String>) -> Re
 }
 
 async fn partitions_of(c: &Client, topic: &str) -> Result<Vec<(u32, u64, u64)>, BoxError> {
-    let Reply::Json(v) = c.get(&format!("/v1/topics/{topic}")).await? else {
+    let Reply::Json(j) = c.get(&format!("/v1/topics/{topic}")).await? else {
         return Err("empty topic description".into());
     };
-    Ok(v["partition_stats"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
+    let t: wire::TopicDetails = j.parse()?;
+    Ok(t.partition_stats
         .iter()
-        .map(|p| {
-            (
-                p["partition"].as_u64().unwrap_or(0) as u32,
-                p["oldest_offset"].as_u64().unwrap_or(0),
-                p["next_offset"].as_u64().unwrap_or(0),
-            )
-        })
+        .map(|p| (p.partition, p.oldest_offset, p.next_offset))
         .collect())
 }
 
@@ -655,10 +657,10 @@ async fn peek(c: &Client, a: SubArgs) -> Result<(), BoxError> {
                 ))
                 .await;
             let msgs = match reply {
-                Ok(Reply::Json(v)) => v["messages"].as_array().cloned().unwrap_or_default(),
+                Ok(Reply::Json(j)) => messages(&j)?,
                 Ok(Reply::Empty) => continue,
-                Err(e) => match e.downcast_ref::<crate::client::ApiFailure>() {
-                    Some(f) if f.code == "offset_truncated" => {
+                Err(e) => match e.downcast_ref::<ApiFailure>() {
+                    Some(f) if f.known_code() == Some(wire::ErrorCode::OffsetTruncated) => {
                         // Retention overtook the cursor: skip to what is left.
                         let parts = partitions_of(c, &topic).await?;
                         if let Some(&(_, oldest, _)) = parts.iter().find(|(q, _, _)| q == p) {
@@ -669,9 +671,9 @@ async fn peek(c: &Client, a: SubArgs) -> Result<(), BoxError> {
                     _ => return Err(e),
                 },
             };
-            for m in &msgs {
-                writeln!(out, "{m}")?;
-                *next = m["offset"].as_u64().unwrap_or(*next) + 1;
+            for (line, m) in &msgs {
+                writeln!(out, "{line}")?;
+                *next = m.offset + 1;
                 got += 1;
                 any = true;
             }
@@ -726,8 +728,8 @@ async fn replay(c: &Client, a: ReplayArgs) -> Result<(), BoxError> {
                 ))
                 .await?;
             match reply {
-                Reply::Json(v) => v["offset"].as_u64().unwrap_or(to),
-                _ => to, // nothing at or after that time
+                Reply::Json(j) => j.parse::<wire::Message>()?.offset,
+                Reply::Empty => to, // nothing at or after that time
             }
         }
     };
@@ -742,20 +744,18 @@ async fn replay(c: &Client, a: ReplayArgs) -> Result<(), BoxError> {
                 a.partition
             ))
             .await?;
-        let Reply::Json(v) = reply else { break };
-        let msgs = v["messages"].as_array().cloned().unwrap_or_default();
+        let Reply::Json(j) = reply else { break };
+        let msgs = messages(&j)?;
         if msgs.is_empty() {
             break;
         }
-        for m in &msgs {
-            let off = m["offset"].as_u64().unwrap_or(next);
-            let ts = m["timestamp_ms"].as_i64().unwrap_or(i64::MIN);
-            if off >= to || ts > to_time {
+        for (line, m) in &msgs {
+            if m.offset >= to || m.timestamp_ms > to_time {
                 next = to;
                 break;
             }
-            writeln!(out, "{m}")?;
-            next = off + 1;
+            writeln!(out, "{line}")?;
+            next = m.offset + 1;
             if let Some(pb) = &pb {
                 pb.inc(1);
             }

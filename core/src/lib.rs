@@ -8,7 +8,8 @@
 //!               │                 │                       │
 //!               │                 │  durable records      │  sans-IO lease / ack / frontier
 //!               │                 ▼                       ▼  state (no disk, no clock)
-//!               │        segments on disk         queue.state snapshots (frontier + acked set)
+//!               │        segments on disk         queue.state snapshots (frontier + acked set
+//!               │                                 + delivery counts) and deliveries journals
 //!               └── waiters: FIFO of long-polling readers per topic, served by a dispatcher
 //! ```
 //!
@@ -20,6 +21,7 @@
 //! - [`broker`]: wires topics, logs and queues together; no HTTP here.
 
 pub mod broker;
+pub mod catalog;
 pub mod clock;
 pub mod fsutil;
 pub mod handle;

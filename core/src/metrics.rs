@@ -33,6 +33,8 @@ pub struct CoreMetrics {
     pub consumed_messages: Family<TopicLabel, Counter>,
     pub acks: Family<OutcomeLabel, Counter>,
     pub lease_expiries: Family<TopicLabel, Counter>,
+    /// Queue snapshots that had no room for every delivery count (`MAX_PERSISTED_COUNTS`).
+    pub delivery_counts_truncated: Family<TopicLabel, Counter>,
     pub logs_opened: Counter,
     pub idle_logs_closed: Counter,
     /// Idle logs closed early to make room under `max_open_logs`.
@@ -63,6 +65,7 @@ impl Default for CoreMetrics {
             consumed_messages: Family::default(),
             acks: Family::default(),
             lease_expiries: Family::default(),
+            delivery_counts_truncated: Family::default(),
             logs_opened: Counter::default(),
             idle_logs_closed: Counter::default(),
             logs_evicted: Counter::default(),
@@ -91,6 +94,7 @@ impl CoreMetrics {
             &self.produced_bytes,
             &self.consumed_messages,
             &self.lease_expiries,
+            &self.delivery_counts_truncated,
             &self.fanout_copied,
             &self.fanout_dropped,
             &self.fanout_errors,
@@ -181,6 +185,11 @@ impl CoreMetrics {
             "narad_lease_expiries",
             "leases that expired and made their message deliverable again",
             self.lease_expiries.clone(),
+        );
+        r.register(
+            "narad_delivery_counts_truncated_snapshots",
+            "queue snapshots with no room for every delivery count (more than 1,000,000 leased, unacked messages on a partition): the highest offsets' counts restart after a restart",
+            self.delivery_counts_truncated.clone(),
         );
         r.register(
             "narad_storage_logs_opened",

@@ -14,11 +14,22 @@
 //! Delivery hands out the lowest offset that is ready or, failing that, scans forward from
 //! `scan_next`, asking a [`DueSource`] for each record's due time. The frontier is the number
 //! of the first offset that is not acked: everything below it is settled. It only moves
-//! forward. The frontier and the out-of-order acked ranges are what [`QueueSnapshot`] persists;
-//! leases are deliberately not persisted: after a crash every unacked message is deliverable at
-//! once.
+//! forward. The frontier, the out-of-order acked ranges and the delivery counts of leased,
+//! unacked offsets are what [`QueueSnapshot`] persists; leases are deliberately not persisted:
+//! after a crash every unacked message is deliverable at once, its delivery count kept (so that
+//! a message that keeps crashing its consumer, or the broker, does not look new forever).
+//!
+//! Delivery counts live in a sparse map `offset -> deliveries` holding exactly the offsets
+//! leased at least once and not acked; an ack, the frontier passing, or retention removes
+//! them. A snapshot carries at most [`MAX_PERSISTED_COUNTS`] of them, the lowest offsets.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Most delivery counts a partition's snapshot carries (the lowest offsets win): as many as the
+/// largest `max_in_flight_per_partition`, so every lease of a partition fits. Beyond it the
+/// counts of higher offsets are kept in memory only, and restart from 0 after a restart.
+/// 12 bytes each in `queue.state`, so at most ~12 MB per snapshot.
+pub const MAX_PERSISTED_COUNTS: usize = 1_000_000;
 
 /// Tells the queue when a record becomes deliverable.
 pub trait DueSource {
@@ -67,52 +78,113 @@ pub struct QueueSnapshot {
     pub frontier: u64,
     /// Out-of-order acked ranges `[start, end)`, all above the frontier, disjoint, sorted.
     pub acked: Vec<(u64, u64)>,
+    /// Delivery counts `(offset, count)` of offsets leased at least once and not acked:
+    /// offsets ascending, at or above the frontier, outside the acked ranges, counts >= 1.
+    /// Empty when read from a version 1 file.
+    pub counts: Vec<(u64, u32)>,
 }
 
-const SNAPSHOT_MAGIC: &[u8; 8] = b"NRDQST01";
+const SNAPSHOT_MAGIC_V1: &[u8; 8] = b"NRDQST01";
+const SNAPSHOT_MAGIC_V2: &[u8; 8] = b"NRDQST02";
+
+/// Bounds-checked little-endian reads over untrusted bytes.
+struct Reader<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let end = self.at.checked_add(N)?;
+        let bytes = self.data.get(self.at..end)?.try_into().ok()?;
+        self.at = end;
+        Some(bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn remaining(&self) -> usize {
+        self.data.len().saturating_sub(self.at)
+    }
+}
 
 impl QueueSnapshot {
+    /// The version 2 encoding (`NRDQST02`, see docs/storage-format.md).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(28 + self.acked.len() * 16);
-        out.extend_from_slice(SNAPSHOT_MAGIC);
+        let mut out = Vec::with_capacity(36 + self.acked.len() * 16 + self.counts.len() * 12);
+        out.extend_from_slice(SNAPSHOT_MAGIC_V2);
         out.extend_from_slice(&self.frontier.to_le_bytes());
         out.extend_from_slice(&(self.acked.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.counts.len() as u64).to_le_bytes());
         for (s, e) in &self.acked {
             out.extend_from_slice(&s.to_le_bytes());
             out.extend_from_slice(&e.to_le_bytes());
+        }
+        for (o, c) in &self.counts {
+            out.extend_from_slice(&o.to_le_bytes());
+            out.extend_from_slice(&c.to_le_bytes());
         }
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out
     }
 
+    /// Reads a version 1 or 2 snapshot. The bytes are untrusted: a bad checksum, a length
+    /// that does not match the declared counts (checked before anything is allocated), or
+    /// ranges and counts out of order, overlapping or inconsistent with each other make it
+    /// `None`, never a panic.
     pub fn decode(data: &[u8]) -> Option<Self> {
-        if data.len() < 28 {
+        let body = data.get(..data.len().checked_sub(4)?)?;
+        let crc = u32::from_le_bytes(data.get(body.len()..)?.try_into().ok()?);
+        if crc32c::crc32c(body) != crc {
             return None;
         }
-        let (body, crc) = data.split_at(data.len() - 4);
-        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().ok()?)
-            || &body[..8] != SNAPSHOT_MAGIC
-        {
+        let mut r = Reader { data: body, at: 0 };
+        let v2 = match &r.take::<8>()? {
+            m if m == SNAPSHOT_MAGIC_V1 => false,
+            m if m == SNAPSHOT_MAGIC_V2 => true,
+            _ => return None,
+        };
+        let frontier = r.u64()?;
+        let n = r.u64()?;
+        let m = if v2 { r.u64()? } else { 0 };
+        let declared = n.checked_mul(16)?.checked_add(m.checked_mul(12)?)?;
+        if r.remaining() as u64 != declared {
             return None;
         }
-        let u = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
-        let frontier = u(8);
-        let n = u(16);
-        if (body.len() as u64 - 24) != n.checked_mul(16)? {
-            return None;
-        }
-        let acked: Vec<(u64, u64)> = (0..n as usize)
-            .map(|i| (u(24 + i * 16), u(32 + i * 16)))
-            .collect();
+        let mut acked = Vec::with_capacity(n as usize);
         let mut prev = frontier;
-        for &(s, e) in &acked {
+        for _ in 0..n {
+            let (s, e) = (r.u64()?, r.u64()?);
             if s <= prev || e <= s {
                 return None;
             }
+            acked.push((s, e));
             prev = e;
         }
-        Some(Self { frontier, acked })
+        let mut counts = Vec::with_capacity(m as usize);
+        let mut ranges = acked.iter().peekable();
+        let mut prev: Option<u64> = None;
+        for _ in 0..m {
+            let (o, c) = (r.u64()?, r.u32()?);
+            if o < frontier || prev.is_some_and(|p| o <= p) || c == 0 {
+                return None;
+            }
+            while ranges.next_if(|&&(_, e)| e <= o).is_some() {}
+            if ranges.peek().is_some_and(|&&(s, _)| s <= o) {
+                return None; // an acked offset has no count
+            }
+            counts.push((o, c));
+            prev = Some(o);
+        }
+        Some(Self {
+            frontier,
+            acked,
+            counts,
+        })
     }
 }
 
@@ -140,9 +212,12 @@ pub struct PartitionQueue {
     not_due_offsets: HashMap<u64, i64>,
     leases: HashMap<u64, Lease>,
     expiries: BTreeSet<(i64, u64)>,
-    deliveries: HashMap<u64, u32>,
+    /// Delivery counts of offsets leased at least once and not acked (never 0).
+    deliveries: BTreeMap<u64, u32>,
     next_nonce: u64,
     max_ack_ranges: usize,
+    /// Most counts a snapshot carries ([`MAX_PERSISTED_COUNTS`] outside tests).
+    max_counts: usize,
     dirty: bool,
 }
 
@@ -164,6 +239,25 @@ impl PartitionQueue {
         nonce_seed: u64,
         max_ack_ranges: usize,
     ) -> Self {
+        Self::with_max_counts(
+            snapshot,
+            oldest,
+            hwm,
+            nonce_seed,
+            max_ack_ranges,
+            MAX_PERSISTED_COUNTS,
+        )
+    }
+
+    /// [`Self::new`] with another bound on persisted delivery counts (tests).
+    pub fn with_max_counts(
+        snapshot: QueueSnapshot,
+        oldest: u64,
+        hwm: u64,
+        nonce_seed: u64,
+        max_ack_ranges: usize,
+        max_counts: usize,
+    ) -> Self {
         let acked_count = snapshot.acked.iter().map(|(s, e)| e - s).sum();
         let mut q = Self {
             frontier: snapshot.frontier,
@@ -176,20 +270,72 @@ impl PartitionQueue {
             not_due_offsets: HashMap::new(),
             leases: HashMap::new(),
             expiries: BTreeSet::new(),
-            deliveries: HashMap::new(),
+            deliveries: BTreeMap::new(),
             next_nonce: nonce_seed | 1,
             max_ack_ranges,
+            max_counts,
             dirty: false,
         };
         q.truncate_below(oldest);
+        q.restore_counts(snapshot.counts);
         q
     }
 
+    /// Raises delivery counts to persisted ones (the snapshot's, then the deliveries
+    /// journal's, merged with max: a count never goes down, whatever order they come in).
+    /// Counts of offsets that are acked, gone or past the end of the log are ignored, and at
+    /// most `max_counts` are kept, the lowest offsets (as a snapshot would keep them).
+    pub fn restore_counts(&mut self, counts: impl IntoIterator<Item = (u64, u32)>) {
+        for (offset, count) in counts {
+            if count == 0 || offset >= self.hwm || self.is_acked(offset) {
+                continue;
+            }
+            let c = self.deliveries.entry(offset).or_insert(0);
+            *c = (*c).max(count);
+            if self.deliveries.len() > self.max_counts {
+                self.deliveries.pop_last();
+            }
+        }
+    }
+
+    /// The delivery count of `offset` so far (0: never delivered, or acked).
+    pub fn delivery_count(&self, offset: u64) -> u32 {
+        self.deliveries.get(&offset).copied().unwrap_or(0)
+    }
+
+    fn is_acked(&self, offset: u64) -> bool {
+        offset < self.frontier
+            || self
+                .acked
+                .range(..=offset)
+                .next_back()
+                .is_some_and(|(_, &e)| offset < e)
+    }
+
+    /// The persisted state: frontier, acked ranges and the delivery counts of the lowest
+    /// `max_counts` leased, unacked offsets (see [`Self::counts_left_out`]).
     pub fn snapshot(&self) -> QueueSnapshot {
         QueueSnapshot {
             frontier: self.frontier,
             acked: self.acked.iter().map(|(&s, &e)| (s, e)).collect(),
+            counts: self
+                .deliveries
+                .iter()
+                .take(self.max_counts)
+                .map(|(&o, &c)| (o, c))
+                .collect(),
         }
+    }
+
+    /// Changes the bound on persisted delivery counts (tests of what happens past it).
+    #[cfg(test)]
+    pub(crate) fn set_max_counts(&mut self, max_counts: usize) {
+        self.max_counts = max_counts;
+    }
+
+    /// How many delivery counts [`Self::snapshot`] leaves out for want of room.
+    pub fn counts_left_out(&self) -> usize {
+        self.deliveries.len().saturating_sub(self.max_counts)
     }
 
     /// Whether acks changed the persisted state since the last [`Self::mark_clean`].
@@ -280,7 +426,7 @@ impl PartitionQueue {
             self.not_due_offsets.remove(&o);
             self.not_due.remove(&(d, o));
         }
-        self.deliveries.retain(|&o, _| o >= oldest);
+        self.deliveries = self.deliveries.split_off(&oldest);
         self.frontier = oldest;
         self.absorb_ranges();
         self.scan_next = self.scan_next.max(self.frontier);
@@ -378,7 +524,8 @@ impl PartitionQueue {
         let nonce = self.next_nonce;
         self.next_nonce = self.next_nonce.wrapping_add(1).max(1);
         let count = self.deliveries.entry(offset).or_insert(0);
-        *count += 1;
+        // saturating: a count restored from disk may be anything
+        *count = count.saturating_add(1);
         let deadline_ms = lease_deadline(now_ms, visibility_ms);
         let lease = Lease {
             nonce,
@@ -464,6 +611,9 @@ impl PartitionQueue {
         self.nack(offset, nonce, now_ms)?;
         if let Some(c) = self.deliveries.get_mut(&offset) {
             *c = c.saturating_sub(1);
+            if *c == 0 {
+                self.deliveries.remove(&offset);
+            }
         }
         Ok(())
     }
@@ -652,6 +802,7 @@ mod tests {
         let mut bytes = QueueSnapshot {
             frontier: 3,
             acked: vec![(5, 6)],
+            counts: vec![(4, 2)],
         }
         .encode();
         assert!(QueueSnapshot::decode(&bytes[..bytes.len() - 1]).is_none());
@@ -672,18 +823,295 @@ mod tests {
         assert_eq!(q.take(2, 10, 100, VIS, &mut now_due)[0].offset, 6);
     }
 
+    /// Leases every ready offset of `q` `times` times (nacking in between); the last leases.
+    fn deliver_times(q: &mut PartitionQueue, times: u32, now: i64) -> Vec<Leased> {
+        let mut last = Vec::new();
+        for _ in 0..times {
+            last = q.take(now, 100, 100, VIS, &mut now_due);
+            for l in &last {
+                q.nack(l.offset, l.nonce, now).unwrap();
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn snapshot_v2_round_trips_delivery_counts() {
+        let mut q = q(6);
+        deliver_times(&mut q, 2, 0);
+        let l = q.take(0, 6, 100, VIS, &mut now_due);
+        assert!(l.iter().all(|l| l.delivery_count == 3));
+        q.ack(0, l[0].nonce, 1).unwrap();
+        q.ack(2, l[2].nonce, 1).unwrap();
+        q.nack(4, l[4].nonce, 1).unwrap();
+        let snap = q.snapshot();
+        assert_eq!(snap.frontier, 1);
+        assert_eq!(snap.acked, vec![(2, 3)]);
+        assert_eq!(snap.counts, vec![(1, 3), (3, 3), (4, 3), (5, 3)]);
+        let bytes = snap.encode();
+        assert_eq!(&bytes[..8], b"NRDQST02");
+        let back = QueueSnapshot::decode(&bytes).unwrap();
+        assert_eq!(back, snap);
+        // after a restart the next delivery is the persisted count + 1
+        let mut r = PartitionQueue::new(back, 0, 6, 99, 1024);
+        let l = r.take(0, 10, 100, VIS, &mut now_due);
+        let got: Vec<(u64, u32)> = l.iter().map(|l| (l.offset, l.delivery_count)).collect();
+        assert_eq!(got, vec![(1, 4), (3, 4), (4, 4), (5, 4)]);
+    }
+
+    #[test]
+    fn snapshot_v1_is_still_read_without_counts() {
+        let mut v1 = b"NRDQST01".to_vec();
+        for x in [3u64, 1, 5, 7] {
+            v1.extend_from_slice(&x.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        let snap = QueueSnapshot::decode(&v1).unwrap();
+        assert_eq!(
+            snap,
+            QueueSnapshot {
+                frontier: 3,
+                acked: vec![(5, 7)],
+                counts: vec![],
+            }
+        );
+        let mut q = PartitionQueue::new(snap, 0, 8, 1, 1024);
+        let l = q.take(0, 10, 100, VIS, &mut now_due);
+        let got: Vec<(u64, u32)> = l.iter().map(|l| (l.offset, l.delivery_count)).collect();
+        assert_eq!(got, vec![(3, 1), (4, 1), (7, 1)]);
+    }
+
+    /// `NRDQST02` with the given header fields and payload, checksummed.
+    fn v2(frontier: u64, n: u64, m: u64, payload: &[u8]) -> Vec<u8> {
+        let mut out = b"NRDQST02".to_vec();
+        for x in [frontier, n, m] {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out.extend_from_slice(payload);
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    fn ranges_and_counts(ranges: &[(u64, u64)], counts: &[(u64, u32)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (s, e) in ranges {
+            out.extend_from_slice(&s.to_le_bytes());
+            out.extend_from_slice(&e.to_le_bytes());
+        }
+        for (o, c) in counts {
+            out.extend_from_slice(&o.to_le_bytes());
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn snapshot_v2_refuses_inconsistent_counts() {
+        let ok = v2(3, 1, 2, &ranges_and_counts(&[(5, 7)], &[(3, 1), (7, 2)]));
+        assert!(QueueSnapshot::decode(&ok).is_some());
+        let bad = [
+            ("below the frontier", &[(2, 1), (7, 2)][..]),
+            ("inside an acked range", &[(3, 1), (6, 2)]),
+            ("at a range's start", &[(3, 1), (5, 2)]),
+            ("out of order", &[(7, 1), (3, 2)]),
+            ("duplicate", &[(3, 1), (3, 2)]),
+            ("zero count", &[(3, 0), (7, 2)]),
+        ];
+        for (why, counts) in bad {
+            let bytes = v2(3, 1, 2, &ranges_and_counts(&[(5, 7)], counts));
+            assert!(QueueSnapshot::decode(&bytes).is_none(), "{why}");
+        }
+        // declared lengths that do not match the bytes, however large, allocate nothing
+        let payload = ranges_and_counts(&[(5, 7)], &[(3, 1), (7, 2)]);
+        for (n, m) in [
+            (1, 1),
+            (1, 3),
+            (2, 2),
+            (u64::MAX, 2),
+            (1, u64::MAX),
+            (u64::MAX / 16, u64::MAX / 12),
+        ] {
+            assert!(
+                QueueSnapshot::decode(&v2(3, n, m, &payload)).is_none(),
+                "n={n} m={m}"
+            );
+        }
+        // a v1 file carries no count section
+        let mut v1 = ok.clone();
+        v1[..8].copy_from_slice(b"NRDQST01");
+        let crc = crc32c::crc32c(&v1[..v1.len() - 4]);
+        let at = v1.len() - 4;
+        v1[at..].copy_from_slice(&crc.to_le_bytes());
+        assert!(QueueSnapshot::decode(&v1).is_none());
+    }
+
+    #[test]
+    fn snapshot_keeps_the_lowest_counts_within_its_bound() {
+        let mut q = PartitionQueue::with_max_counts(QueueSnapshot::default(), 0, 5, 1, 1024, 2);
+        deliver_times(&mut q, 1, 0);
+        assert_eq!(q.counts_left_out(), 3);
+        let snap = q.snapshot();
+        assert_eq!(snap.counts, vec![(0, 1), (1, 1)]);
+        // in memory every count is kept
+        assert_eq!(q.delivery_count(4), 1);
+        // a restart keeps the persisted ones; the others start again
+        let mut r = PartitionQueue::with_max_counts(snap, 0, 5, 2, 1024, 2);
+        let l = r.take(0, 10, 100, VIS, &mut now_due);
+        let got: Vec<u32> = l.iter().map(|l| l.delivery_count).collect();
+        assert_eq!(got, vec![2, 2, 1, 1, 1]);
+    }
+
+    #[test]
+    fn restored_counts_never_go_down_and_skip_settled_offsets() {
+        let snap = QueueSnapshot {
+            frontier: 2,
+            acked: vec![(4, 5)],
+            counts: vec![(2, 5), (3, 1)],
+        };
+        let mut q = PartitionQueue::new(snap, 0, 8, 1, 1024);
+        // an older journal (lower count), a newer one, acked / settled / future offsets
+        q.restore_counts([(2, 3), (3, 4), (1, 9), (4, 9), (8, 9), (6, 0)]);
+        assert_eq!(q.delivery_count(2), 5, "max, never lowered");
+        assert_eq!(q.delivery_count(3), 4);
+        for o in [1, 4, 6, 8] {
+            assert_eq!(q.delivery_count(o), 0, "offset {o}");
+        }
+        // retention removed offsets the snapshot counted
+        let q = PartitionQueue::new(q.snapshot(), 3, 8, 1, 1024);
+        assert_eq!(q.snapshot().counts, vec![(3, 4)]);
+    }
+
+    #[test]
+    fn counts_end_with_the_ack_and_an_undelivered_lease() {
+        let mut q = q(2);
+        let l = q.take(0, 2, 100, VIS, &mut now_due);
+        q.unlease(1, l[1].nonce, 1).unwrap();
+        assert_eq!(q.snapshot().counts, vec![(0, 1)], "no zero count kept");
+        q.ack(0, l[0].nonce, 1).unwrap();
+        assert!(q.snapshot().counts.is_empty());
+        let l = q.take(1, 1, 100, VIS, &mut now_due);
+        q.nack(1, l[0].nonce, 2).unwrap();
+        assert_eq!(q.truncate_below(2), 1);
+        assert!(q.snapshot().counts.is_empty(), "retention drops counts");
+    }
+
+    #[test]
+    fn a_huge_restored_count_saturates() {
+        let snap = QueueSnapshot {
+            counts: vec![(0, u32::MAX)],
+            ..Default::default()
+        };
+        let mut q = PartitionQueue::new(snap, 0, 1, 1, 1024);
+        assert_eq!(
+            q.take(0, 1, 100, VIS, &mut now_due)[0].delivery_count,
+            u32::MAX
+        );
+    }
+
+    /// Checks what a decoded snapshot promises.
+    fn consistent(s: &QueueSnapshot) -> Result<(), TestCaseError> {
+        let mut prev = s.frontier;
+        for &(a, b) in &s.acked {
+            prop_assert!(a > prev && b > a, "ranges {:?}", s.acked);
+            prev = b;
+        }
+        let mut last: Option<u64> = None;
+        for &(o, c) in &s.counts {
+            prop_assert!(c >= 1 && o >= s.frontier && last.is_none_or(|l| o > l));
+            prop_assert!(
+                !s.acked.iter().any(|&(a, b)| a <= o && o < b),
+                "acked {o} counted"
+            );
+            last = Some(o);
+        }
+        Ok(())
+    }
+
+    fn arb_snapshot() -> impl Strategy<Value = QueueSnapshot> {
+        (
+            0u64..1000,
+            proptest::collection::vec((1u64..5, 1u64..5, any::<bool>(), 1u32..), 0..30),
+        )
+            .prop_map(|(frontier, steps)| {
+                // walk upwards: each step is a gap of `g` offsets, then a run of `r`, either
+                // acked (a range) or counted (one count per offset)
+                let mut s = QueueSnapshot {
+                    frontier,
+                    ..Default::default()
+                };
+                let mut at = frontier;
+                for (g, r, is_range, c) in steps {
+                    at += g;
+                    if is_range {
+                        s.acked.push((at, at + r));
+                    } else {
+                        s.counts.extend((at..at + r).map(|o| (o, c)));
+                    }
+                    at += r;
+                }
+                s
+            })
+    }
     proptest! {
+        #[test]
+        fn snapshots_round_trip(s in arb_snapshot()) {
+            consistent(&s)?;
+            prop_assert_eq!(QueueSnapshot::decode(&s.encode()), Some(s));
+        }
+
+        /// Untrusted bytes never panic the decoder, and whatever it accepts is consistent
+        /// (and encodes back to the same bytes). The CRC is recomputed, so damage reaches the
+        /// structural checks instead of stopping at the checksum.
+        #[test]
+        fn decode_of_any_bytes_never_panics_or_yields_inconsistent_state(
+            base in arb_snapshot(),
+            v1 in any::<bool>(),
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+            cut in proptest::option::of(any::<prop::sample::Index>()),
+            raw in proptest::collection::vec(any::<u8>(), 0..80),
+        ) {
+            let mut body = base.encode();
+            body.truncate(body.len() - 4);
+            if v1 {
+                body[..8].copy_from_slice(b"NRDQST01");
+            }
+            for (at, x) in edits {
+                let at = at.index(body.len());
+                body[at] = x;
+            }
+            if let Some(cut) = cut {
+                body.truncate(cut.index(body.len() + 1));
+            }
+            let crc = crc32c::crc32c(&body);
+            body.extend_from_slice(&crc.to_le_bytes());
+            if let Some(s) = QueueSnapshot::decode(&body) {
+                consistent(&s)?;
+                if &body[..8] == b"NRDQST02" {
+                    prop_assert_eq!(s.encode(), body);
+                }
+            }
+            let mut raw = raw;
+            let crc = crc32c::crc32c(&raw);
+            raw.extend_from_slice(&crc.to_le_bytes());
+            if let Some(s) = QueueSnapshot::decode(&raw) {
+                consistent(&s)?;
+            }
+        }
+
         /// Random operation sequences keep the invariants: no offset is leased twice at once,
         /// the frontier never moves back, acked offsets are never delivered again, and once
         /// everything is acked the frontier reaches the end.
         #[test]
-        fn random_operations_keep_invariants(ops in proptest::collection::vec((0u8..6, 0u64..40, 0i64..400), 1..300), seed in any::<u64>()) {
+        fn random_operations_keep_invariants(ops in proptest::collection::vec((0u8..8, 0u64..40, 0i64..400), 1..300), seed in any::<u64>()) {
             let mut q = PartitionQueue::new(QueueSnapshot::default(), 0, 0, seed, 8);
             let mut now = 0i64;
             let mut hwm = 0u64;
             let mut live: HashMap<u64, Leased> = HashMap::new();
             let mut acked: BTreeSet<u64> = BTreeSet::new();
             let mut delays: HashMap<u64, i64> = HashMap::new();
+            let mut counts: HashMap<u64, u32> = HashMap::new();
             let mut last_frontier = 0;
             for (op, arg, dt) in ops {
                 now += dt;
@@ -698,6 +1126,9 @@ mod tests {
                             prop_assert!(!live.contains_key(&l.offset), "double lease of {}", l.offset);
                             prop_assert!(!acked.contains(&l.offset), "acked {} delivered again", l.offset);
                             prop_assert!(delays[&l.offset] <= now, "delivered early");
+                            let count = counts.entry(l.offset).or_insert(0);
+                            *count += 1;
+                            prop_assert_eq!(l.delivery_count, *count, "count of {}", l.offset);
                             live.insert(l.offset, l);
                         }
                     }
@@ -705,7 +1136,7 @@ mod tests {
                         if let Some(&o) = live.keys().nth(arg as usize % live.len().max(1)) {
                             let l = live[&o];
                             match q.ack(o, l.nonce, now) {
-                                Ok(()) => { live.remove(&o); acked.insert(o); }
+                                Ok(()) => { live.remove(&o); acked.insert(o); counts.remove(&o); }
                                 Err(LeaseError::AckSetFull) => {}
                                 Err(e) => prop_assert!(false, "live lease rejected: {e}"),
                             }
@@ -717,13 +1148,33 @@ mod tests {
                             q.nack(o, l.nonce, now).unwrap();
                         }
                     }
-                    _ => {
+                    5 => {
                         if let Some(&o) = live.keys().nth(arg as usize % live.len().max(1)) {
                             let d = q.extend(o, live[&o].nonce, now, VIS).unwrap();
                             live.get_mut(&o).unwrap().deadline_ms = d;
                         }
                     }
+                    6 => {
+                        // a delivery that never reached its reader does not count
+                        if let Some(&o) = live.keys().nth(arg as usize % live.len().max(1)) {
+                            let l = live.remove(&o).unwrap();
+                            q.unlease(o, l.nonce, now).unwrap();
+                            let c = counts.get_mut(&o).unwrap();
+                            *c -= 1;
+                            if *c == 0 { counts.remove(&o); }
+                        }
+                    }
+                    _ => {
+                        // restart from the snapshot: leases go, counts stay
+                        let snap = QueueSnapshot::decode(&q.snapshot().encode());
+                        prop_assert!(snap.is_some(), "own snapshot refused");
+                        q = PartitionQueue::new(snap.unwrap(), 0, hwm, seed ^ now as u64, 8);
+                        live.clear();
+                    }
                 }
+                let snap = q.snapshot();
+                prop_assert_eq!(snap.counts.len(), counts.len());
+                for &(o, c) in &snap.counts { prop_assert_eq!(counts.get(&o), Some(&c)); }
                 prop_assert!(q.frontier() >= last_frontier);
                 last_frontier = q.frontier();
                 for o in 0..q.frontier() { prop_assert!(acked.contains(&o)); }

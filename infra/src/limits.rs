@@ -387,13 +387,31 @@ impl ConnectionLimiter {
     }
 }
 
-/// The answer to a client refused at the cap, on a plaintext listener.
+/// The answer to a client refused at the cap, on a plaintext listener. Written to the socket
+/// directly (the connection never reaches hyper), so the status line, `Retry-After` and body
+/// are made here from the error table like every other error answer.
 pub fn refusal_response(limit: usize) -> String {
-    let body = format!(
-        "{{\"error\":\"the server already serves {limit} connections (max_connections); retry later\",\"code\":\"too_many_connections\"}}"
-    );
+    raw_error_response(
+        narad_wire::ErrorCode::TooManyConnections,
+        &format!("the server already serves {limit} connections (max_connections); retry later"),
+    )
+}
+
+/// A whole HTTP/1.1 error response for `code`, closing the connection, for answers written
+/// outside axum: the table's status and code, `Retry-After: 1` on a 503, and the JSON body.
+pub fn raw_error_response(code: narad_wire::ErrorCode, message: &str) -> String {
+    let status = crate::http::status_of(code);
+    let body = serde_json::to_string(&narad_wire::ErrorBody::new(code, message))
+        .expect("error body serialises");
+    let retry = if code.http_status() == 503 {
+        "retry-after: 1\r\n"
+    } else {
+        ""
+    };
     format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n{retry}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Error"),
         body.len()
     )
 }
@@ -540,5 +558,27 @@ mod tests {
         assert!(waiting.await.unwrap().is_none());
         drop((a, b, d));
         l.all_closed().await;
+    }
+
+    #[test]
+    fn the_refusal_is_the_tables_answer() {
+        let r = refusal_response(7);
+        let (head, body) = r.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nretry-after: 1\r\n"), "{head}");
+        assert!(head.contains(&format!("\r\ncontent-length: {}\r\n", body.len())));
+        let b: narad_wire::ErrorBody = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            b.known_code(),
+            Some(narad_wire::ErrorCode::TooManyConnections)
+        );
+        assert!(b.error.contains("7 connections"), "{}", b.error);
+        // a code that is not a 503 gets its own status line and no Retry-After
+        let r = raw_error_response(narad_wire::ErrorCode::BodyTimeout, "late");
+        assert!(r.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{r}");
+        assert!(!r.contains("retry-after"), "{r}");
     }
 }

@@ -128,3 +128,34 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
         "load too small to mean anything"
     );
 }
+
+/// Issue 12: a message consumed and never acked (its consumer crashed) and then the broker
+/// killed with SIGKILL: after the restart it comes back with its delivery count, not as new,
+/// however many times that happens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_counts_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "poison", "partitions": 1, "visibility_timeout_ms": 100}))
+        .await;
+    assert_eq!(
+        s.produce("poison", "", "crashes its consumer")
+            .await
+            .status(),
+        202
+    );
+    for expected in 1..=3 {
+        let m = s.consume("poison", "?wait=5s").await.unwrap();
+        assert_eq!(m["offset"], 0);
+        assert_eq!(m["delivery_count"], expected, "{m}");
+        s.kill9();
+        s.restart().await;
+    }
+    // within one life the count goes on as before: the lease expires, the message returns
+    let m = s.consume("poison", "?wait=5s").await.unwrap();
+    assert_eq!(m["delivery_count"], 4);
+    let m = s.consume("poison", "?wait=5s").await.unwrap();
+    assert_eq!(m["delivery_count"], 5);
+    let handle = m["receipt_handle"].as_str().unwrap().to_owned();
+    assert_eq!(s.ack("poison", &handle, None).await, StatusCode::NO_CONTENT);
+}

@@ -69,7 +69,8 @@ pub async fn consume_and_ack(
     let resp_at = rec.now();
     let mut handles = Vec::new();
     for m in &msgs {
-        let p = m.payload.as_str().unwrap_or_default();
+        let p = m.payload_str().unwrap_or_default();
+        let p = p.as_ref();
         let h = m.receipt_handle.clone().unwrap();
         rec.delivered(
             parse_id(p),
@@ -90,7 +91,7 @@ pub async fn consume_and_ack(
     }
     let hs: Vec<String> = handles.iter().map(|(_, h)| h.clone()).collect();
     let sent_at = rec.now();
-    let res = client::ack(http, topic, &hs, "").await;
+    let res = client::ack(http, topic, &hs, client::Settle::Ack).await;
     rec.settle_outcome(&handles, sent_at, res.as_deref().ok(), true);
     msgs.len()
 }

@@ -14,3 +14,4 @@ mod openapi;
 mod queue;
 mod security;
 mod support;
+mod wire;

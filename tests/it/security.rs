@@ -1002,17 +1002,21 @@ async fn metrics_listener_serves_without_auth() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.text().await.unwrap().contains("narad_http_requests"));
+    // the metrics listener serves nothing else, and says so as the API does
     let r = s
         .http
         .get(format!("http://{addr}/v1/topics"))
         .send()
         .await
         .unwrap();
-    assert_eq!(
-        r.status(),
-        StatusCode::NOT_FOUND,
-        "the metrics listener serves nothing else"
-    );
+    expect_error(r, StatusCode::NOT_FOUND, "route_not_found").await;
+    let r = s
+        .http
+        .post(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed").await;
     assert_eq!(s.get("/metrics").await.status(), StatusCode::UNAUTHORIZED);
 }
 

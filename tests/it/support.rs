@@ -241,9 +241,12 @@ impl Drop for Server {
     }
 }
 
-/// Asserts an error response: status and JSON `code`.
+/// Asserts an error response: status and JSON `code`; the body is exactly `{error, code}`
+/// with a code of the table (`narad_wire::ErrorCode`) whose status is the one answered, and
+/// `Retry-After` comes with every 503 and 429.
 pub async fn expect_error(r: reqwest::Response, status: StatusCode, code: &str) {
     let got = r.status();
+    let retry_after = r.headers().contains_key(reqwest::header::RETRY_AFTER);
     let text = r.text().await.unwrap();
     assert_eq!(got, status, "body: {text}");
     let v: Value =
@@ -252,6 +255,19 @@ pub async fn expect_error(r: reqwest::Response, status: StatusCode, code: &str) 
     assert!(
         v["error"].as_str().is_some_and(|e| !e.is_empty()),
         "body: {text}"
+    );
+    assert_eq!(v.as_object().map(|o| o.len()), Some(2), "body: {text}");
+    let known = narad_wire::ErrorCode::from_code(code)
+        .unwrap_or_else(|| panic!("`{code}` is not in the error table"));
+    assert_eq!(
+        known.http_status(),
+        status.as_u16(),
+        "the table's status for {code}"
+    );
+    assert_eq!(
+        retry_after,
+        known.is_retryable(),
+        "Retry-After on {code}: body {text}"
     );
 }
 

@@ -1037,7 +1037,11 @@ async fn restore_links(
         let positions: Vec<u64> = wanted.iter().map(|w| w.unwrap_or(u64::MAX)).collect();
         let used = match broker.restore_link(&t.name, link.clone(), &positions).await {
             Ok(u) => u,
-            Err(e @ (BrokerError::FanoutConflict(_) | BrokerError::FanoutInvalid(_))) => {
+            Err(
+                e @ (BrokerError::FanoutConflict(_)
+                | BrokerError::FanoutInvalid(_)
+                | BrokerError::TopicNotFound(_)),
+            ) => {
                 tracing::warn!(child = %t.name, error = %e, "fan-out link not restored");
                 report.links_missing.push((t.name.clone(), e.to_string()));
                 continue;

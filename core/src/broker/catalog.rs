@@ -1,5 +1,5 @@
 //! Topic metadata changes (create, alter, schema versions, ownership, delete) and the reads
-//! of it. Every change is made durable before it goes live (see `Broker::commit_meta`).
+//! of it. Every change is made durable before it goes live (see `Broker::commit`).
 
 use super::*;
 
@@ -51,40 +51,26 @@ impl Broker {
         Ok(())
     }
 
-    /// Makes a metadata change durable, then live: `edit` turns the published metadata of
-    /// every topic into the new set, which is written (temp file, fsync, rename, fsync); only
-    /// once that succeeded does `publish` apply the change in memory. A failed write publishes
-    /// nothing, so no client ever acts on (and gets a 2xx for) state that a crash would undo.
+    /// Makes a catalog change durable, then live: the store applies `cmd` to the published
+    /// catalog, writes the result, and only once that succeeded publishes it and runs
+    /// `publish`, which makes this node's in-memory state follow (partitions, links). A
+    /// command that is refused or fails to persist publishes nothing, so no client ever acts
+    /// on (and gets a 2xx for) state that a crash would undo.
     ///
-    /// Read, write and publish run as one step on a blocking thread under `meta_commit`: it
-    /// finishes even if the caller's future is dropped (a client that disconnects, releasing
-    /// `meta_lock`), and the next change then starts from what this one published, so disk
-    /// and memory never disagree.
-    ///
-    /// `edit` sees the metadata as published at that moment and may refuse (the caller checked
-    /// under `meta_lock`, but a caller that gave up released that lock early).
-    pub(super) async fn commit_meta(
+    /// The store finishes a command even if the caller's future is dropped (a client that
+    /// disconnects, releasing `meta_lock`), and the next command starts from what this one
+    /// published, so disk and memory never disagree. The command is checked again when it
+    /// is applied (the caller checked under `meta_lock`, but a caller that gave up released
+    /// that lock early).
+    pub(super) async fn commit(
         &self,
-        edit: impl FnOnce(&mut Vec<TopicMeta>) -> Result<(), BrokerError> + Send + 'static,
-        publish: impl FnOnce() + Send + 'static,
-    ) -> Result<(), BrokerError> {
-        let topics = self.topics.clone();
-        let commit = self.meta_commit.clone();
-        let dir = self.cfg.data_dir.clone();
-        tokio::task::spawn_blocking(move || {
-            let _one_change = commit.lock();
-            let mut metas: Vec<TopicMeta> = topics
-                .read()
-                .values()
-                .map(|t| t.meta.read().clone())
-                .collect();
-            edit(&mut metas)?;
-            meta::store(&dir, metas)?;
-            publish();
-            Ok::<_, BrokerError>(())
-        })
-        .await
-        .expect("metadata commit task")
+        cmd: CatalogCommand,
+        publish: impl FnOnce(&Applied) + Send + 'static,
+    ) -> Result<Applied, BrokerError> {
+        Ok(self
+            .store
+            .propose(cmd, Box::new(move |_, applied| publish(applied)))
+            .await?)
     }
 
     pub async fn create_topic(
@@ -181,18 +167,13 @@ impl Broker {
                 return Err(e);
             }
         };
-        let adding = meta.clone();
         let (topics, live, name) = (self.topics.clone(), topic.clone(), meta.name.clone());
         let committed = self
-            .commit_meta(
-                move |metas| {
-                    if metas.iter().any(|m| m.name == adding.name) {
-                        return Err(BrokerError::TopicExists(adding.name));
-                    }
-                    metas.push(adding);
-                    Ok(())
+            .commit(
+                CatalogCommand::CreateTopic {
+                    topic: meta.clone(),
                 },
-                move || {
+                move |_| {
                     topics.write().insert(name, live);
                 },
             )
@@ -288,11 +269,13 @@ impl Broker {
         if config.retention_ms > 0 {
             for (child, _, link) in &children {
                 let delay = link.delay_ms;
-                if delay > 0 && config.retention_ms < delay + fanout::DELAY_RETENTION_MARGIN_MS {
+                if delay > 0
+                    && config.retention_ms < delay + crate::catalog::DELAY_RETENTION_MARGIN_MS
+                {
                     return Err(BrokerError::FanoutInvalid(format!(
                         "retention_ms {} is shorter than delay child '{child}' needs ({} ms: its delay + 1 h)",
                         config.retention_ms,
-                        delay + fanout::DELAY_RETENTION_MARGIN_MS
+                        delay + crate::catalog::DELAY_RETENTION_MARGIN_MS
                     )));
                 }
             }
@@ -327,15 +310,18 @@ impl Broker {
             Vec::new()
         };
         let all: Vec<Arc<Partition>> = old_parts.iter().chain(&new).cloned().collect();
-        let (id, edited, live) = (old.id, config.clone(), topic.clone());
+        let (cmd, live) = (
+            CatalogCommand::AlterTopic {
+                topic_id: old.id,
+                config: config.clone(),
+            },
+            topic.clone(),
+        );
         let committed = self
-            .commit_meta(
-                move |metas| edit_topic(metas, id, |m| m.config = edited),
-                move || {
-                    *live.partitions.write() = Arc::new(all);
-                    live.meta.write().config = config;
-                },
-            )
+            .commit(cmd, move |_| {
+                *live.partitions.write() = Arc::new(all);
+                live.meta.write().config = config;
+            })
             .await;
         if let Err(e) = committed {
             for p in &new {
@@ -388,12 +374,15 @@ impl Broker {
             created_at_ms: self.clock.now_ms(),
             schema,
         };
-        let (id, edited, live) = (topic.id(), added.clone(), topic.clone());
-        self.commit_meta(
-            move |metas| edit_topic(metas, id, |m| m.schemas.push(edited)),
-            move || live.meta.write().schemas.push(added),
-        )
-        .await?;
+        let (cmd, live) = (
+            CatalogCommand::AddSchemaVersion {
+                topic_id: topic.id(),
+                schema: added.clone(),
+            },
+            topic.clone(),
+        );
+        self.commit(cmd, move |_| live.meta.write().schemas.push(added))
+            .await?;
         tracing::info!(topic = %name, version, "topic schema changed");
         Ok(topic.meta.read().clone())
     }
@@ -416,22 +405,17 @@ impl Broker {
         if owned.is_empty() {
             return Ok(0);
         }
-        let ids: Vec<u64> = owned.iter().map(|t| t.id()).collect();
         let count = owned.len();
-        self.commit_meta(
-            move |metas| {
-                for m in metas.iter_mut().filter(|m| ids.contains(&m.id)) {
-                    (m.owner, m.owner_id) = (None, None);
-                }
-                Ok(())
-            },
-            move || {
-                for t in owned {
-                    let mut m = t.meta.write();
-                    (m.owner, m.owner_id) = (None, None);
-                }
-            },
-        )
+        let cmd = CatalogCommand::Disown {
+            owner: owner.to_owned(),
+            owner_id,
+        };
+        self.commit(cmd, move |_| {
+            for t in owned {
+                let mut m = t.meta.write();
+                (m.owner, m.owner_id) = (None, None);
+            }
+        })
         .await?;
         Ok(count)
     }
@@ -446,33 +430,23 @@ impl Broker {
             .into_iter()
             .map(|(_, t, _)| t)
             .collect();
-        let (id, child_ids): (u64, Vec<u64>) =
-            (topic.id(), children.iter().map(|c| c.id()).collect());
-        let (topics, gone, unlink) = (self.topics.clone(), name.to_owned(), children.clone());
-        let gone_name = name.to_owned();
-        self.commit_meta(
-            move |metas| {
-                let before = metas.len();
-                metas.retain(|m| m.id != id);
-                if metas.len() == before {
-                    return Err(BrokerError::TopicNotFound(gone_name));
-                }
-                for m in metas.iter_mut().filter(|m| child_ids.contains(&m.id)) {
-                    m.parent = None;
-                }
-                Ok(())
-            },
-            move || {
-                if let Some(t) = topics.write().remove(&gone) {
-                    // its timer stops even if the caller is gone before the cleanup below
-                    t.deleted.store(true, Ordering::Release);
-                    t.timer.notify_one();
-                }
-                for c in unlink {
+        let (topics, gone) = (self.topics.clone(), name.to_owned());
+        let cmd = CatalogCommand::DeleteTopic {
+            topic_id: topic.id(),
+        };
+        self.commit(cmd, move |applied| {
+            let mut topics = topics.write();
+            if let Some(t) = topics.remove(&gone) {
+                // its timer stops even if the caller is gone before the cleanup below
+                t.deleted.store(true, Ordering::Release);
+                t.timer.notify_one();
+            }
+            if let Applied::Deleted { unlinked, .. } = applied {
+                for c in topics.values().filter(|c| unlinked.contains(&c.id())) {
                     c.meta.write().parent = None;
                 }
-            },
-        )
+            }
+        })
         .await?;
         {
             let gone: Vec<String> = children
@@ -522,18 +496,4 @@ impl Broker {
     ) -> Result<R, BrokerError> {
         Ok(f(&self.topic(name)?.meta.read()))
     }
-}
-
-/// Applies `f` to the metadata of topic incarnation `id` in a metadata edit.
-pub(super) fn edit_topic(
-    metas: &mut [TopicMeta],
-    id: u64,
-    f: impl FnOnce(&mut TopicMeta),
-) -> Result<(), BrokerError> {
-    let m = metas
-        .iter_mut()
-        .find(|m| m.id == id)
-        .ok_or_else(|| BrokerError::TopicNotFound(format!("{id:016x}")))?;
-    f(m);
-    Ok(())
 }

@@ -140,6 +140,7 @@ impl Broker {
             };
             let topic_id = topic.id();
             let mut seen = source.seen;
+            let mut counted = Vec::with_capacity(leased.len());
             for l in leased {
                 let record = match seen.remove(&l.offset) {
                     Some(r) => Some(r),
@@ -154,6 +155,7 @@ impl Broker {
                     let _ = part.queue.lock().unlease(l.offset, l.nonce, now);
                     continue;
                 };
+                counted.push((l.offset, l.delivery_count));
                 out.push(Delivery {
                     partition: part.index,
                     record,
@@ -167,6 +169,8 @@ impl Broker {
                     lease_deadline_ms: l.deadline_ms,
                 });
             }
+            // before the reply leaves: a crash from here on keeps these counts
+            part.journal_deliveries(&counted);
         }
         Ok(out)
     }

@@ -19,14 +19,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Broker, BrokerError, Topic, random_u64};
+use crate::catalog::{CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN};
 use crate::log::LogError;
 use crate::record::{NewRecord, Record};
 use crate::topic::partition_for_key;
 
-/// Most children one parent may have.
-pub const MAX_CHILDREN: usize = 64;
-/// A delay child needs the parent to keep records at least this much longer than the delay.
-pub const DELAY_RETENTION_MARGIN_MS: i64 = 3_600_000;
 /// Longest delay a child may have (one year).
 pub const MAX_CHILD_DELAY_MS: i64 = 365 * 24 * 3_600_000;
 /// Records and bytes one cursor copies per slab.
@@ -238,12 +235,16 @@ impl Broker {
                 source,
             })?;
         }
-        let (id, edited, linked, live) = (c.id(), link.clone(), link.clone(), c.clone());
-        self.commit_meta(
-            move |metas| super::catalog::edit_topic(metas, id, |m| m.parent = Some(edited)),
-            move || live.meta.write().parent = Some(linked),
-        )
-        .await?;
+        let (cmd, linked, live) = (
+            CatalogCommand::Attach {
+                child_id: c.id(),
+                link: link.clone(),
+            },
+            link.clone(),
+            c.clone(),
+        );
+        self.commit(cmd, move |_| live.meta.write().parent = Some(linked))
+            .await?;
         for i in 0..p.partitions().len() as u32 {
             self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
         }
@@ -256,7 +257,7 @@ impl Broker {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
         let c = self.topic(child)?;
-        self.topic(parent)?;
+        let p = self.topic(parent)?;
         if c.meta
             .read()
             .parent
@@ -267,12 +268,13 @@ impl Broker {
                 "'{child}' is not a child of '{parent}'"
             )));
         }
-        let (id, live) = (c.id(), c.clone());
-        self.commit_meta(
-            move |metas| super::catalog::edit_topic(metas, id, |m| m.parent = None),
-            move || live.meta.write().parent = None,
-        )
-        .await?;
+        let cmd = CatalogCommand::Detach {
+            child_id: c.id(),
+            parent_id: p.id(),
+        };
+        let live = c.clone();
+        self.commit(cmd, move |_| live.meta.write().parent = None)
+            .await?;
         self.forget_cursors(parent, child);
         tracing::info!(parent, child, "child detached");
         Ok(())
@@ -293,34 +295,21 @@ impl Broker {
         positions: &[u64],
     ) -> Result<Vec<u64>, BrokerError> {
         self.check_running()?;
-        let conflict = |m: String| Err(BrokerError::FanoutConflict(m));
+        if !(0..=MAX_CHILD_DELAY_MS).contains(&link.delay_ms) {
+            return Err(BrokerError::FanoutInvalid(format!(
+                "the link of '{child}' has a delay out of bounds"
+            )));
+        }
         let _guard = self.meta_lock.lock().await;
         let p = self.topic(&link.parent)?;
         let c = self.topic(child)?;
         if p.id() != link.parent_id {
-            return conflict(format!(
+            return Err(BrokerError::FanoutConflict(format!(
                 "'{}' is another incarnation than the one '{child}' was attached to",
                 link.parent
-            ));
-        }
-        if c.meta.read().parent.is_some() {
-            return conflict(format!("'{child}' already has a parent"));
-        }
-        if p.meta.read().parent.is_some() || !self.child_topics(child).is_empty() {
-            return conflict(format!(
-                "'{child}' or its parent is part of another link: no grandchildren"
-            ));
-        }
-        if !c.meta.read().schemas.is_empty() {
-            return conflict(format!("'{child}' has a JSON Schema"));
-        }
-        if self.child_topics(&link.parent).len() >= MAX_CHILDREN
-            || !(0..=MAX_CHILD_DELAY_MS).contains(&link.delay_ms)
-        {
-            return Err(BrokerError::FanoutInvalid(format!(
-                "the link of '{child}' is out of bounds (children or delay)"
             )));
         }
+        // the rest of the fan-out rules are the catalog's (`Attach` below)
         let mut used = Vec::new();
         for part in p.partitions().iter() {
             let stats = self.log_of(part).await?.stats();
@@ -344,12 +333,24 @@ impl Broker {
             })?;
             used.push(at);
         }
-        let (id, edited, linked, live) = (c.id(), link.clone(), link.clone(), c.clone());
-        self.commit_meta(
-            move |metas| super::catalog::edit_topic(metas, id, |m| m.parent = Some(edited)),
-            move || live.meta.write().parent = Some(linked),
-        )
-        .await?;
+        let (cmd, linked, live) = (
+            CatalogCommand::Attach {
+                child_id: c.id(),
+                link: link.clone(),
+            },
+            link.clone(),
+            c.clone(),
+        );
+        if let Err(e) = self
+            .commit(cmd, move |_| live.meta.write().parent = Some(linked))
+            .await
+        {
+            // refused: the cursors written above belong to no link
+            for part in p.partitions().iter() {
+                let _ = std::fs::remove_file(cursor_path(&part.dir, child, link.epoch));
+            }
+            return Err(e);
+        }
         for i in 0..p.partitions().len() as u32 {
             self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
         }

@@ -152,8 +152,7 @@ impl Broker {
 
 /// Removes topic directories that no metadata entry names (left by a delete interrupted by a
 /// crash, or a create that failed half-way).
-pub(super) fn sweep_orphans(data_dir: &Path, metas: &[TopicMeta]) {
-    let known: std::collections::HashSet<String> = metas.iter().map(TopicMeta::dir_name).collect();
+pub(super) fn sweep_orphans(data_dir: &Path, known: std::collections::HashSet<String>) {
     let Ok(entries) = std::fs::read_dir(data_dir.join("topics")) else {
         return;
     };

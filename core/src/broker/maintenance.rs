@@ -40,21 +40,43 @@ impl Broker {
             .collect()
     }
 
-    /// Writes every changed queue snapshot.
+    /// Writes every changed queue snapshot, and makes the deliveries journals of the others
+    /// durable.
     pub async fn persist_queues(&self) {
-        let parts: Vec<Arc<Partition>> = self
+        self.persist_partitions(false).await;
+    }
+
+    /// [`Self::persist_queues`]; with `compact` (at shutdown) also a snapshot of every
+    /// partition with deliveries journals on disk, so that a clean stop leaves none.
+    async fn persist_partitions(&self, compact: bool) {
+        let parts: Vec<(Arc<Topic>, Arc<Partition>)> = self
             .all_partitions()
             .into_iter()
-            .map(|(_, p)| p)
-            .filter(|p| p.queue.lock().is_dirty())
+            .filter(|(_, p)| compact || p.persist_due())
             .collect();
         if parts.is_empty() {
             return;
         }
+        let metrics = self.metrics.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            for p in parts {
-                if let Err(e) = p.persist_queue() {
-                    tracing::error!(dir = %p.dir.display(), error = %e, "could not persist queue state");
+            for (topic, p) in parts {
+                match p.persist_queue(compact) {
+                    Ok(done) if done.written => {
+                        if done.counts_left_out > 0 {
+                            metrics
+                                .delivery_counts_truncated
+                                .get_or_create(&topic.label)
+                                .inc();
+                        }
+                    }
+                    Ok(_) => {
+                        if let Err(e) = p.sync_journal() {
+                            tracing::error!(dir = %p.dir.display(), error = %e, "could not sync the deliveries journal; the next pass writes a snapshot");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(dir = %p.dir.display(), error = %e, "could not persist queue state");
+                    }
                 }
             }
         })
@@ -170,12 +192,12 @@ impl Broker {
         for h in self.tasks.lock().drain(..) {
             h.abort();
         }
-        self.persist_queues().await;
+        self.persist_partitions(true).await;
         for (_, p) in self.all_partitions() {
             p.close().await;
         }
         // Acks that raced the close.
-        self.persist_queues().await;
+        self.persist_partitions(true).await;
     }
 
     pub fn is_shutting_down(&self) -> bool {

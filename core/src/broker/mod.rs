@@ -12,15 +12,16 @@
 //! The code follows those seams: `catalog` (topic metadata changes), `produce`, `delivery`
 //! (consume, settle, timers), `history` (replay and the tierer's reads), `maintenance`
 //! (snapshots, retention, shutdown), `layout` (directories and open logs), `fanout` (children
-//! and their cursors), `partition` (one partition's log and queue), `meta` (the metadata file).
+//! and their cursors), `partition` (one partition's log and queue), `journal` (its delivery
+//! counts between queue snapshots), `meta` (the metadata file).
 
 mod catalog;
 mod delivery;
 mod fanout;
 mod history;
+mod journal;
 mod layout;
 mod maintenance;
-mod meta;
 mod partition;
 mod produce;
 mod waiters;
@@ -35,6 +36,9 @@ use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{Notify, oneshot};
 
+use crate::catalog::store::{self as meta, LocalMetaStore, MetaStore};
+use crate::catalog::{Applied, CatalogCommand, CatalogError, store::StoreError};
+pub use crate::catalog::{MAX_CHILDREN, MAX_SCHEMA_VERSIONS, SchemaVersion, TopicMeta};
 use crate::clock::SharedClock;
 use crate::handle::{HandleCodec, HandleError, ReceiptHandle};
 use crate::log::{LogConfig, LogError, LogStats, SealedSegment};
@@ -44,8 +48,7 @@ use crate::record::{NewRecord, Record};
 use crate::topic::{
     CreateTopic, InvalidField, MAX_DELAY_MS, TopicConfig, TopicPatch, partition_for_key,
 };
-pub use fanout::{ChildInfo, MAX_CHILDREN, ParentLink};
-pub use meta::{SchemaVersion, TopicMeta};
+pub use fanout::{ChildInfo, ParentLink};
 use partition::{LogEnv, OpenLogs, Partition};
 use waiters::{Waiter, Waiters};
 
@@ -128,9 +131,6 @@ impl BrokerConfig {
 /// `max` × the largest message would otherwise be hundreds of MiB in one reply.
 pub const MAX_READ_BYTES: usize = 4 << 20;
 
-/// Most JSON Schema versions one topic keeps.
-pub const MAX_SCHEMA_VERSIONS: usize = 100;
-
 /// Errors of broker operations, classified by what the caller should do.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -197,6 +197,32 @@ pub enum BrokerError {
     Storage(LogError),
     #[error("metadata failure: {0}")]
     Meta(#[from] meta::MetaError),
+}
+
+impl From<CatalogError> for BrokerError {
+    fn from(e: CatalogError) -> Self {
+        match e {
+            CatalogError::Exists(name) => Self::TopicExists(name),
+            CatalogError::NotFound(name) => Self::TopicNotFound(name),
+            CatalogError::InvalidConfig(reason) => Self::InvalidField(InvalidField {
+                field: "config",
+                reason,
+            }),
+            CatalogError::Invalid(m) => Self::FanoutInvalid(m),
+            CatalogError::FanoutConflict(m) => Self::FanoutConflict(m),
+            CatalogError::NotChild(m) => Self::FanoutNotChild(m),
+            CatalogError::SchemaIncompatible(m) => Self::SchemaIncompatible(m),
+        }
+    }
+}
+
+impl From<StoreError> for BrokerError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Refused(e) => e.into(),
+            StoreError::Meta(e) => e.into(),
+        }
+    }
 }
 
 impl BrokerError {
@@ -325,10 +351,11 @@ pub struct Broker {
     /// The `max_open_logs` budget every open partition log holds a slot of.
     open_logs: Arc<OpenLogs>,
     topics: Arc<RwLock<BTreeMap<String, Arc<Topic>>>>,
-    /// Serialises metadata changes (create, alter, delete).
+    /// Serialises metadata changes (create, alter, delete) on this node, from their checks
+    /// to their publication.
     meta_lock: tokio::sync::Mutex<()>,
-    /// Held while a metadata change is written and published (see [`Broker::commit_meta`]).
-    meta_commit: Arc<Mutex<()>>,
+    /// Where catalog commands become durable (see [`Broker::commit`]).
+    store: Arc<dyn MetaStore>,
     shutting_down: AtomicBool,
     /// Set when shutdown begins: consumes stop waiting.
     draining: AtomicBool,
@@ -363,6 +390,27 @@ impl Broker {
         clock: SharedClock,
         metrics: Arc<CoreMetrics>,
     ) -> Result<Arc<Self>, BrokerError> {
+        let data_dir = cfg.data_dir.clone();
+        let store = tokio::task::spawn_blocking(move || -> Result<_, BrokerError> {
+            crate::fsutil::create_dir_private(&data_dir).map_err(|source| LogError::Io {
+                path: data_dir.clone(),
+                source,
+            })?;
+            Ok(LocalMetaStore::open(&data_dir)?)
+        })
+        .await
+        .expect("metadata load task")?;
+        Self::open_with_store(cfg, clock, metrics, Arc::new(store)).await
+    }
+
+    /// Opens the broker on the catalog `store` holds: recovers the partitions of every topic
+    /// in it and starts background tasks.
+    pub async fn open_with_store(
+        cfg: BrokerConfig,
+        clock: SharedClock,
+        metrics: Arc<CoreMetrics>,
+        store: Arc<dyn MetaStore>,
+    ) -> Result<Arc<Self>, BrokerError> {
         let env = LogEnv {
             cfg: cfg.log.clone(),
             clock: clock.clone(),
@@ -379,7 +427,7 @@ impl Broker {
             handles: HandleCodec::random(),
             topics: Arc::default(),
             meta_lock: tokio::sync::Mutex::new(()),
-            meta_commit: Arc::default(),
+            store,
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             shutdown: Notify::new(),
@@ -388,34 +436,36 @@ impl Broker {
             fanout: Mutex::new(HashMap::new()),
         });
         let data_dir = broker.cfg.data_dir.clone();
-        let metas = {
-            let data_dir = data_dir.clone();
-            tokio::task::spawn_blocking(move || -> Result<_, BrokerError> {
-                crate::fsutil::create_dir_private(&data_dir.join("topics")).map_err(|source| {
-                    LogError::Io {
-                        path: data_dir.join("topics"),
-                        source,
-                    }
-                })?;
-                Ok(meta::load(&data_dir)?)
+        {
+            let topics = data_dir.join("topics");
+            tokio::task::spawn_blocking(move || {
+                crate::fsutil::create_dir_private(&topics).map_err(|source| LogError::Io {
+                    path: topics.clone(),
+                    source,
+                })
             })
             .await
-            .expect("metadata load task")?
-        };
+            .expect("data directory task")?;
+        }
+        let catalog = broker.store.catalog();
         // no metadata yet, or a restore from the archive that did not finish
         let fresh =
             !data_dir.join(meta::META_FILE).exists() || data_dir.join(RESTORE_MARKER).exists();
         broker.fresh.store(fresh, Ordering::Release);
-        layout::sweep_orphans(&data_dir, &metas);
-        for m in metas {
-            let topic = broker.open_topic(m).await?;
-            let name = topic.meta.read().name.clone();
-            broker.topics.write().insert(name, topic.clone());
+        layout::sweep_orphans(&data_dir, catalog.topics().map(|m| m.dir_name()).collect());
+        for m in catalog.topics() {
+            let topic = broker.open_topic((**m).clone()).await?;
+            broker.topics.write().insert(m.name.clone(), topic.clone());
             broker.spawn_topic_timer(topic);
         }
         broker.spawn_maintenance();
         broker.spawn_all_cursors();
         Ok(broker)
+    }
+
+    /// The topic catalog as last published.
+    pub fn catalog(&self) -> Arc<crate::catalog::Catalog> {
+        self.store.catalog()
     }
 
     pub fn metrics(&self) -> &Arc<CoreMetrics> {

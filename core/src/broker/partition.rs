@@ -2,14 +2,16 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
 use crate::clock::SharedClock;
 use crate::log::{LogConfig, LogError, LogStats, PartitionLog, SealedSegment};
 use crate::metrics::CoreMetrics;
-use crate::queue::{PartitionQueue, QueueSnapshot};
+use crate::queue::{MAX_PERSISTED_COUNTS, PartitionQueue, QueueSnapshot};
+
+use super::journal::DeliveryJournal;
 
 pub const QUEUE_STATE_FILE: &str = "queue.state";
 
@@ -80,6 +82,22 @@ pub(crate) struct Partition {
     /// answers the archive's question without reopening (and evicting another log).
     last_sealed: Mutex<Vec<SealedSegment>>,
     persist_lock: Mutex<()>,
+    /// Delivery counts as they are handed out, between two snapshots. Lock order: `journal`
+    /// before `queue` (see [`Partition::persist_queue`]); never taken while holding `queue`.
+    journal: Mutex<DeliveryJournal>,
+    /// The journal's last write failed (logged once, until one succeeds).
+    journal_failing: AtomicBool,
+    /// The last snapshot had no room for every delivery count (logged once per episode).
+    counts_truncated: AtomicBool,
+}
+
+/// What [`Partition::persist_queue`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Persisted {
+    /// A snapshot was written.
+    pub written: bool,
+    /// Delivery counts the snapshot had no room for ([`MAX_PERSISTED_COUNTS`]).
+    pub counts_left_out: usize,
 }
 
 impl std::fmt::Debug for Partition {
@@ -123,19 +141,28 @@ impl Partition {
             );
             snapshot = QueueSnapshot {
                 frontier: stats.next_offset,
-                acked: Vec::new(),
+                ..Default::default()
             };
         }
         snapshot.acked.retain(|&(_, e)| e <= stats.next_offset);
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).expect("operating system random source");
-        let queue = PartitionQueue::new(
+        let mut queue = PartitionQueue::new(
             snapshot,
             stats.oldest_offset,
             stats.next_offset,
             u64::from_le_bytes(seed),
             env.max_ack_ranges,
         );
+        // Counts handed out after the snapshot (the queue ignores settled offsets, and a
+        // count already in the snapshot is never lowered).
+        let journal = DeliveryJournal::open(&dir, |offset, count| {
+            queue.restore_counts([(offset, count)]);
+        });
+        if journal.has_files() {
+            // the first snapshot takes the journals in and lets them go
+            queue.force_dirty();
+        }
         Ok(Self {
             index,
             dir,
@@ -148,7 +175,42 @@ impl Partition {
             last_stats: Mutex::new(stats),
             last_sealed: Mutex::new(Vec::new()),
             persist_lock: Mutex::new(()),
+            journal: Mutex::new(journal),
+            journal_failing: AtomicBool::new(false),
+            counts_truncated: AtomicBool::new(false),
         })
+    }
+
+    /// Journals the delivery counts of a consume reply before it is returned: one write into
+    /// the page cache, so a process crash (kill -9, panic, OOM) cannot lose them. If the write
+    /// fails the reply still goes (consumers can drain a full disk) and the next maintenance
+    /// pass writes a snapshot, which holds every count; until then a crash may lose these.
+    pub fn journal_deliveries(&self, entries: &[(u64, u32)]) {
+        if entries.is_empty() {
+            return;
+        }
+        let result = self.journal.lock().append(entries);
+        match result {
+            Ok(()) => {
+                if self.journal_failing.swap(false, Ordering::AcqRel) {
+                    tracing::info!(dir = %self.dir.display(), "deliveries journal writable again");
+                }
+            }
+            Err(e) => {
+                if !self.journal_failing.swap(true, Ordering::AcqRel) {
+                    tracing::error!(dir = %self.dir.display(), error = %e, "could not journal delivery counts; a snapshot will hold them, until then a crash may lose them");
+                }
+                self.queue.lock().force_dirty();
+            }
+        }
+    }
+
+    /// Whether the maintenance pass has something to write: acks or a big journal for a
+    /// snapshot, or journal bytes to `fdatasync`.
+    pub fn persist_due(&self) -> bool {
+        // one lock at a time: `queue` is never held while `journal` is taken
+        let dirty = self.queue.lock().is_dirty();
+        dirty || self.journal.lock().needs_work()
     }
 
     pub fn touch(&self, now_ms: i64) {
@@ -229,6 +291,7 @@ impl Partition {
                 log.close().await;
                 drop(log);
                 self.slot.lock().take();
+                self.release_journal_file();
                 true
             }
             None => false,
@@ -247,24 +310,71 @@ impl Partition {
         self.slot.lock().take();
     }
 
-    /// Writes the queue snapshot if acks changed it. Blocking.
-    pub fn persist_queue(&self) -> std::io::Result<bool> {
+    /// Writes the queue snapshot if acks changed it or the deliveries journal grew past
+    /// [`super::journal::JOURNAL_SNAPSHOT_BYTES`] (with `compact`, at shutdown: if any journal
+    /// is on disk), then deletes the journals it covers. Blocking.
+    ///
+    /// The capture and the journal's rotation happen under the journal's lock: a delivery
+    /// counted after the capture is journaled after it too, so into a newer generation than
+    /// the ones this snapshot lets go. A crash after the snapshot is durable but before the
+    /// old journals are deleted replays them over it, which changes nothing (max).
+    pub fn persist_queue(&self, compact: bool) -> std::io::Result<Persisted> {
         let _one_writer = self.persist_lock.lock();
-        let snapshot = {
+        let (snapshot, counts_left_out, covered) = {
+            let mut journal = self.journal.lock();
             let mut q = self.queue.lock();
-            if !q.is_dirty() {
-                return Ok(false);
+            if !(q.is_dirty() || journal.wants_snapshot() || (compact && journal.has_files())) {
+                return Ok(Persisted::default());
             }
             q.mark_clean();
-            q.snapshot()
+            let snapshot = q.snapshot();
+            let left_out = q.counts_left_out();
+            drop(q);
+            (snapshot, left_out, journal.rotate())
         };
-        let result = write_snapshot(&self.dir, &snapshot);
-        if result.is_err() {
-            // Try again on the next pass.
-            let mut q = self.queue.lock();
-            q.force_dirty();
+        if let Err(e) = write_snapshot(&self.dir, &snapshot) {
+            // Try again on the next pass; the journals stay until a snapshot is durable.
+            self.queue.lock().force_dirty();
+            return Err(e);
         }
-        result.map(|()| true)
+        if let Some(covered) = covered {
+            self.journal.lock().remove_through(covered);
+        }
+        self.note_counts_left_out(counts_left_out);
+        Ok(Persisted {
+            written: true,
+            counts_left_out,
+        })
+    }
+
+    fn note_counts_left_out(&self, left_out: usize) {
+        let was = self.counts_truncated.swap(left_out > 0, Ordering::AcqRel);
+        if left_out > 0 && !was {
+            tracing::warn!(dir = %self.dir.display(), left_out, bound = MAX_PERSISTED_COUNTS, "more leased, unacked messages than a queue snapshot keeps delivery counts for: the counts of the highest offsets are not persisted and restart from 0 after a restart");
+        } else if left_out == 0 && was {
+            tracing::info!(dir = %self.dir.display(), "every delivery count fits in the queue snapshot again");
+        }
+    }
+
+    /// Makes the deliveries journal durable (`fdatasync`) if it grew since the last call, so
+    /// that a power loss costs at most the counts of one maintenance interval. On failure the
+    /// next pass writes a snapshot instead. Blocking.
+    pub fn sync_journal(&self) -> std::io::Result<()> {
+        let pending = self.journal.lock().pending_sync();
+        let result = pending.and_then(|p| p.map_or(Ok(()), |p| p.run()));
+        if result.is_err() {
+            self.queue.lock().force_dirty();
+        }
+        result
+    }
+
+    /// After the log closed: the journal's file should not hold a descriptor for an idle
+    /// partition, so the next pass writes a snapshot, which closes it.
+    fn release_journal_file(&self) {
+        let open = self.journal.lock().has_open_file();
+        if open {
+            self.queue.lock().force_dirty();
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use narad_auth::grant::{self, Action};
 use narad_auth::{AuthError, UserRecord};
 use narad_core::broker::{Broker, BrokerError, TopicMeta};
+use narad_wire::ErrorCode;
 
 use super::{ApiError, SharedState};
 use crate::metrics::AuthLabels;
@@ -37,7 +38,7 @@ pub enum Caller {
 }
 
 pub fn forbidden(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    ApiError::new(ErrorCode::Forbidden, message)
 }
 
 impl Caller {
@@ -174,20 +175,14 @@ fn is_public(path: &str) -> bool {
 pub fn auth_error(e: &AuthError) -> (ApiError, &'static str) {
     let msg = e.to_string();
     match e {
-        AuthError::Missing => (
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg),
-            "missing",
-        ),
-        AuthError::Malformed(_) => (
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg),
-            "malformed",
-        ),
+        AuthError::Missing => (ApiError::new(ErrorCode::Unauthorized, msg), "missing"),
+        AuthError::Malformed(_) => (ApiError::new(ErrorCode::Unauthorized, msg), "malformed"),
         AuthError::BadCredentials => (
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg),
+            ApiError::new(ErrorCode::Unauthorized, msg),
             "bad_credentials",
         ),
         AuthError::Throttled { retry_after_secs } => {
-            let mut err = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "login_throttled", msg);
+            let mut err = ApiError::new(ErrorCode::LoginThrottled, msg);
             err.retry_after = Some(u32::try_from(*retry_after_secs).unwrap_or(u32::MAX));
             (err, "throttled")
         }

@@ -5,6 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
 use narad_core::broker::AckAction;
+use narad_wire::{AckResult, AckResults, ErrorCode};
 use serde::Deserialize;
 
 use super::query::Query;
@@ -19,8 +20,8 @@ fn action(extend: Option<&str>) -> Result<AckAction, ApiError> {
         None | Some("") | Some("false") => Ok(AckAction::Ack),
         Some("true") | Some("1") => Ok(AckAction::Extend),
         Some("0") => Ok(AckAction::Nack),
-        Some(other) => Err(ApiError::bad_request(
-            "invalid_parameter",
+        Some(other) => Err(ApiError::new(
+            ErrorCode::InvalidParameter,
             format!("extend must be true or 1 (extend), 0 (nack) or false (ack), got '{other}'"),
         )),
     }
@@ -47,15 +48,15 @@ pub async fn ack(
     let body = read_body(body, MAX_JSON_BODY).await?;
     if q.has("receipt_handle") {
         if !body.is_empty() {
-            return Err(ApiError::bad_request(
-                "invalid_request",
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
                 "give one receipt_handle in the query string or a JSON body with receipt_handles, not both",
             ));
         }
         let handle = q.str("receipt_handle").unwrap_or_default();
         if handle.is_empty() {
-            return Err(ApiError::bad_request(
-                "invalid_receipt_handle",
+            return Err(ApiError::new(
+                ErrorCode::InvalidReceiptHandle,
                 "receipt_handle is empty",
             ));
         }
@@ -64,21 +65,21 @@ pub async fn ack(
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     if body.is_empty() {
-        return Err(ApiError::bad_request(
-            "invalid_receipt_handle",
+        return Err(ApiError::new(
+            ErrorCode::InvalidReceiptHandle,
             "receipt_handle is required (query string), or a JSON body {\"receipt_handles\": [...]}",
         ));
     }
     if q.has("extend") {
-        return Err(ApiError::bad_request(
-            "invalid_request",
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
             "for a batch ack put extend in the JSON body",
         ));
     }
     let req: BatchAck = parse_json(&body)?;
     if req.receipt_handles.is_empty() || req.receipt_handles.len() > MAX_BATCH_ACK {
-        return Err(ApiError::bad_request(
-            "invalid_batch",
+        return Err(ApiError::new(
+            ErrorCode::InvalidBatch,
             format!("receipt_handles must hold 1 to {MAX_BATCH_ACK} handles"),
         ));
     }
@@ -88,8 +89,8 @@ pub async fn ack(
         Some(serde_json::Value::String(s)) => Some(s.clone()),
         Some(serde_json::Value::Number(n)) => Some(n.to_string()),
         Some(other) => {
-            return Err(ApiError::bad_request(
-                "invalid_field",
+            return Err(ApiError::new(
+                ErrorCode::InvalidField,
                 format!("extend: expected true, false, 0 or 1, got {other}"),
             ));
         }
@@ -100,16 +101,13 @@ pub async fn ack(
     let mut results = Vec::with_capacity(req.receipt_handles.len());
     for h in &req.receipt_handles {
         let r = match broker.settle(&topic, h, act).await {
-            Ok(()) => serde_json::json!({"status": 204}),
+            Ok(()) => AckResult::applied(),
             Err(e) => {
                 let e = ApiError::from(e);
-                serde_json::json!({"status": e.status.as_u16(), "code": e.code, "error": e.message})
+                AckResult::failed(e.code, e.message)
             }
         };
         results.push(r);
     }
-    Ok(json_response(
-        StatusCode::OK,
-        &serde_json::json!({"results": results}),
-    ))
+    Ok(json_response(StatusCode::OK, &AckResults { results }))
 }

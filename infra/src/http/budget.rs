@@ -30,6 +30,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
+use narad_wire::ErrorCode;
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -191,8 +192,8 @@ impl AsRef<[u8]> for HeldBytes {
 }
 
 pub fn spent() -> ApiError {
-    ApiError::unavailable(
-        "server_busy",
+    ApiError::new(
+        ErrorCode::ServerBusy,
         "the server holds as many request bytes as it may (max_request_bytes_in_flight); retry shortly",
     )
 }

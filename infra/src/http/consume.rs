@@ -6,14 +6,15 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::IntoResponse;
 use narad_core::broker::ReplayFrom;
+use narad_wire::ErrorCode;
 
 use super::query::{Query, parse_duration, parse_time_ms};
 use super::{ApiError, ApiResult, SharedState, render};
 
 fn archive_error(e: narad_replay::ReplayError) -> ApiError {
     tracing::warn!(error = %e, "archive read failed");
-    ApiError::unavailable(
-        "archive_unavailable",
+    ApiError::new(
+        ErrorCode::ArchiveUnavailable,
         format!("the archive could not serve this read: {e}"),
     )
 }
@@ -57,8 +58,8 @@ pub async fn consume(
         None => None,
         Some(n) if (1..=MAX_CONSUME_BATCH).contains(&n) => Some(n as usize),
         Some(n) => {
-            return Err(ApiError::bad_request(
-                "invalid_parameter",
+            return Err(ApiError::new(
+                ErrorCode::InvalidParameter,
                 format!("max must be between 1 and {MAX_CONSUME_BATCH}, got {n}"),
             ));
         }
@@ -68,8 +69,8 @@ pub async fn consume(
     let from_time = match q.str("from_time") {
         None => None,
         Some(v) => Some(parse_time_ms(v).ok_or_else(|| {
-            ApiError::bad_request(
-                "invalid_parameter",
+            ApiError::new(
+                ErrorCode::InvalidParameter,
                 format!("from_time must be RFC 3339 or unix milliseconds, got '{v}'"),
             )
         })?),
@@ -78,8 +79,8 @@ pub async fn consume(
     let wait = match wait_raw {
         None | Some("") => Duration::ZERO,
         Some(v) => parse_duration(v).ok_or_else(|| {
-            ApiError::bad_request(
-                "invalid_parameter",
+            ApiError::new(
+                ErrorCode::InvalidParameter,
                 format!("wait must be a duration like 500ms, 2s or 1m, got '{v}'"),
             )
         })?,
@@ -87,14 +88,14 @@ pub async fn consume(
 
     if offset.is_some() || from_time.is_some() {
         let Some(p) = partition else {
-            return Err(ApiError::bad_request(
-                "partition_required",
+            return Err(ApiError::new(
+                ErrorCode::PartitionRequired,
                 "a replay read (offset or from_time) needs partition",
             ));
         };
         if offset.is_some() && from_time.is_some() {
-            return Err(ApiError::bad_request(
-                "invalid_parameter",
+            return Err(ApiError::new(
+                ErrorCode::InvalidParameter,
                 "give offset or from_time, not both",
             ));
         }

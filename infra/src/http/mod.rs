@@ -1,7 +1,9 @@
 //! HTTP API v1: routing, error mapping, request parsing helpers.
 //!
 //! Every error is JSON `{"error": "...", "code": "snake_case"}`; client mistakes are 4xx.
-//! Status codes are decided in one place: [`ApiError::from`] over [`BrokerError`].
+//! An error is an [`ApiError`] made from a [`narad_wire::ErrorCode`], and its status is the
+//! one the code has in that table: no handler picks a status or writes an error body itself.
+//! Broker errors get their code in one place, [`broker_error_code`].
 
 pub mod access;
 mod ack;
@@ -26,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use narad_core::broker::{Broker, BrokerError};
 use narad_core::log::LogError;
+use narad_wire::{ErrorBody, ErrorCode};
 use serde::Serialize;
 
 use crate::config::ServerConfig;
@@ -58,14 +61,14 @@ pub struct AppState {
 impl AppState {
     pub fn broker(&self) -> Result<&Arc<Broker>, ApiError> {
         if self.shutting_down.load(Ordering::Acquire) {
-            return Err(ApiError::unavailable(
-                "shutting_down",
+            return Err(ApiError::new(
+                ErrorCode::ShuttingDown,
                 "the broker is shutting down",
             ));
         }
         self.broker.get().ok_or_else(|| {
-            ApiError::unavailable(
-                "not_ready",
+            ApiError::new(
+                ErrorCode::NotReady,
                 "the broker is still recovering its data; retry shortly",
             )
         })
@@ -74,48 +77,44 @@ impl AppState {
 
 pub type SharedState = Arc<AppState>;
 
+/// An error answer: its code (which decides the status, from the table in `narad-wire`) and a
+/// message for humans. Every error the API answers is one of these, rendered as
+/// `{"error": message, "code": code}`.
 #[derive(Debug)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
+    /// `Retry-After` seconds: 1 on every 503 (set by [`ApiError::new`]), the throttle's wait
+    /// on `429 login_throttled`.
     pub retry_after: Option<u32>,
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
-    code: &'a str,
-}
-
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
             code,
             message: message.into(),
-            retry_after: None,
+            retry_after: (code.http_status() == 503).then_some(1),
         }
     }
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, code, message)
+
+    /// The status the table gives this error's code.
+    pub fn status(&self) -> StatusCode {
+        status_of(self.code)
     }
-    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            retry_after: Some(1),
-            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
-        }
-    }
+}
+
+/// A code's status as `http`'s type (every status in the table is a valid one).
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.http_status()).expect("the error table holds valid HTTP statuses")
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&ErrorBody {
-            error: &self.message,
-            code: self.code,
-        })
-        .expect("error body serialises");
-        let mut resp = (self.status, body).into_response();
+        let status = self.status();
+        let body = serde_json::to_vec(&ErrorBody::new(self.code, self.message))
+            .expect("error body serialises");
+        let mut resp = (status, body).into_response();
         let h = resp.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -128,78 +127,68 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The table's code for each broker error. Exhaustive, with no catch-all: a new
+/// `BrokerError` variant does not compile until it is given a code.
+pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
+    match e {
+        BrokerError::TopicNotFound(_) => ErrorCode::TopicNotFound,
+        BrokerError::TopicExists(_) => ErrorCode::TopicExists,
+        BrokerError::InvalidField(_) => ErrorCode::InvalidField,
+        BrokerError::InvalidMessage { .. } => ErrorCode::InvalidMessage,
+        BrokerError::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
+        BrokerError::PartitionOutOfRange { .. } => ErrorCode::PartitionOutOfRange,
+        BrokerError::HandleMalformed(_) => ErrorCode::InvalidReceiptHandle,
+        BrokerError::LeaseGone(_) => ErrorCode::LeaseGone,
+        BrokerError::OffsetTruncated { .. } => ErrorCode::OffsetTruncated,
+        BrokerError::AckSetFull(_) => ErrorCode::AckSetFull,
+        BrokerError::ShuttingDown => ErrorCode::ShuttingDown,
+        BrokerError::FanoutConflict(_) => ErrorCode::FanoutConflict,
+        BrokerError::FanoutInvalid(_) => ErrorCode::InvalidChild,
+        BrokerError::FanoutNotChild(_) => ErrorCode::NotAChild,
+        BrokerError::SchemaIncompatible(_) => ErrorCode::SchemaIncompatible,
+        // A bound the node was configured with: a client's request, not a fault of the
+        // server; it passes once topics are deleted (or the bound is raised).
+        BrokerError::TooManyTopics { .. } => ErrorCode::TooManyTopics,
+        BrokerError::TooManyPartitions { .. } => ErrorCode::TooManyPartitions,
+        BrokerError::TooManyOwnedTopics { .. } => ErrorCode::TooManyOwnedTopics,
+        BrokerError::TooManyOpenLogs { .. } => ErrorCode::TooManyOpenLogs,
+        // Out of file descriptors: the node is short of a resource, not broken; it passes
+        // once descriptors are given back (idle logs close, clients disconnect, topics are
+        // deleted), so 503 + Retry-After.
+        e if e.is_out_of_descriptors() => ErrorCode::TooManyOpenFiles,
+        BrokerError::Storage(LogError::Poisoned(_) | LogError::Closed) => {
+            ErrorCode::StorageUnavailable
+        }
+        BrokerError::Storage(
+            LogError::Io { .. }
+            | LogError::Recovery(_)
+            | LogError::Truncated { .. }
+            | LogError::Corrupt { .. },
+        ) => ErrorCode::StorageFailed,
+        BrokerError::Meta(_) => ErrorCode::MetadataFailed,
+    }
+}
+
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
+        let code = broker_error_code(&e);
         let msg = e.to_string();
-        match e {
-            BrokerError::TopicNotFound(_) => {
-                Self::new(StatusCode::NOT_FOUND, "topic_not_found", msg)
-            }
-            BrokerError::TopicExists(_) => Self::new(StatusCode::CONFLICT, "topic_exists", msg),
-            BrokerError::InvalidField(_) => Self::bad_request("invalid_field", msg),
-            BrokerError::InvalidMessage { .. } => Self::bad_request("invalid_message", msg),
-            BrokerError::MessageTooLarge { .. } => {
-                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "message_too_large", msg)
-            }
-            BrokerError::PartitionOutOfRange { .. } => {
-                Self::bad_request("partition_out_of_range", msg)
-            }
-            BrokerError::HandleMalformed(_) => Self::bad_request("invalid_receipt_handle", msg),
-            BrokerError::LeaseGone(_) => Self::new(StatusCode::GONE, "lease_gone", msg),
-            BrokerError::OffsetTruncated { .. } => {
-                Self::new(StatusCode::GONE, "offset_truncated", msg)
-            }
-            BrokerError::AckSetFull(_) => Self::unavailable("ack_set_full", msg),
-            BrokerError::ShuttingDown => Self::unavailable("shutting_down", msg),
-            BrokerError::FanoutConflict(_) => {
-                Self::new(StatusCode::CONFLICT, "fanout_conflict", msg)
-            }
-            BrokerError::FanoutInvalid(_) => Self::bad_request("invalid_child", msg),
-            BrokerError::FanoutNotChild(_) => Self::new(StatusCode::NOT_FOUND, "not_a_child", msg),
-            BrokerError::SchemaIncompatible(_) => Self::bad_request("schema_incompatible", msg),
-            // A bound the node was configured with: a client's request, not a fault of the
-            // server; it passes once topics are deleted (or the bound is raised).
-            BrokerError::TooManyTopics { .. } => {
-                Self::new(StatusCode::CONFLICT, "too_many_topics", msg)
-            }
-            BrokerError::TooManyPartitions { .. } => {
-                Self::new(StatusCode::CONFLICT, "too_many_partitions", msg)
-            }
-            BrokerError::TooManyOwnedTopics { .. } => {
-                Self::new(StatusCode::CONFLICT, "too_many_owned_topics", msg)
-            }
-            BrokerError::TooManyOpenLogs { .. } => Self::unavailable("too_many_open_logs", msg),
-            // Out of file descriptors: the node is short of a resource, not broken; it
-            // passes once descriptors are given back (idle logs close, clients disconnect,
-            // topics are deleted), so 503 + Retry-After, and the answer names the cause.
-            ref e if e.is_out_of_descriptors() => {
+        match code {
+            ErrorCode::TooManyOpenFiles => {
                 tracing::error!(error = %msg, "out of file descriptors");
-                Self::unavailable(
-                    "too_many_open_files",
-                    format!(
-                        "the server has run out of file descriptors (its open-files limit, RLIMIT_NOFILE, is reached): {msg}; retry shortly"
-                    ),
-                )
+                // the answer names the cause: the message alone reads like any I/O error
+                let msg = format!(
+                    "the server has run out of file descriptors (its open-files limit, RLIMIT_NOFILE, is reached): {msg}; retry shortly"
+                );
+                return Self::new(code, msg);
             }
-            BrokerError::Storage(ref inner) => {
+            ErrorCode::StorageUnavailable | ErrorCode::StorageFailed => {
                 tracing::error!(error = %msg, "storage failure");
-                match inner {
-                    LogError::Poisoned(_) | LogError::Closed => {
-                        Self::unavailable("storage_unavailable", msg)
-                    }
-                    LogError::Io { .. }
-                    | LogError::Recovery(_)
-                    | LogError::Truncated { .. }
-                    | LogError::Corrupt { .. } => {
-                        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "storage_failed", msg)
-                    }
-                }
             }
-            BrokerError::Meta(_) => {
-                tracing::error!(error = %msg, "metadata failure");
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "metadata_failed", msg)
-            }
+            ErrorCode::MetadataFailed => tracing::error!(error = %msg, "metadata failure"),
+            _ => {}
         }
+        Self::new(code, msg)
     }
 }
 
@@ -220,19 +209,17 @@ pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiErro
             budget::spent()
         } else if late {
             ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
+                ErrorCode::BodyTimeout,
                 "the request body did not arrive within body_read_timeout_ms",
             )
         } else if too_large {
             ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ErrorCode::BodyTooLarge,
                 format!("request body exceeds {limit} bytes"),
             )
         } else {
-            ApiError::bad_request(
-                "body_unreadable",
+            ApiError::new(
+                ErrorCode::BodyUnreadable,
                 format!("could not read request body: {e}"),
             )
         }
@@ -247,13 +234,13 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiE
 /// [`parse_json`] for types that borrow from the body (no copies of strings without escapes).
 pub fn parse_json_borrowed<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::bad_request(
-            "invalid_json",
+        return Err(ApiError::new(
+            ErrorCode::InvalidJson,
             "request body is empty; a JSON object is required",
         ));
     }
     serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))
+        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("invalid JSON body: {e}")))
 }
 
 pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
@@ -347,16 +334,14 @@ pub fn router(state: SharedState) -> Router {
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
-        "route_not_found",
+        ErrorCode::RouteNotFound,
         format!("no route for {method} {}", uri.path()),
     )
 }
 
 async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         format!("{method} is not allowed on {}", uri.path()),
     )
 }
@@ -402,7 +387,9 @@ fn method_label(m: &Method) -> &'static str {
 }
 
 /// Errors produced outside the handlers (axum's own rejections of a malformed path, say) come
-/// as plain text; every error the API answers is JSON, so they are rewrapped here.
+/// as plain text; every error the API answers is JSON with a code from the table, so they are
+/// rewrapped here. The status is the code's: axum only answers 400 (a path it cannot decode)
+/// and 500 (a missing extension: a bug) this way, which keep theirs.
 async fn json_errors(resp: Response) -> Response {
     let is_json = resp
         .headers()
@@ -412,27 +399,32 @@ async fn json_errors(resp: Response) -> Response {
     if status.as_u16() < 400 || is_json {
         return resp;
     }
-    let retry_after = resp.headers().get(header::RETRY_AFTER).cloned();
     let text = axum::body::to_bytes(resp.into_body(), 64 * 1024)
         .await
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
-    let code = match status {
-        StatusCode::NOT_FOUND => "route_not_found",
-        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_encoding",
-        s if s.is_server_error() => "internal_error",
-        _ => "invalid_request",
-    };
+    let code = plain_error_code(status);
+    if status_of(code) != status {
+        tracing::debug!(%status, %code, "a plain-text error answered with its code's status");
+    }
     let message = if text.trim().is_empty() {
         status.canonical_reason().unwrap_or("error").to_owned()
     } else {
         text.trim().to_owned()
     };
-    let mut err = ApiError::new(status, code, message);
-    err.retry_after = retry_after.and_then(|v| v.to_str().ok()?.parse().ok());
-    err.into_response()
+    ApiError::new(code, message).into_response()
+}
+
+/// The code of an error status that came without a code.
+fn plain_error_code(status: StatusCode) -> ErrorCode {
+    match status {
+        StatusCode::NOT_FOUND => ErrorCode::RouteNotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::BodyTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedEncoding,
+        s if s.is_server_error() => ErrorCode::InternalError,
+        _ => ErrorCode::InvalidRequest,
+    }
 }
 
 async fn healthz(State(state): State<SharedState>) -> Response {
@@ -453,7 +445,7 @@ async fn readyz(State(state): State<SharedState>) -> Response {
         };
         json_response(StatusCode::OK, &body)
     } else {
-        ApiError::unavailable("not_ready", "not ready").into_response()
+        ApiError::new(ErrorCode::NotReady, "not ready").into_response()
     }
 }
 
@@ -473,6 +465,7 @@ pub fn metrics_router(state: SharedState) -> Router {
             get(|State(state): State<SharedState>| async move { metrics_text(&state) }),
         )
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 

@@ -14,6 +14,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use narad_core::broker::{BrokerError, ProduceMessage};
 use narad_core::topic::{MAX_DELAY_MS, MAX_MESSAGE_BYTES_LIMIT};
+use narad_wire::ErrorCode;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -37,8 +38,8 @@ const HEADER_PREFIX: &str = "x-narad-header-";
 fn check_key(key: &str, index: Option<usize>) -> Result<(), ApiError> {
     if key.len() > MAX_KEY_BYTES {
         let at = index.map(|i| format!("message {i}: ")).unwrap_or_default();
-        return Err(ApiError::bad_request(
-            "invalid_key",
+        return Err(ApiError::new(
+            ErrorCode::InvalidKey,
             format!("{at}key is longer than {MAX_KEY_BYTES} bytes"),
         ));
     }
@@ -47,15 +48,15 @@ fn check_key(key: &str, index: Option<usize>) -> Result<(), ApiError> {
 
 fn check_headers(h: &[(String, Bytes)], at: &str) -> Result<(), ApiError> {
     if h.len() > MAX_HEADERS {
-        return Err(ApiError::bad_request(
-            "invalid_headers",
+        return Err(ApiError::new(
+            ErrorCode::InvalidHeaders,
             format!("{at}more than {MAX_HEADERS} headers"),
         ));
     }
     for (k, v) in h {
         if k.is_empty() || k.len() > MAX_HEADER_NAME || v.len() > MAX_HEADER_VALUE {
-            return Err(ApiError::bad_request(
-                "invalid_headers",
+            return Err(ApiError::new(
+                ErrorCode::InvalidHeaders,
                 format!(
                     "{at}header names must be 1 to {MAX_HEADER_NAME} bytes and values at most {MAX_HEADER_VALUE} bytes"
                 ),
@@ -129,27 +130,27 @@ async fn check_schema(
                     topic: topic.to_owned(),
                 })
                 .inc();
-            Err(ApiError::bad_request(
-                "schema_violation",
+            Err(ApiError::new(
+                ErrorCode::SchemaViolation,
                 format!("{}{e}", at(i)),
             ))
         }
-        Err(CheckError::TooComplex(i, e)) => Err(ApiError::bad_request(
-            "payload_too_complex",
+        Err(CheckError::TooComplex(i, e)) => Err(ApiError::new(
+            ErrorCode::PayloadTooComplex,
             format!("{}{e}", i.map(at).unwrap_or_default()),
         )),
-        Err(CheckError::Busy(e)) => Err(ApiError::unavailable("schema_busy", e)),
+        Err(CheckError::Busy(e)) => Err(ApiError::new(ErrorCode::SchemaBusy, e)),
     }
 }
 
 /// A stored schema that cannot be compiled now is the server's problem, not the request's.
 fn stored_schema_error(topic: &str, e: SchemaError) -> ApiError {
     match e {
-        SchemaError::Busy(e) => ApiError::unavailable("schema_busy", e),
+        SchemaError::Busy(e) => ApiError::new(ErrorCode::SchemaBusy, e),
         SchemaError::Invalid(_) | SchemaError::TooComplex(_) => {
             tracing::error!(topic, error = %e, "a stored topic schema does not compile");
-            ApiError::unavailable(
-                "schema_unavailable",
+            ApiError::new(
+                ErrorCode::SchemaUnavailable,
                 format!("the topic's schema cannot be used: {e}"),
             )
         }
@@ -176,8 +177,8 @@ pub async fn single(
     // body would also be too large)
     let delay_ms = delay(q.u64("delay_ms")?);
     if delay_ms.is_some_and(|d| d > narad_core::topic::MAX_DELAY_MS) {
-        return Err(ApiError::bad_request(
-            "invalid_message",
+        return Err(ApiError::new(
+            ErrorCode::InvalidMessage,
             format!(
                 "message 0: delay_ms must be between 0 and {}",
                 narad_core::topic::MAX_DELAY_MS
@@ -188,8 +189,8 @@ pub async fn single(
     let broker = state.broker()?.clone();
     let payload = read_body(body, MAX_MESSAGE_BYTES_LIMIT as usize).await?;
     if payload.is_empty() {
-        return Err(ApiError::bad_request(
-            "empty_message",
+        return Err(ApiError::new(
+            ErrorCode::EmptyMessage,
             "message body is empty: send the payload as the request body",
         ));
     }
@@ -213,10 +214,12 @@ pub async fn single(
     };
     check_schema(&state, &broker, &topic, std::slice::from_ref(&msg)).await?;
     let r = broker.produce(&topic, vec![msg]).await?;
-    Ok(json_response(
-        StatusCode::ACCEPTED,
-        &serde_json::json!({"partition": r[0].partition, "offset": r[0].offset}),
-    ))
+    // the wire type itself: written straight to text, no JSON map in between
+    let produced = narad_wire::Produced {
+        partition: r[0].partition,
+        offset: r[0].offset,
+    };
+    Ok(json_response(StatusCode::ACCEPTED, &produced))
 }
 
 /// The batch body, parsed without copying: message texts, keys and (escape-free) payloads
@@ -267,19 +270,20 @@ fn decompress(encoding: Option<&str>, body: Bytes, limit: usize) -> Result<Bytes
             .read_to_end(&mut out),
         Some(other) => {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_encoding",
+                ErrorCode::UnsupportedEncoding,
                 format!("Content-Encoding '{other}' is not supported (use zstd or gzip)"),
             ));
         }
     };
     read.map_err(|e| {
-        ApiError::bad_request("invalid_encoding", format!("cannot decompress body: {e}"))
+        ApiError::new(
+            ErrorCode::InvalidEncoding,
+            format!("cannot decompress body: {e}"),
+        )
     })?;
     if out.len() > limit {
         return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            ErrorCode::BodyTooLarge,
             format!("decompressed body exceeds {limit} bytes"),
         ));
     }
@@ -297,17 +301,16 @@ struct BatchFast<'a> {
 
 fn parse_message(i: usize, raw: &RawValue) -> Result<BatchMessage<'_>, ApiError> {
     serde_json::from_str(raw.get())
-        .map_err(|e| ApiError::bad_request("invalid_message", format!("message {i}: {e}")))
+        .map_err(|e| ApiError::new(ErrorCode::InvalidMessage, format!("message {i}: {e}")))
 }
 
 fn message(i: usize, m: BatchMessage<'_>, body: &Bytes) -> Result<ProduceMessage, ApiError> {
-    let bad =
-        |code: &'static str, m: String| ApiError::bad_request(code, format!("message {i}: {m}"));
+    let bad = |code: ErrorCode, m: String| ApiError::new(code, format!("message {i}: {m}"));
     let encoding = m.payload_encoding.as_deref().unwrap_or("json");
     let as_string = || -> Result<Cow<'_, str>, ApiError> {
         serde_json::from_str::<Cow<'_, str>>(m.payload.get()).map_err(|_| {
             bad(
-                "invalid_message",
+                ErrorCode::InvalidMessage,
                 format!("payload must be a JSON string with payload_encoding {encoding}"),
             )
         })
@@ -320,19 +323,19 @@ fn message(i: usize, m: BatchMessage<'_>, body: &Bytes) -> Result<ProduceMessage
         },
         "base64" => Bytes::from(STANDARD.decode(as_string()?.as_bytes()).map_err(|e| {
             bad(
-                "invalid_message",
+                ErrorCode::InvalidMessage,
                 format!("payload is not valid base64: {e}"),
             )
         })?),
         other => {
             return Err(bad(
-                "invalid_message",
+                ErrorCode::InvalidMessage,
                 format!("payload_encoding must be json, utf8 or base64, got '{other}'"),
             ));
         }
     };
     if payload.is_empty() {
-        return Err(bad("empty_message", "payload is empty".into()));
+        return Err(bad(ErrorCode::EmptyMessage, "payload is empty".into()));
     }
     if let Some(k) = &m.key {
         check_key(k, Some(i))?;
@@ -383,8 +386,8 @@ pub async fn batch(
     let max = state.cfg.max_batch_messages;
     let check_count = |n: usize| {
         if n == 0 || n > max {
-            return Err(ApiError::bad_request(
-                "invalid_batch",
+            return Err(ApiError::new(
+                ErrorCode::InvalidBatch,
                 format!("messages must hold 1 to {max} messages, got {n}"),
             ));
         }

@@ -1,6 +1,7 @@
 //! Strict query-string parsing: each route names the parameters it accepts; an unknown or
 //! repeated parameter is a 400, never silently ignored.
 
+use narad_wire::ErrorCode;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -24,8 +25,8 @@ fn percent_decode(s: &str) -> Result<String, ApiError> {
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
                     .ok_or_else(|| {
-                        ApiError::bad_request(
-                            "invalid_query",
+                        ApiError::new(
+                            ErrorCode::InvalidQuery,
                             "bad percent-encoding in query string",
                         )
                     })?;
@@ -37,7 +38,7 @@ fn percent_decode(s: &str) -> Result<String, ApiError> {
         i += 1;
     }
     String::from_utf8(out)
-        .map_err(|_| ApiError::bad_request("invalid_query", "query string is not valid UTF-8"))
+        .map_err(|_| ApiError::new(ErrorCode::InvalidQuery, "query string is not valid UTF-8"))
 }
 
 impl Query {
@@ -49,8 +50,8 @@ impl Query {
             let k = percent_decode(k)?;
             let v = percent_decode(v)?;
             if !allowed.contains(&k.as_str()) {
-                return Err(ApiError::bad_request(
-                    "unknown_parameter",
+                return Err(ApiError::new(
+                    ErrorCode::UnknownParameter,
                     format!(
                         "unknown query parameter '{k}' (accepted: {})",
                         allowed.join(", ")
@@ -58,8 +59,8 @@ impl Query {
                 ));
             }
             if params.insert(k.clone(), v).is_some() {
-                return Err(ApiError::bad_request(
-                    "duplicate_parameter",
+                return Err(ApiError::new(
+                    ErrorCode::DuplicateParameter,
                     format!("query parameter '{k}' is given more than once"),
                 ));
             }
@@ -80,8 +81,8 @@ impl Query {
         self.str(name)
             .map(|v| {
                 v.parse::<u64>().map_err(|_| {
-                    ApiError::bad_request(
-                        "invalid_parameter",
+                    ApiError::new(
+                        ErrorCode::InvalidParameter,
                         format!(
                             "query parameter '{name}' must be a non-negative integer, got '{v}'"
                         ),
@@ -95,8 +96,8 @@ impl Query {
         match self.u64(name)? {
             None => Ok(None),
             Some(v) => u32::try_from(v).map(Some).map_err(|_| {
-                ApiError::bad_request(
-                    "invalid_parameter",
+                ApiError::new(
+                    ErrorCode::InvalidParameter,
                     format!("query parameter '{name}' is too large"),
                 )
             }),

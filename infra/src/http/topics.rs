@@ -8,6 +8,7 @@ use axum::response::IntoResponse;
 use narad_auth::Action;
 use narad_core::broker::{Broker, TopicInfo, TopicMeta};
 use narad_core::topic::{CreateTopic, TopicConfig, TopicPatch};
+use narad_wire::ErrorCode;
 use object_store::ObjectStoreExt as _;
 use serde::Serialize;
 
@@ -73,8 +74,8 @@ fn from_earliest(from: Option<&str>) -> Result<bool, ApiError> {
     match from {
         None | Some("latest") => Ok(false),
         Some("earliest") => Ok(true),
-        Some(other) => Err(ApiError::bad_request(
-            "invalid_field",
+        Some(other) => Err(ApiError::new(
+            ErrorCode::InvalidField,
             format!("from: must be \"latest\" or \"earliest\", got \"{other}\""),
         )),
     }
@@ -94,13 +95,13 @@ pub async fn attach(
     let body = read_body(body, MAX_JSON_BODY).await?;
     let a: AttachBody = parse_json(&body)?;
     narad_core::topic::validate_name(&a.child)
-        .map_err(|e| ApiError::bad_request("invalid_child", format!("child: {}", e.reason)))?;
+        .map_err(|e| ApiError::new(ErrorCode::InvalidChild, format!("child: {}", e.reason)))?;
     // both ends: attaching someone else's topic would change what it receives. The URL's
     // topic exists; a missing child is a fault of the body, so 400 rather than 404.
     caller.manage_topic(&broker, &a.child).map_err(|e| {
-        if e.code == "topic_not_found" {
-            ApiError::bad_request(
-                "invalid_child",
+        if e.code == ErrorCode::TopicNotFound {
+            ApiError::new(
+                ErrorCode::InvalidChild,
                 format!("child topic '{}' does not exist", a.child),
             )
         } else {
@@ -194,15 +195,15 @@ pub async fn create(
     let name = match fields.remove("name") {
         Some(serde_json::Value::String(n)) => n,
         Some(_) => {
-            return Err(ApiError::bad_request(
-                "invalid_field",
+            return Err(ApiError::new(
+                ErrorCode::InvalidField,
                 "name: must be a string",
             ));
         }
-        None => return Err(ApiError::bad_request("invalid_field", "name: is required")),
+        None => return Err(ApiError::new(ErrorCode::InvalidField, "name: is required")),
     };
     narad_core::topic::validate_name(&name)
-        .map_err(|e| ApiError::bad_request("invalid_field", e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorCode::InvalidField, e.to_string()))?;
     caller.require(Action::Create, &name)?;
     let schema = take_schema(&state, &mut fields).await?;
     // `parent` (+ `fanout_delay_ms`, `from`): create and attach in one step
@@ -210,8 +211,8 @@ pub async fn create(
         None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(p)) => Some(p),
         Some(_) => {
-            return Err(ApiError::bad_request(
-                "invalid_field",
+            return Err(ApiError::new(
+                ErrorCode::InvalidField,
                 "parent: must be a string",
             ));
         }
@@ -219,34 +220,37 @@ pub async fn create(
     let delay = match fields.remove("fanout_delay_ms") {
         None | Some(serde_json::Value::Null) => None,
         Some(v) => Some(v.as_i64().ok_or_else(|| {
-            ApiError::bad_request("invalid_field", "fanout_delay_ms: must be an integer")
+            ApiError::new(
+                ErrorCode::InvalidField,
+                "fanout_delay_ms: must be an integer",
+            )
         })?),
     };
     let from = match fields.remove("from") {
         None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(f)) => Some(f),
         Some(_) => {
-            return Err(ApiError::bad_request(
-                "invalid_field",
+            return Err(ApiError::new(
+                ErrorCode::InvalidField,
                 "from: must be a string",
             ));
         }
     };
     if parent.is_none() && (delay.is_some() || from.is_some()) {
-        return Err(ApiError::bad_request(
-            "invalid_field",
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
             "fanout_delay_ms and from need parent",
         ));
     }
     let earliest = from_earliest(from.as_deref())?;
     let settings: TopicPatch = serde_json::from_value(serde_json::Value::Object(fields))
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("invalid JSON body: {e}")))?;
     if let Some(p) = &parent {
         narad_core::topic::validate_name(p)
-            .map_err(|e| ApiError::bad_request("invalid_field", format!("parent: {}", e.reason)))?;
+            .map_err(|e| ApiError::new(ErrorCode::InvalidField, format!("parent: {}", e.reason)))?;
         if *p == name {
-            return Err(ApiError::bad_request(
-                "invalid_child",
+            return Err(ApiError::new(
+                ErrorCode::InvalidChild,
                 "a topic cannot be its own parent",
             ));
         }
@@ -294,8 +298,8 @@ pub async fn list(
     let limit = match q.u64("limit")? {
         None => 100,
         Some(0) => {
-            return Err(ApiError::bad_request(
-                "invalid_parameter",
+            return Err(ApiError::new(
+                ErrorCode::InvalidParameter,
                 "limit must be at least 1",
             ));
         }
@@ -350,8 +354,8 @@ pub async fn get(
     if let Some(p) = only
         && p >= info.meta.config.partitions
     {
-        return Err(ApiError::bad_request(
-            "partition_out_of_range",
+        return Err(ApiError::new(
+            ErrorCode::PartitionOutOfRange,
             format!(
                 "partition {p} is out of range: the topic has {} partitions",
                 info.meta.config.partitions
@@ -410,8 +414,8 @@ pub async fn alter(
             .into());
         }
         if current.schemas.len() >= narad_core::broker::MAX_SCHEMA_VERSIONS {
-            return Err(ApiError::bad_request(
-                "schema_incompatible",
+            return Err(ApiError::new(
+                ErrorCode::SchemaIncompatible,
                 format!(
                     "topic '{topic}' already has {} schema versions, the most it may keep",
                     narad_core::broker::MAX_SCHEMA_VERSIONS
@@ -419,13 +423,13 @@ pub async fn alter(
             ));
         }
         crate::schema::check_evolution(&current.schemas, s)
-            .map_err(|e| ApiError::bad_request("schema_incompatible", e))?;
+            .map_err(|e| ApiError::new(ErrorCode::SchemaIncompatible, e))?;
     }
     let mut meta = current;
     if !fields.is_empty() || schema.is_none() {
         let patch: TopicPatch =
             serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| {
-                ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}"))
+                ApiError::new(ErrorCode::InvalidJson, format!("invalid JSON body: {e}"))
             })?;
         meta = broker.alter_topic(&topic, patch).await?;
     }
@@ -459,11 +463,11 @@ async fn take_schema(
                 .compile(s.clone())
                 .await
                 .map_err(|e| match e {
-                    SchemaError::Invalid(m) => ApiError::bad_request("invalid_schema", m),
+                    SchemaError::Invalid(m) => ApiError::new(ErrorCode::InvalidSchema, m),
                     SchemaError::TooComplex(_) => {
-                        ApiError::bad_request("schema_too_complex", e.to_string())
+                        ApiError::new(ErrorCode::SchemaTooComplex, e.to_string())
                     }
-                    SchemaError::Busy(m) => ApiError::unavailable("schema_busy", m),
+                    SchemaError::Busy(m) => ApiError::new(ErrorCode::SchemaBusy, m),
                 })?;
             Ok(Some(s))
         }
@@ -486,8 +490,7 @@ pub async fn schema(
             .find(|s| s.version == v)
             .ok_or_else(|| {
                 ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "schema_version_not_found",
+                    ErrorCode::SchemaVersionNotFound,
                     format!("topic '{topic}' has no schema version {v}"),
                 )
             })?;

@@ -14,6 +14,7 @@ use axum::response::IntoResponse;
 use narad_auth::grant::{self, Grant};
 use narad_auth::store::{self as users, StoreError, UserCommand, UserRecord};
 use narad_auth::{Authenticator, authn};
+use narad_wire::ErrorCode;
 use serde::{Deserialize, Serialize};
 
 use super::access::{Caller, Peer, forbidden};
@@ -68,8 +69,7 @@ struct PasswordBody {
 fn auth(state: &SharedState) -> Result<&Arc<Authenticator>, ApiError> {
     state.auth.as_ref().ok_or_else(|| {
         ApiError::new(
-            StatusCode::CONFLICT,
-            "security_disabled",
+            ErrorCode::SecurityDisabled,
             "security is off on this broker (development mode): there are no users",
         )
     })
@@ -78,23 +78,23 @@ fn auth(state: &SharedState) -> Result<&Arc<Authenticator>, ApiError> {
 fn store_error(e: StoreError) -> ApiError {
     let msg = e.to_string();
     match e {
-        StoreError::Exists(_) => ApiError::new(StatusCode::CONFLICT, "user_exists", msg),
-        StoreError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "user_not_found", msg),
+        StoreError::Exists(_) => ApiError::new(ErrorCode::UserExists, msg),
+        StoreError::NotFound(_) => ApiError::new(ErrorCode::UserNotFound, msg),
         StoreError::Root => forbidden(msg),
-        StoreError::Full => ApiError::new(StatusCode::CONFLICT, "too_many_users", msg),
+        StoreError::Full => ApiError::new(ErrorCode::TooManyUsers, msg),
         // (the last two come only from a restore, never from a request)
         StoreError::Io { .. }
         | StoreError::Invalid { .. }
         | StoreError::NotEmpty
         | StoreError::InvalidRestore(_) => {
             tracing::error!(error = %msg, "user store failure");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "metadata_failed", msg)
+            ApiError::new(ErrorCode::MetadataFailed, msg)
         }
     }
 }
 
 fn invalid(msg: String) -> ApiError {
-    ApiError::bad_request("invalid_field", msg)
+    ApiError::new(ErrorCode::InvalidField, msg)
 }
 
 fn now_ms() -> i64 {
@@ -106,13 +106,7 @@ fn now_ms() -> i64 {
 async fn hash(password: String) -> Result<String, ApiError> {
     tokio::task::spawn_blocking(move || authn::hash_password(&password))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "hash_failed",
-                e.to_string(),
-            )
-        })
+        .map_err(|e| ApiError::new(ErrorCode::HashFailed, e.to_string()))
 }
 
 fn audit(caller: &Caller, action: &str, subject: &str) {
@@ -141,13 +135,7 @@ async fn apply(a: &Authenticator, cmd: UserCommand) -> Result<(), ApiError> {
     let store = a.store().clone();
     tokio::task::spawn_blocking(move || store.apply(cmd))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "metadata_failed",
-                e.to_string(),
-            )
-        })?
+        .map_err(|e| ApiError::new(ErrorCode::MetadataFailed, e.to_string()))?
         .map_err(store_error)
 }
 

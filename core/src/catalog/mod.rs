@@ -1,0 +1,394 @@
+//! The topic catalog as data and commands: every topic's metadata (settings, incarnation id,
+//! owner, schema versions, fan-out link), changed only by applying a [`CatalogCommand`].
+//!
+//! [`apply`] is pure: it reads the catalog and the command, and nothing else — no clock, no
+//! random numbers, no disk. Whatever a change depends on (incarnation ids, attach epochs,
+//! timestamps, schema version numbers) the proposer chose and put in the command, so every
+//! node that applies the same commands in the same order holds the same catalog. That is
+//! what lets a replicated log (the Raft metastore) carry these commands unchanged.
+//!
+//! The broker proposes commands through a [`MetaStore`](store::MetaStore), which makes each
+//! one durable before it is applied and published (see [`store`]).
+
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::broker::ParentLink;
+use crate::topic::TopicConfig;
+
+/// Most children one parent may have.
+pub const MAX_CHILDREN: usize = 64;
+/// A delay child needs the parent to keep records at least this much longer than the delay.
+pub const DELAY_RETENTION_MARGIN_MS: i64 = 3_600_000;
+/// Most JSON Schema versions one topic keeps.
+pub const MAX_SCHEMA_VERSIONS: usize = 100;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicMeta {
+    /// Incarnation id: a topic deleted and re-created with the same name gets a new one, and
+    /// its data directory and receipt handles are keyed by it.
+    pub id: u64,
+    pub name: String,
+    pub created_at_ms: i64,
+    pub config: TopicConfig,
+    /// Set when this topic is a fan-out child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
+    /// The user who created the topic (with security on); it may alter and delete it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The owning user's id (users of one name over time have different ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<u64>,
+    /// JSON Schema versions, oldest first; produce validates against the last one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schemas: Vec<SchemaVersion>,
+}
+
+/// One version of a topic's JSON Schema. Versions only grow; each is kept.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaVersion {
+    pub version: u32,
+    pub created_at_ms: i64,
+    pub schema: serde_json::Value,
+}
+
+impl TopicMeta {
+    /// The topic's directory under `<data_dir>/topics/`.
+    pub fn dir_name(&self) -> String {
+        format!("{}.{:016x}", self.name, self.id)
+    }
+}
+
+/// One change to the catalog, carrying every value its effect depends on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CatalogCommand {
+    /// A new topic (or one restored from the archive, with its old incarnation id).
+    CreateTopic { topic: TopicMeta },
+    /// New settings for topic `topic_id` (partitions only grow).
+    AlterTopic { topic_id: u64, config: TopicConfig },
+    /// Appends schema version `schema` (its number must follow the last one).
+    AddSchemaVersion {
+        topic_id: u64,
+        schema: SchemaVersion,
+    },
+    /// Clears the owner of every topic owned by user `owner` of id `owner_id` (the user was
+    /// deleted). Topics recorded before users had ids carry no id: they match id 0.
+    Disown { owner: String, owner_id: u64 },
+    /// Removes topic `topic_id`; its children become standalone.
+    DeleteTopic { topic_id: u64 },
+    /// Makes `child_id` a fan-out child as `link` says.
+    Attach { child_id: u64, link: ParentLink },
+    /// Makes `child_id` standalone again; it must be a child of `parent_id`.
+    Detach { child_id: u64, parent_id: u64 },
+}
+
+/// What applying a command did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// The topic as created, altered, given a schema, attached or detached.
+    Topic(Arc<TopicMeta>),
+    /// The ids of the topics that lost their owner.
+    Disowned(Vec<u64>),
+    /// The deleted topic and the ids of its children, now standalone.
+    Deleted {
+        topic: Arc<TopicMeta>,
+        unlinked: Vec<u64>,
+    },
+}
+
+/// Why a command does not apply. Each maps to the error a client sees for the same refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum CatalogError {
+    #[error("topic '{0}' already exists")]
+    Exists(String),
+    /// The named topic, or the incarnation a command names, is gone.
+    #[error("topic '{0}' not found")]
+    NotFound(String),
+    /// Settings that do not validate.
+    #[error("{0}")]
+    InvalidConfig(String),
+    /// A malformed fan-out link.
+    #[error("{0}")]
+    Invalid(String),
+    /// A fan-out rule forbids the change.
+    #[error("{0}")]
+    FanoutConflict(String),
+    #[error("{0}")]
+    NotChild(String),
+    #[error("{0}")]
+    SchemaIncompatible(String),
+}
+
+/// Every topic's metadata, by name, and how many commands made it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Catalog {
+    applied: u64,
+    topics: BTreeMap<String, Arc<TopicMeta>>,
+}
+
+impl Catalog {
+    /// A catalog holding `topics`, as loaded from disk after `applied` commands.
+    pub fn from_topics(applied: u64, topics: impl IntoIterator<Item = TopicMeta>) -> Self {
+        Self {
+            applied,
+            topics: topics
+                .into_iter()
+                .map(|t| (t.name.clone(), Arc::new(t)))
+                .collect(),
+        }
+    }
+
+    /// How many commands have been applied to make this catalog.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<TopicMeta>> {
+        self.topics.get(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.topics.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.topics.is_empty()
+    }
+
+    /// Every topic, by name.
+    pub fn topics(&self) -> impl Iterator<Item = &Arc<TopicMeta>> {
+        self.topics.values()
+    }
+
+    /// The children of the topic of incarnation `parent_id`.
+    pub fn children_of(&self, parent_id: u64) -> impl Iterator<Item = &Arc<TopicMeta>> {
+        self.topics
+            .values()
+            .filter(move |t| t.parent.as_ref().is_some_and(|l| l.parent_id == parent_id))
+    }
+
+    fn by_id(&self, id: u64) -> Result<&Arc<TopicMeta>, CatalogError> {
+        self.topics
+            .values()
+            .find(|t| t.id == id)
+            .ok_or_else(|| CatalogError::NotFound(format!("#{id:016x}")))
+    }
+}
+
+/// Applies `cmd` to `catalog`: the catalog it makes and what changed, or why it does not
+/// apply (then nothing changed). Pure: the same catalog and command always give the same
+/// result.
+pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applied), CatalogError> {
+    let mut next = catalog.clone();
+    next.applied += 1;
+    let applied = match cmd {
+        CatalogCommand::CreateTopic { topic } => {
+            if next.topics.contains_key(&topic.name) {
+                return Err(CatalogError::Exists(topic.name.clone()));
+            }
+            if next.topics.values().any(|t| t.id == topic.id) {
+                return Err(CatalogError::Invalid(format!(
+                    "incarnation id {:016x} is taken",
+                    topic.id
+                )));
+            }
+            topic
+                .config
+                .validate()
+                .map_err(|e| CatalogError::InvalidConfig(e.to_string()))?;
+            if let Some(link) = &topic.parent {
+                check_attach(&next, topic, link)?;
+            }
+            let t = Arc::new(topic.clone());
+            next.topics.insert(topic.name.clone(), t.clone());
+            Applied::Topic(t)
+        }
+        CatalogCommand::AlterTopic { topic_id, config } => {
+            let old = next.by_id(*topic_id)?.clone();
+            config
+                .validate()
+                .map_err(|e| CatalogError::InvalidConfig(e.to_string()))?;
+            if config.partitions < old.config.partitions {
+                return Err(CatalogError::InvalidConfig(format!(
+                    "partitions can only grow (from {})",
+                    old.config.partitions
+                )));
+            }
+            if config.retention_ms > 0 {
+                for c in next.children_of(old.id) {
+                    let delay = c.parent.as_ref().map_or(0, |l| l.delay_ms);
+                    if delay > 0 && config.retention_ms < delay + DELAY_RETENTION_MARGIN_MS {
+                        return Err(CatalogError::Invalid(format!(
+                            "retention_ms {} is shorter than delay child '{}' needs ({} ms: its delay + 1 h)",
+                            config.retention_ms,
+                            c.name,
+                            delay + DELAY_RETENTION_MARGIN_MS
+                        )));
+                    }
+                }
+            }
+            let t = Arc::new(TopicMeta {
+                config: config.clone(),
+                ..(*old).clone()
+            });
+            next.topics.insert(t.name.clone(), t.clone());
+            Applied::Topic(t)
+        }
+        CatalogCommand::AddSchemaVersion { topic_id, schema } => {
+            let old = next.by_id(*topic_id)?.clone();
+            if old.parent.is_some() {
+                return Err(CatalogError::FanoutConflict(format!(
+                    "'{}' is a fan-out child: it receives its parent's records as they are, so it cannot have its own schema",
+                    old.name
+                )));
+            }
+            if old.schemas.len() >= MAX_SCHEMA_VERSIONS {
+                return Err(CatalogError::SchemaIncompatible(format!(
+                    "topic '{}' already has {MAX_SCHEMA_VERSIONS} schema versions, the most it may keep",
+                    old.name
+                )));
+            }
+            let expected = old.schemas.last().map_or(1, |v| v.version + 1);
+            if schema.version != expected {
+                return Err(CatalogError::SchemaIncompatible(format!(
+                    "topic '{}' is at schema version {}; version {} cannot follow it",
+                    old.name,
+                    expected - 1,
+                    schema.version
+                )));
+            }
+            let mut t = (*old).clone();
+            t.schemas.push(schema.clone());
+            let t = Arc::new(t);
+            next.topics.insert(t.name.clone(), t.clone());
+            Applied::Topic(t)
+        }
+        CatalogCommand::Disown { owner, owner_id } => {
+            let mut ids = Vec::new();
+            for t in next.topics.values_mut() {
+                if t.owner.as_deref() == Some(owner) && t.owner_id.unwrap_or(0) == *owner_id {
+                    let m = Arc::make_mut(t);
+                    (m.owner, m.owner_id) = (None, None);
+                    ids.push(m.id);
+                }
+            }
+            Applied::Disowned(ids)
+        }
+        CatalogCommand::DeleteTopic { topic_id } => {
+            let gone = next.by_id(*topic_id)?.clone();
+            next.topics.remove(&gone.name);
+            let mut unlinked = Vec::new();
+            for t in next.topics.values_mut() {
+                if t.parent.as_ref().is_some_and(|l| l.parent_id == gone.id) {
+                    Arc::make_mut(t).parent = None;
+                    unlinked.push(t.id);
+                }
+            }
+            Applied::Deleted {
+                topic: gone,
+                unlinked,
+            }
+        }
+        CatalogCommand::Attach { child_id, link } => {
+            let child = next.by_id(*child_id)?.clone();
+            check_attach(&next, &child, link)?;
+            let mut t = (*child).clone();
+            t.parent = Some(link.clone());
+            let t = Arc::new(t);
+            next.topics.insert(t.name.clone(), t.clone());
+            Applied::Topic(t)
+        }
+        CatalogCommand::Detach {
+            child_id,
+            parent_id,
+        } => {
+            let child = next.by_id(*child_id)?.clone();
+            if child
+                .parent
+                .as_ref()
+                .is_none_or(|l| l.parent_id != *parent_id)
+            {
+                return Err(CatalogError::NotChild(format!(
+                    "'{}' is not a child of that topic",
+                    child.name
+                )));
+            }
+            let mut t = (*child).clone();
+            t.parent = None;
+            let t = Arc::new(t);
+            next.topics.insert(t.name.clone(), t.clone());
+            Applied::Topic(t)
+        }
+    };
+    Ok((next, applied))
+}
+
+/// The fan-out rules a link must keep: the parent exists under the incarnation the link
+/// names, one level only, one parent per child, a bounded number of children, no schema on
+/// a child, and a parent that keeps records long enough for a delay child.
+fn check_attach(
+    catalog: &Catalog,
+    child: &TopicMeta,
+    link: &ParentLink,
+) -> Result<(), CatalogError> {
+    let conflict = |m: String| Err(CatalogError::FanoutConflict(m));
+    let parent = catalog
+        .get(&link.parent)
+        .filter(|p| p.id == link.parent_id)
+        .ok_or_else(|| CatalogError::NotFound(link.parent.clone()))?;
+    if parent.id == child.id {
+        return Err(CatalogError::Invalid(
+            "a topic cannot be its own child".into(),
+        ));
+    }
+    if !child.schemas.is_empty() {
+        return conflict(format!(
+            "'{}' has a JSON Schema: a child receives its parent's records as they are, so it cannot have its own",
+            child.name
+        ));
+    }
+    if parent.parent.is_some() {
+        return conflict(format!(
+            "'{}' is itself a fan-out child: no grandchildren",
+            parent.name
+        ));
+    }
+    if let Some(l) = catalog.get(&child.name).and_then(|c| c.parent.as_ref()) {
+        return conflict(if l.parent_id == parent.id {
+            format!("'{}' is already a child of '{}'", child.name, parent.name)
+        } else {
+            format!("'{}' already has a parent", child.name)
+        });
+    }
+    if catalog.children_of(child.id).next().is_some() {
+        return conflict(format!(
+            "'{}' has children of its own: no grandchildren",
+            child.name
+        ));
+    }
+    if catalog.children_of(parent.id).count() >= MAX_CHILDREN {
+        return conflict(format!(
+            "'{}' already has {MAX_CHILDREN} children",
+            parent.name
+        ));
+    }
+    let retention = parent.config.retention_ms;
+    if link.delay_ms > 0 && retention > 0 && retention < link.delay_ms + DELAY_RETENTION_MARGIN_MS {
+        return Err(CatalogError::Invalid(format!(
+            "the parent keeps records {retention} ms; a delay child needs at least delay + 1 h ({} ms)",
+            link.delay_ms + DELAY_RETENTION_MARGIN_MS
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

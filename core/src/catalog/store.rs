@@ -1,0 +1,182 @@
+//! Where catalog commands become durable: the [`MetaStore`] seam and its single-node
+//! implementation, [`LocalMetaStore`].
+//!
+//! A proposer hands the store a command and a `publish` hook. The store applies the command
+//! to the catalog it has published, makes the result durable, then publishes it — the new
+//! catalog to every watcher, and the proposer's hook, which makes the broker's in-memory
+//! state (open partitions, cursors) follow — all before the next command is looked at. A
+//! command that fails to apply or to persist publishes nothing.
+//!
+//! The single-node store keeps one snapshot per change: `<data_dir>/topics.json`, replaced
+//! atomically (temp file, fsync, rename, fsync of the directory). A replicated store (the
+//! Raft issue) puts the same commands in a replicated log and calls the same hooks when an
+//! entry is applied.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{Applied, Catalog, CatalogCommand, CatalogError, TopicMeta, apply};
+
+pub const META_FILE: &str = "topics.json";
+/// Version 1 held the topics only; version 2 adds how many commands made them.
+const META_VERSION: u32 = 2;
+
+/// Runs once a command is durable and applied, before any later command is applied: the
+/// proposer's way to make its in-memory state follow. It gets the new catalog and what the
+/// command did.
+pub type Publish = Box<dyn FnOnce(&Catalog, &Applied) + Send>;
+
+/// A command's outcome, as a future.
+pub type Proposal = Pin<Box<dyn Future<Output = Result<Applied, StoreError>> + Send>>;
+
+/// Why a proposal failed. Nothing was published.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Refused(#[from] CatalogError),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+}
+
+/// The seam between the broker and where its metadata lives.
+pub trait MetaStore: Send + Sync + std::fmt::Debug {
+    /// Makes `cmd` durable, applies it, publishes the new catalog, then runs `publish`. The
+    /// work finishes even if the returned future is dropped, so a caller that gives up never
+    /// leaves durable state unpublished.
+    fn propose(&self, cmd: CatalogCommand, publish: Publish) -> Proposal;
+    /// The catalog as last published.
+    fn catalog(&self) -> Arc<Catalog>;
+    /// Follows the published catalog.
+    fn subscribe(&self) -> watch::Receiver<Arc<Catalog>>;
+}
+
+/// The single-node store: one snapshot file per change. Clones share the store.
+#[derive(Debug, Clone)]
+pub struct LocalMetaStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    /// Held while a command is applied, written and published.
+    commit: Mutex<()>,
+    published: watch::Sender<Arc<Catalog>>,
+}
+
+impl LocalMetaStore {
+    /// Loads the catalog from `data_dir` (empty if there is no metadata file yet).
+    pub fn open(data_dir: &Path) -> Result<Self, MetaError> {
+        let catalog = load(data_dir)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                dir: data_dir.to_owned(),
+                commit: Mutex::new(()),
+                published: watch::Sender::new(Arc::new(catalog)),
+            }),
+        })
+    }
+}
+
+impl Inner {
+    fn commit(&self, cmd: &CatalogCommand, publish: Publish) -> Result<Applied, StoreError> {
+        let _one_change = self.commit.lock();
+        let current = self.published.borrow().clone();
+        let (next, applied) = apply(&current, cmd)?;
+        store(&self.dir, &next)?;
+        let next = Arc::new(next);
+        self.published.send_replace(next.clone());
+        publish(&next, &applied);
+        Ok(applied)
+    }
+}
+
+impl MetaStore for LocalMetaStore {
+    fn propose(&self, cmd: CatalogCommand, publish: Publish) -> Proposal {
+        let inner = self.inner.clone();
+        let task = tokio::task::spawn_blocking(move || inner.commit(&cmd, publish));
+        Box::pin(async move { task.await.expect("metadata commit task") })
+    }
+
+    fn catalog(&self) -> Arc<Catalog> {
+        self.inner.published.borrow().clone()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Arc<Catalog>> {
+        self.inner.published.subscribe()
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetaFile {
+    version: u32,
+    /// Commands applied to make these topics (absent in version 1).
+    #[serde(default)]
+    applied: u64,
+    topics: Vec<TopicMeta>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("io error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("topic metadata {path} is unreadable: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+impl MetaError {
+    /// Whether this failed for want of a file descriptor.
+    pub fn is_out_of_descriptors(&self) -> bool {
+        match self {
+            Self::Io { source, .. } => crate::log::is_out_of_descriptors(source),
+            Self::Invalid { .. } => false,
+        }
+    }
+}
+
+/// Reads `<data_dir>/topics.json` (versions 1 and 2); no file is an empty catalog.
+pub fn load(data_dir: &Path) -> Result<Catalog, MetaError> {
+    let path = data_dir.join(META_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Catalog::default()),
+        Err(source) => return Err(MetaError::Io { path, source }),
+    };
+    let invalid = |reason: String| MetaError::Invalid {
+        path: path.clone(),
+        reason,
+    };
+    let file: MetaFile = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    if !(1..=META_VERSION).contains(&file.version) {
+        return Err(invalid(format!("unsupported version {}", file.version)));
+    }
+    let n = file.topics.len();
+    let catalog = Catalog::from_topics(file.applied, file.topics);
+    if catalog.len() != n {
+        return Err(invalid("a topic name appears twice".into()));
+    }
+    Ok(catalog)
+}
+
+/// Replaces `<data_dir>/topics.json` with `catalog`, durably.
+pub fn store(data_dir: &Path, catalog: &Catalog) -> Result<(), MetaError> {
+    let path = data_dir.join(META_FILE);
+    let body = serde_json::to_vec_pretty(&MetaFile {
+        version: META_VERSION,
+        applied: catalog.applied(),
+        topics: catalog.topics().map(|t| (**t).clone()).collect(),
+    })
+    .expect("metadata serialises");
+    crate::fsutil::write_file_atomic(&path, &body).map_err(|source| MetaError::Io { path, source })
+}

@@ -1,0 +1,307 @@
+use super::*;
+use proptest::prelude::*;
+
+fn topic(id: u64, name: &str) -> TopicMeta {
+    TopicMeta {
+        id,
+        name: name.into(),
+        created_at_ms: 1_000 + id as i64,
+        config: TopicConfig::default(),
+        parent: None,
+        owner: Some("alice".into()),
+        owner_id: Some(7),
+        schemas: Vec::new(),
+    }
+}
+
+fn link(parent: &TopicMeta, epoch: u64) -> ParentLink {
+    ParentLink {
+        parent: parent.name.clone(),
+        parent_id: parent.id,
+        delay_ms: 0,
+        epoch,
+    }
+}
+
+fn run(cmds: &[CatalogCommand]) -> Catalog {
+    let mut c = Catalog::default();
+    for cmd in cmds {
+        if let Ok((next, _)) = apply(&c, cmd) {
+            c = next;
+        }
+    }
+    c
+}
+
+#[test]
+fn commands_build_the_catalog_they_describe() {
+    let (p, c) = (topic(1, "p"), topic(2, "c"));
+    let cmds = [
+        CatalogCommand::CreateTopic { topic: p.clone() },
+        CatalogCommand::CreateTopic { topic: c.clone() },
+        CatalogCommand::Attach {
+            child_id: 2,
+            link: link(&p, 9),
+        },
+        CatalogCommand::AddSchemaVersion {
+            topic_id: 1,
+            schema: SchemaVersion {
+                version: 1,
+                created_at_ms: 5,
+                schema: serde_json::json!({"type": "object"}),
+            },
+        },
+    ];
+    let cat = run(&cmds);
+    assert_eq!(cat.applied(), 4);
+    assert_eq!(cat.get("c").unwrap().parent, Some(link(&p, 9)));
+    assert_eq!(cat.get("p").unwrap().schemas.len(), 1);
+    // deleting the parent makes the child standalone
+    let (cat, applied) = apply(&cat, &CatalogCommand::DeleteTopic { topic_id: 1 }).unwrap();
+    assert_eq!(
+        applied,
+        Applied::Deleted {
+            topic: Arc::new(TopicMeta {
+                schemas: cat_schema(),
+                ..p.clone()
+            }),
+            unlinked: vec![2]
+        }
+    );
+    assert!(cat.get("p").is_none());
+    assert_eq!(cat.get("c").unwrap().parent, None);
+}
+
+fn cat_schema() -> Vec<SchemaVersion> {
+    vec![SchemaVersion {
+        version: 1,
+        created_at_ms: 5,
+        schema: serde_json::json!({"type": "object"}),
+    }]
+}
+
+#[test]
+fn refused_commands_change_nothing() {
+    let (p, c) = (topic(1, "p"), topic(2, "c"));
+    let cat = run(&[
+        CatalogCommand::CreateTopic { topic: p.clone() },
+        CatalogCommand::CreateTopic { topic: c.clone() },
+        CatalogCommand::Attach {
+            child_id: 2,
+            link: link(&p, 9),
+        },
+    ]);
+    let refused = [
+        // same name, and same id under another name
+        CatalogCommand::CreateTopic { topic: p.clone() },
+        CatalogCommand::CreateTopic {
+            topic: topic(1, "other"),
+        },
+        // grandchild: p's child c cannot be a parent, and c already has a parent
+        CatalogCommand::Attach {
+            child_id: 1,
+            link: link(&c, 3),
+        },
+        CatalogCommand::Attach {
+            child_id: 2,
+            link: link(&p, 4),
+        },
+        // a link to a parent incarnation that is gone
+        CatalogCommand::Attach {
+            child_id: 1,
+            link: ParentLink {
+                parent_id: 99,
+                ..link(&c, 5)
+            },
+        },
+        // a child cannot get a schema; versions must follow each other
+        CatalogCommand::AddSchemaVersion {
+            topic_id: 2,
+            schema: cat_schema().remove(0),
+        },
+        CatalogCommand::AddSchemaVersion {
+            topic_id: 1,
+            schema: SchemaVersion {
+                version: 2,
+                ..cat_schema().remove(0)
+            },
+        },
+        // partitions never shrink
+        CatalogCommand::AlterTopic {
+            topic_id: 1,
+            config: TopicConfig {
+                partitions: 1,
+                ..TopicConfig::default()
+            },
+        },
+        CatalogCommand::Detach {
+            child_id: 1,
+            parent_id: 2,
+        },
+        CatalogCommand::DeleteTopic { topic_id: 77 },
+    ];
+    for cmd in &refused {
+        assert!(apply(&cat, cmd).is_err(), "{cmd:?} applied");
+    }
+}
+
+/// Commands as a generator makes them: a small universe of names and ids so that they
+/// collide often (duplicates, missing ids, grandchildren are all exercised).
+fn command() -> impl Strategy<Value = CatalogCommand> {
+    let id = 1u64..6;
+    let name = prop::sample::select(vec!["a", "b", "c", "d", "e"]);
+    prop_oneof![
+        (id.clone(), name.clone(), 1u32..5).prop_map(|(id, name, partitions)| {
+            CatalogCommand::CreateTopic {
+                topic: TopicMeta {
+                    config: TopicConfig {
+                        partitions,
+                        ..TopicConfig::default()
+                    },
+                    ..topic(id, name)
+                },
+            }
+        }),
+        (id.clone(), 1u32..8).prop_map(|(topic_id, partitions)| CatalogCommand::AlterTopic {
+            topic_id,
+            config: TopicConfig {
+                partitions,
+                ..TopicConfig::default()
+            },
+        }),
+        (id.clone(), 1u32..4).prop_map(|(topic_id, version)| {
+            CatalogCommand::AddSchemaVersion {
+                topic_id,
+                schema: SchemaVersion {
+                    version,
+                    created_at_ms: 3,
+                    schema: serde_json::json!({"type": "object"}),
+                },
+            }
+        }),
+        Just(CatalogCommand::Disown {
+            owner: "alice".into(),
+            owner_id: 7
+        }),
+        id.clone()
+            .prop_map(|topic_id| CatalogCommand::DeleteTopic { topic_id }),
+        (id.clone(), id.clone(), name, any::<u64>()).prop_map(
+            |(child_id, parent_id, parent, epoch)| CatalogCommand::Attach {
+                child_id,
+                link: ParentLink {
+                    parent: parent.into(),
+                    parent_id,
+                    delay_ms: 0,
+                    epoch,
+                },
+            }
+        ),
+        (id.clone(), id).prop_map(|(child_id, parent_id)| CatalogCommand::Detach {
+            child_id,
+            parent_id
+        }),
+    ]
+}
+
+/// The invariants every catalog keeps, whatever commands made it.
+fn check_invariants(cat: &Catalog) {
+    let mut ids = std::collections::HashSet::new();
+    for t in cat.topics() {
+        assert!(ids.insert(t.id), "id {} twice", t.id);
+        if let Some(l) = &t.parent {
+            let p = cat.get(&l.parent).expect("a link names an existing parent");
+            assert_eq!(p.id, l.parent_id, "a link names the parent's incarnation");
+            assert!(p.parent.is_none(), "no grandchildren");
+            assert!(t.schemas.is_empty(), "a child has no schema of its own");
+        }
+        for (i, v) in t.schemas.iter().enumerate() {
+            assert_eq!(
+                v.version as usize,
+                i + 1,
+                "schema versions follow each other"
+            );
+        }
+    }
+}
+
+proptest! {
+    /// Replaying the same command log gives the same catalog, also after the log went through
+    /// its serialised form (as a replicated log carries it); every catalog on the way keeps
+    /// the invariants.
+    #[test]
+    fn replaying_a_command_log_gives_the_same_catalog(cmds in prop::collection::vec(command(), 0..60)) {
+        let mut cat = Catalog::default();
+        let mut log = Vec::new();
+        for cmd in &cmds {
+            if let Ok((next, _)) = apply(&cat, cmd) {
+                prop_assert_eq!(next.applied(), cat.applied() + 1);
+                cat = next;
+                log.push(cmd.clone());
+            }
+            check_invariants(&cat);
+        }
+        let wire = serde_json::to_vec(&log).unwrap();
+        let replayed: Vec<CatalogCommand> = serde_json::from_slice(&wire).unwrap();
+        let mut again = Catalog::default();
+        for cmd in &replayed {
+            again = apply(&again, cmd).expect("a command that applied once applies again").0;
+        }
+        prop_assert_eq!(&again, &cat);
+        prop_assert_eq!(run(&cmds), cat);
+    }
+}
+
+/// The store publishes a command's catalog only once it is on disk: a watcher sees nothing of
+/// a command whose write failed, and the published catalog is what a restart reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_publishes_only_what_is_durable() {
+    use store::{LocalMetaStore, MetaStore, StoreError};
+    let dir = tempfile::tempdir().unwrap();
+    let s = LocalMetaStore::open(dir.path()).unwrap();
+    let mut watch = s.subscribe();
+    let create = |id, name: &str| CatalogCommand::CreateTopic {
+        topic: topic(id, name),
+    };
+    let published = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+
+    s.propose(create(1, "a"), Box::new(|_, _| {}))
+        .await
+        .unwrap();
+    assert!(watch.has_changed().unwrap());
+    assert_eq!(watch.borrow_and_update().applied(), 1);
+    assert_eq!(store::load(dir.path()).unwrap(), *s.catalog());
+
+    // a write that cannot happen: nothing is published, the hook does not run
+    let blocker = dir.path().join(format!("{}.tmp", store::META_FILE));
+    std::fs::create_dir(&blocker).unwrap();
+    let ran = published.clone();
+    let e = s
+        .propose(
+            create(2, "b"),
+            Box::new(move |_, _| {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Meta(_)), "{e:?}");
+    assert!(!watch.has_changed().unwrap());
+    assert_eq!(published.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(s.catalog().get("b").is_none());
+
+    // a refused command: likewise
+    std::fs::remove_dir(&blocker).unwrap();
+    let e = s
+        .propose(create(3, "a"), Box::new(|_, _| {}))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Refused(CatalogError::Exists(_))));
+    assert!(!watch.has_changed().unwrap());
+
+    s.propose(create(2, "b"), Box::new(|_, _| {}))
+        .await
+        .unwrap();
+    assert_eq!(watch.borrow_and_update().len(), 2);
+    let reopened = LocalMetaStore::open(dir.path()).unwrap();
+    assert_eq!(reopened.catalog(), s.catalog());
+}
