@@ -2,15 +2,30 @@
 
 use super::*;
 
+/// The broker's task groups (see [`crate::supervisor`]): static names, the labels of
+/// `narad_task_panics_total`.
+pub(super) const TIMER_TASK: &str = "topic_timer";
+pub(super) const MAINTENANCE_TASK: &str = "maintenance";
+pub(super) const FANOUT_TASK: &str = "fanout_cursor";
+/// How long each group gets to stop at shutdown before what is left is aborted. Every one of
+/// them stops at its next wait; only a pass of work in progress (a slab copy, a retention
+/// pass) can hold it up.
+const TASK_STOP_GRACE: Duration = Duration::from_secs(5);
+
 impl Broker {
     pub(super) fn spawn_maintenance(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
+        let clock = self.clock.clone();
         let flush_every = Duration::from_millis(self.cfg.ack_flush_interval_ms.max(1));
         let retention_every = self.cfg.retention_interval_ms.max(1) as i64;
-        let handle = tokio::spawn(async move {
+        self.tasks.spawn(MAINTENANCE_TASK, move |stop| async move {
             let mut last_retention = i64::MIN;
             loop {
-                tokio::time::sleep(flush_every).await;
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = clock.sleep(flush_every) => {}
+                }
                 let Some(broker) = weak.upgrade() else { return };
                 if broker.shutting_down.load(Ordering::Acquire) {
                     return;
@@ -24,7 +39,6 @@ impl Broker {
                 }
             }
         });
-        self.tasks.lock().push(handle);
     }
 
     pub(super) fn all_partitions(&self) -> Vec<(Arc<Topic>, Arc<Partition>)> {
@@ -157,25 +171,35 @@ impl Broker {
         }
     }
 
-    /// Stops background work, answers waiting readers with nothing, persists queue state and
-    /// closes every log (after its queued appends are durable).
+    /// Stops the fan-out cursors (each at its next wait: a slab being copied is finished and
+    /// its cursor written). The server calls it before it stops the tierer; [`Broker::shutdown`]
+    /// calls it too.
+    pub async fn stop_fanout(&self) {
+        self.tasks.stop(FANOUT_TASK, TASK_STOP_GRACE).await;
+    }
+
+    /// Shuts down in order: answers waiting readers with nothing, stops the fan-out cursors,
+    /// then the topic timers and maintenance (every task awaited, each group within
+    /// [`TASK_STOP_GRACE`]), persists queue state and closes every log (after its queued
+    /// appends are durable).
     pub async fn shutdown(&self) {
         if self.shutting_down.swap(true, Ordering::AcqRel) {
             return;
         }
         self.drain_waiters();
-        for t in self.topics.read().values() {
-            t.timer.notify_one();
-        }
-        for h in self.tasks.lock().drain(..) {
-            h.abort();
-        }
+        self.stop_fanout().await;
+        self.tasks.shutdown(TASK_STOP_GRACE).await;
         self.persist_queues().await;
         for (_, p) in self.all_partitions() {
             p.close().await;
         }
         // Acks that raced the close.
         self.persist_queues().await;
+    }
+
+    /// Background tasks still running, per group (empty after [`Broker::shutdown`]).
+    pub fn running_tasks(&self) -> Vec<(&'static str, usize)> {
+        self.tasks.running()
     }
 
     pub fn is_shutting_down(&self) -> bool {
