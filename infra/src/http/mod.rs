@@ -443,6 +443,19 @@ async fn healthz(State(state): State<SharedState>) -> Response {
 }
 
 async fn readyz(State(state): State<SharedState>) -> Response {
+    // a background task that panicked is not restarted (see narad_core::supervisor): the
+    // node stays not ready, and says which task, until it is restarted
+    let failed = state.metrics.core.tasks.failed();
+    if !failed.is_empty() {
+        return json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({
+                "error": format!("background task failed: {}; restart the node", failed.join(", ")),
+                "code": "task_failed",
+                "failed_tasks": failed,
+            }),
+        );
+    }
     if state.ready.load(Ordering::Acquire) && !state.shutting_down.load(Ordering::Acquire) {
         json_response(StatusCode::OK, &serde_json::json!({"status": "ready"}))
     } else {
