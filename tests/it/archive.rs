@@ -58,7 +58,7 @@ async fn sealed_segments_are_archived_and_replayed_from_the_archive() {
             Instant::now() < deadline,
             "nothing archived and deleted locally"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
     let oldest = oldest_local(&s).await;
     // the archive holds Hive-style Parquet objects and a manifest
@@ -172,7 +172,7 @@ async fn disk_loss_restores_topics_from_the_archive() {
             "archive did not catch up ({m:?}); log:\n{}",
             s.log()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     };
     // the disk is lost
     s.kill9();
@@ -278,7 +278,7 @@ async fn analytics_engines_read_the_archive_in_place() {
             Instant::now() < deadline,
             "archive did not catch up: {got:?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_pause().await;
     };
     let out = std::process::Command::new("python3")
         .arg(concat!(
