@@ -378,13 +378,13 @@ pub async fn run_observed(
     let failed: Option<ServerError> = tokio::select! {
         () = shutdown => None,
         e = open_failed => Some(e.into()),
-        r = served_rx => match r {
-            Ok(Err(e)) => Some(e.into()),
-            _ => {
-                tracing::error!("the API listener stopped by itself");
-                None
+        // only shutdown stops it: ended (or panicked) before that, the node cannot serve
+        r = served_rx => Some(match r {
+            Ok(Err(e)) => e.into(),
+            Ok(Ok(())) | Err(_) => {
+                std::io::Error::other("the API listener stopped by itself").into()
             }
-        },
+        }),
     };
     shut_down(
         &state,
