@@ -16,22 +16,26 @@ impl Broker {
     pub(super) fn spawn_maintenance(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let clock = self.clock.clone();
-        let flush_every = Duration::from_millis(self.cfg.ack_flush_interval_ms.max(1));
+        let flush_every = self.cfg.ack_flush_interval_ms.max(1) as i64;
         let retention_every = self.cfg.retention_interval_ms.max(1) as i64;
+        // passes start flush_every apart (start to start, the first counted from now): a
+        // pass that ran long is followed at once by the next, never by a burst of missed ones
+        let mut next_pass = clock.now_ms().saturating_add(flush_every);
         self.tasks.spawn(MAINTENANCE_TASK, move |stop| async move {
             let mut last_retention = i64::MIN;
             loop {
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => return,
-                    () = clock.sleep(flush_every) => {}
+                    () = clock.sleep_until(next_pass) => {}
                 }
                 let Some(broker) = weak.upgrade() else { return };
                 if broker.shutting_down.load(Ordering::Acquire) {
                     return;
                 }
-                broker.persist_queues().await;
                 let now = broker.clock.now_ms();
+                next_pass = now.saturating_add(flush_every);
+                broker.persist_queues().await;
                 if now.saturating_sub(last_retention) >= retention_every {
                     last_retention = now;
                     broker.run_retention().await;
