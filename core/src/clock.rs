@@ -26,7 +26,9 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     /// early: a wall clock stepped back makes it wait longer.
     fn sleep_until(&self, at_ms: i64) -> Sleep<'_>;
 
-    /// Resolves once `d` has passed on this clock.
+    /// Resolves once `d` has passed on this clock. On the system clock this is monotonic
+    /// time: a step of the wall clock neither stretches nor cuts a wait, a back-off or an
+    /// interval (only deadlines, [`Clock::sleep_until`], follow the wall clock).
     fn sleep(&self, d: Duration) -> Sleep<'_> {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         self.sleep_until(self.now_ms().saturating_add(ms))
@@ -54,10 +56,15 @@ impl Clock for SystemClock {
                 if left <= 0 {
                     return;
                 }
-                #[allow(clippy::disallowed_methods)] // the one raw sleep: this is the clock
+                #[allow(clippy::disallowed_methods)] // the raw sleeps: this is the clock
                 tokio::time::sleep(Duration::from_millis(left as u64)).await;
             }
         })
+    }
+
+    fn sleep(&self, d: Duration) -> Sleep<'_> {
+        #[allow(clippy::disallowed_methods)] // the raw sleeps: this is the clock
+        Box::pin(tokio::time::sleep(d))
     }
 }
 

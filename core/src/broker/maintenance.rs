@@ -18,16 +18,22 @@ impl Broker {
         let clock = self.clock.clone();
         let flush_every = self.cfg.ack_flush_interval_ms.max(1) as i64;
         let retention_every = self.cfg.retention_interval_ms.max(1) as i64;
-        // passes start flush_every apart (start to start, the first counted from now): a
-        // pass that ran long is followed at once by the next, never by a burst of missed ones
+        // Passes start flush_every apart (start to start, the first counted from now): a pass
+        // that ran long is followed at once by the next, never by a burst of missed ones. The
+        // wait is what is left of the interval, at most one interval: a wall clock stepped
+        // back does not stall the snapshots, and a (manual) clock moved during a pass is seen
+        // at once.
         let mut next_pass = clock.now_ms().saturating_add(flush_every);
         self.tasks.spawn(MAINTENANCE_TASK, move |stop| async move {
             let mut last_retention = i64::MIN;
             loop {
+                let left = next_pass
+                    .saturating_sub(clock.now_ms())
+                    .clamp(0, flush_every);
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => return,
-                    () = clock.sleep_until(next_pass) => {}
+                    () = clock.sleep(Duration::from_millis(left as u64)) => {}
                 }
                 let Some(broker) = weak.upgrade() else { return };
                 if broker.shutting_down.load(Ordering::Acquire) {
@@ -183,9 +189,9 @@ impl Broker {
     }
 
     /// Shuts down in order: answers waiting readers with nothing, stops the fan-out cursors,
-    /// then the topic timers and maintenance (every task awaited, each group within
-    /// [`TASK_STOP_GRACE`]), persists queue state and closes every log (after its queued
-    /// appends are durable).
+    /// then the topic timers and maintenance (every task awaited, within [`TASK_STOP_GRACE`]
+    /// for each step), persists queue state and closes every log (after its queued appends
+    /// are durable).
     pub async fn shutdown(&self) {
         if self.shutting_down.swap(true, Ordering::AcqRel) {
             return;
