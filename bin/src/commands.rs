@@ -482,6 +482,8 @@ async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
     let started = std::time::Instant::now();
     let mut sent = 0u64;
     if a.rate > 0.0 {
+        // the client's --rate is real time against a real server
+        #[allow(clippy::disallowed_methods)]
         let mut tick = tokio::time::interval(Duration::from_secs_f64(per_request as f64 / a.rate));
         for _ in 0..requests {
             tick.tick().await;
@@ -614,6 +616,8 @@ async fn ack_with_retry(c: &Client, topic: &str, mut handles: Vec<String>) -> Re
             return Ok(());
         }
         handles = retry;
+        // a client's back-off before retrying a server, in real time
+        #[allow(clippy::disallowed_methods)]
         tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await;
     }
     Err(format!(
@@ -690,7 +694,9 @@ async fn peek(c: &Client, a: SubArgs) -> Result<(), BoxError> {
             {
                 return Ok(());
             }
-            // Replay reads do not long-poll: poll gently while the topic is quiet.
+            // Replay reads do not long-poll: poll gently (in real time, as a client) while
+            // the topic is quiet.
+            #[allow(clippy::disallowed_methods)]
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }

@@ -19,6 +19,8 @@
 //! - [`handle`]: receipt handles (opaque, MAC'd, bound to a process epoch).
 //! - [`topic`]: topic configuration and validation.
 //! - [`broker`]: wires topics, logs and queues together; no HTTP here.
+//! - [`clock`]: the injected wall clock and its sleeps (a manual one for tests).
+//! - [`supervisor`]: named background task groups: panics counted and reported, ordered stop.
 
 pub mod broker;
 pub mod catalog;
@@ -29,4 +31,5 @@ pub mod log;
 pub mod metrics;
 pub mod queue;
 pub mod record;
+pub mod supervisor;
 pub mod topic;

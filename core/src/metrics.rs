@@ -47,6 +47,8 @@ pub struct CoreMetrics {
     /// Parent records deleted by retention before a child's cursor copied them.
     pub fanout_dropped: Family<TopicLabel, Counter>,
     pub fanout_errors: Family<TopicLabel, Counter>,
+    /// Panics of supervised background tasks, and which tasks they were (readiness).
+    pub tasks: std::sync::Arc<crate::supervisor::TaskHealth>,
 }
 
 impl Default for CoreMetrics {
@@ -74,6 +76,7 @@ impl Default for CoreMetrics {
             fanout_copied: Family::default(),
             fanout_dropped: Family::default(),
             fanout_errors: Family::default(),
+            tasks: std::sync::Arc::default(),
         }
     }
 }
@@ -110,6 +113,7 @@ impl CoreMetrics {
     }
 
     pub fn register(&self, r: &mut Registry) {
+        self.tasks.register(r);
         r.register(
             "narad_fanout_copied_messages",
             "records copied from a parent into this child",

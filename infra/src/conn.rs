@@ -31,6 +31,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::Service as _;
@@ -51,8 +52,9 @@ pub struct Serving {
     pub closed: Family<CloseLabels, Counter>,
 }
 
-/// Accepts until `stopping`, then waits for every served connection to close (in-flight
-/// requests finish; idle connections close at once).
+/// Accepts until `stopping`, then waits for every connection task to end (in-flight
+/// requests finish; idle connections close at once). The connection tasks are this task's
+/// own: none outlives it, and one that panics is logged here.
 pub async fn serve(
     listener: TcpListener,
     serving: Arc<Serving>,
@@ -61,10 +63,15 @@ pub async fn serve(
     // consecutive failed accepts: logged on the first and then every 100th (5 s apart at
     // the 50 ms back-off), so a long shortage neither floods the log nor goes unseen
     let mut failures = 0u64;
+    let mut conns = JoinSet::new();
     loop {
         let (stream, peer) = tokio::select! {
             biased;
             () = stopping.cancelled() => break,
+            Some(ended) = conns.join_next() => {
+                log_panic(ended);
+                continue;
+            }
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
@@ -81,9 +88,13 @@ pub async fn serve(
                         );
                     }
                     failures += 1;
+                    // a back-off against the kernel's descriptor table, in real time: no
+                    // clock of the broker's is involved and no test drives it
+                    #[allow(clippy::disallowed_methods)]
+                    let back_off = tokio::time::sleep(Duration::from_millis(50));
                     tokio::select! {
                         () = stopping.cancelled() => break,
-                        () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        () = back_off => {}
                     }
                     continue;
                 }
@@ -96,7 +107,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let (serving, stopping) = (serving.clone(), stopping.clone());
         let admission = serving.limiter.try_admit();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             let slot = match admission {
                 Admission::Admitted(slot) => Some(slot),
                 Admission::Evicting(wait) => wait.slot().await,
@@ -118,8 +129,20 @@ pub async fn serve(
         });
     }
     drop(listener);
-    serving.limiter.all_closed().await;
+    while let Some(ended) = conns.join_next().await {
+        log_panic(ended);
+    }
     Ok(())
+}
+
+/// A connection task that panicked (a bug in a handler) takes only its connection down: it
+/// is logged, and the node stays ready.
+fn log_panic(ended: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = ended
+        && e.is_panic()
+    {
+        tracing::error!(error = %e, "a connection task panicked; its connection was dropped");
+    }
 }
 
 /// A client beyond the cap: a plaintext 503 (on a TLS port the client expects a handshake,
@@ -209,9 +232,17 @@ async fn serve_connection<I>(
                 conn.as_mut().graceful_shutdown();
             }
             () = state.changed() => {}
-            () = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
+            () = connection_deadline(wake.unwrap_or(now)), if wake.is_some() => {}
         }
     }
+}
+
+/// Wakes the watchdog at a connection's next header, idle or write deadline. These measure a
+/// client's slowness in real (monotonic) time, which no test moves by hand: the allowed
+/// exception to the ban on raw sleeps.
+#[allow(clippy::disallowed_methods)]
+fn connection_deadline(at: Instant) -> tokio::time::Sleep {
+    tokio::time::sleep_until(at)
 }
 
 /// Marks its request finished when dropped: held by the response body, which hyper drops once

@@ -1,5 +1,10 @@
 //! The server: binds nothing itself (tests and the binary pass a listener), recovers the broker
 //! in the background while `/healthz` already answers, serves HTTP, and shuts down in order.
+//!
+//! Every long-lived task (the API and metrics listeners, the broker open and archive
+//! restore, the tierer, the TLS reloader) runs under the node's [`Supervisor`]: a panic is
+//! logged, counted (`narad_task_panics_total`) and makes `/readyz` answer 503 naming the task;
+//! shutdown stops the groups one by one in a fixed order and awaits each (see [`shut_down`]).
 
 use std::future::Future;
 use std::path::Path;
@@ -8,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use narad_core::broker::Broker;
-use narad_core::clock::{Clock as _, SystemClock};
+use narad_core::clock::{Clock as _, SharedClock, SystemClock};
+use narad_core::supervisor::{CancellationToken, Supervisor};
 use tokio::net::TcpListener;
 
 use narad_tiering::archive::Archive;
@@ -151,7 +157,8 @@ async fn restore_from_archive(
     broker: &Arc<Broker>,
     archive: &Archive,
     target: &RestoreTarget,
-    stopping: &tokio_util::sync::CancellationToken,
+    clock: &SharedClock,
+    stopping: &CancellationToken,
 ) -> Option<Option<String>> {
     let mut backoff = Duration::from_millis(200);
     // a node stopped half way through still counts as fresh next time
@@ -184,8 +191,9 @@ async fn restore_from_archive(
             }
         }
         tokio::select! {
+            biased;
             () = stopping.cancelled() => return None,
-            () = tokio::time::sleep(backoff) => {}
+            () = clock.sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));
     }
@@ -200,7 +208,8 @@ async fn prepare(
     security: Option<&Security>,
     keys: &Option<Arc<CatalogKeys>>,
     state: &AppState,
-    stopping: &tokio_util::sync::CancellationToken,
+    clock: &SharedClock,
+    stopping: &CancellationToken,
 ) -> Result<bool, ServerError> {
     if let Some(a) = archive
         && b.is_fresh()
@@ -209,7 +218,7 @@ async fn prepare(
             keys: keys.clone(),
             users: security.map(|s| s.store.clone()),
         };
-        match restore_from_archive(b, a, &target, stopping).await {
+        match restore_from_archive(b, a, &target, clock, stopping).await {
             None => return Ok(false),
             Some(Some(notice)) => {
                 let _ = state.restore_notice.set(notice);
@@ -223,14 +232,142 @@ async fn prepare(
     Ok(true)
 }
 
-/// Serves the API on `listener` until `shutdown` resolves, then:
-/// 1. reports not ready and answers waiting long-polls with 204,
-/// 2. stops accepting and lets in-flight requests finish (up to `shutdown_grace_ms`),
-/// 3. persists queue state and closes every partition log after its queued appends.
+/// The server's task groups (static names: the `task` label of `narad_task_panics_total`).
+const API_TASK: &str = "api_listener";
+const METRICS_TASK: &str = "metrics_listener";
+const OPEN_TASK: &str = "broker_open";
+const TIERER_TASK: &str = "tierer";
+const TLS_TASK: &str = "tls_reloader";
+
+/// At shutdown, the tierer's upload in flight gets this long to finish before it is
+/// abandoned. Abandoning loses nothing: an object is listed in the manifest only once it is
+/// verified, and local segments stay until then, so the next start uploads it again.
+const TIERER_STOP_GRACE: Duration = Duration::from_secs(10);
+/// At shutdown, for the metrics listener's scrapes in flight, the TLS reloader and a broker
+/// open or archive restore still under way (abandoned: recovery is redone at the next start).
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// What [`run`] opens in the background and its shutdown needs.
+struct Opening {
+    state: Arc<AppState>,
+    tasks: Arc<Supervisor>,
+    config: ServerConfig,
+    /// `max_open_logs` as sized for the open-files limit.
+    max_open_logs: usize,
+    archive: Option<Archive>,
+    tiering_metrics: Arc<TieringMetrics>,
+    /// The user store (security on): restored from the archive, seeded with the root user,
+    /// and written to the archive's catalog snapshot.
+    security: Option<Security>,
+    /// The keys of the catalog snapshot (`cluster_secret`).
+    keys: Option<Arc<CatalogKeys>>,
+    clock: SharedClock,
+    /// The broker once open, before it serves (a restore may still be under way): shutdown
+    /// closes it even if it never became ready.
+    opened: Arc<std::sync::OnceLock<Arc<Broker>>>,
+}
+
+impl Opening {
+    /// Opens the broker, restores a fresh node from the archive, starts the tierer, and only
+    /// then serves and reports ready. Stopped, it abandons whatever is under way.
+    async fn run(
+        self,
+        stop: CancellationToken,
+        result: tokio::sync::oneshot::Sender<Result<(), ServerError>>,
+    ) {
+        let started = std::time::Instant::now();
+        let open = Broker::open(
+            self.config.broker_config(self.max_open_logs),
+            self.clock.clone(),
+            self.state.metrics.core.clone(),
+        );
+        let b = tokio::select! {
+            biased;
+            () = stop.cancelled() => {
+                tracing::warn!("shutdown began before the data was recovered; recovery is abandoned and redone at the next start");
+                return;
+            }
+            r = open => match r {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(error = %e, "broker failed to open");
+                    let _ = result.send(Err(e.into()));
+                    return;
+                }
+            },
+        };
+        let _ = self.opened.set(b.clone());
+        match prepare(
+            &b,
+            self.archive.as_ref(),
+            self.security.as_ref(),
+            &self.keys,
+            &self.state,
+            &self.clock,
+            &stop,
+        )
+        .await
+        {
+            Ok(true) => {}
+            Ok(false) => return, // shutting down before the restore could finish
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create the root user");
+                let _ = result.send(Err(e));
+                return;
+            }
+        }
+        if let Some(a) = self.archive {
+            tracing::info!(archive = %a.url, "tiering sealed segments to the archive");
+            let cfg = TieringConfig {
+                interval: Duration::from_millis(self.config.tiering_interval_ms),
+                archive_retention_ms: self.config.archive_retention_ms,
+                concurrency: self.config.tiering_concurrency,
+                catalog_cursor_interval: Duration::from_millis(self.config.tiering_interval_ms),
+                ..TieringConfig::default()
+            };
+            let catalog = CatalogSource {
+                users: self.security.as_ref().map(|s| s.store.clone()),
+                keys: self.keys,
+            };
+            let t = Tierer::with_catalog(
+                b.clone(),
+                a,
+                cfg,
+                self.clock.clone(),
+                self.tiering_metrics,
+                catalog,
+            );
+            self.tasks.spawn(TIERER_TASK, move |stop| t.run(stop));
+        }
+        let _ = self.state.broker.set(b);
+        self.state.ready.store(true, Ordering::Release);
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "narad ready"
+        );
+        let _ = result.send(Ok(()));
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` resolves (or the broker fails to open),
+/// then shuts down in order (see [`shut_down`]).
 pub async fn run(
     listener: TcpListener,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    run_observed(listener, config, shutdown, |_, _| {}).await
+}
+
+/// [`run`], handing the node's state and its task supervisor to `observe` once every task is
+/// started. The test hook: tests inject a failing task through it and check that shutdown
+/// leaves nothing running.
+#[doc(hidden)]
+pub async fn run_observed(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    observe: impl FnOnce(&Arc<AppState>, &Arc<Supervisor>),
 ) -> Result<(), ServerError> {
     let nofile = crate::fdlimit::raise_nofile();
     let plan = crate::fdlimit::plan(nofile.soft, config.max_connections, config.max_open_logs)
@@ -253,7 +390,8 @@ pub async fn run(
         "resource limits"
     );
     let metrics = Arc::new(Metrics::new());
-    let stopping_signal = tokio_util::sync::CancellationToken::new();
+    let tasks = Arc::new(Supervisor::new(metrics.core.tasks.clone()));
+    let clock: SharedClock = Arc::new(SystemClock);
     let archive = config
         .archive_settings()
         .map(|s| Archive::open(&s))
@@ -322,9 +460,8 @@ pub async fn run(
             refused: metrics.connections_refused.clone(),
             closed: metrics.connections_closed.clone(),
         });
-        let stopping = stopping_signal.clone();
-        tokio::spawn(async move {
-            if let Err(e) = crate::conn::serve(l, serving, stopping).await {
+        tasks.spawn(METRICS_TASK, move |stop| async move {
+            if let Err(e) = crate::conn::serve(l, serving, stop).await {
                 tracing::error!(error = %e, "metrics listener failed");
             }
         });
@@ -332,136 +469,213 @@ pub async fn run(
     let addr = listener.local_addr()?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "narad listening; recovering data");
 
-    let started = std::time::Instant::now();
-    let broker = Broker::open(
-        config.broker_config(plan.max_open_logs),
-        Arc::new(SystemClock),
-        metrics.core.clone(),
-    );
-    let (broker_tx, broker_rx) = tokio::sync::oneshot::channel();
-    let stopping = stopping_signal;
-    let opener = {
-        let (state, stopping, config) = (state.clone(), stopping.clone(), config.clone());
-        tokio::spawn(async move {
-            match broker.await {
-                Ok(b) => {
-                    match prepare(
-                        &b,
-                        archive.as_ref(),
-                        security.as_ref(),
-                        &keys,
-                        &state,
-                        &stopping,
-                    )
-                    .await
-                    {
-                        Ok(true) => {}
-                        Ok(false) => return, // shutting down before the restore could finish
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot create the root user");
-                            let _ = state.broker.set(b); // closed in order at exit
-                            let _ = broker_tx.send(Err(e));
-                            return;
-                        }
-                    }
-                    let users = security.as_ref().map(|s| s.store.clone());
-                    if let Some(a) = archive {
-                        tracing::info!(archive = %a.url, "tiering sealed segments to the archive");
-                        let cfg = TieringConfig {
-                            interval: Duration::from_millis(config.tiering_interval_ms),
-                            archive_retention_ms: config.archive_retention_ms,
-                            concurrency: config.tiering_concurrency,
-                            catalog_cursor_interval: Duration::from_millis(
-                                config.tiering_interval_ms,
-                            ),
-                            ..TieringConfig::default()
-                        };
-                        let t = Tierer::with_catalog(
-                            b.clone(),
-                            a,
-                            cfg,
-                            Arc::new(SystemClock),
-                            tiering_metrics,
-                            CatalogSource { users, keys },
-                        );
-                        tokio::spawn(t.run(stopping));
-                    }
-                    let _ = state.broker.set(b);
-                    state.ready.store(true, Ordering::Release);
-                    tracing::info!(
-                        elapsed_ms = started.elapsed().as_millis() as u64,
-                        "narad ready"
-                    );
-                    let _ = broker_tx.send(Ok(()));
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "broker failed to open");
-                    let _ = broker_tx.send(Err(ServerError::from(e)));
-                }
-            }
-        })
+    let opened = Arc::default();
+    let (open_tx, open_rx) = tokio::sync::oneshot::channel();
+    let opening = Opening {
+        state: state.clone(),
+        tasks: tasks.clone(),
+        config: config.clone(),
+        max_open_logs: plan.max_open_logs,
+        archive,
+        tiering_metrics,
+        security,
+        keys,
+        clock,
+        opened: Arc::clone(&opened),
     };
-
-    let failed: Arc<parking_lot::Mutex<Option<ServerError>>> = Arc::default();
-    {
-        let (state, failed, stopping) = (state.clone(), failed.clone(), stopping.clone());
-        tokio::spawn(async move {
-            // Only a failed open ends the wait early; a successful one keeps waiting for
-            // the shutdown signal.
-            let open_failed = async {
-                match broker_rx.await {
-                    Ok(Err(e)) => e,
-                    _ => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = shutdown => {}
-                e = open_failed => *failed.lock() = Some(e),
-            }
-            tracing::info!("shutting down");
-            state.ready.store(false, Ordering::Release);
-            state.shutting_down.store(true, Ordering::Release);
-            if let Some(b) = state.broker.get() {
-                b.drain_waiters();
-            }
-            stopping.cancel();
-        });
-    }
-    let app = http::router(state.clone());
-    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    tasks.spawn(OPEN_TASK, move |stop| opening.run(stop, open_tx));
     if let Some(tls) = &tls {
-        tls.spawn_reloader(stopping.clone());
+        let tls = tls.clone();
+        tasks.spawn(TLS_TASK, move |stop| tls.watch(stop));
     }
     let serving = Arc::new(crate::conn::Serving {
-        router: app,
+        router: http::router(state.clone()),
         limiter: crate::limits::ConnectionLimiter::new(config.max_connections),
         tls,
         timeouts: config.connection_timeouts(),
         refused: metrics.connections_refused.clone(),
         closed: metrics.connections_closed.clone(),
     });
-    let mut serve = tokio::spawn(crate::conn::serve(listener, serving, stopping.clone()));
-    let joined = tokio::select! {
-        r = &mut serve => Some(r),
-        // Once shutdown starts, in-flight requests get `grace` to finish.
-        () = stopping.cancelled() => tokio::time::timeout(grace, &mut serve).await.ok(),
-    };
-    let result = match joined {
-        Some(r) => r.map_err(std::io::Error::other).and_then(|r| r),
-        None => {
-            tracing::warn!("in-flight requests did not finish within the shutdown grace period");
-            serve.abort();
-            Ok(())
+    let (served_tx, served_rx) = tokio::sync::oneshot::channel();
+    tasks.spawn(API_TASK, move |stop| async move {
+        let _ = served_tx.send(crate::conn::serve(listener, serving, stop).await);
+    });
+    observe(&state, &tasks);
+
+    // Only a failed open ends the wait early; a successful one keeps waiting for the signal.
+    let open_failed = async {
+        match open_rx.await {
+            Ok(Err(e)) => e,
+            _ => std::future::pending().await,
         }
     };
-    let _ = opener.await;
-    if let Some(b) = state.broker.get() {
+    let failed: Option<ServerError> = tokio::select! {
+        () = shutdown => None,
+        e = open_failed => Some(e),
+        // only shutdown stops it: ended (or panicked) before that, the node cannot serve
+        r = served_rx => Some(match r {
+            Ok(Err(e)) => e.into(),
+            Ok(Ok(())) | Err(_) => {
+                std::io::Error::other("the API listener stopped by itself").into()
+            }
+        }),
+    };
+    shut_down(
+        &state,
+        &tasks,
+        &opened,
+        Duration::from_millis(config.shutdown_grace_ms),
+    )
+    .await;
+    failed.map_or(Ok(()), Err)
+}
+
+/// Shuts the node down in order, every step awaited and bounded (a step that runs out of
+/// time says so in the log and its tasks are aborted, never a silent hang):
+/// 1. report not ready, answer waiting long polls with nothing (so they do not hold up 2);
+/// 2. stop accepting; requests in flight get `grace` to finish; every connection task ends;
+/// 3. stop the TLS reloader, and a broker open or archive restore still under way;
+/// 4. stop the fan-out cursors (a slab being copied finishes and its cursor is written);
+/// 5. stop the tierer (an upload in flight gets [`TIERER_STOP_GRACE`], then is abandoned);
+/// 6. stop the metrics listener (scrapes watch the shutdown until here);
+/// 7. the broker stops its timers and maintenance, persists queue state and closes its logs.
+async fn shut_down(
+    state: &AppState,
+    tasks: &Supervisor,
+    opened: &std::sync::OnceLock<Arc<Broker>>,
+    grace: Duration,
+) {
+    tracing::info!("shutting down");
+    state.ready.store(false, Ordering::Release);
+    state.shutting_down.store(true, Ordering::Release);
+    if let Some(b) = opened.get() {
+        b.drain_waiters();
+    }
+    tasks.stop(API_TASK, grace).await;
+    tasks.stop(TLS_TASK, STOP_GRACE).await;
+    tasks.stop(OPEN_TASK, STOP_GRACE).await;
+    // nothing opens it any more: from here on the broker is there or not
+    let broker = opened.get();
+    if let Some(b) = broker {
+        b.stop_fanout().await;
+    }
+    tasks.stop(TIERER_TASK, TIERER_STOP_GRACE).await;
+    tasks.stop(METRICS_TASK, STOP_GRACE).await;
+    if let Some(b) = broker {
         b.shutdown().await;
     }
+    // every group was stopped above; this only catches one added without a step here
+    tasks.shutdown(STOP_GRACE).await;
     tracing::info!("narad stopped");
-    if let Some(e) = failed.lock().take() {
-        return Err(e);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::OnceLock;
+
+    /// Polls `f` until it holds, for at most 30 s of real time (each look is an HTTP request,
+    /// so the loop does not spin).
+    async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !f().await {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::task::yield_now().await;
+        }
     }
-    result?;
-    Ok(())
+
+    /// A panicked task makes `/readyz` answer 503 naming it and counts it; shutdown stops
+    /// every supervised task (the listeners, the tierer) and the broker's, leaving none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicked_task_is_reported_and_shutdown_leaves_no_task_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ServerConfig {
+            security_enabled: false,
+            data_dir: dir.path().join("data"),
+            metrics_addr: "127.0.0.1:0".into(),
+            archive_url: "memory://".into(),
+            ..ServerConfig::default()
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let node: Arc<OnceLock<(Arc<AppState>, Arc<Supervisor>)>> = Arc::default();
+        let server = tokio::spawn({
+            let node = node.clone();
+            run_observed(
+                listener,
+                config,
+                async {
+                    let _ = stopped.await;
+                },
+                move |state, tasks| {
+                    let _ = node.set((state.clone(), tasks.clone()));
+                },
+            )
+        });
+        let http = reqwest::Client::new();
+        let readyz = async || {
+            let r = http.get(format!("{base}/readyz")).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        };
+        eventually("never ready", async || readyz().await.0 == 200).await;
+        let (state, tasks) = node.get().unwrap().clone();
+        let running: Vec<&str> = tasks.running().into_iter().map(|(n, _)| n).collect();
+        for task in [API_TASK, METRICS_TASK, TIERER_TASK] {
+            assert!(
+                running.contains(&task),
+                "{task} is not supervised: {running:?}"
+            );
+        }
+
+        // the test hook: a task of the node's supervisor that panics
+        tasks.spawn("injected_fault", |_| async { panic!("injected") });
+        eventually("/readyz never reported the panic", async || {
+            readyz().await.0 == 503
+        })
+        .await;
+        let (_, body) = readyz().await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["code"], "task_failed", "{v}");
+        assert_eq!(
+            v["failed_tasks"],
+            serde_json::json!(["injected_fault"]),
+            "{v}"
+        );
+        assert!(
+            v["error"].as_str().unwrap().contains("injected_fault"),
+            "{v}"
+        );
+        let metrics = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("narad_task_panics_total{task=\"injected_fault\"} 1"),
+            "{metrics}"
+        );
+        // the rest of the node still serves
+        let r = http
+            .post(format!("{base}/v1/topics"))
+            .json(&serde_json::json!({"name": "t"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+        assert_eq!(tasks.running(), vec![], "a server task outlived shutdown");
+        let broker = state.broker.get().unwrap();
+        assert_eq!(
+            broker.running_tasks(),
+            vec![],
+            "a broker task outlived shutdown"
+        );
+        assert!(broker.is_shutting_down());
+    }
 }

@@ -126,32 +126,33 @@ impl Tls {
         }
     }
 
-    /// Reloads on SIGHUP and when the files change, until `stopping`.
-    pub fn spawn_reloader(self: &Arc<Self>, stopping: CancellationToken) {
-        let tls = self.clone();
-        tokio::spawn(async move {
-            let mut hup =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-            let mut tick = tokio::time::interval(WATCH_INTERVAL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                let hup_recv = async {
-                    match hup.as_mut() {
-                        Some(h) => h.recv().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    () = stopping.cancelled() => return,
-                    _ = hup_recv => tls.reload_logged("SIGHUP"),
-                    _ = tick.tick() => {
-                        if tls.changed() {
-                            tls.reload_logged("files changed");
-                        }
+    /// Reloads on SIGHUP and when the files change, until `stopping` (the server runs it as
+    /// a supervised task).
+    pub async fn watch(self: Arc<Self>, stopping: CancellationToken) {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        // Polls the file system in real time: the files change outside the process, on no
+        // clock of ours, and no test needs to move this by hand.
+        #[allow(clippy::disallowed_methods)]
+        let mut tick = tokio::time::interval(WATCH_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let hup_recv = async {
+                match hup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = stopping.cancelled() => return,
+                _ = hup_recv => self.reload_logged("SIGHUP"),
+                _ = tick.tick() => {
+                    if self.changed() {
+                        self.reload_logged("files changed");
                     }
                 }
             }
-        });
+        }
     }
 }
 

@@ -488,10 +488,8 @@ async fn replay_reads_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path()).await;
     s.create_topic(json!({"name": "t", "partitions": 1})).await;
-    let before = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    // the server's wall clock, read the same way it reads it
+    let before = wall_clock_ms();
     for i in 0..5 {
         s.produce("t", "", format!("m{i}")).await;
     }
@@ -568,7 +566,7 @@ async fn retention_deletes_old_segments_and_replay_answers_410() {
             std::time::Instant::now() < deadline,
             "retention never ran: {v}"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        poll_pause().await;
     }
     expect_error(
         s.get("/v1/topics/t/consume?partition=0&offset=0").await,
@@ -637,7 +635,7 @@ async fn connections_beyond_the_limit_get_503_with_retry_after() {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "slots never freed");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        poll_pause().await;
     }
     let metrics = s.get("/metrics").await.text().await.unwrap();
     assert!(metrics.contains("narad_http_connections_refused_total"));

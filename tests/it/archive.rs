@@ -59,7 +59,7 @@ async fn sealed_segments_are_archived_and_replayed_from_the_archive() {
             Instant::now() < deadline,
             "nothing archived and deleted locally"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
     let oldest = oldest_local(&s).await;
     // the archive holds Hive-style Parquet objects and a manifest
@@ -173,7 +173,7 @@ async fn disk_loss_restores_topics_from_the_archive() {
             "archive did not catch up ({m:?}); log:\n{}",
             s.log()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     };
     // the disk is lost
     s.kill9();
@@ -279,7 +279,7 @@ async fn analytics_engines_read_the_archive_in_place() {
             Instant::now() < deadline,
             "archive did not catch up: {got:?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_pause().await;
     };
     let out = std::process::Command::new("python3")
         .arg(concat!(
@@ -437,7 +437,7 @@ async fn populate(s: &Server, archive: &narad_tiering::archive::Archive) -> u64 
             "archive did not catch up ({m:?}, snapshot ok: {snap_ok}); log:\n{}",
             s.log()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
 }
 
@@ -536,7 +536,7 @@ async fn disk_loss_with_the_cluster_secret_restores_users_and_fanout_links() {
             "the child never got it; log:\n{}",
             s.log()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
 }
 

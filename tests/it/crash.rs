@@ -33,7 +33,7 @@ async fn load(a: String, round: u64, rec: Arc<Recorder>, run_for: Duration) {
                     vec![base]
                 };
                 if !produce_recorded(&mut http, "crash", &rec, &ids).await {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    poll_pause().await;
                 }
             }
         }));
@@ -45,7 +45,7 @@ async fn load(a: String, round: u64, rec: Arc<Recorder>, run_for: Duration) {
             while Instant::now() < stop_at {
                 let wait = Duration::from_millis(100);
                 if consume_and_ack(&mut http, "crash", &rec, r, wait).await == 0 {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    poll_pause().await;
                 }
             }
         }));
@@ -93,6 +93,8 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
     for round in 0..3u64 {
         let kill_after = Duration::from_millis(600 + 300 * round);
         let loader = tokio::spawn(load(addr(&s), round, rec.clone(), kill_after));
+        // chaos timing: the load runs this long, in real time, before the kill
+        #[allow(clippy::disallowed_methods)]
         tokio::time::sleep(kill_after).await;
         let killed_at = rec.now();
         s.kill9();

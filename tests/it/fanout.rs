@@ -36,7 +36,7 @@ async fn wait_total(s: &Server, topic: &str, n: u64) {
             Instant::now() < deadline,
             "{topic} never reached {n} records"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
 }
 
@@ -359,7 +359,9 @@ async fn delay_child_is_never_early() {
         );
         sent_at.insert(i, t);
         if i % 10 == 9 {
-            tokio::time::sleep(Duration::from_millis(50)).await; // spread the samples in time
+            // spread the samples over the server's (real) clock
+            #[allow(clippy::disallowed_methods)]
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     let mut seen = 0;
@@ -443,6 +445,8 @@ async fn kill_9_while_copying_loses_nothing_in_the_child() {
             }
             ok
         });
+        // chaos timing: the load runs this long, in real time, before the kill
+        #[allow(clippy::disallowed_methods)]
         tokio::time::sleep(Duration::from_millis(700)).await;
         s.kill9();
         accepted.extend(loader.await.unwrap());
@@ -470,7 +474,7 @@ async fn kill_9_while_copying_loses_nothing_in_the_child() {
             Instant::now() < deadline,
             "{missing} of {want} parent records never reached the child"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_pause().await;
     }
 }
 
@@ -544,7 +548,7 @@ async fn detaching_a_child_keeps_a_siblings_cursor() {
             Instant::now() < deadline,
             "the sibling never caught up: {v}"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
     assert_eq!(total(&s, "sib-c.x").await, 11, "the sibling copied again");
 }

@@ -113,7 +113,7 @@ async fn data_files_are_private() {
             break;
         }
         assert!(Instant::now() < deadline, "nothing was archived");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
     let mut checked = 0;
     for p in walk(&s.data_dir) {
@@ -365,7 +365,7 @@ async fn request_bodies_in_flight_have_a_node_budget() {
     let held = "narad_http_request_bytes_in_flight 16777216";
     while !s.get("/metrics").await.text().await.unwrap().contains(held) {
         assert!(Instant::now() < deadline, "the budget never filled");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        poll_pause().await;
     }
     let r = s.produce("budget", "", "{\"small\":1}").await;
     assert!(r.headers().contains_key("retry-after"));
@@ -378,7 +378,7 @@ async fn request_bodies_in_flight_have_a_node_budget() {
         }
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(Instant::now() < deadline, "the budget was never given back");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        poll_pause().await;
     }
 }
 
@@ -503,7 +503,7 @@ async fn a_client_that_never_reads_costs_bounded_time() {
             Instant::now() < deadline,
             "a client that never reads kept its connection"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
     drop(c);
 }
@@ -643,7 +643,7 @@ async fn replies_in_flight_share_the_node_budget() {
             Instant::now() < deadline,
             "unread replies hold {held} bytes"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        poll_pause().await;
     }
     let r = s.get("/v1/topics/big/consume?max=100").await;
     expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
@@ -659,7 +659,7 @@ async fn replies_in_flight_share_the_node_budget() {
             break;
         }
         assert!(Instant::now() < deadline, "the budget never came back");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        poll_pause().await;
     }
 }
 
@@ -738,7 +738,7 @@ async fn a_user_without_grants_cannot_starve_producers() {
             Instant::now() < deadline,
             "the stalled bodies were not counted: {held}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_pause().await;
     }
     let r = s
         .http

@@ -137,7 +137,7 @@ async fn fault_free_run_delivers_and_acks_every_message_exactly_once() {
     let deadline = Instant::now() + Duration::from_secs(30);
     while rec.tally().outstanding > 0 {
         assert!(Instant::now() < deadline, "not drained: {:?}", rec.tally());
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
     done.store(true, Ordering::Relaxed);
     for c in consumers {

@@ -141,7 +141,7 @@ async fn eventually(limit: Duration, what: &str, mut f: impl AsyncFnMut() -> boo
     let deadline = Instant::now() + limit;
     while !f().await {
         assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_pause().await;
     }
 }
 

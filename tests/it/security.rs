@@ -755,7 +755,7 @@ async fn failed_logins_are_throttled_then_released() {
         }
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(std::time::Instant::now() < deadline, "never released");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        poll_pause().await;
     }
 }
 
@@ -1127,7 +1127,7 @@ async fn tls_serves_https_and_reloads_certificates() {
             "new certificate never served; log:\n{}",
             s.log()
         );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        poll_pause().await;
     }
     assert!(
         client_trusting(&ca1)
@@ -1146,7 +1146,7 @@ async fn tls_serves_https_and_reloads_certificates() {
             "bad file not noticed; log:\n{}",
             s.log()
         );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        poll_pause().await;
     }
     let r = new_ca.get(s.url("/healthz")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
@@ -1170,7 +1170,7 @@ async fn tls_serves_https_and_reloads_certificates() {
             "SIGHUP did not reload; log:\n{}",
             s.log()
         );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        poll_pause().await;
     }
     // restart with the current files: still HTTPS
     s.http = third;
@@ -1322,7 +1322,7 @@ async fn acknowledged_users_survive_kill_9() {
             std::time::Instant::now() < deadline,
             "users are not being created"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        poll_pause().await;
     }
     s.kill9();
     for w in workers {

@@ -9,6 +9,25 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_narad");
 
+/// The pause between two looks of a poll with a deadline.
+const POLL_PAUSE: Duration = Duration::from_millis(20);
+
+/// Pauses between two looks of a poll with a deadline. These tests drive a real `narad`
+/// process, which runs on the system clock, so waiting for it takes real time: this is the one
+/// raw sleep they make besides chaos timings (clippy.toml bans the others), short and fixed, and every caller loops
+/// on a condition under a deadline. Waiting for time itself to pass is not what it is for.
+pub async fn poll_pause() {
+    #[allow(clippy::disallowed_methods)]
+    tokio::time::sleep(POLL_PAUSE).await;
+}
+
+/// The wall clock as the server reads it (both run on the same host), for comparing with
+/// the timestamps it returns.
+pub fn wall_clock_ms() -> i64 {
+    use narad_core::clock::Clock as _;
+    narad_core::clock::SystemClock.now_ms()
+}
+
 pub struct Server {
     pub child: Option<Child>,
     pub base: String,
@@ -113,7 +132,7 @@ impl Server {
                 panic!("narad exited early ({status}); log:\n{}", self.log());
             }
             assert!(Instant::now() < deadline, "narad did not bind in time");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            poll_pause().await;
         };
         self.base = format!("{}://{addr}", self.scheme);
         loop {
@@ -127,7 +146,7 @@ impl Server {
                 "narad not ready in time; log:\n{}",
                 self.log()
             );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            poll_pause().await;
         }
     }
 
@@ -161,7 +180,7 @@ impl Server {
                     break;
                 }
                 assert!(Instant::now() < deadline, "narad did not stop on SIGTERM");
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                poll_pause().await;
             }
         }
     }

@@ -215,7 +215,9 @@ impl Tierer {
         })
     }
 
-    /// Runs passes until `shutdown`; a failed pass is retried with exponential backoff.
+    /// Runs passes until `shutdown` (looked at between passes: a pass in flight finishes, or
+    /// is abandoned by the server's stop deadline); a failed pass is retried with exponential
+    /// backoff. Waits on the tierer's clock.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut backoff = self.cfg.backoff;
         loop {
@@ -236,8 +238,9 @@ impl Tierer {
                 }
             };
             tokio::select! {
+                biased;
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(delay) => {}
+                () = self.clock.sleep(delay) => {}
             }
         }
     }

@@ -203,6 +203,8 @@ error_codes! {
     MetadataFailed = 1903, "metadata_failed", 500;
     /// An unexpected failure inside the server.
     InternalError = 1904, "internal_error", 500;
+    /// A background task panicked (`/readyz`); the node stays not ready until it is restarted.
+    TaskFailed = 1905, "task_failed", 503;
 }
 
 impl ErrorCode {

@@ -1,6 +1,7 @@
 //! Consume, settle (ack, extend, nack) and the per-topic timer that expires leases and ends
 //! delays: how records reach the waiters of a topic.
 
+use super::maintenance::TIMER_TASK;
 use super::*;
 
 impl Broker {
@@ -44,7 +45,7 @@ impl Broker {
         self.dispatch(&topic).await;
         let outcome = tokio::select! {
             got = &mut rx => Some(got.unwrap_or_default()),
-            () = tokio::time::sleep(wait) => None,
+            () = self.clock.sleep(wait) => None,
             () = self.shutdown.notified() => None,
         };
         match outcome {
@@ -319,9 +320,11 @@ impl Broker {
         }
     }
 
+    /// Expires leases and ends delays of `topic` when they fall due, on the broker's clock
+    /// (a test's manual clock moves it by hand). Ends with the topic, or when stopped.
     pub(super) fn spawn_topic_timer(self: &Arc<Self>, topic: Arc<Topic>) {
         let weak = Arc::downgrade(self);
-        let handle = tokio::spawn(async move {
+        self.tasks.spawn(TIMER_TASK, move |stop| async move {
             loop {
                 let Some(broker) = weak.upgrade() else { return };
                 if topic.deleted.load(Ordering::Acquire)
@@ -360,19 +363,17 @@ impl Broker {
                     .min()
                     .unwrap_or(i64::MAX);
                 let next = topic.timer_at.fetch_min(next, Ordering::AcqRel).min(next);
-                let sleep_ms = if next == i64::MAX {
-                    60_000
-                } else {
-                    (next - broker.clock.now_ms()).clamp(0, 60_000)
-                };
+                let clock = broker.clock.clone();
+                let until = next.min(clock.now_ms().saturating_add(60_000));
                 drop(broker);
                 tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(sleep_ms as u64)) => {}
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = clock.sleep_until(until) => {}
                     () = topic.timer.notified() => {}
                 }
             }
         });
-        self.tasks.lock().push(handle);
     }
 }
 

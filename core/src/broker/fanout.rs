@@ -465,12 +465,10 @@ impl Broker {
             .lock()
             .insert((name.clone(), pidx), state.clone());
         let weak = Arc::downgrade(self);
-        let handle = tokio::spawn(async move {
-            run_cursor(weak, parent, pidx, child, name, link, state).await;
-        });
-        let mut tasks = self.tasks.lock();
-        tasks.retain(|h| !h.is_finished());
-        tasks.push(handle);
+        self.tasks
+            .spawn(super::maintenance::FANOUT_TASK, move |stop| {
+                run_cursor(weak, parent, pidx, child, name, link, state, stop)
+            });
     }
 
     /// Appends records to one partition of a topic outside the produce path (fan-out copies):
@@ -498,7 +496,9 @@ impl Broker {
     }
 }
 
-/// One cursor: copies parent partition `pidx` to `child` until the link ends.
+/// One cursor: copies parent partition `pidx` to `child` until the link ends or `stop`
+/// (checked between slabs, so a copy in progress ends with its cursor written).
+#[allow(clippy::too_many_arguments)]
 async fn run_cursor(
     weak: std::sync::Weak<Broker>,
     parent: Arc<Topic>,
@@ -507,6 +507,7 @@ async fn run_cursor(
     child_name: String,
     link: ParentLink,
     state: Arc<CursorState>,
+    stop: crate::supervisor::CancellationToken,
 ) {
     let part = parent.partitions()[pidx as usize].clone();
     let path = cursor_path(&part.dir, &child_name, link.epoch);
@@ -524,7 +525,8 @@ async fn run_cursor(
     let mut backoff = Duration::from_millis(100);
     loop {
         let Some(b) = weak.upgrade() else { return };
-        let alive = !b.shutting_down.load(Ordering::Acquire)
+        let alive = !stop.is_cancelled()
+            && !b.shutting_down.load(Ordering::Acquire)
             && !parent.deleted.load(Ordering::Acquire)
             && !child.deleted.load(Ordering::Acquire)
             && child.meta.read().parent.as_ref() == Some(&link);
@@ -558,17 +560,25 @@ async fn run_cursor(
                 continue;
             }
             Ok(Step::Idle(wait)) => {
+                let clock = b.clock.clone();
                 drop(b);
                 tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
                     () = &mut appended => {}
-                    () = tokio::time::sleep(wait) => {}
+                    () = clock.sleep(wait) => {}
                 }
             }
             Err(e) => {
                 tracing::warn!(parent = %link.parent, child = %child_name, partition = pidx, error = %e, retry_in = ?backoff, "fan-out copy failed; retrying from the same offset");
                 b.metrics.fanout_errors.get_or_create(&child.label).inc();
+                let clock = b.clock.clone();
                 drop(b);
-                tokio::time::sleep(backoff).await;
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = clock.sleep(backoff) => {}
+                }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }

@@ -2,21 +2,46 @@
 
 use super::*;
 
+/// The broker's task groups (see [`crate::supervisor`]): static names, the labels of
+/// `narad_task_panics_total`.
+pub(super) const TIMER_TASK: &str = "topic_timer";
+pub(super) const MAINTENANCE_TASK: &str = "maintenance";
+pub(super) const FANOUT_TASK: &str = "fanout_cursor";
+/// How long each group gets to stop at shutdown before what is left is aborted. Every one of
+/// them stops at its next wait; only a pass of work in progress (a slab copy, a retention
+/// pass) can hold it up.
+const TASK_STOP_GRACE: Duration = Duration::from_secs(5);
+
 impl Broker {
     pub(super) fn spawn_maintenance(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
-        let flush_every = Duration::from_millis(self.cfg.ack_flush_interval_ms.max(1));
+        let clock = self.clock.clone();
+        let flush_every = self.cfg.ack_flush_interval_ms.max(1) as i64;
         let retention_every = self.cfg.retention_interval_ms.max(1) as i64;
-        let handle = tokio::spawn(async move {
+        // Passes start flush_every apart (start to start, the first counted from now): a pass
+        // that ran long is followed at once by the next, never by a burst of missed ones. The
+        // wait is what is left of the interval, at most one interval: a wall clock stepped
+        // back does not stall the snapshots, and a (manual) clock moved during a pass is seen
+        // at once.
+        let mut next_pass = clock.now_ms().saturating_add(flush_every);
+        self.tasks.spawn(MAINTENANCE_TASK, move |stop| async move {
             let mut last_retention = i64::MIN;
             loop {
-                tokio::time::sleep(flush_every).await;
+                let left = next_pass
+                    .saturating_sub(clock.now_ms())
+                    .clamp(0, flush_every);
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = clock.sleep(Duration::from_millis(left as u64)) => {}
+                }
                 let Some(broker) = weak.upgrade() else { return };
                 if broker.shutting_down.load(Ordering::Acquire) {
                     return;
                 }
-                broker.persist_queues().await;
                 let now = broker.clock.now_ms();
+                next_pass = now.saturating_add(flush_every);
+                broker.persist_queues().await;
                 if now.saturating_sub(last_retention) >= retention_every {
                     last_retention = now;
                     broker.run_retention().await;
@@ -24,7 +49,6 @@ impl Broker {
                 }
             }
         });
-        self.tasks.lock().push(handle);
     }
 
     pub(super) fn all_partitions(&self) -> Vec<(Arc<Topic>, Arc<Partition>)> {
@@ -179,25 +203,35 @@ impl Broker {
         }
     }
 
-    /// Stops background work, answers waiting readers with nothing, persists queue state and
-    /// closes every log (after its queued appends are durable).
+    /// Stops the fan-out cursors (each at its next wait: a slab being copied is finished and
+    /// its cursor written). The server calls it before it stops the tierer; [`Broker::shutdown`]
+    /// calls it too.
+    pub async fn stop_fanout(&self) {
+        self.tasks.stop(FANOUT_TASK, TASK_STOP_GRACE).await;
+    }
+
+    /// Shuts down in order: answers waiting readers with nothing, stops the fan-out cursors,
+    /// then the topic timers and maintenance (every task awaited, within [`TASK_STOP_GRACE`]
+    /// for each step), persists queue state and closes every log (after its queued appends
+    /// are durable).
     pub async fn shutdown(&self) {
         if self.shutting_down.swap(true, Ordering::AcqRel) {
             return;
         }
         self.drain_waiters();
-        for t in self.topics.read().values() {
-            t.timer.notify_one();
-        }
-        for h in self.tasks.lock().drain(..) {
-            h.abort();
-        }
+        self.stop_fanout().await;
+        self.tasks.shutdown(TASK_STOP_GRACE).await;
         self.persist_partitions(true).await;
         for (_, p) in self.all_partitions() {
             p.close().await;
         }
         // Acks that raced the close.
         self.persist_partitions(true).await;
+    }
+
+    /// Background tasks still running, per group (empty after [`Broker::shutdown`]).
+    pub fn running_tasks(&self) -> Vec<(&'static str, usize)> {
+        self.tasks.running()
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -45,6 +45,7 @@ use crate::log::{LogConfig, LogError, LogStats, SealedSegment};
 use crate::metrics::{CoreMetrics, OutcomeLabel, TopicLabel};
 use crate::queue::{LeaseError, QueueStats};
 use crate::record::{NewRecord, Record};
+use crate::supervisor::Supervisor;
 use crate::topic::{
     CreateTopic, InvalidField, MAX_DELAY_MS, TopicConfig, TopicPatch, partition_for_key,
 };
@@ -360,7 +361,8 @@ pub struct Broker {
     /// Set when shutdown begins: consumes stop waiting.
     draining: AtomicBool,
     shutdown: Notify,
-    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Topic timers, maintenance and fan-out cursors (see [`crate::supervisor`]).
+    tasks: Supervisor,
     /// The data directory held no topic metadata when the broker opened (a new node, or one
     /// that lost its disk): the server may restore topics from the archive.
     fresh: AtomicBool,
@@ -418,6 +420,7 @@ impl Broker {
             max_ack_ranges: cfg.max_ack_ranges,
         };
         let open_logs = OpenLogs::new(cfg.limits.max_open_logs.max(1));
+        let tasks = Supervisor::new(metrics.tasks.clone());
         let broker = Arc::new(Self {
             open_logs,
             cfg,
@@ -431,7 +434,7 @@ impl Broker {
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             shutdown: Notify::new(),
-            tasks: Mutex::new(Vec::new()),
+            tasks,
             fresh: AtomicBool::new(false),
             fanout: Mutex::new(HashMap::new()),
         });

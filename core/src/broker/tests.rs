@@ -1,5 +1,5 @@
 use super::*;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, ManualClock, SystemClock};
 use std::time::Instant;
 
 async fn open(dir: &Path) -> Arc<Broker> {
@@ -8,6 +8,41 @@ async fn open(dir: &Path) -> Arc<Broker> {
     Broker::open(cfg, Arc::new(SystemClock), Arc::new(CoreMetrics::default()))
         .await
         .unwrap()
+}
+
+/// A broker on a clock the test moves: its timers (lease expiry, delays, maintenance) and
+/// long-poll waits fire when the test advances the clock, never on their own.
+async fn open_manual(cfg: BrokerConfig) -> (Arc<Broker>, Arc<ManualClock>) {
+    let clock = ManualClock::new(1_000_000);
+    let b = Broker::open(cfg, clock.clone(), Arc::new(CoreMetrics::default()))
+        .await
+        .unwrap();
+    (b, clock)
+}
+
+/// Polls `f` (yielding in between) until it holds, for at most 10 s of real time.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Awaits a spawned reader, failing (not hanging) if the clock never served it.
+async fn served<T>(reader: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .expect("the reader was never served")
+        .unwrap()
+}
+
+/// Waits until `n` readers are in line on topic `t`.
+async fn waiters(b: &Broker, n: usize) {
+    eventually("the readers never got in line", || {
+        b.topic_info("t").unwrap().waiters == n
+    })
+    .await;
 }
 
 fn msg(s: &str) -> ProduceMessage {
@@ -70,30 +105,25 @@ async fn produce_consume_ack_and_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_poll_serves_first_waiter_only() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path()).await;
+    let (b, clock) = open_manual(BrokerConfig::new(dir.path())).await;
     b.create_topic(create("t", 3)).await.unwrap();
     let b1 = b.clone();
     let first = tokio::spawn(async move { b1.consume("t", None, 1, Duration::from_secs(5)).await });
     // make sure the first reader is in line before the second
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while b.topic_info("t").unwrap().waiters < 1 {
-        assert!(Instant::now() < deadline);
-        tokio::task::yield_now().await;
-    }
+    waiters(&b, 1).await;
     let b2 = b.clone();
     let second =
         tokio::spawn(async move { b2.consume("t", None, 1, Duration::from_millis(300)).await });
-    while b.topic_info("t").unwrap().waiters < 2 {
-        assert!(Instant::now() < deadline);
-        tokio::task::yield_now().await;
-    }
-    let t0 = Instant::now();
+    waiters(&b, 2).await;
     b.produce("t", vec![msg("hello")]).await.unwrap();
-    let got = first.await.unwrap().unwrap();
+    let got = served(first).await.unwrap();
     assert_eq!(got.len(), 1);
-    assert!(t0.elapsed() < Duration::from_secs(1));
+    // the second reader is still waiting (the clock has not moved) until its wait ends
+    waiters(&b, 1).await;
+    assert!(!second.is_finished());
+    clock.advance(300);
     assert!(
-        second.await.unwrap().unwrap().is_empty(),
+        served(second).await.unwrap().is_empty(),
         "second reader got nothing"
     );
     b.shutdown().await;
@@ -102,7 +132,7 @@ async fn long_poll_serves_first_waiter_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_message_is_never_early() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path()).await;
+    let (b, clock) = open_manual(BrokerConfig::new(dir.path())).await;
     b.create_topic(create("t", 1)).await.unwrap();
     let mut m = msg("later");
     m.delay_ms = Some(300);
@@ -110,14 +140,27 @@ async fn delayed_message_is_never_early() {
     let got = b.consume("t", None, 10, Duration::ZERO).await.unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].record.payload, "now");
-    let got = b
-        .consume("t", None, 10, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let b1 = b.clone();
+    let waiting = tokio::spawn(async move {
+        b1.consume("t", None, 10, Duration::from_secs(5))
+            .await
+            .unwrap()
+    });
+    waiters(&b, 1).await;
+    // 300 ms on: a delay ends a millisecond after delay_ms (timestamps are whole
+    // milliseconds, so that is the first moment it has surely passed). A look at the queue
+    // now would lease it (to the reader in line or to the look): nothing is leased but "now"
+    clock.advance(300);
+    let look = b.consume("t", None, 10, Duration::ZERO).await.unwrap();
+    assert!(look.is_empty(), "delivered early");
+    let queue = b.topic_info("t").unwrap().partitions[0].queue;
+    assert_eq!((queue.in_flight, queue.delayed), (1, 1), "delivered early");
+    // due: the topic's timer (asleep on the clock) wakes and serves the reader in line
+    clock.advance(1);
+    let got = served(waiting).await;
     assert_eq!(got[0].record.payload, "later");
-    let now = SystemClock.now_ms();
     assert!(
-        now >= got[0].record.due_ms(),
+        clock.now_ms() >= got[0].record.due_ms(),
         "delivered before its due time"
     );
     b.shutdown().await;
@@ -216,31 +259,28 @@ async fn retention_reaches_idle_closed_partitions() {
     cfg.idle_close_ms = 50;
     cfg.retention_interval_ms = 20;
     cfg.ack_flush_interval_ms = 10;
-    let b = Broker::open(cfg, Arc::new(SystemClock), Arc::new(CoreMetrics::default()))
-        .await
-        .unwrap();
+    let (b, clock) = open_manual(cfg).await;
     let mut req = create("t", 1);
     req.settings.retention_ms = Some(1000);
     b.create_topic(req).await.unwrap();
     b.produce("t", vec![msg("old")]).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut was_closed = false;
-    loop {
-        let p = &b.topic_info("t").unwrap().partitions[0];
-        was_closed |= !p.open;
-        if p.log.oldest_offset == 1 && p.log.next_offset == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expired data of an idle partition was never deleted: {p:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        was_closed,
-        "the partition was closed for idleness before retention ran"
-    );
+    // looked at without taking the log (a look through `stats` holds it for a moment, and
+    // a log in use is not closed)
+    let part = b.topic("t").unwrap().partition(0).unwrap();
+    // idle past idle_close_ms: the next maintenance pass closes the log
+    clock.advance(60);
+    eventually("the idle partition was never closed", || !part.is_open()).await;
+    assert_eq!(part.stats().oldest_offset, 0, "deleted before it expired");
+    // past the retention: the closed partition is reopened to delete what expired
+    clock.advance(1000);
+    eventually(
+        "expired data of an idle partition was never deleted",
+        || {
+            let s = part.stats();
+            s.oldest_offset == 1 && s.next_offset == 1
+        },
+    )
+    .await;
     b.shutdown().await;
 }
 
@@ -471,7 +511,7 @@ async fn a_failed_metadata_write_publishes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_expiry_wakes_the_waiter_in_line() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path()).await;
+    let (b, clock) = open_manual(BrokerConfig::new(dir.path())).await;
     b.create_topic(CreateTopic {
         settings: TopicPatch {
             partitions: Some(1),
@@ -483,34 +523,44 @@ async fn lease_expiry_wakes_the_waiter_in_line() {
     .await
     .unwrap();
     b.produce("t", vec![msg("m")]).await.unwrap();
-    let started = Instant::now();
     // A leases and never acks
     let a = b.consume("t", None, 1, Duration::ZERO).await.unwrap();
     assert_eq!(a.len(), 1);
-    // B waits and gets it on expiry; B never acks either
-    let got_b = b
-        .consume("t", None, 1, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let wait_in_line = || {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.consume("t", None, 1, Duration::from_secs(10))
+                .await
+                .unwrap()
+        })
+    };
+    // B waits and gets it on expiry (the waits run on the same clock, 10 s of it, so only
+    // the expiry can serve them); B never acks either. A lease ends a millisecond after the
+    // visibility timeout, as a delay does.
+    let reader_b = wait_in_line();
+    waiters(&b, 1).await;
+    // a millisecond short: a look at the queue would expire the lease (and count it)
+    clock.advance(300);
+    let look = b.consume("t", None, 1, Duration::ZERO).await.unwrap();
+    assert!(look.is_empty(), "expired early");
+    let expiries = || {
+        b.metrics
+            .lease_expiries
+            .get_or_create(&TopicLabel { topic: "t".into() })
+            .get()
+    };
+    assert_eq!(expiries(), 0, "expired early");
+    clock.advance(1);
+    let got_b = served(reader_b).await;
     assert_eq!(got_b.len(), 1, "B was not served on A's lease expiry");
     // C waits: B's lease (created inside a dispatch) must re-arm the timer
-    let got_c = b
-        .consume("t", None, 1, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let reader_c = wait_in_line();
+    waiters(&b, 1).await;
+    clock.advance(301);
+    let got_c = served(reader_c).await;
     assert_eq!(got_c.len(), 1, "C was not served on B's lease expiry");
     assert_eq!(got_c[0].delivery_count, 3);
-    assert!(
-        started.elapsed() < Duration::from_secs(8),
-        "expiries were served only when the waits ran out ({:?})",
-        started.elapsed()
-    );
-    let expired = b
-        .metrics
-        .lease_expiries
-        .get_or_create(&TopicLabel { topic: "t".into() })
-        .get();
-    assert_eq!(expired, 2);
+    assert_eq!(expiries(), 2);
     b.shutdown().await;
 }
 
@@ -1181,4 +1231,68 @@ async fn counts_past_the_snapshot_bound_are_counted_in_a_metric() {
     let counts: Vec<u32> = got.iter().map(|d| d.delivery_count).collect();
     assert_eq!(counts, vec![2, 2, 1]);
     b.shutdown().await;
+}
+
+/// Every background task of the broker (topic timers, maintenance, fan-out cursors) runs
+/// under its supervisor, and shutdown awaits them all: none outlives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_leaves_no_background_task_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("parent", 2)).await.unwrap();
+    b.create_topic(create("child", 1)).await.unwrap();
+    b.attach_child("parent", "child", 0, true).await.unwrap();
+    b.produce("parent", vec![msg("copied")]).await.unwrap();
+    eventually("the cursor never copied", || {
+        b.topic_info("child").unwrap().partitions[0].log.next_offset == 1
+    })
+    .await;
+    assert_eq!(
+        b.running_tasks(),
+        vec![("fanout_cursor", 2), ("maintenance", 1), ("topic_timer", 2)]
+    );
+    b.shutdown().await;
+    assert_eq!(b.running_tasks(), vec![]);
+    assert!(b.metrics.tasks.failed().is_empty());
+}
+
+/// A broker task that panics is named, counted and reported (the server's /readyz answers
+/// 503 on it), and the rest of the broker keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicked_broker_task_is_counted_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, clock) = open_manual(BrokerConfig::new(dir.path())).await;
+    b.create_topic(CreateTopic {
+        settings: TopicPatch {
+            visibility_timeout_ms: Some(100),
+            ..Default::default()
+        },
+        ..create("t", 1)
+    })
+    .await
+    .unwrap();
+    // the test-only hook: a task of the broker's own supervisor that panics
+    assert!(
+        b.tasks
+            .spawn("injected_fault", |_| async { panic!("injected") })
+    );
+    eventually("the panic was not recorded", || {
+        !b.metrics.tasks.failed().is_empty()
+    })
+    .await;
+    assert_eq!(b.metrics.tasks.failed(), vec!["injected_fault"]);
+    assert_eq!(b.metrics.tasks.panics("injected_fault"), 1);
+    // the topic's timer still runs: a lease expires and is served again
+    b.produce("t", vec![msg("m")]).await.unwrap();
+    assert_eq!(
+        b.consume("t", None, 1, Duration::ZERO).await.unwrap().len(),
+        1
+    );
+    let b1 = b.clone();
+    let again = tokio::spawn(async move { b1.consume("t", None, 1, Duration::from_secs(5)).await });
+    waiters(&b, 1).await;
+    clock.advance(101);
+    assert_eq!(served(again).await.unwrap()[0].delivery_count, 2);
+    b.shutdown().await;
+    assert_eq!(b.running_tasks(), vec![]);
 }

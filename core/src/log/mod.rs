@@ -743,10 +743,10 @@ impl Writer {
             let deadline = self.age_deadline();
             let first = match deadline {
                 Some(ms) => {
-                    let wait = (ms - self.shared.clock.now_ms()).max(0) as u64;
+                    let clock = self.shared.clock.clone();
                     tokio::select! {
                         cmd = rx.recv() => cmd,
-                        () = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {
+                        () = clock.sleep_until(ms) => {
                             if self.shared.clock.now_ms() >= ms {
                                 self.roll_logged().await;
                             }
@@ -793,7 +793,8 @@ impl Writer {
         if let Err(e) = self.roll().await {
             tracing::error!(dir = %self.shared.dir.display(), error = %e, "segment roll failed; retrying in 1s");
             // The age deadline stays in the past: back off instead of spinning.
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let backoff = std::time::Duration::from_secs(1);
+            self.shared.clock.sleep(backoff).await;
         }
     }
 

@@ -265,17 +265,24 @@ async fn retention_by_size_keeps_the_newest() {
 #[tokio::test]
 async fn age_roll_seals_a_quiet_segment() {
     let dir = tempfile::tempdir().unwrap();
-    let clock: SharedClock = Arc::new(crate::clock::SystemClock);
+    let clock = ManualClock::new(1_000);
     let cfg = LogConfig {
         segment_max_age_ms: 50,
         ..LogConfig::default()
     };
-    let (log, _) = open_with(dir.path(), cfg, clock);
+    let (log, _) = open_with(dir.path(), cfg, clock.clone());
     log.append(vec![rec("a")]).await.unwrap();
+    // the writer sleeps on the clock until the segment's age is reached
+    clock.advance(49);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(log.stats().segments, 1, "rolled before its age");
+    clock.advance(1);
     let deadline = Instant::now() + std::time::Duration::from_secs(10);
     while log.stats().segments < 2 {
         assert!(Instant::now() < deadline, "segment never rolled by age");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        tokio::task::yield_now().await;
     }
     log.close().await;
 }

@@ -300,6 +300,8 @@ impl http_body::Body for Budgeted {
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => {
                 let due = self.due;
+                // a client's slowness, in real (monotonic) time: no clock of the broker's
+                #[allow(clippy::disallowed_methods)]
                 let deadline = self
                     .deadline
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));

@@ -109,12 +109,27 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     StatusCode::from_u16(code.http_status()).expect("the error table holds valid HTTP statuses")
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status();
-        let body = serde_json::to_vec(&ErrorBody::new(self.code, self.message))
-            .expect("error body serialises");
-        let mut resp = (status, body).into_response();
+impl ApiError {
+    /// The error's answer with more fields beside `error` and `code` (`extra` serialises as
+    /// a JSON object), same status and headers.
+    pub fn response_with<T: Serialize>(self, extra: T) -> Response {
+        #[derive(Serialize)]
+        struct WithExtra<T> {
+            #[serde(flatten)]
+            body: ErrorBody,
+            #[serde(flatten)]
+            extra: T,
+        }
+        let body = WithExtra {
+            body: ErrorBody::new(self.code, self.message.clone()),
+            extra,
+        };
+        let bytes = serde_json::to_vec(&body).expect("error body serialises");
+        self.respond(bytes)
+    }
+
+    fn respond(self, body: Vec<u8>) -> Response {
+        let mut resp = (self.status(), body).into_response();
         let h = resp.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -124,6 +139,14 @@ impl IntoResponse for ApiError {
             h.insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         resp
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&ErrorBody::new(self.code, self.message.clone()))
+            .expect("error body serialises");
+        self.respond(body)
     }
 }
 
@@ -438,6 +461,17 @@ async fn healthz(State(state): State<SharedState>) -> Response {
 }
 
 async fn readyz(State(state): State<SharedState>) -> Response {
+    // a background task that panicked is not restarted (see narad_core::supervisor): the
+    // node stays not ready, and says which task, until it is restarted
+    let failed = state.metrics.core.tasks.failed();
+    if !failed.is_empty() {
+        let message = format!(
+            "background task failed: {}; restart the node",
+            failed.join(", ")
+        );
+        return ApiError::new(ErrorCode::TaskFailed, message)
+            .response_with(serde_json::json!({ "failed_tasks": failed }));
+    }
     if state.ready.load(Ordering::Acquire) && !state.shutting_down.load(Ordering::Acquire) {
         let body = match state.restore_notice.get() {
             Some(detail) => serde_json::json!({"status": "ready", "detail": detail}),

@@ -98,9 +98,8 @@ fn invalid(msg: String) -> ApiError {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    use narad_core::clock::Clock as _;
+    narad_core::clock::SystemClock.now_ms()
 }
 
 async fn hash(password: String) -> Result<String, ApiError> {
