@@ -18,6 +18,8 @@
 //! - [`queue`]: the lease/ack/frontier state machine of one partition, pure data.
 //! - [`handle`]: receipt handles (opaque, MAC'd, bound to a process epoch).
 //! - [`topic`]: topic configuration and validation.
+//! - [`catalog`]: every topic's metadata, changed only by commands with a pure apply, made
+//!   durable by a [`catalog::store::MetaStore`] before it is published.
 //! - [`broker`]: wires topics, logs and queues together; no HTTP here.
 //! - [`clock`]: the injected wall clock and its sleeps (a manual one for tests).
 //! - [`supervisor`]: named background task groups: panics counted and reported, ordered stop.
