@@ -213,41 +213,19 @@ impl Broker {
             delay_ms,
             epoch: random_u64() | 1,
         };
-        // cursors first: once the metadata names the link, its start positions exist
-        for part in p.partitions().iter() {
-            let stats = part.stats();
-            let start = if from_earliest {
-                stats.oldest_offset
-            } else {
-                stats.next_offset
-            };
-            let path = cursor_path(&part.dir, child, link.epoch);
-            let (epoch, dir, name) = (link.epoch, part.dir.clone(), child.to_owned());
-            tokio::task::spawn_blocking(move || {
-                crate::fsutil::create_dir_private(&dir)?;
-                remove_cursor_files(&dir, &name); // earlier attachments' leftovers
-                write_cursor(&path, epoch, start)
+        let starts = p
+            .partitions()
+            .iter()
+            .map(|part| {
+                let stats = part.stats();
+                if from_earliest {
+                    stats.oldest_offset
+                } else {
+                    stats.next_offset
+                }
             })
-            .await
-            .expect("cursor write task")
-            .map_err(|source| LogError::Io {
-                path: part.dir.clone(),
-                source,
-            })?;
-        }
-        let (cmd, linked, live) = (
-            CatalogCommand::Attach {
-                child_id: c.id(),
-                link: link.clone(),
-            },
-            link.clone(),
-            c.clone(),
-        );
-        self.commit(cmd, move |_| live.meta.write().parent = Some(linked))
-            .await?;
-        for i in 0..p.partitions().len() as u32 {
-            self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
-        }
+            .collect();
+        self.link_child(&p, &c, link, starts).await?;
         tracing::info!(parent, child, delay_ms, "child attached");
         Ok(())
     }
@@ -309,21 +287,42 @@ impl Broker {
                 link.parent
             )));
         }
-        // the rest of the fan-out rules are the catalog's (`Attach` below)
+        // the rest of the fan-out rules are the catalog's (`Attach`, in `link_child`)
         let mut used = Vec::new();
         for part in p.partitions().iter() {
             let stats = self.log_of(part).await?.stats();
-            let at = positions
-                .get(part.index as usize)
-                .copied()
-                .unwrap_or(u64::MAX)
-                .clamp(stats.oldest_offset, stats.next_offset);
-            let path = cursor_path(&part.dir, child, link.epoch);
-            let (epoch, dir, name) = (link.epoch, part.dir.clone(), child.to_owned());
+            used.push(
+                positions
+                    .get(part.index as usize)
+                    .copied()
+                    .unwrap_or(u64::MAX)
+                    .clamp(stats.oldest_offset, stats.next_offset),
+            );
+        }
+        self.link_child(&p, &c, link.clone(), used.clone()).await?;
+        tracing::info!(parent = %link.parent, child, positions = ?used, "fan-out link restored from the archive");
+        Ok(used)
+    }
+
+    /// Makes `c` a child of `p` as `link` says, its cursor for parent partition `i` starting
+    /// at `starts[i]`: the cursor files are written first (once the catalog names the link,
+    /// its start positions exist), then the `Attach` command is committed (its pure apply
+    /// checks the fan-out rules; refused, the files go again), then the cursors start.
+    async fn link_child(
+        self: &Arc<Self>,
+        p: &Arc<Topic>,
+        c: &Arc<Topic>,
+        link: ParentLink,
+        starts: Vec<u64>,
+    ) -> Result<(), BrokerError> {
+        let child = c.meta.read().name.clone();
+        for (part, start) in p.partitions().iter().zip(starts) {
+            let path = cursor_path(&part.dir, &child, link.epoch);
+            let (epoch, dir, name) = (link.epoch, part.dir.clone(), child.clone());
             tokio::task::spawn_blocking(move || {
                 crate::fsutil::create_dir_private(&dir)?;
-                remove_cursor_files(&dir, &name);
-                write_cursor(&path, epoch, at)
+                remove_cursor_files(&dir, &name); // earlier attachments' leftovers
+                write_cursor(&path, epoch, start)
             })
             .await
             .expect("cursor write task")
@@ -331,7 +330,6 @@ impl Broker {
                 path: part.dir.clone(),
                 source,
             })?;
-            used.push(at);
         }
         let (cmd, linked, live) = (
             CatalogCommand::Attach {
@@ -347,15 +345,14 @@ impl Broker {
         {
             // refused: the cursors written above belong to no link
             for part in p.partitions().iter() {
-                let _ = std::fs::remove_file(cursor_path(&part.dir, child, link.epoch));
+                let _ = std::fs::remove_file(cursor_path(&part.dir, &child, link.epoch));
             }
             return Err(e);
         }
         for i in 0..p.partitions().len() as u32 {
             self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
         }
-        tracing::info!(parent = %link.parent, child, positions = ?used, "fan-out link restored from the archive");
-        Ok(used)
+        Ok(())
     }
 
     /// Every running cursor's position: `(child, parent partition, next parent offset to
