@@ -991,7 +991,13 @@ async fn restore_users(
         None if !have_secret => "no cluster_secret is configured".to_owned(),
         None => "no catalog snapshot could be read".to_owned(),
     };
-    tracing::warn!(reason = %why, "users were not restored from the archive");
+    // No snapshot at all is also what a new node on an empty archive sees: the warning, if
+    // anything was lost, is the restore's notice (which knows whether topics came back).
+    if snapshot.is_some() {
+        tracing::warn!(reason = %why, "users were not restored from the archive");
+    } else {
+        tracing::info!(reason = %why, "no users to restore from the archive");
+    }
     report.users_missing = Some(why);
     Ok(())
 }

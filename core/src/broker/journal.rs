@@ -85,18 +85,23 @@ pub(crate) struct Replayed {
     pub ignored_bytes: u64,
 }
 
-/// Feeds every good record of `reader` to `apply`, stopping at the first bad one.
+/// Feeds every good record of the first `len` bytes of `reader` to `apply`, stopping at the
+/// first bad one. What follows a bad record is not read: it is counted from `len` (a large
+/// damaged file costs no more than its good part).
 pub(crate) fn replay(
-    mut reader: impl Read,
+    reader: impl Read,
+    len: u64,
     mut apply: impl FnMut(u64, u32),
 ) -> std::io::Result<Replayed> {
+    let mut reader = reader.take(len);
     let mut out = Replayed::default();
     let mut magic = [0u8; 8];
     let got = read_full(&mut reader, &mut magic)?;
     if got < magic.len() || &magic != MAGIC {
-        out.ignored_bytes = got as u64 + drain(&mut reader)?;
+        out.ignored_bytes = len;
         return Ok(out);
     }
+    let mut good = magic.len() as u64;
     let mut rec = [0u8; RECORD_LEN];
     loop {
         let got = read_full(&mut reader, &mut rec)?;
@@ -107,9 +112,10 @@ pub(crate) fn replay(
             Some((offset, count)) => {
                 apply(offset, count);
                 out.records += 1;
+                good += RECORD_LEN as u64;
             }
             None => {
-                out.ignored_bytes = got as u64 + drain(&mut reader)?;
+                out.ignored_bytes = len - good;
                 return Ok(out);
             }
         }
@@ -128,10 +134,6 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
-}
-
-fn drain(reader: &mut impl Read) -> std::io::Result<u64> {
-    std::io::copy(reader, &mut std::io::sink())
 }
 
 /// The journal files of one partition directory and the one being written.
@@ -191,7 +193,18 @@ impl DeliveryJournal {
         }
         for &generation in &on_disk {
             let path = dir.join(file_name(generation));
-            let result = File::open(&path).and_then(|f| replay(BufReader::new(f), &mut apply));
+            // Only a regular file is read: a link to a device or a FIFO (never written by us)
+            // would block or never end, and keep the node from becoming ready.
+            let result = match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_file() => {
+                    File::open(&path).and_then(|f| replay(BufReader::new(f), m.len(), &mut apply))
+                }
+                Ok(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "not a regular file",
+                )),
+                Err(e) => Err(e),
+            };
             match result {
                 Ok(r) if r.ignored_bytes > 0 => {
                     tracing::warn!(path = %path.display(), records = r.records, ignored_bytes = r.ignored_bytes, "deliveries journal ends in a torn or damaged tail; it was ignored");
@@ -342,7 +355,7 @@ mod tests {
 
     fn collect(bytes: &[u8]) -> (Vec<(u64, u32)>, Replayed) {
         let mut got = Vec::new();
-        let r = replay(bytes, |o, c| got.push((o, c))).unwrap();
+        let r = replay(bytes, bytes.len() as u64, |o, c| got.push((o, c))).unwrap();
         (got, r)
     }
 
@@ -402,6 +415,35 @@ mod tests {
         assert!(!j.has_files());
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(names.is_empty(), "{names:?}");
+    }
+
+    /// Review of issue 12: a journal name that is a link to an endless device or a FIFO
+    /// stalled the open forever (the node never became ready). Only regular files are read.
+    #[test]
+    fn journals_that_are_not_regular_files_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = DeliveryJournal::open(dir.path(), |_, _| {});
+        j.append(&[(7, 3)]).unwrap();
+        drop(j);
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join(file_name(5))).unwrap();
+        let fifo = dir.path().join(file_name(6));
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let path = dir.path().to_owned();
+        std::thread::spawn(move || {
+            let mut counts = Vec::new();
+            let j = DeliveryJournal::open(&path, |o, c| counts.push((o, c)));
+            let _ = done_tx.send((counts, j.generation));
+        });
+        let (counts, generation) = done
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the open stalled on a journal that is not a regular file");
+        assert_eq!(counts, vec![(7, 3)]);
+        assert_eq!(generation, 7, "new writes go past every name on disk");
     }
 
     #[test]

@@ -326,6 +326,15 @@ impl PartitionLog {
             if let Some(stem) = name.strip_suffix(".log")
                 && let Ok(base) = stem.parse::<u64>()
             {
+                // a segment name that is no regular file (a link to a device, a FIFO) would
+                // block or never end: refused, with the path, rather than read
+                if !entry.file_type().map_err(io_err(dir))?.is_file() {
+                    let path = segment::segment_path(dir, base);
+                    return Err(io_err(&path)(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "a segment name that is not a regular file",
+                    )));
+                }
                 bases.push(base);
             }
         }

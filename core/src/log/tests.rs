@@ -153,6 +153,24 @@ async fn torn_tail_is_truncated_and_counted() {
     log.close().await;
 }
 
+/// Review of issue 12: a segment name that is a link to an endless device is refused with
+/// its path, never read (the open would not end, and the node would never become ready).
+#[tokio::test]
+async fn a_segment_that_is_not_a_regular_file_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/dev/zero", segment::segment_path(dir.path(), 0)).unwrap();
+    let err = PartitionLog::open(
+        dir.path(),
+        LogConfig::default(),
+        ManualClock::new(1),
+        Arc::new(CoreMetrics::default()),
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("00000000000000000000.log"), "{msg}");
+    assert!(msg.contains("not a regular file"), "{msg}");
+}
+
 #[tokio::test]
 async fn corruption_in_the_middle_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
