@@ -121,6 +121,8 @@ impl Broker {
         starts: &[u64],
     ) -> Result<(), BrokerError> {
         self.check_running()?;
+        // the name becomes a directory name before the catalog sees it (the start segments)
+        crate::topic::validate_name(&meta.name)?;
         meta.config.validate()?;
         let _guard = self.meta_lock.lock().await;
         if self.topics.read().contains_key(&meta.name) {

@@ -1296,3 +1296,29 @@ async fn a_panicked_broker_task_is_counted_and_reported() {
     b.shutdown().await;
     assert_eq!(b.running_tasks(), vec![]);
 }
+
+/// Review of issue 12: a topic restored from the archive takes its name from the bucket, and
+/// that name becomes a directory: one that is no valid topic name is refused before anything
+/// is made on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_topic_with_an_invalid_name_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let b = open(&data).await;
+    let meta = TopicMeta {
+        id: 0x11,
+        name: "../escaped".into(),
+        created_at_ms: 1,
+        config: TopicConfig::default(),
+        parent: None,
+        owner: None,
+        owner_id: None,
+        schemas: Vec::new(),
+    };
+    let e = b.restore_topic(meta, &[5]).await.unwrap_err();
+    assert!(matches!(e, BrokerError::InvalidField(_)), "{e:?}");
+    assert!(!data.join("escaped.0000000000000011").exists());
+    assert!(!data.join("topics").join("../escaped.0000000000000011").exists());
+    assert!(b.catalog().is_empty());
+    b.shutdown().await;
+}

@@ -191,6 +191,9 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
     next.applied += 1;
     let applied = match cmd {
         CatalogCommand::CreateTopic { topic } => {
+            // (the name becomes a directory name: checked here too, whoever proposed it)
+            crate::topic::validate_name(&topic.name)
+                .map_err(|e| CatalogError::InvalidConfig(e.to_string()))?;
             if next.topics.contains_key(&topic.name) {
                 return Err(CatalogError::Exists(topic.name.clone()));
             }

@@ -97,6 +97,10 @@ fn refused_commands_change_nothing() {
         CatalogCommand::CreateTopic {
             topic: topic(1, "other"),
         },
+        // a name that is no valid directory name, whoever proposed it
+        CatalogCommand::CreateTopic {
+            topic: topic(9, "../escape"),
+        },
         // grandchild: p's child c cannot be a parent, and c already has a parent
         CatalogCommand::Attach {
             child_id: 1,
