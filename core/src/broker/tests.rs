@@ -1318,7 +1318,6 @@ async fn a_restored_topic_with_an_invalid_name_is_refused() {
     let e = b.restore_topic(meta, &[5]).await.unwrap_err();
     assert!(matches!(e, BrokerError::InvalidField(_)), "{e:?}");
     assert!(!data.join("escaped.0000000000000011").exists());
-    assert!(!data.join("topics").join("../escaped.0000000000000011").exists());
     assert!(b.catalog().is_empty());
     b.shutdown().await;
 }
