@@ -176,15 +176,38 @@ impl Broker {
         Ok(out)
     }
 
-    /// Hands deliverable messages to waiting readers, first in line first. Each waiter that
-    /// gets nothing stops the pass (an unpinned waiter that finds nothing means nobody can).
+    /// Hands deliverable messages to waiting readers, first in line first.
+    ///
+    /// A pass holds each waiter out of the line while it looks for messages for it. Another
+    /// dispatch that runs meanwhile (after an append, say) may find the line empty and leave,
+    /// though the held waiter is the one its messages were for; if this pass then gives that
+    /// waiter back with nothing, the messages would wait for the next event. So a pass that
+    /// gave waiters back goes again when some dispatch missed meanwhile (a bounded number of
+    /// times: under a stream of misses every one of them is a dispatch that will come again).
     pub(super) async fn dispatch(&self, topic: &Arc<Topic>) {
+        for _ in 0..=MAX_DISPATCH_REPEATS {
+            if !self.dispatch_pass(topic).await {
+                return;
+            }
+        }
+    }
+
+    /// One pass over the line; each waiter that gets nothing stops it (an unpinned waiter
+    /// that finds nothing means nobody can). True if it gave waiters back while another
+    /// dispatch missed them.
+    async fn dispatch_pass(&self, topic: &Arc<Topic>) -> bool {
         let mut skip_pins: Vec<u32> = Vec::new();
         let mut skipped: Vec<Waiter> = Vec::new();
+        let mut held = Held {
+            topic,
+            n: 0,
+            missed_before: topic.waiters.lock().missed(),
+        };
         loop {
-            let Some(w) = topic.waiters.lock().pop_first_except(&skip_pins) else {
+            let Some(w) = topic.waiters.lock().pop_first_except(&skip_pins, held.n) else {
                 break;
             };
+            held.n += 1;
             if w.tx.is_closed() {
                 continue;
             }
@@ -196,6 +219,8 @@ impl Broker {
                 }
             };
             if got.is_empty() {
+                #[cfg(test)]
+                topic.pause_for_test().await;
                 match w.partition {
                     Some(p) => {
                         skip_pins.push(p);
@@ -215,9 +240,13 @@ impl Broker {
                 Err(got) => self.release(topic, &got),
             }
         }
-        if !skipped.is_empty() {
-            topic.waiters.lock().restore_front(skipped);
+        let mut line = topic.waiters.lock();
+        let gave_back = !skipped.is_empty();
+        if gave_back {
+            line.restore_front(skipped);
         }
+        line.release_held(std::mem::take(&mut held.n));
+        gave_back && line.missed() != held.missed_before
     }
 
     pub(super) fn count_consumed(&self, topic: &Topic, n: u64) {
@@ -412,6 +441,25 @@ impl crate::queue::DueSource for ReadAhead<'_> {
                 tracing::error!(topic = %self.topic, partition = self.partition, offset = o, error = %e, "cannot read record for delivery");
                 None
             }
+        }
+    }
+}
+
+/// How many more passes one dispatch makes, at most, for misses (see `Broker::dispatch`).
+const MAX_DISPATCH_REPEATS: usize = 8;
+
+/// The waiters a dispatch pass holds out of the line; released however the pass ends (a
+/// dropped pass included), so the miss count stays meaningful.
+struct Held<'a> {
+    topic: &'a Topic,
+    n: usize,
+    missed_before: u64,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            self.topic.waiters.lock().release_held(self.n);
         }
     }
 }

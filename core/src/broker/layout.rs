@@ -23,6 +23,8 @@ impl Broker {
             appended: Notify::new(),
             timer_at: AtomicI64::new(i64::MAX),
             deleted: AtomicBool::new(false),
+            #[cfg(test)]
+            test_pause: Mutex::new(None),
         }))
     }
 

@@ -318,9 +318,22 @@ pub(crate) struct Topic {
     timer_at: AtomicI64,
     deleted: AtomicBool,
     label: TopicLabel,
+    /// Tests: the next dispatch pass that finds nothing for a waiter says so on the first
+    /// channel and waits for the second before it gives the waiter back.
+    #[cfg(test)]
+    test_pause: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
 }
 
 impl Topic {
+    #[cfg(test)]
+    async fn pause_for_test(&self) {
+        let hook = self.test_pause.lock().take();
+        if let Some((paused, resume)) = hook {
+            let _ = paused.send(());
+            let _ = resume.await;
+        }
+    }
+
     fn id(&self) -> u64 {
         self.meta.read().id
     }

@@ -1321,3 +1321,37 @@ async fn a_restored_topic_with_an_invalid_name_is_refused() {
     assert!(b.catalog().is_empty());
     b.shutdown().await;
 }
+
+/// A dispatch that finds the line empty because another pass holds the only waiter out of it
+/// must not strand a message: the pass that gives the waiter back goes again. Before, the
+/// waiter in this test got nothing until its 10 s wait ran out, with the message ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_for_a_waiter_held_by_another_pass_is_not_stranded() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("t", 1)).await.unwrap();
+    let topic = b.topic("t").unwrap();
+    // the next pass that finds nothing for a waiter stops there until released
+    let (paused_tx, paused) = oneshot::channel();
+    let (resume, resume_rx) = oneshot::channel();
+    *topic.test_pause.lock() = Some((paused_tx, resume_rx));
+    let b2 = b.clone();
+    let consumer = tokio::spawn(async move {
+        let started = Instant::now();
+        let got = b2
+            .consume("t", None, 1, Duration::from_secs(10))
+            .await
+            .unwrap();
+        (got, started.elapsed())
+    });
+    // the consumer joined the line and its own dispatch pass holds it, having found nothing
+    paused.await.unwrap();
+    assert!(topic.waiters.lock().is_empty(), "the waiter is held");
+    // this produce's dispatch finds the line empty and leaves
+    b.produce("t", vec![msg("m")]).await.unwrap();
+    resume.send(()).unwrap();
+    let (got, took) = consumer.await.unwrap();
+    assert_eq!(got.len(), 1, "the waiter got nothing for {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    b.shutdown().await;
+}

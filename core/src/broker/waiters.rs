@@ -18,6 +18,11 @@ pub(crate) struct Waiter {
 pub(crate) struct Waiters {
     next_id: u64,
     line: VecDeque<Waiter>,
+    /// Waiters that dispatch passes in progress took out of the line.
+    held: usize,
+    /// How many times a pass looked for a waiter and found none while other passes held
+    /// some: the waiter it needed may have been one of them (see `Broker::dispatch`).
+    missed: u64,
 }
 
 impl Waiters {
@@ -44,21 +49,33 @@ impl Waiters {
     }
 
     /// Takes the first waiter in line whose pinned partition is not in `skip` (unpinned
-    /// waiters are never skipped). Readers that left are dropped on the way.
-    pub fn pop_first_except(&mut self, skip: &[u32]) -> Option<Waiter> {
-        if skip.is_empty() {
-            while let Some(w) = self.line.pop_front() {
-                if !w.tx.is_closed() {
-                    return Some(w);
-                }
-            }
-            return None;
+    /// waiters are never skipped) and counts it as held. Readers that left are dropped on the
+    /// way. A pass holding `own` waiters that finds none while others hold some counts a miss.
+    pub fn pop_first_except(&mut self, skip: &[u32], own: usize) -> Option<Waiter> {
+        let found = if skip.is_empty() {
+            std::iter::from_fn(|| self.line.pop_front()).find(|w| !w.tx.is_closed())
+        } else {
+            self.line
+                .iter()
+                .position(|w| w.partition.is_none_or(|p| !skip.contains(&p)))
+                .and_then(|i| self.line.remove(i))
+        };
+        match found {
+            Some(_) => self.held += 1,
+            None if self.held > own => self.missed += 1,
+            None => {}
         }
-        let i = self
-            .line
-            .iter()
-            .position(|w| w.partition.is_none_or(|p| !skip.contains(&p)))?;
-        self.line.remove(i)
+        found
+    }
+
+    /// A pass is done with `n` waiters it held (served, given back or gone).
+    pub fn release_held(&mut self, n: usize) {
+        self.held = self.held.saturating_sub(n);
+    }
+
+    /// The count of misses so far.
+    pub fn missed(&self) -> u64 {
+        self.missed
     }
 
     /// Puts waiters that got nothing back at the front, in their original order.
