@@ -76,7 +76,10 @@ impl TaskHealth {
         self.failed.lock().get(task).copied().unwrap_or(0)
     }
 
-    fn record(&self, task: &'static str, payload: &(dyn Any + Send)) {
+    /// Records that a task named `task` panicked with `payload` (logged, counted, and the node
+    /// reports not ready). For tasks that are not spawned through a [`Supervisor`], such as
+    /// the partition log writers, which catch their own panics.
+    pub fn record(&self, task: &'static str, payload: &(dyn Any + Send)) {
         let message = payload
             .downcast_ref::<&str>()
             .copied()

@@ -20,12 +20,14 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, oneshot};
 
@@ -38,6 +40,8 @@ use segment::{ReadError, RecoveryError, Segment, SegmentMeta, SegmentReader};
 const MAX_GROUP_BYTES: usize = 8 * 1024 * 1024;
 /// Queued append requests per partition before `append` waits (backpressure).
 const WRITER_QUEUE: usize = 4096;
+/// The writers' name in `narad_task_panics_total` and `/readyz`.
+const WRITER_TASK: &str = "log_writer";
 
 #[derive(Debug, Clone)]
 pub struct LogConfig {
@@ -282,6 +286,9 @@ struct Shared {
     next_offset: AtomicU64,
     cache: Arc<Mutex<TailCache>>,
     poisoned: Mutex<Option<String>>,
+    /// Tests: the writer panics before its next group.
+    #[cfg(test)]
+    panic_next_group: std::sync::atomic::AtomicBool,
 }
 
 /// An open partition log. Dropping it (after [`PartitionLog::close`]) releases its files.
@@ -436,6 +443,8 @@ impl PartitionLog {
             next_offset: AtomicU64::new(next_offset),
             cache: cache.clone(),
             poisoned: Mutex::new(None),
+            #[cfg(test)]
+            panic_next_group: std::sync::atomic::AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel(WRITER_QUEUE);
         let writer = Writer {
@@ -445,7 +454,14 @@ impl PartitionLog {
             last_ts,
             buf: Vec::new(),
         };
-        let handle = tokio::spawn(writer.run(rx));
+        // A writer that panics poisons its log (appends fail with `storage_unavailable`, as
+        // after a failed fsync, instead of `Closed`) and marks the node not ready, naming it.
+        let health = shared.metrics.tasks.clone();
+        let handle = tokio::spawn(async move {
+            if let Err(payload) = AssertUnwindSafe(writer.run(rx)).catch_unwind().await {
+                health.record(WRITER_TASK, payload.as_ref());
+            }
+        });
         Ok((
             Self {
                 shared,
@@ -748,6 +764,9 @@ struct Writer {
 impl Writer {
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
         let mut batch: Vec<Cmd> = Vec::new();
+        // (declared after `batch`, so dropped before it: the log is poisoned before a
+        // panic drops the replies of the group in hand, and no append slips in between)
+        let _poison_on_panic = PoisonOnPanic(self.shared.clone());
         loop {
             let deadline = self.age_deadline();
             let first = match deadline {
@@ -787,6 +806,10 @@ impl Writer {
                 if batch.len() == before || bytes >= MAX_GROUP_BYTES {
                     break;
                 }
+            }
+            #[cfg(test)]
+            if self.shared.panic_next_group.swap(false, Ordering::SeqCst) {
+                panic!("injected log writer panic");
             }
             self.process(&mut batch).await;
         }
@@ -1031,3 +1054,14 @@ fn cmd_bytes(cmd: &Cmd) -> usize {
 
 #[cfg(test)]
 mod tests;
+
+/// Poisons its log when dropped by a panic unwinding through the writer.
+struct PoisonOnPanic(Arc<Shared>);
+
+impl Drop for PoisonOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            *self.0.poisoned.lock() = Some("the partition's log writer panicked".into());
+        }
+    }
+}

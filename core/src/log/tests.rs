@@ -433,3 +433,39 @@ async fn the_tail_cache_is_one_node_budget_of_copies() {
     }
     assert_eq!(budget.used(), 0, "closed logs keep budget");
 }
+
+/// A log writer that panics poisons its log: appends fail as after a failed fsync (not with
+/// a bare `Closed`), and the node reports not ready, naming the writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicked_writer_poisons_the_log_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(CoreMetrics::default());
+    let (log, _) = PartitionLog::open(
+        dir.path(),
+        LogConfig::default(),
+        ManualClock::new(1),
+        metrics.clone(),
+    )
+    .unwrap();
+    log.append(vec![rec("before")]).await.unwrap();
+    log.shared.panic_next_group.store(true, Ordering::SeqCst);
+    assert!(log.append(vec![rec("lost")]).await.is_err());
+    assert!(matches!(
+        log.append(vec![rec("after")]).await,
+        Err(LogError::Poisoned(_))
+    ));
+    // (recorded once the panic has unwound, just after the replies were dropped)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while metrics.tasks.failed().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the panic was not reported"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(metrics.tasks.failed(), vec!["log_writer"]);
+    assert_eq!(metrics.tasks.panics("log_writer"), 1);
+    // what was durable before stays readable
+    assert_eq!(log.read(0, 10, usize::MAX).unwrap().len(), 1);
+    log.close().await;
+}
