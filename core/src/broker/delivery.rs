@@ -197,18 +197,23 @@ impl Broker {
     /// dispatch missed them.
     async fn dispatch_pass(&self, topic: &Arc<Topic>) -> bool {
         let mut skip_pins: Vec<u32> = Vec::new();
-        let mut skipped: Vec<Waiter> = Vec::new();
         let mut held = Held {
             topic,
-            n: 0,
+            skipped: Vec::new(),
+            done: 0,
             missed_before: topic.waiters.lock().missed(),
+            own_misses: 0,
         };
         loop {
-            let Some(w) = topic.waiters.lock().pop_first_except(&skip_pins, held.n) else {
-                break;
-            };
-            held.n += 1;
+            let (w, missed) = topic.waiters.lock().pop_first_except(
+                &skip_pins,
+                held.skipped.len(),
+                std::mem::take(&mut held.done),
+            );
+            held.own_misses += u64::from(missed);
+            let Some(w) = w else { break };
             if w.tx.is_closed() {
+                held.done += 1;
                 continue;
             }
             let got = match self.try_take(topic, w.partition, w.max).await {
@@ -221,18 +226,17 @@ impl Broker {
             if got.is_empty() {
                 #[cfg(test)]
                 topic.pause_for_test().await;
-                match w.partition {
+                let pinned = w.partition;
+                held.skipped.push(w);
+                match pinned {
                     Some(p) => {
                         skip_pins.push(p);
-                        skipped.push(w);
                         continue;
                     }
-                    None => {
-                        skipped.push(w);
-                        break;
-                    }
+                    None => break,
                 }
             }
+            held.done += 1;
             let n = got.len() as u64;
             match w.tx.send(got) {
                 Ok(()) => self.count_consumed(topic, n),
@@ -240,13 +244,15 @@ impl Broker {
                 Err(got) => self.release(topic, &got),
             }
         }
+        let skipped = std::mem::take(&mut held.skipped);
         let mut line = topic.waiters.lock();
+        line.release_held(skipped.len() + std::mem::take(&mut held.done));
         let gave_back = !skipped.is_empty();
         if gave_back {
             line.restore_front(skipped);
         }
-        line.release_held(std::mem::take(&mut held.n));
-        gave_back && line.missed() != held.missed_before
+        // (this pass's own misses were for waiters it held itself: no reason to go again)
+        gave_back && line.missed() - held.own_misses != held.missed_before
     }
 
     pub(super) fn count_consumed(&self, topic: &Topic, n: u64) {
@@ -448,18 +454,22 @@ impl crate::queue::DueSource for ReadAhead<'_> {
 /// How many more passes one dispatch makes, at most, for misses (see `Broker::dispatch`).
 const MAX_DISPATCH_REPEATS: usize = 8;
 
-/// The waiters a dispatch pass holds out of the line; released however the pass ends (a
-/// dropped pass included), so the miss count stays meaningful.
+/// The waiters a dispatch pass holds out of the line: those it may give back (`skipped`) and
+/// those it is finished with but has not yet released (`done`). Released however the pass
+/// ends (a dropped pass included), so the miss count stays meaningful.
 struct Held<'a> {
     topic: &'a Topic,
-    n: usize,
+    skipped: Vec<Waiter>,
+    done: usize,
     missed_before: u64,
+    own_misses: u64,
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        if self.n > 0 {
-            self.topic.waiters.lock().release_held(self.n);
+        let n = self.skipped.len() + self.done;
+        if n > 0 {
+            self.topic.waiters.lock().release_held(n);
         }
     }
 }

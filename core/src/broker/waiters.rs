@@ -48,10 +48,18 @@ impl Waiters {
         self.line.remove(i)
     }
 
-    /// Takes the first waiter in line whose pinned partition is not in `skip` (unpinned
-    /// waiters are never skipped) and counts it as held. Readers that left are dropped on the
-    /// way. A pass holding `own` waiters that finds none while others hold some counts a miss.
-    pub fn pop_first_except(&mut self, skip: &[u32], own: usize) -> Option<Waiter> {
+    /// First releases `done` waiters the calling pass held and is finished with (served or
+    /// gone). Then takes the first waiter in line whose pinned partition is not in `skip`
+    /// (unpinned waiters are never skipped) and counts it as held. Readers that left are
+    /// dropped on the way. Finding none while passes other than the caller (which holds
+    /// `own`) hold some counts a miss, and says so.
+    pub fn pop_first_except(
+        &mut self,
+        skip: &[u32],
+        own: usize,
+        done: usize,
+    ) -> (Option<Waiter>, bool) {
+        self.release_held(done);
         let found = if skip.is_empty() {
             std::iter::from_fn(|| self.line.pop_front()).find(|w| !w.tx.is_closed())
         } else {
@@ -60,12 +68,15 @@ impl Waiters {
                 .position(|w| w.partition.is_none_or(|p| !skip.contains(&p)))
                 .and_then(|i| self.line.remove(i))
         };
-        match found {
-            Some(_) => self.held += 1,
-            None if self.held > own => self.missed += 1,
-            None => {}
-        }
-        found
+        let missed = match found {
+            Some(_) => {
+                self.held += 1;
+                false
+            }
+            None => self.held > own,
+        };
+        self.missed += u64::from(missed);
+        (found, missed)
     }
 
     /// A pass is done with `n` waiters it held (served, given back or gone).
