@@ -808,6 +808,25 @@ pub async fn restore(
     if let Some(store) = &target.users {
         restore_users(store, snapshot.as_ref(), target.keys.is_some(), &mut report).await?;
     }
+    // Users the snapshot holds but this node did not take (refused, security off, a store
+    // of its own): the node's first upload replaces the snapshot, so a copy is kept first.
+    if let (Some(users), None, CatalogOutcome::Opened { written_at_ms, .. }) = (
+        snapshot.as_ref().and_then(|s| s.users.as_ref()),
+        report.users_restored,
+        &report.catalog,
+    ) && !users.is_empty()
+    {
+        let kept = archive.unopened_catalog_path(*written_at_ms);
+        archive.store.copy(&archive.catalog_path(), &kept).await?;
+        tracing::warn!(archive = %archive.url, kept_at = %kept, users = users.len(), "the catalog snapshot's users were not restored; the snapshot is kept");
+        // (a node with users of its own keeps them: nothing is missing there)
+        let why = match (&target.users, report.users_missing.take()) {
+            (None, _) => Some("security is off on this node".to_owned()),
+            (Some(_), why) => why,
+        };
+        report.users_missing =
+            why.map(|w| format!("{w}; the snapshot with them is kept at {kept}"));
+    }
     let by_name: HashMap<&str, &TopicMeta> = snapshot
         .iter()
         .flat_map(|s| &s.topics)
@@ -828,6 +847,21 @@ pub async fn restore(
         let Some(meta) = restored_meta(&name, archived, by_name.get(name.as_str()).copied()) else {
             continue;
         };
+        // (the bucket's word, checked before its partition count drives the loop below)
+        if let Err(e) = narad_core::topic::validate_name(&meta.name)
+            .and_then(|()| meta.config.validate())
+            .and_then(|()| {
+                (meta.name == name)
+                    .then_some(())
+                    .ok_or_else(|| narad_core::topic::InvalidField {
+                        field: "name",
+                        reason: "differs from the name the archive lists it under".into(),
+                    })
+            })
+        {
+            tracing::warn!(topic = %name, error = %e, "archived topic settings are not valid; not restored");
+            continue;
+        }
         let mut starts = Vec::new();
         for p in 0..meta.config.partitions {
             let next = match archive.load_manifest(&name, p).await? {
@@ -1009,6 +1043,17 @@ async fn restore_links(
     snap: &CatalogSnapshot,
     report: &mut RestoreReport,
 ) -> Result<(), ArchiveError> {
+    // one map, not a scan per partition: the snapshot's cursor list can be long
+    let cursors: std::collections::HashMap<(&str, u64, u32), u64> = snap
+        .cursors
+        .iter()
+        .map(|c| {
+            (
+                (c.child.as_str(), c.epoch, c.parent_partition),
+                c.next_offset,
+            )
+        })
+        .collect();
     for t in &snap.topics {
         let Some(link) = &t.parent else { continue };
         let Ok(child) = broker.topic_meta(&t.name) else {
@@ -1036,12 +1081,7 @@ async fn restore_links(
             }
         };
         let wanted: Vec<Option<u64>> = (0..parent.config.partitions)
-            .map(|p| {
-                snap.cursors
-                    .iter()
-                    .find(|c| c.child == t.name && c.epoch == link.epoch && c.parent_partition == p)
-                    .map(|c| c.next_offset)
-            })
+            .map(|p| cursors.get(&(t.name.as_str(), link.epoch, p)).copied())
             .collect();
         let positions: Vec<u64> = wanted.iter().map(|w| w.unwrap_or(u64::MAX)).collect();
         let used = match broker.restore_link(&t.name, link.clone(), &positions).await {

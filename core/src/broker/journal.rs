@@ -50,7 +50,8 @@ fn parse_name(name: &str) -> Option<u64> {
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    digits.parse().ok()
+    // (u64::MAX is no generation: the next one could not follow it)
+    digits.parse().ok().filter(|&g| g != u64::MAX)
 }
 
 /// Appends the records of `entries` to `out`.
@@ -519,7 +520,11 @@ mod tests {
     #[test]
     fn names_parse_strictly() {
         assert_eq!(parse_name(&file_name(42)), Some(42));
-        assert_eq!(parse_name(&file_name(u64::MAX)), Some(u64::MAX));
+        assert_eq!(
+            parse_name(&file_name(u64::MAX)),
+            None,
+            "no generation can follow it"
+        );
         assert_eq!(parse_name("deliveries.42.journal"), None);
         assert_eq!(parse_name("deliveries.0000000000000000004a.journal"), None);
         assert_eq!(parse_name("deliveries.99999999999999999999.journal"), None);

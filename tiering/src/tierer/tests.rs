@@ -349,6 +349,34 @@ async fn a_restore_into_a_store_with_users_keeps_them() {
     let report = restore(&b, &src.archive, &target).await.unwrap();
     assert_eq!(report.users_restored, None);
     assert!(users.get("alice").is_none() && users.get("bob").is_some());
+    // the node's next upload replaces the snapshot: the one with alice is kept first
+    let kept = src.archive.catalog_objects().await.unwrap();
+    assert!(kept.iter().any(|n| n.starts_with("unopened-")), "{kept:?}");
+    b.shutdown().await;
+    src.broker.shutdown().await;
+}
+
+/// Review of issue 12: a node restoring with security off takes no users, and its first
+/// upload would have replaced the only archived copy of them; it is kept aside first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_without_security_keeps_the_snapshot_with_the_users() {
+    let src = source().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path()).await;
+    let target = RestoreTarget {
+        keys: Some(Arc::new(CatalogKeys::derive(SECRET, None))),
+        users: None,
+    };
+    let report = restore(&b, &src.archive, &target).await.unwrap();
+    let why = report.users_missing.clone().unwrap();
+    assert!(
+        why.contains("security is off") && why.contains("unopened-"),
+        "{why}"
+    );
+    let kept = src.archive.catalog_objects().await.unwrap();
+    assert!(kept.iter().any(|n| n.starts_with("unopened-")), "{kept:?}");
+    // the topics and links came back all the same
+    assert!(b.topic_meta("c").unwrap().parent.is_some());
     b.shutdown().await;
     src.broker.shutdown().await;
 }
