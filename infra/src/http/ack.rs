@@ -15,14 +15,16 @@ use super::{
 
 pub const MAX_BATCH_ACK: usize = 100;
 
+/// The settle action `extend` names, by the one mapping the API and its clients share.
 fn action(extend: Option<&str>) -> Result<AckAction, ApiError> {
-    match extend {
-        None | Some("") | Some("false") => Ok(AckAction::Ack),
-        Some("true") | Some("1") => Ok(AckAction::Extend),
-        Some("0") => Ok(AckAction::Nack),
-        Some(other) => Err(ApiError::new(
+    let extend = extend.unwrap_or("");
+    match narad_wire::Settle::from_extend(extend) {
+        Some(narad_wire::Settle::Ack) => Ok(AckAction::Ack),
+        Some(narad_wire::Settle::Extend) => Ok(AckAction::Extend),
+        Some(narad_wire::Settle::Nack) => Ok(AckAction::Nack),
+        None => Err(ApiError::new(
             ErrorCode::InvalidParameter,
-            format!("extend must be true or 1 (extend), 0 (nack) or false (ack), got '{other}'"),
+            format!("extend must be true or 1 (extend), 0 (nack) or false (ack), got '{extend}'"),
         )),
     }
 }
