@@ -155,6 +155,8 @@ pub(crate) struct DeliveryJournal {
     /// A write failed: appends fail at once until the next rotation (the snapshot that holds
     /// their counts), so a failing disk costs one attempt, and one file, per snapshot pass.
     broken: bool,
+    /// The bytes of one append, kept between appends (no allocation per consume).
+    buf: Vec<u8>,
 }
 
 /// A journal file to `fdatasync` outside the journal's lock.
@@ -226,6 +228,7 @@ impl DeliveryJournal {
             named: false,
             on_disk,
             broken: false,
+            buf: Vec::new(),
         }
     }
 
@@ -258,7 +261,8 @@ impl DeliveryJournal {
                 "an earlier journal write failed; waiting for the next queue snapshot",
             ));
         }
-        let mut buf = Vec::with_capacity(MAGIC.len() + entries.len() * RECORD_LEN);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
         let result = (|| {
             if self.file.is_none() {
                 if self.on_disk.len() >= MAX_GENERATIONS {
@@ -280,9 +284,14 @@ impl DeliveryJournal {
             let file = self.file.as_ref().expect("opened above");
             file.write_all_at(&buf, self.len)
         })();
+        let written = buf.len() as u64;
+        // (a reply's worth of records: small; an unusually large one is not kept)
+        if buf.capacity() <= 64 << 10 {
+            self.buf = buf;
+        }
         match result {
             Ok(()) => {
-                self.len += buf.len() as u64;
+                self.len += written;
                 self.unsynced = true;
                 Ok(())
             }
