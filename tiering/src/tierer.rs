@@ -167,8 +167,10 @@ pub struct CatalogSource {
 /// What was last uploaded, and the retry schedule after a failure.
 #[derive(Default)]
 struct CatalogState {
-    /// Digests of the topics-and-users part and of the cursor part of the last upload.
-    structure: Option<[u8; 32]>,
+    /// What the last upload held: the catalog's applied-command count (topics, links,
+    /// schemas change only by commands), and digests of the users and of the cursors.
+    applied: Option<u64>,
+    users: Option<[u8; 32]>,
     cursors: Option<[u8; 32]>,
     uploaded_at_ms: i64,
     retry_at_ms: i64,
@@ -287,14 +289,18 @@ impl Tierer {
     /// The catalog as it is now: every topic (sorted by name), every running cursor of a
     /// linked child, and the users when snapshots are sealed.
     pub fn catalog_snapshot(&self) -> CatalogSnapshot {
-        let topics: Vec<TopicMeta> = self
-            .broker
-            .topic_names()
-            .iter()
-            .filter_map(|n| self.broker.topic_meta(n).ok())
-            .collect();
-        let epochs: HashMap<&str, u64> = topics
-            .iter()
+        let catalog = self.broker.catalog();
+        CatalogSnapshot {
+            topics: catalog.topics().map(|t| (**t).clone()).collect(),
+            cursors: self.catalog_cursors(&catalog),
+            users: self.catalog_users(),
+        }
+    }
+
+    /// The position of every running cursor of a child `catalog` links.
+    fn catalog_cursors(&self, catalog: &narad_core::catalog::Catalog) -> Vec<CursorPosition> {
+        let epochs: HashMap<&str, u64> = catalog
+            .topics()
             .filter_map(|t| Some((t.name.as_str(), t.parent.as_ref()?.epoch)))
             .collect();
         let mut cursors: Vec<CursorPosition> = self
@@ -311,7 +317,12 @@ impl Tierer {
             })
             .collect();
         cursors.sort_by(|a, b| (&a.child, a.parent_partition).cmp(&(&b.child, b.parent_partition)));
-        let users = match (&self.catalog.keys, &self.catalog.users) {
+        cursors
+    }
+
+    /// The users, when snapshots are sealed (never otherwise).
+    fn catalog_users(&self) -> Option<Vec<narad_auth::UserRecord>> {
+        match (&self.catalog.keys, &self.catalog.users) {
             (Some(_), Some(store)) => Some(
                 store
                     .list()
@@ -320,11 +331,6 @@ impl Tierer {
                     .collect(),
             ),
             _ => None,
-        };
-        CatalogSnapshot {
-            topics,
-            cursors,
-            users,
         }
     }
 
@@ -338,21 +344,31 @@ impl Tierer {
         if now < st.retry_at_ms {
             return Ok(false);
         }
-        let snap = self.catalog_snapshot();
-        let structure = catalog::digest(
-            &serde_json::to_vec(&(&snap.topics, &snap.users)).expect("the catalog serialises"),
-        );
-        let cursors =
-            catalog::digest(&serde_json::to_vec(&snap.cursors).expect("cursors serialise"));
+        // The topics (the big part: schemas) are copied and serialised only when a command
+        // changed them since the last upload; users and cursors are compared by digest.
+        let catalog = self.broker.catalog();
+        let users = self.catalog_users();
+        let cursors = self.catalog_cursors(&catalog);
+        let users_digest =
+            catalog::digest(&serde_json::to_vec(&users).expect("the users serialise"));
+        let cursors_digest =
+            catalog::digest(&serde_json::to_vec(&cursors).expect("cursors serialise"));
         let cursor_ms = self.cfg.catalog_cursor_interval.as_millis() as i64;
-        let due = st.structure != Some(structure)
-            || (st.cursors != Some(cursors) && now - st.uploaded_at_ms >= cursor_ms);
+        let due = st.applied != Some(catalog.applied())
+            || st.users != Some(users_digest)
+            || (st.cursors != Some(cursors_digest) && now - st.uploaded_at_ms >= cursor_ms);
         if !due {
             return Ok(false);
         }
+        let snap = CatalogSnapshot {
+            topics: catalog.topics().map(|t| (**t).clone()).collect(),
+            cursors,
+            users,
+        };
         match self.upload_catalog(&snap, now).await {
             Ok(bytes) => {
-                (st.structure, st.cursors) = (Some(structure), Some(cursors));
+                st.applied = Some(catalog.applied());
+                (st.users, st.cursors) = (Some(users_digest), Some(cursors_digest));
                 (st.uploaded_at_ms, st.backoff) = (now, None);
                 self.metrics.catalog_uploads.inc();
                 self.metrics.catalog_last_upload.set(now / 1000);
