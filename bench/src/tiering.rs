@@ -140,6 +140,7 @@ pub async fn run(
         LogConfig {
             segment_max_bytes: cfg.segment_bytes,
             tail_cache: narad_core::log::TailBudget::new(0),
+            wal: None,
             ..LogConfig::default()
         },
         ManualClock::new(base_ts),

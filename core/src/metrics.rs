@@ -24,6 +24,9 @@ pub struct CoreMetrics {
     pub fsync_seconds: Histogram,
     pub records_per_fsync: Histogram,
     pub appended_bytes: Counter,
+    /// WAL checkpoints done (segments synced, covered WAL files removed) and their duration.
+    pub wal_checkpoints: Counter,
+    pub wal_checkpoint_seconds: Histogram,
     pub torn_tails_truncated: Counter,
     pub segments_rolled: Counter,
     pub segments_deleted: Counter,
@@ -58,6 +61,8 @@ impl Default for CoreMetrics {
             fsync_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
             records_per_fsync: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             appended_bytes: Counter::default(),
+            wal_checkpoints: Counter::default(),
+            wal_checkpoint_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             torn_tails_truncated: Counter::default(),
             segments_rolled: Counter::default(),
             segments_deleted: Counter::default(),
@@ -131,7 +136,7 @@ impl CoreMetrics {
         );
         r.register(
             "narad_storage_fsyncs",
-            "fdatasync calls on partition logs",
+            "fdatasync calls on the write-ahead log (one per group commit round)",
             self.fsyncs.clone(),
         );
         r.register(
@@ -148,6 +153,16 @@ impl CoreMetrics {
             "narad_storage_appended_bytes",
             "bytes appended to partition logs",
             self.appended_bytes.clone(),
+        );
+        r.register(
+            "narad_storage_wal_checkpoints",
+            "write-ahead log checkpoints (segments synced, covered WAL files removed)",
+            self.wal_checkpoints.clone(),
+        );
+        r.register(
+            "narad_storage_wal_checkpoint_duration_seconds",
+            "time to sync the segments a write-ahead log checkpoint covers",
+            self.wal_checkpoint_seconds.clone(),
         );
         r.register(
             "narad_storage_torn_tails_truncated",

@@ -599,6 +599,7 @@ impl ServerConfig {
                 segment_max_bytes: self.segment_max_bytes,
                 segment_max_age_ms: self.segment_max_age_ms,
                 tail_cache: narad_core::log::TailBudget::new(self.tail_cache_bytes),
+                wal: None,
             },
             topic_defaults: self.topic_defaults(),
             idle_close_ms: self.idle_close_ms,

@@ -227,6 +227,10 @@ impl Broker {
         }
         // Acks that raced the close.
         self.persist_partitions(true).await;
+        // Every segment synced, the WAL files removed: the next start replays nothing.
+        if let Some(wal) = self.cfg.log.wal.clone() {
+            let _ = tokio::task::spawn_blocking(move || wal.shutdown()).await;
+        }
     }
 
     /// Background tasks still running, per group (empty after [`Broker::shutdown`]).

@@ -421,11 +421,36 @@ impl Broker {
     /// Opens the broker on the catalog `store` holds: recovers the partitions of every topic
     /// in it and starts background tasks.
     pub async fn open_with_store(
-        cfg: BrokerConfig,
+        mut cfg: BrokerConfig,
         clock: SharedClock,
         metrics: Arc<CoreMetrics>,
         store: Arc<dyn MetaStore>,
     ) -> Result<Arc<Self>, BrokerError> {
+        // The write-ahead log first: its replay completes what the partitions' segments
+        // hold before any of them is opened.
+        let (wal_dir, root, wal_metrics) = (
+            cfg.data_dir.join("wal"),
+            cfg.data_dir.clone(),
+            metrics.clone(),
+        );
+        let (wal, replayed) = tokio::task::spawn_blocking(move || {
+            crate::fsutil::create_dir_private(&root).map_err(|source| LogError::Io {
+                path: root.clone(),
+                source,
+            })?;
+            crate::log::Wal::open(
+                &wal_dir,
+                &root,
+                crate::log::WalConfig::default(),
+                wal_metrics,
+            )
+        })
+        .await
+        .expect("write-ahead log open task")?;
+        if replayed.files > 0 {
+            tracing::info!(?replayed, "replayed the write-ahead log");
+        }
+        cfg.log.wal = Some(wal);
         let env = LogEnv {
             cfg: cfg.log.clone(),
             clock: clock.clone(),

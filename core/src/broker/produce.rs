@@ -81,17 +81,20 @@ impl Broker {
             let (indices, records): (Vec<usize>, Vec<NewRecord>) = items.into_iter().unzip();
             batches.push((p, indices, records, self.log_of(&parts[p as usize]).await?));
         }
-        let outcomes = if batches.len() == 1 {
-            let (p, indices, records, log) = batches.pop().expect("one batch");
-            vec![(p, indices, log.append(records).await)]
-        } else {
-            // Partitions have their own writers and fsyncs: append to them in parallel.
-            let mut set = tokio::task::JoinSet::new();
-            for (p, indices, records, log) in batches {
-                set.spawn(async move { (p, indices, log.append(records).await) });
-            }
-            set.join_all().await
-        };
+        // Every partition's appends are queued before any is awaited, so they share the
+        // write-ahead log's next round (one fsync for all of them).
+        let submitted: Vec<_> = batches
+            .into_iter()
+            .map(|(p, indices, records, log)| (p, indices, log.submit(records)))
+            .collect();
+        let mut outcomes = Vec::with_capacity(submitted.len());
+        for (p, indices, rx) in submitted {
+            let result = match rx {
+                Ok(rx) => rx.await.unwrap_or(Err(crate::log::LogError::Closed)),
+                Err(e) => Err(e),
+            };
+            outcomes.push((p, indices, result));
+        }
         let mut touched = Vec::new();
         let mut first_err = None;
         for (p, indices, result) in outcomes {

@@ -1,47 +1,44 @@
-//! The partition log: append-only segments, group commit, recovery, retention.
+//! The partition log: append-only segments, group commit through the node's write-ahead
+//! log, recovery, retention.
 //!
 //! ```text
-//!  append() ──► mpsc ──► writer task ──► encode frames ──► write + ONE fdatasync ──► reply all
-//!                          │ (drains every queued request                 │
-//!                          │  into one batch: group commit)               ▼
-//!                          └── roll by size / age ◄──────────── segments (RwLock) + tail cache
-//!  read() ──────────────────────────────────────────────────────► tail cache, else pread
+//!  append() ──► WAL queue ──► WAL thread (one per node, see `wal`) ──► frames into the
+//!                 segment (page cache) + one WAL write + ONE fdatasync for every partition
+//!                 ──► publish (offsets, tail cache) ──► reply
+//!  read() ─────────────────────────────────────────► tail cache, else pread
 //! ```
 //!
-//! One writer task per partition assigns offsets and commit timestamps (never decreasing), so
-//! concurrent appends are serialised in one place. An append is answered only after the fsync
-//! that covers it; readers only ever see bytes that fsync covered. A failed write or fsync
-//! poisons the log: every later append fails until the process restarts and recovery decides
-//! what really reached the disk.
+//! The WAL thread assigns offsets and commit timestamps (never decreasing) for every
+//! partition, so concurrent appends are serialised in one place. An append is answered only
+//! after the `fdatasync` of the WAL that covers it; readers only ever see records that sync
+//! covered. Segment files are synced by the WAL's checkpoints (and at close), never per
+//! append. A failed segment write poisons its log; a failed WAL write or fsync poisons every
+//! log: appends fail until the process restarts and recovery (WAL replay, then the segment
+//! scan) decides what really reached the disk.
 
+#[cfg(test)]
+mod crash_tests;
+pub(crate) mod disk;
 pub mod segment;
+pub mod wal;
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
-use std::os::unix::fs::FileExt;
-use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
-use futures_util::FutureExt as _;
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 use crate::clock::SharedClock;
 use crate::metrics::CoreMetrics;
 use crate::record::{NewRecord, Record};
+use disk::DataFile;
 use segment::{ReadError, RecoveryError, Segment, SegmentMeta, SegmentReader};
-
-/// Group commit drains queued appends into one write until the batch reaches this size.
-const MAX_GROUP_BYTES: usize = 8 * 1024 * 1024;
-/// Queued append requests per partition before `append` waits (backpressure).
-const WRITER_QUEUE: usize = 4096;
-/// The writers' name in `narad_task_panics_total` and `/readyz`.
-const WRITER_TASK: &str = "log_writer";
+pub use wal::{Wal, WalConfig, WalReplay};
 
 #[derive(Debug, Clone)]
 pub struct LogConfig {
@@ -54,6 +51,9 @@ pub struct LogConfig {
     /// disk. One budget for the whole node: every log opened with (a clone of) this config
     /// shares it, so many partitions do not multiply it.
     pub tail_cache: TailBudget,
+    /// The node's write-ahead log every log opened with this config appends through. `None`:
+    /// the log opens a private one in `<dir>/wal` (tools and tests that open one log).
+    pub wal: Option<Wal>,
 }
 
 /// The node-wide memory budget of the partitions' tail caches.
@@ -145,6 +145,7 @@ impl Default for LogConfig {
             segment_max_bytes: 64 * 1024 * 1024,
             segment_max_age_ms: 10 * 60 * 1000,
             tail_cache: TailBudget::new(64 * 1024 * 1024),
+            wal: None,
         }
     }
 }
@@ -238,16 +239,6 @@ pub struct LogStats {
 
 type AppendReply = oneshot::Sender<Result<Appended, LogError>>;
 
-enum Cmd {
-    Append {
-        records: Vec<NewRecord>,
-        reply: AppendReply,
-    },
-    Roll {
-        reply: oneshot::Sender<Result<(), LogError>>,
-    },
-}
-
 struct TailCache {
     records: VecDeque<Arc<Record>>,
     bytes: usize,
@@ -286,17 +277,52 @@ struct Shared {
     next_offset: AtomicU64,
     cache: Arc<Mutex<TailCache>>,
     poisoned: Mutex<Option<String>>,
+    /// Its id in the WAL (per process) and its directory relative to the WAL's root.
+    id: u32,
+    relpath: String,
+    wal: Arc<wal::WalInner>,
+    /// What only the WAL thread changes: the segment appends go to.
+    writer: Mutex<WriterState>,
+    /// `close` was called: new appends are refused.
+    closed: AtomicBool,
+    /// The active segment's age deadline may have changed (for the age roller).
+    age_changed: Notify,
     /// Tests: the writer panics before its next group.
     #[cfg(test)]
-    panic_next_group: std::sync::atomic::AtomicBool,
+    panic_next_group: AtomicBool,
+}
+
+struct WriterState {
+    file: Arc<DataFile>,
+    active: Arc<Segment>,
+    last_ts: i64,
+    /// The WAL thread has processed the close: anything queued after it is refused.
+    closed: bool,
 }
 
 /// An open partition log. Dropping it (after [`PartitionLog::close`]) releases its files.
 pub struct PartitionLog {
     shared: Arc<Shared>,
-    /// `None` once closed; appends clone the sender (an atomic increment).
-    tx: Mutex<Option<mpsc::Sender<Cmd>>>,
-    writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Keeps the WAL's threads alive (the private one of a log opened without a node WAL).
+    wal: Wal,
+    private_wal: bool,
+    /// Seals the active segment when it reaches its age.
+    roller: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for PartitionLog {
+    fn drop(&mut self) {
+        if let Some(r) = self.roller.lock().take() {
+            r.abort();
+        }
+        if !self.shared.closed.swap(true, Ordering::AcqRel) {
+            let (reply, _) = oneshot::channel();
+            let _ = self.shared.wal.push([wal::Cmd::Close {
+                log: self.shared.clone(),
+                reply,
+            }]);
+        }
+    }
 }
 
 impl std::fmt::Debug for PartitionLog {
@@ -325,6 +351,28 @@ impl PartitionLog {
         metrics: Arc<CoreMetrics>,
     ) -> Result<(Self, RecoveryReport), LogError> {
         crate::fsutil::create_dir_private(dir).map_err(io_err(dir))?;
+        let (wal, private_wal) = match &cfg.wal {
+            Some(w) => (w.clone(), false),
+            None => {
+                let (w, replayed) =
+                    Wal::open(&dir.join("wal"), dir, WalConfig::default(), metrics.clone())?;
+                if replayed.entries > 0 {
+                    tracing::info!(dir = %dir.display(), ?replayed, "replayed the write-ahead log");
+                }
+                (w, true)
+            }
+        };
+        let relpath = dir
+            .strip_prefix(wal.inner().root())
+            .ok()
+            .and_then(Path::to_str)
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                io_err(dir)(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the partition directory is not under the write-ahead log's data directory",
+                ))
+            })?;
         let mut bases = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
             let entry = entry.map_err(io_err(dir))?;
@@ -427,6 +475,7 @@ impl PartitionLog {
             .write(true)
             .open(&active.path)
             .map_err(io_err(&active.path))?;
+        let write_file = wal.inner().data_file(write_file, &active.path);
         metrics.logs_opened.inc();
         let cache = Arc::new(Mutex::new(TailCache {
             records: VecDeque::new(),
@@ -443,30 +492,27 @@ impl PartitionLog {
             next_offset: AtomicU64::new(next_offset),
             cache: cache.clone(),
             poisoned: Mutex::new(None),
+            id: wal.inner().next_log_id(),
+            relpath,
+            wal: wal.inner().clone(),
+            writer: Mutex::new(WriterState {
+                file: Arc::new(write_file),
+                active,
+                last_ts,
+                closed: false,
+            }),
+            closed: AtomicBool::new(false),
+            age_changed: Notify::new(),
             #[cfg(test)]
-            panic_next_group: std::sync::atomic::AtomicBool::new(false),
+            panic_next_group: AtomicBool::new(false),
         });
-        let (tx, rx) = mpsc::channel(WRITER_QUEUE);
-        let writer = Writer {
-            shared: shared.clone(),
-            file: Arc::new(write_file),
-            active,
-            last_ts,
-            buf: Vec::new(),
-        };
-        // A writer that panics poisons its log (appends fail with `storage_unavailable`, as
-        // after a failed fsync, instead of `Closed`) and marks the node not ready, naming it.
-        let health = shared.metrics.tasks.clone();
-        let handle = tokio::spawn(async move {
-            if let Err(payload) = AssertUnwindSafe(writer.run(rx)).catch_unwind().await {
-                health.record(WRITER_TASK, payload.as_ref());
-            }
-        });
+        let roller = tokio::spawn(age_roller(shared.clone()));
         Ok((
             Self {
                 shared,
-                tx: Mutex::new(Some(tx)),
-                writer: Mutex::new(Some(handle)),
+                wal,
+                private_wal,
+                roller: Mutex::new(Some(roller)),
             },
             report,
         ))
@@ -478,48 +524,83 @@ impl PartitionLog {
 
     /// Appends `records` atomically (one write, one fsync) and returns once they are durable.
     pub async fn append(&self, records: Vec<NewRecord>) -> Result<Appended, LogError> {
+        self.submit(records)?.await.map_err(|_| LogError::Closed)?
+    }
+
+    /// Queues `records` for the WAL thread; the receiver answers once they are durable (or
+    /// failed). Appends submitted one after another without awaiting share one round.
+    pub fn submit(
+        &self,
+        records: Vec<NewRecord>,
+    ) -> Result<oneshot::Receiver<Result<Appended, LogError>>, LogError> {
         debug_assert!(!records.is_empty());
-        if let Some(reason) = self.shared.poisoned.lock().clone() {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(LogError::Closed);
+        }
+        if let Some(reason) = self.is_poisoned() {
             return Err(LogError::Poisoned(reason));
         }
         let (reply, rx) = oneshot::channel();
-        self.sender()?
-            .send(Cmd::Append { records, reply })
-            .await
-            .map_err(|_| LogError::Closed)?;
-        rx.await.map_err(|_| LogError::Closed)?
+        self.shared.wal.push([wal::Cmd::Append {
+            log: self.shared.clone(),
+            records,
+            reply,
+        }])?;
+        Ok(rx)
     }
 
     /// Seals the active segment now (if it holds any record).
     pub async fn roll(&self) -> Result<(), LogError> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(LogError::Closed);
+        }
         let (reply, rx) = oneshot::channel();
-        self.sender()?
-            .send(Cmd::Roll { reply })
-            .await
-            .map_err(|_| LogError::Closed)?;
+        self.shared.wal.push([wal::Cmd::Roll {
+            log: self.shared.clone(),
+            aged: false,
+            reply,
+        }])?;
         rx.await.map_err(|_| LogError::Closed)?
     }
 
-    /// Stops the writer after it has answered every queued append.
+    /// Refuses new appends and returns once every append queued before is answered. (The
+    /// segment is synced by the WAL's next checkpoint; a log opened without a node WAL
+    /// shuts its private one down, which syncs it now.)
     pub async fn close(&self) {
-        // Dropping the last sender ends the writer loop once the queue is drained.
-        self.tx.lock().take();
-        let handle = self.writer.lock().take();
-        if let Some(h) = handle {
-            let _ = h.await;
+        if let Some(r) = self.roller.lock().take() {
+            r.abort();
         }
-    }
-
-    fn sender(&self) -> Result<mpsc::Sender<Cmd>, LogError> {
-        self.tx.lock().clone().ok_or(LogError::Closed)
+        if !self.shared.closed.swap(true, Ordering::AcqRel) {
+            let (reply, rx) = oneshot::channel();
+            if self
+                .shared
+                .wal
+                .push([wal::Cmd::Close {
+                    log: self.shared.clone(),
+                    reply,
+                }])
+                .is_ok()
+            {
+                let _ = rx.await;
+            }
+        }
+        if self.private_wal {
+            let wal = self.wal.clone();
+            let _ = tokio::task::spawn_blocking(move || wal.shutdown()).await;
+        }
     }
 
     pub fn next_offset(&self) -> u64 {
         self.shared.next_offset.load(Ordering::Acquire)
     }
 
+    /// Why appends fail, if they do: this log's segment write failed, or the WAL's.
     pub fn is_poisoned(&self) -> Option<String> {
-        self.shared.poisoned.lock().clone()
+        self.shared
+            .poisoned
+            .lock()
+            .clone()
+            .or_else(|| self.shared.wal.poisoned())
     }
 
     pub fn oldest_offset(&self) -> u64 {
@@ -750,179 +831,125 @@ fn create_segment(dir: &Path, base: u64) -> Result<Segment, LogError> {
     })
 }
 
-/// Yield rounds the writer spends gathering a group commit (see `Writer::run`).
-const GATHER_ROUNDS: usize = 2;
-
-struct Writer {
-    shared: Arc<Shared>,
-    file: Arc<File>,
-    active: Arc<Segment>,
-    last_ts: i64,
-    buf: Vec<u8>,
+/// Seals the active segment once it is `segment_max_age_ms` old (so quiet partitions seal
+/// too): sleeps on the clock until the deadline, then asks the WAL thread to roll.
+async fn age_roller(shared: Arc<Shared>) {
+    loop {
+        let changed = shared.age_changed.notified();
+        let Some(deadline) = shared.age_deadline() else {
+            changed.await;
+            continue;
+        };
+        tokio::select! {
+            () = shared.clock.sleep_until(deadline) => {}
+            () = changed => continue,
+        }
+        if shared.clock.now_ms() < deadline {
+            continue;
+        }
+        let (reply, rx) = oneshot::channel();
+        let cmd = wal::Cmd::Roll {
+            log: shared.clone(),
+            aged: true,
+            reply,
+        };
+        if shared.wal.push([cmd]).is_err() {
+            return;
+        }
+        match rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(dir = %shared.dir.display(), error = %e, "segment roll failed; retrying in 1s");
+                // the age deadline stays in the past: back off instead of spinning
+                shared.clock.sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(_) => return,
+        }
+    }
 }
 
-impl Writer {
-    async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
-        let mut batch: Vec<Cmd> = Vec::new();
-        // (declared after `batch`, so dropped before it: the log is poisoned before a
-        // panic drops the replies of the group in hand, and no append slips in between)
-        let _poison_on_panic = PoisonOnPanic(self.shared.clone());
-        loop {
-            let deadline = self.age_deadline();
-            let first = match deadline {
-                Some(ms) => {
-                    let clock = self.shared.clock.clone();
-                    tokio::select! {
-                        cmd = rx.recv() => cmd,
-                        () = clock.sleep_until(ms) => {
-                            if self.shared.clock.now_ms() >= ms {
-                                self.roll_logged().await;
-                            }
-                            continue;
-                        }
-                    }
-                }
-                None => rx.recv().await,
-            };
-            let Some(first) = first else { break };
-            batch.push(first);
-            // Let the tasks that are already runnable (HTTP handlers on this worker) enqueue
-            // their appends before the group closes, for as long as more keep arriving (a few
-            // rounds at most): under load this makes fewer, larger fsyncs, and fsyncs are what
-            // bounds throughput on a small machine; idle, it costs a few µs.
-            let mut bytes = cmd_bytes(&batch[0]);
-            for _ in 0..GATHER_ROUNDS {
-                tokio::task::yield_now().await;
-                let before = batch.len();
-                while bytes < MAX_GROUP_BYTES {
-                    match rx.try_recv() {
-                        Ok(cmd) => {
-                            bytes += cmd_bytes(&cmd);
-                            batch.push(cmd);
-                        }
-                        Err(_) => break,
-                    }
-                }
-                if batch.len() == before || bytes >= MAX_GROUP_BYTES {
-                    break;
-                }
-            }
-            #[cfg(test)]
-            if self.shared.panic_next_group.swap(false, Ordering::SeqCst) {
-                panic!("injected log writer panic");
-            }
-            self.process(&mut batch).await;
-        }
+/// The same failure again, for another waiter of the same group.
+fn again(e: &LogError) -> LogError {
+    match e {
+        LogError::Closed => LogError::Closed,
+        LogError::Poisoned(r) => LogError::Poisoned(r.clone()),
+        other => LogError::Poisoned(other.to_string()),
     }
+}
 
+/// Where a group of appends goes: its segment file, the segment's base, the byte position,
+/// the commit timestamp and the first offset.
+type Prepared = (Arc<DataFile>, u64, u64, i64, u64);
+
+/// What the WAL thread does to a log (always on that thread, under `writer`).
+impl Shared {
     fn age_deadline(&self) -> Option<i64> {
-        let m = self.active.meta.lock();
-        m.min_ts
-            .map(|t| t.saturating_add(self.shared.cfg.segment_max_age_ms))
+        let w = self.writer.lock();
+        let min_ts = w.active.meta.lock().min_ts;
+        min_ts.map(|t| t.saturating_add(self.cfg.segment_max_age_ms))
     }
 
-    async fn roll_logged(&mut self) {
-        if let Err(e) = self.roll().await {
-            tracing::error!(dir = %self.shared.dir.display(), error = %e, "segment roll failed; retrying in 1s");
-            // The age deadline stays in the past: back off instead of spinning.
-            let backoff = std::time::Duration::from_secs(1);
-            self.shared.clock.sleep(backoff).await;
-        }
+    fn age_expired(&self) -> bool {
+        self.age_deadline()
+            .is_some_and(|d| self.clock.now_ms() >= d)
     }
 
-    async fn process(&mut self, batch: &mut Vec<Cmd>) {
-        let mut appends = Vec::new();
-        for cmd in batch.drain(..) {
-            match cmd {
-                Cmd::Append { records, reply } => appends.push((records, reply)),
-                Cmd::Roll { reply } => {
-                    self.append_group(std::mem::take(&mut appends)).await;
-                    let _ = reply.send(self.roll().await);
-                }
-            }
-        }
-        self.append_group(appends).await;
+    fn poison(&self, reason: String) {
+        tracing::error!(dir = %self.dir.display(), error = %reason, "partition log poisoned");
+        self.metrics.log_poisoned.inc();
+        self.poisoned.lock().get_or_insert(reason);
     }
 
-    async fn append_group(&mut self, group: Vec<(Vec<NewRecord>, AppendReply)>) {
-        if group.is_empty() {
-            return;
+    /// Readies the log for a group of `bytes` (rolling a full segment first).
+    fn prepare(&self, wal: &wal::WalInner, bytes: usize) -> Result<Prepared, LogError> {
+        if self.writer.lock().closed {
+            return Err(LogError::Closed);
         }
-        if let Some(reason) = self.shared.poisoned.lock().clone() {
-            for (_, reply) in group {
-                let _ = reply.send(Err(LogError::Poisoned(reason.clone())));
-            }
-            return;
+        if let Some(reason) = self.poisoned.lock().clone() {
+            return Err(LogError::Poisoned(reason));
         }
-        let total: u64 = group
-            .iter()
-            .flat_map(|(rs, _)| rs.iter())
-            .map(|r| r.encoded_len() as u64)
-            .sum();
         let (size, has_records) = {
-            let m = self.active.meta.lock();
+            let w = self.writer.lock();
+            let m = w.active.meta.lock();
             (m.size, m.min_ts.is_some())
         };
-        if has_records
-            && size + total > self.shared.cfg.segment_max_bytes
-            && let Err(e) = self.roll().await
-        {
-            for (_, reply) in group {
-                let _ = reply.send(Err(LogError::Poisoned(e.to_string())));
-            }
-            return;
+        if has_records && size + bytes as u64 > self.cfg.segment_max_bytes {
+            self.roll(wal)?;
         }
-        let ts = self.shared.clock.now_ms().max(self.last_ts);
-        let start_pos = self.active.meta.lock().size;
-        let mut next = self.shared.next_offset.load(Ordering::Acquire);
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.clear();
-        let mut placed = Vec::with_capacity(group.len());
-        let mut notes = Vec::new();
-        for (records, reply) in group {
-            let base = next;
-            for r in &records {
-                let pos = start_pos + buf.len() as u64;
-                r.encode(next, ts, &mut buf);
-                notes.push((next, pos, start_pos + buf.len() as u64 - pos));
-                next += 1;
-            }
-            placed.push((base, records, reply));
-        }
-        let file = self.file.clone();
-        let started = Instant::now();
-        let (buf, result) = tokio::task::spawn_blocking(move || {
-            let r = file
-                .write_all_at(&buf, start_pos)
-                .and_then(|()| file.sync_data());
-            (buf, r)
-        })
-        .await
-        .unwrap_or_else(|e| (Vec::new(), Err(io::Error::other(e.to_string()))));
-        let m = &self.shared.metrics;
-        m.fsyncs.inc();
-        m.fsync_seconds.observe(started.elapsed().as_secs_f64());
-        m.records_per_fsync.observe(notes.len() as f64);
-        if let Err(e) = result {
-            let reason = format!("write/fsync of {} failed: {e}", self.active.path.display());
-            tracing::error!(error = %reason, "partition log poisoned");
-            m.log_poisoned.inc();
-            *self.shared.poisoned.lock() = Some(reason.clone());
-            for (_, _, reply) in placed {
-                let _ = reply.send(Err(LogError::Poisoned(reason.clone())));
-            }
-            return;
-        }
-        m.appended_bytes.inc_by(buf.len() as u64);
-        self.buf = buf;
-        self.last_ts = ts;
-        {
-            let mut meta = self.active.meta.lock();
-            for &(offset, pos, len) in &notes {
+        let w = self.writer.lock();
+        let ts = self.clock.now_ms().max(w.last_ts);
+        let start_pos = w.active.meta.lock().size;
+        Ok((
+            w.file.clone(),
+            w.active.base,
+            start_pos,
+            ts,
+            self.next_offset.load(Ordering::Acquire),
+        ))
+    }
+
+    /// Makes a durable group visible: segment metadata, tail cache, next offset; replies.
+    fn publish(
+        &self,
+        ts: i64,
+        next: u64,
+        notes: &[(u64, u64, u64)],
+        placed: Vec<(u64, Vec<NewRecord>, AppendReply)>,
+    ) {
+        let first_record = {
+            let mut w = self.writer.lock();
+            w.last_ts = ts;
+            let mut meta = w.active.meta.lock();
+            let first = meta.min_ts.is_none();
+            for &(offset, pos, len) in notes {
                 meta.note_record(offset, pos, len, ts);
             }
+            first
+        };
+        if first_record {
+            self.age_changed.notify_one();
         }
-        let caching = self.shared.cfg.tail_cache.limit() > 0;
+        let caching = self.cfg.tail_cache.limit() > 0;
         let mut fresh = Vec::with_capacity(if caching { notes.len() } else { 0 });
         let mut replies = Vec::with_capacity(placed.len());
         for (base, records, reply) in placed {
@@ -954,7 +981,7 @@ impl Writer {
             ));
         }
         self.push_cache(fresh);
-        self.shared.next_offset.store(next, Ordering::Release);
+        self.next_offset.store(next, Ordering::Release);
         for (reply, appended) in replies {
             let _ = reply.send(Ok(appended));
         }
@@ -964,9 +991,9 @@ impl Writer {
         if fresh.is_empty() {
             return;
         }
-        let budget = &self.shared.cfg.tail_cache;
+        let budget = &self.cfg.tail_cache;
         {
-            let mut cache = self.shared.cache.lock();
+            let mut cache = self.cache.lock();
             let added: usize = fresh.iter().map(|r| cached_size(r)).sum();
             cache.bytes += added;
             budget.0.used.fetch_add(added as u64, Ordering::Relaxed);
@@ -980,88 +1007,78 @@ impl Writer {
         }
     }
 
-    /// Seals the active segment (if it has records) and starts a new one.
-    async fn roll(&mut self) -> Result<(), LogError> {
-        if self.active.meta.lock().min_ts.is_none() {
+    /// The WAL thread has answered everything queued before the close.
+    fn close_writer(&self) {
+        self.writer.lock().closed = true;
+    }
+
+    /// Seals the active segment (if it has records) and starts a new one. The sealed file
+    /// is synced by the WAL checkpoint that covers its last records, not here.
+    fn roll(&self, wal: &wal::WalInner) -> Result<(), LogError> {
+        let active = self.writer.lock().active.clone();
+        if active.meta.lock().min_ts.is_none() {
             return Ok(());
         }
-        let shared = self.shared.clone();
-        let active = self.active.clone();
-        let base = shared.next_offset.load(Ordering::Acquire);
+        let base = self.next_offset.load(Ordering::Acquire);
         // The segment is flagged sealed (which lets the archive take it and retention delete
         // it) only once its successor exists: a failed roll leaves it the active, unsealed
         // segment that keeps taking appends.
-        let (seg, file) = tokio::task::spawn_blocking(move || -> Result<_, LogError> {
-            let made = create_segment(&shared.dir, base).and_then(|seg| {
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&seg.path)
-                    .map_err(io_err(&seg.path))?;
-                Ok((seg, file))
-            });
-            let (seg, file) = match made {
-                Ok(made) => made,
-                Err(e) => {
-                    // Appends go on into the current segment, so a successor file left
-                    // behind would later start inside it: remove it, or stop appending.
-                    let path = segment::segment_path(&shared.dir, base);
-                    let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
-                    match if ours { std::fs::remove_file(&path) } else { Ok(()) } {
-                        Ok(()) => {}
-                        Err(r) if r.kind() == io::ErrorKind::NotFound => {}
-                        Err(r) => {
-                            let reason = format!(
-                                "segment roll failed ({e}) and its new file {} could not be removed: {r}",
-                                path.display()
-                            );
-                            *shared.poisoned.lock() = Some(reason.clone());
-                            shared.metrics.log_poisoned.inc();
-                            return Err(LogError::Poisoned(reason));
-                        }
-                    }
-                    return Err(e);
-                }
-            };
-            let mut meta = active.meta.lock().clone();
-            meta.sealed = true;
-            if let Err(e) = segment::write_index(&shared.dir, active.base, &meta) {
-                tracing::warn!(error = %e, "could not write segment index; it will be rebuilt on open");
-            }
+        let made = create_segment(&self.dir, base).and_then(|seg| {
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&seg.path)
+                .map_err(io_err(&seg.path))?;
+            let file = wal.data_file(file, &seg.path);
             Ok((seg, file))
-        })
-        .await
-        .map_err(|e| LogError::Poisoned(e.to_string()))??;
+        });
+        let (seg, file) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                // Appends go on into the current segment, so a successor file left behind
+                // would later start inside it: remove it, or stop appending.
+                let path = segment::segment_path(&self.dir, base);
+                let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+                match if ours {
+                    std::fs::remove_file(&path)
+                } else {
+                    Ok(())
+                } {
+                    Ok(()) => {}
+                    Err(r) if r.kind() == io::ErrorKind::NotFound => {}
+                    Err(r) => {
+                        let reason = format!(
+                            "segment roll failed ({e}) and its new file {} could not be removed: {r}",
+                            path.display()
+                        );
+                        self.poison(reason.clone());
+                        return Err(LogError::Poisoned(reason));
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let mut meta = active.meta.lock().clone();
+        meta.sealed = true;
+        if let Err(e) = segment::write_index(&self.dir, active.base, &meta) {
+            tracing::warn!(error = %e, "could not write segment index; it will be rebuilt on open");
+        }
         let seg = Arc::new(seg);
         {
             // one critical section: readers never see the new segment beside an unsealed one
-            let mut segments = self.shared.segments.write();
-            self.active.meta.lock().sealed = true;
+            let mut segments = self.segments.write();
+            active.meta.lock().sealed = true;
             segments.push(seg.clone());
         }
-        self.active = seg;
-        self.file = Arc::new(file);
-        self.shared.metrics.segments_rolled.inc();
+        {
+            let mut w = self.writer.lock();
+            w.active = seg;
+            w.file = Arc::new(file);
+        }
+        self.age_changed.notify_one();
+        self.metrics.segments_rolled.inc();
         Ok(())
-    }
-}
-
-fn cmd_bytes(cmd: &Cmd) -> usize {
-    match cmd {
-        Cmd::Append { records, .. } => records.iter().map(NewRecord::encoded_len).sum(),
-        Cmd::Roll { .. } => 0,
     }
 }
 
 #[cfg(test)]
 mod tests;
-
-/// Poisons its log when dropped by a panic unwinding through the writer.
-struct PoisonOnPanic(Arc<Shared>);
-
-impl Drop for PoisonOnPanic {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            *self.0.poisoned.lock() = Some("the partition's log writer panicked".into());
-        }
-    }
-}

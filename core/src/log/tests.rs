@@ -1,6 +1,7 @@
 use super::*;
 use crate::clock::{ManualClock, SharedClock};
 use bytes::Bytes;
+use std::time::Instant;
 
 fn rec(s: &str) -> NewRecord {
     NewRecord {
@@ -18,6 +19,7 @@ fn small_segments() -> LogConfig {
         segment_max_bytes: 1024,
         segment_max_age_ms: 3_600_000,
         tail_cache: TailBudget::new(0),
+        wal: None,
     }
 }
 

@@ -1,0 +1,272 @@
+//! The write side of the log's files: what the write-ahead log and the segments write and
+//! sync goes through [`DataFile`], so that tests can put a model of the disk under it.
+//!
+//! In tests a [`faults::FaultDisk`] records, per file, what the last successful `fdatasync`
+//! made durable and which writes came after it. At a simulated crash it rewrites every file
+//! as a disk could have left it: the durable bytes plus any subset of the later writes, each
+//! kept whole, dropped, torn at 512-byte sectors, or left as zeros over the extent it grew.
+//! It can also fail an `fdatasync`. Crash suites then check that every append that was
+//! answered `Ok` is still there after recovery (see `log/crash_tests.rs`).
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+#[cfg(test)]
+use std::path::PathBuf;
+#[cfg(test)]
+use std::sync::Arc;
+
+/// A file the log writes: a segment or a write-ahead log file.
+#[derive(Debug)]
+pub(crate) struct DataFile {
+    file: File,
+    #[cfg(test)]
+    fault: Option<(Arc<faults::FaultDisk>, PathBuf)>,
+}
+
+impl DataFile {
+    pub fn new(file: File) -> Self {
+        Self {
+            file,
+            #[cfg(test)]
+            fault: None,
+        }
+    }
+
+    /// Tests: writes and syncs of this file go through `disk`'s model.
+    #[cfg(test)]
+    pub fn faulty(file: File, disk: Arc<faults::FaultDisk>, path: PathBuf) -> Self {
+        disk.track(&path, &file);
+        Self {
+            file,
+            fault: Some((disk, path)),
+        }
+    }
+
+    pub fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some((disk, path)) = &self.fault {
+            return disk.write(path, &self.file, buf, pos);
+        }
+        self.file.write_all_at(buf, pos)
+    }
+
+    pub fn sync_data(&self) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some((disk, path)) = &self.fault {
+            return disk.sync(path, &self.file);
+        }
+        self.file.sync_data()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod faults {
+    use std::collections::HashMap;
+    use std::fs::File;
+    use std::io;
+    use std::os::unix::fs::FileExt;
+    use std::path::{Path, PathBuf};
+
+    use parking_lot::Mutex;
+
+    const SECTOR: u64 = 512;
+
+    /// A model of the disk under the files a test's logs write.
+    #[derive(Debug, Default)]
+    pub struct FaultDisk {
+        state: Mutex<State>,
+    }
+
+    #[derive(Debug, Default)]
+    struct State {
+        files: HashMap<PathBuf, FileModel>,
+        /// Every write and sync fails from now on: the process is "dead".
+        crashed: bool,
+        syncs: u64,
+        /// Crash at this sync (it fails, as does everything after it).
+        crash_at_sync: Option<u64>,
+        /// This sync fails with an I/O error (and the process goes on).
+        fail_sync: Option<u64>,
+    }
+
+    #[derive(Debug, Default)]
+    struct FileModel {
+        /// What the last successful sync made durable.
+        durable: Vec<u8>,
+        /// Writes since, in order.
+        pending: Vec<(u64, Vec<u8>)>,
+    }
+
+    /// A tiny deterministic generator (xorshift64*), so a failing seed replays exactly.
+    #[derive(Debug, Clone)]
+    pub struct Rng(u64);
+
+    impl Rng {
+        pub fn new(seed: u64) -> Self {
+            Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        }
+        pub fn next(&mut self) -> u64 {
+            let mut x = self.0;
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            self.0 = x;
+            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    fn dead() -> io::Error {
+        io::Error::other("simulated crash: the disk is gone")
+    }
+
+    impl FaultDisk {
+        pub fn new() -> std::sync::Arc<Self> {
+            std::sync::Arc::default()
+        }
+
+        /// The `n`th sync from now (1 = the next) fails and the disk "crashes" with it.
+        pub fn crash_at_sync(&self, n: u64) {
+            let mut s = self.state.lock();
+            s.crash_at_sync = Some(s.syncs + n);
+        }
+
+        /// The `n`th sync from now fails with an I/O error; the disk goes on working.
+        pub fn fail_sync(&self, n: u64) {
+            let mut s = self.state.lock();
+            s.fail_sync = Some(s.syncs + n);
+        }
+
+        pub fn crash_now(&self) {
+            self.state.lock().crashed = true;
+        }
+
+        /// Starts modelling `path`: what it holds now counts as durable.
+        pub(super) fn track(&self, path: &Path, file: &File) {
+            let mut s = self.state.lock();
+            if s.files.contains_key(path) {
+                return;
+            }
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let mut durable = vec![0; len as usize];
+            file.read_exact_at(&mut durable, 0)
+                .expect("read a tracked file");
+            s.files.insert(
+                path.to_owned(),
+                FileModel {
+                    durable,
+                    pending: Vec::new(),
+                },
+            );
+        }
+
+        pub(super) fn write(
+            &self,
+            path: &Path,
+            file: &File,
+            buf: &[u8],
+            pos: u64,
+        ) -> io::Result<()> {
+            let mut s = self.state.lock();
+            if s.crashed {
+                return Err(dead());
+            }
+            file.write_all_at(buf, pos)?;
+            s.files
+                .get_mut(path)
+                .expect("tracked")
+                .pending
+                .push((pos, buf.to_vec()));
+            Ok(())
+        }
+
+        pub(super) fn sync(&self, path: &Path, file: &File) -> io::Result<()> {
+            let mut s = self.state.lock();
+            if s.crashed {
+                return Err(dead());
+            }
+            s.syncs += 1;
+            if s.crash_at_sync == Some(s.syncs) {
+                s.crashed = true;
+                return Err(dead());
+            }
+            if s.fail_sync == Some(s.syncs) {
+                // After a failed fsync the kernel may have dropped the dirty pages or kept
+                // them: the writes stay pending, so a later crash may keep or lose them.
+                return Err(io::Error::other("simulated fsync failure"));
+            }
+            // (no real fsync: the model decides what survives, and the suite stays fast)
+            let _ = file;
+            let m = s.files.get_mut(path).expect("tracked");
+            for (pos, bytes) in std::mem::take(&mut m.pending) {
+                apply(&mut m.durable, pos, &bytes);
+            }
+            Ok(())
+        }
+
+        /// Crashes (if not yet) and rewrites every tracked file that still exists as the disk
+        /// could have left it. Returns how many pending writes were kept, torn or dropped.
+        pub fn write_crash_images(&self, rng: &mut Rng) -> (usize, usize, usize) {
+            let mut s = self.state.lock();
+            s.crashed = true;
+            let (mut kept, mut torn, mut dropped) = (0, 0, 0);
+            let mut paths: Vec<PathBuf> = s.files.keys().cloned().collect();
+            paths.sort();
+            for path in paths {
+                let m = &s.files[&path];
+                let mut image = m.durable.clone();
+                for (pos, bytes) in &m.pending {
+                    match rng.below(4) {
+                        0 => {
+                            dropped += 1;
+                        }
+                        1 => {
+                            kept += 1;
+                            apply(&mut image, *pos, bytes);
+                        }
+                        2 => {
+                            // each sector of the write reached the disk or not
+                            torn += 1;
+                            let end = pos + bytes.len() as u64;
+                            let mut at = *pos;
+                            while at < end {
+                                let next = ((at / SECTOR) + 1) * SECTOR;
+                                let next = next.min(end);
+                                if rng.below(2) == 0 {
+                                    let from = (at - pos) as usize;
+                                    let to = (next - pos) as usize;
+                                    apply(&mut image, at, &bytes[from..to]);
+                                }
+                                at = next;
+                            }
+                        }
+                        _ => {
+                            // the size reached the disk, the data did not
+                            torn += 1;
+                            let end = (*pos as usize) + bytes.len();
+                            if image.len() < end {
+                                image.resize(end, 0);
+                            }
+                        }
+                    }
+                }
+                // a file deleted since (retention, a checkpoint) stays deleted
+                if std::fs::symlink_metadata(&path).is_ok() {
+                    std::fs::write(&path, &image).expect("write crash image");
+                }
+            }
+            (kept, torn, dropped)
+        }
+    }
+
+    fn apply(image: &mut Vec<u8>, pos: u64, bytes: &[u8]) {
+        let pos = pos as usize;
+        if image.len() < pos + bytes.len() {
+            image.resize(pos + bytes.len(), 0);
+        }
+        image[pos..pos + bytes.len()].copy_from_slice(bytes);
+    }
+}

@@ -1,0 +1,923 @@
+//! The node's write-ahead log: one file and one `fdatasync` for the appends of every
+//! partition, written by one dedicated thread.
+//!
+//! ```text
+//!  append() ─► queue ─► WAL thread: drain the queue (a round) ─► per partition: offsets,
+//!  (any log)             timestamps, frames encoded once into the round's buffer
+//!                        ─► pwrite each partition's frames into its segment (page cache)
+//!                        ─► write the round to wal/<seq>.wal ─► ONE fdatasync ─► publish, reply
+//!  WAL file ≥ rotate_bytes ─► next file; checkpoint thread: fdatasync every segment file the
+//!                             old files wrote ─► delete those WAL files
+//!  open ─► replay every WAL file into the segments it names (compare, repair, cut the
+//!          never-acknowledged tail) ─► fsync them ─► delete the WAL files ─► start a new one
+//! ```
+//!
+//! A segment write is never synced on its own: the WAL entry that carries the same frames is
+//! what makes an append durable, and the checkpoint syncs the segment files before the WAL
+//! files that cover them go. While the node is busy the queue fills during each `fdatasync`,
+//! so one sync covers whatever every partition received meanwhile.
+//!
+//! File `wal/<seq, 20 digits>.wal`: magic `NRDWAL01`, then entries `u32 body_len, u32
+//! CRC32C(body), body`. Body kinds: `1` register (`u32 log id`, the partition directory
+//! relative to the data directory, UTF-8), `2` append (`u32 log id, u64 segment base, u64
+//! byte position in the segment`, then the record frames exactly as the segment holds
+//! them). Log ids are per file: each file registers a log before its first append there.
+//! The files are ours but are read as untrusted bytes: replay stops at the first entry that
+//! is short or fails its CRC (a torn tail), and refuses paths that leave the data directory.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::panic::AssertUnwindSafe;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::oneshot;
+
+use super::disk::DataFile;
+use super::{AppendReply, LogError, Shared, io_err, segment};
+use crate::metrics::CoreMetrics;
+use crate::record::NewRecord;
+
+const MAGIC: &[u8; 8] = b"NRDWAL01";
+const SUFFIX: &str = ".wal";
+const ENTRY_HEADER: usize = 8;
+const KIND_REGISTER: u8 = 1;
+const KIND_APPEND: u8 = 2;
+/// Fixed part of an append body: kind, log id, segment base, position.
+const APPEND_FIXED: usize = 1 + 4 + 8 + 8;
+/// No entry body is larger (a round holds at most `MAX_ROUND_BYTES` plus one request).
+const MAX_ENTRY_BODY: u64 = 1 << 30;
+/// A round stops taking appends past this many bytes (the rest wait for the next round).
+const MAX_ROUND_BYTES: usize = 8 * 1024 * 1024;
+/// The writer's name in `narad_task_panics_total` and `/readyz`.
+const WRITER_TASK: &str = "log_writer";
+
+#[derive(Debug, Clone)]
+pub struct WalConfig {
+    /// Start a new WAL file (and checkpoint the old ones) past this size.
+    pub rotate_bytes: u64,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        Self {
+            rotate_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// What replaying the WAL at open did, for the log line.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WalReplay {
+    pub files: usize,
+    pub entries: u64,
+    /// Entries whose frames were missing or damaged in their segment and were rewritten.
+    pub repaired: u64,
+    /// Entries for segments (or partitions) deleted since: skipped.
+    pub skipped: u64,
+    /// Bytes cut from segment tails that no WAL entry covered (never acknowledged).
+    pub cut_bytes: u64,
+    /// A WAL file ended in a torn entry.
+    pub torn: bool,
+}
+
+pub(super) enum Cmd {
+    Append {
+        log: Arc<Shared>,
+        records: Vec<NewRecord>,
+        reply: AppendReply,
+    },
+    /// Seal the active segment (`aged`: only if it is still past its age).
+    Roll {
+        log: Arc<Shared>,
+        aged: bool,
+        reply: oneshot::Sender<Result<(), LogError>>,
+    },
+    /// Answered once every command queued before it is done; the log refuses what follows.
+    Close {
+        log: Arc<Shared>,
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// The node's WAL: a cheap handle; the last one dropped stops the threads (after
+/// [`Wal::shutdown`] they are already stopped and the WAL is checkpointed away).
+#[derive(Clone)]
+pub struct Wal(Arc<WalOwner>);
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal")
+            .field("dir", &self.0.inner.dir)
+            .finish()
+    }
+}
+
+struct WalOwner {
+    inner: Arc<WalInner>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for WalOwner {
+    fn drop(&mut self) {
+        self.inner.stop();
+    }
+}
+
+pub(super) struct WalInner {
+    /// Paths in the WAL are relative to this (the data directory).
+    root: PathBuf,
+    dir: PathBuf,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    poisoned: Mutex<Option<String>>,
+    pub(super) metrics: Arc<CoreMetrics>,
+    next_log_id: AtomicU32,
+    #[cfg(test)]
+    pub(super) faults: Option<Arc<super::disk::faults::FaultDisk>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    cmds: Vec<Cmd>,
+    /// The writer waits on `wake` (a push must notify it).
+    idle: bool,
+    stop: bool,
+    /// The writer has exited: nothing pushed now would be answered.
+    gone: bool,
+}
+
+impl WalInner {
+    fn stop(&self) {
+        self.queue.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    pub(super) fn poisoned(&self) -> Option<String> {
+        self.poisoned.lock().clone()
+    }
+
+    fn poison(&self, reason: String) {
+        tracing::error!(error = %reason, "write-ahead log poisoned: every append fails until a restart");
+        self.metrics.log_poisoned.inc();
+        self.poisoned.lock().get_or_insert(reason);
+    }
+
+    pub(super) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub(super) fn next_log_id(&self) -> u32 {
+        self.next_log_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Queues `cmds` for the writer, all in one round if it is idle.
+    pub(super) fn push(&self, cmds: impl IntoIterator<Item = Cmd>) -> Result<(), LogError> {
+        let mut q = self.queue.lock();
+        if q.gone || q.stop {
+            return Err(LogError::Closed);
+        }
+        q.cmds.extend(cmds);
+        if q.idle {
+            q.idle = false;
+            drop(q);
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// A data file for the writer (through the fault model in tests).
+    pub(super) fn data_file(&self, file: File, path: &Path) -> DataFile {
+        #[cfg(test)]
+        if let Some(disk) = &self.faults {
+            return DataFile::faulty(file, disk.clone(), path.to_owned());
+        }
+        let _ = path;
+        DataFile::new(file)
+    }
+}
+
+impl Wal {
+    /// Opens the WAL in `dir` for the partition directories under `root`: replays what an
+    /// earlier run left into the segments, makes that durable, removes the old files and
+    /// starts the writer. Blocking. Call before any partition under `root` is opened.
+    pub fn open(
+        dir: &Path,
+        root: &Path,
+        cfg: WalConfig,
+        metrics: Arc<CoreMetrics>,
+    ) -> Result<(Self, WalReplay), LogError> {
+        Self::open_inner(
+            dir,
+            root,
+            cfg,
+            metrics,
+            #[cfg(test)]
+            None,
+        )
+    }
+
+    /// Tests: every WAL and segment write goes through `disk`'s model.
+    #[cfg(test)]
+    pub(crate) fn open_faulty(
+        dir: &Path,
+        root: &Path,
+        cfg: WalConfig,
+        metrics: Arc<CoreMetrics>,
+        disk: Arc<super::disk::faults::FaultDisk>,
+    ) -> Result<(Self, WalReplay), LogError> {
+        Self::open_inner(dir, root, cfg, metrics, Some(disk))
+    }
+
+    fn open_inner(
+        dir: &Path,
+        root: &Path,
+        cfg: WalConfig,
+        metrics: Arc<CoreMetrics>,
+        #[cfg(test)] faults: Option<Arc<super::disk::faults::FaultDisk>>,
+    ) -> Result<(Self, WalReplay), LogError> {
+        crate::fsutil::create_dir_private(dir).map_err(io_err(dir))?;
+        let files = list_files(dir)?;
+        let replay = replay(root, &files)?;
+        for (_, path) in &files {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(path)(e)),
+                _ => {}
+            }
+        }
+        if !files.is_empty() {
+            crate::fsutil::sync_dir(dir).map_err(io_err(dir))?;
+        }
+        let seq = files.last().map_or(1, |(s, _)| s + 1);
+        let inner = Arc::new(WalInner {
+            root: root.to_owned(),
+            dir: dir.to_owned(),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            poisoned: Mutex::new(None),
+            metrics,
+            next_log_id: AtomicU32::new(1),
+            #[cfg(test)]
+            faults,
+        });
+        let (file, pos) = create_file(&inner, seq)?;
+        let (ckpt_tx, ckpt_rx) = std::sync::mpsc::channel();
+        let writer = Writer {
+            inner: inner.clone(),
+            cfg,
+            file,
+            seq,
+            pos,
+            registered: HashSet::new(),
+            dirty: HashMap::new(),
+            buf: Vec::new(),
+            ckpt: ckpt_tx,
+            rotate_retry_at: 0,
+        };
+        let ckpt_inner = inner.clone();
+        let checkpointer = std::thread::Builder::new()
+            .name("narad-wal-ckpt".into())
+            .spawn(move || checkpointer(&ckpt_inner, &ckpt_rx))
+            .map_err(io_err(dir))?;
+        let writer_inner = inner.clone();
+        let writer = std::thread::Builder::new()
+            .name("narad-wal".into())
+            .spawn(move || writer.run())
+            .map_err(|e| {
+                writer_inner.stop();
+                io_err(dir)(e)
+            })?;
+        Ok((
+            Self(Arc::new(WalOwner {
+                inner,
+                threads: Mutex::new(vec![writer, checkpointer]),
+            })),
+            replay,
+        ))
+    }
+
+    pub(super) fn inner(&self) -> &Arc<WalInner> {
+        &self.0.inner
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.0.inner.dir
+    }
+
+    pub fn is_poisoned(&self) -> Option<String> {
+        self.0.inner.poisoned()
+    }
+
+    /// Stops the writer once it has answered everything queued, syncs every segment it
+    /// wrote and removes the WAL files (so the next open replays nothing). Blocking; call
+    /// after the logs are closed.
+    pub fn shutdown(&self) {
+        self.0.inner.stop();
+        let threads = std::mem::take(&mut *self.0.threads.lock());
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn wal_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:020}{SUFFIX}"))
+}
+
+fn parse_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(SUFFIX)?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|&s| s != u64::MAX)
+}
+
+/// The WAL files in `dir`, oldest first.
+fn list_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let Some(seq) = parse_name(&entry.file_name().to_string_lossy()) else {
+            continue;
+        };
+        let path = entry.path();
+        if !entry.file_type().map_err(io_err(&path))?.is_file() {
+            return Err(io_err(&path)(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a write-ahead log name that is not a regular file",
+            )));
+        }
+        files.push((seq, path));
+    }
+    files.sort_unstable();
+    Ok(files)
+}
+
+fn create_file(inner: &WalInner, seq: u64) -> Result<(DataFile, u64), LogError> {
+    let path = wal_path(&inner.dir, seq);
+    let file = crate::fsutil::create_new_private(&path).map_err(io_err(&path))?;
+    let file = inner.data_file(file, &path);
+    file.write_all_at(MAGIC, 0)
+        .and_then(|()| file.sync_data())
+        .and_then(|()| crate::fsutil::sync_dir(&inner.dir))
+        .map_err(io_err(&path))?;
+    Ok((file, MAGIC.len() as u64))
+}
+
+/// A segment replay wrote into: kept open to be synced (and cut) at the end.
+struct Replayed {
+    file: File,
+    len: u64,
+    /// End of the last entry replayed into it.
+    end: u64,
+}
+
+fn replay(root: &Path, files: &[(u64, PathBuf)]) -> Result<WalReplay, LogError> {
+    let mut report = WalReplay {
+        files: files.len(),
+        ..WalReplay::default()
+    };
+    let mut segments: HashMap<PathBuf, Option<Replayed>> = HashMap::new();
+    for (_, path) in files {
+        let file = File::open(path).map_err(io_err(path))?;
+        let size = file.metadata().map_err(io_err(path))?.len();
+        let mut reader = io::BufReader::with_capacity(1 << 20, file);
+        let mut magic = [0u8; 8];
+        if reader.read_exact(&mut magic).is_err() || &magic != MAGIC {
+            tracing::warn!(path = %path.display(), "write-ahead log file without its magic; ignored");
+            continue;
+        }
+        let mut at = MAGIC.len() as u64;
+        let mut logs: HashMap<u32, PathBuf> = HashMap::new();
+        let mut body = Vec::new();
+        loop {
+            let mut header = [0u8; ENTRY_HEADER];
+            match read_full(&mut reader, &mut header).map_err(io_err(path))? {
+                0 => break,
+                ENTRY_HEADER => {}
+                _ => {
+                    report.torn = true;
+                    break;
+                }
+            }
+            let len = u64::from(u32::from_le_bytes(header[..4].try_into().expect("4")));
+            let crc = u32::from_le_bytes(header[4..].try_into().expect("4"));
+            if len == 0 || len > MAX_ENTRY_BODY || at + ENTRY_HEADER as u64 + len > size {
+                report.torn = true;
+                break;
+            }
+            body.resize(len as usize, 0);
+            if read_full(&mut reader, &mut body).map_err(io_err(path))? != body.len()
+                || crc32c::crc32c(&body) != crc
+            {
+                report.torn = true;
+                break;
+            }
+            at += ENTRY_HEADER as u64 + len;
+            report.entries += 1;
+            match body[0] {
+                KIND_REGISTER if body.len() >= 5 => {
+                    let id = u32::from_le_bytes(body[1..5].try_into().expect("4"));
+                    let rel = std::str::from_utf8(&body[5..]).ok().and_then(relative);
+                    let Some(rel) = rel else {
+                        return Err(bad(path, "a registered path outside the data directory"));
+                    };
+                    logs.insert(id, root.join(rel));
+                }
+                KIND_APPEND if body.len() > APPEND_FIXED => {
+                    let id = u32::from_le_bytes(body[1..5].try_into().expect("4"));
+                    let base = u64::from_le_bytes(body[5..13].try_into().expect("8"));
+                    let pos = u64::from_le_bytes(body[13..21].try_into().expect("8"));
+                    let Some(dir) = logs.get(&id) else {
+                        return Err(bad(path, "an append for a log the file never registered"));
+                    };
+                    let seg = segment::segment_path(dir, base);
+                    replay_entry(&mut segments, &seg, pos, &body[APPEND_FIXED..], &mut report)?;
+                }
+                _ => return Err(bad(path, "an entry of unknown kind")),
+            }
+        }
+        if report.torn {
+            tracing::warn!(path = %path.display(), at, "write-ahead log ends in a torn entry (never acknowledged); replay stops there");
+        }
+    }
+    for (path, seg) in segments {
+        let Some(seg) = seg else { continue };
+        if seg.len > seg.end {
+            // bytes past the last entry were never acknowledged (a round whose WAL write did
+            // not complete): cut them, so a torn or half-persisted tail is never read
+            seg.file.set_len(seg.end).map_err(io_err(&path))?;
+            report.cut_bytes += seg.len - seg.end;
+        }
+        seg.file.sync_data().map_err(io_err(&path))?;
+    }
+    Ok(report)
+}
+
+fn replay_entry(
+    segments: &mut HashMap<PathBuf, Option<Replayed>>,
+    path: &Path,
+    pos: u64,
+    frames: &[u8],
+    report: &mut WalReplay,
+) -> Result<(), LogError> {
+    if !segments.contains_key(path) {
+        let seg = match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err(path)(e)),
+            Ok(m) if !m.is_file() => {
+                return Err(bad(path, "a segment name that is not a regular file"));
+            }
+            Ok(_) => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(io_err(path))?;
+                let len = file.metadata().map_err(io_err(path))?.len();
+                Some(Replayed { file, len, end: 0 })
+            }
+        };
+        segments.insert(path.to_owned(), seg);
+    }
+    // a segment deleted since (retention, a deleted topic) is gone on purpose
+    let Some(seg) = segments.get_mut(path).expect("inserted") else {
+        report.skipped += 1;
+        return Ok(());
+    };
+    if pos > seg.len {
+        // everything before an entry's position was made durable before the WAL file that
+        // holds it was started; a hole means the disk lost acknowledged data
+        return Err(LogError::Recovery(segment::RecoveryError::CorruptMiddle {
+            path: path.to_owned(),
+            pos: seg.len,
+            reason: format!(
+                "the write-ahead log has records at byte {pos} but the segment ends at {}",
+                seg.len
+            ),
+        }));
+    }
+    let end = pos + frames.len() as u64;
+    let have = (seg.len.min(end) - pos) as usize;
+    let mut on_disk = vec![0; have];
+    seg.file
+        .read_exact_at(&mut on_disk, pos)
+        .map_err(io_err(path))?;
+    if have < frames.len() || on_disk != frames[..have] {
+        seg.file.write_all_at(frames, pos).map_err(io_err(path))?;
+        seg.len = seg.len.max(end);
+        report.repaired += 1;
+    }
+    seg.end = end;
+    Ok(())
+}
+
+/// `rel` as a path under the data directory: only plain components (empty is the root).
+fn relative(rel: &str) -> Option<PathBuf> {
+    let p = Path::new(rel);
+    p.components()
+        .all(|c| matches!(c, Component::Normal(_)))
+        .then(|| p.to_owned())
+}
+
+fn bad(path: &Path, what: &str) -> LogError {
+    io_err(path)(io::Error::new(io::ErrorKind::InvalidData, what.to_owned()))
+}
+
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match reader.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+enum Job {
+    /// Sync these segment files, then delete the WAL files up to `upto`.
+    Checkpoint {
+        files: Vec<Arc<DataFile>>,
+        upto: u64,
+    },
+}
+
+fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let Job::Checkpoint { files, upto } = job;
+        if inner.poisoned().is_some() {
+            continue;
+        }
+        let started = Instant::now();
+        let synced = files.iter().try_for_each(|f| f.sync_data());
+        if let Err(e) = synced {
+            // the segments may not hold what the WAL acknowledged: keep the WAL files (the
+            // next start replays them) and stop taking appends
+            inner.poison(format!("checkpoint fsync of a segment failed: {e}"));
+            continue;
+        }
+        let mut removed = 0;
+        if let Ok(list) = list_files(&inner.dir) {
+            for (seq, path) in list {
+                if seq <= upto {
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => removed += 1,
+                        Err(e) => {
+                            tracing::warn!(path = %path.display(), error = %e, "could not remove a checkpointed WAL file");
+                        }
+                    }
+                }
+            }
+        }
+        if removed > 0
+            && let Err(e) = crate::fsutil::sync_dir(&inner.dir)
+        {
+            tracing::warn!(dir = %inner.dir.display(), error = %e, "could not sync the WAL directory");
+        }
+        inner.metrics.wal_checkpoints.inc();
+        inner
+            .metrics
+            .wal_checkpoint_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// One partition's share of a round.
+struct Group {
+    log: Arc<Shared>,
+    appends: Vec<(Vec<NewRecord>, AppendReply)>,
+    bytes: usize,
+}
+
+/// A group encoded into the round's buffer, waiting for the sync.
+struct Encoded {
+    log: Arc<Shared>,
+    file: Arc<DataFile>,
+    frames: std::ops::Range<usize>,
+    start_pos: u64,
+    ts: i64,
+    next: u64,
+    /// (offset, position, length) of every frame.
+    notes: Vec<(u64, u64, u64)>,
+    /// (first offset, records, reply) of every append.
+    placed: Vec<(u64, Vec<NewRecord>, AppendReply)>,
+    failed: Option<String>,
+}
+
+struct Writer {
+    inner: Arc<WalInner>,
+    cfg: WalConfig,
+    file: DataFile,
+    seq: u64,
+    pos: u64,
+    /// Logs registered in the current file.
+    registered: HashSet<u32>,
+    /// Segment files the current file's entries wrote, to sync at its checkpoint.
+    dirty: HashMap<(u32, u64), Arc<DataFile>>,
+    buf: Vec<u8>,
+    ckpt: std::sync::mpsc::Sender<Job>,
+    /// After a failed rotation, the next attempt waits until the file reaches this size.
+    rotate_retry_at: u64,
+}
+
+impl Writer {
+    fn run(mut self) {
+        loop {
+            let (cmds, stop) = {
+                let mut q = self.inner.queue.lock();
+                while q.cmds.is_empty() && !q.stop {
+                    q.idle = true;
+                    self.inner.wake.wait(&mut q);
+                }
+                q.idle = false;
+                (std::mem::take(&mut q.cmds), q.stop)
+            };
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.round(cmds)));
+            if let Err(payload) = result {
+                // a writer that panicked half way through a round may have left any log in
+                // any state: nothing is written any more, appends fail as after an fsync error
+                self.inner
+                    .poison("the write-ahead log writer panicked".to_owned());
+                self.inner
+                    .metrics
+                    .tasks
+                    .record(WRITER_TASK, payload.as_ref());
+            }
+            if stop {
+                let mut q = self.inner.queue.lock();
+                if q.cmds.is_empty() {
+                    q.gone = true;
+                    break;
+                }
+            }
+        }
+        self.finish();
+    }
+
+    /// At shutdown: checkpoint everything, the current file included.
+    fn finish(mut self) {
+        if self.inner.poisoned().is_none() {
+            let files = self.dirty.drain().map(|(_, f)| f).collect();
+            let _ = self.ckpt.send(Job::Checkpoint {
+                files,
+                upto: self.seq,
+            });
+        }
+    }
+
+    fn round(&mut self, cmds: Vec<Cmd>) {
+        let mut groups: Vec<Group> = Vec::new();
+        let mut index: HashMap<u32, usize> = HashMap::new();
+        let mut bytes = 0;
+        for cmd in cmds {
+            match cmd {
+                Cmd::Append {
+                    log,
+                    records,
+                    reply,
+                } => {
+                    let n: usize = records.iter().map(NewRecord::encoded_len).sum();
+                    if bytes > 0 && bytes + n > MAX_ROUND_BYTES {
+                        self.commit(&mut groups);
+                        index.clear();
+                        bytes = 0;
+                    }
+                    bytes += n;
+                    let i = *index.entry(log.id).or_insert_with(|| {
+                        groups.push(Group {
+                            log: log.clone(),
+                            appends: Vec::new(),
+                            bytes: 0,
+                        });
+                        groups.len() - 1
+                    });
+                    groups[i].bytes += n;
+                    groups[i].appends.push((records, reply));
+                }
+                Cmd::Roll { log, aged, reply } => {
+                    self.commit(&mut groups);
+                    index.clear();
+                    bytes = 0;
+                    let due = !aged || log.age_expired();
+                    let r = if due { self.roll(&log) } else { Ok(()) };
+                    let _ = reply.send(r);
+                }
+                Cmd::Close { log, reply } => {
+                    self.commit(&mut groups);
+                    index.clear();
+                    bytes = 0;
+                    log.close_writer();
+                    let _ = reply.send(());
+                }
+            }
+        }
+        self.commit(&mut groups);
+    }
+
+    fn roll(&mut self, log: &Arc<Shared>) -> Result<(), LogError> {
+        if let Some(reason) = self.inner.poisoned() {
+            return Err(LogError::Poisoned(reason));
+        }
+        log.roll(&self.inner)
+    }
+
+    /// Writes the round: segments, then the WAL, one sync; then publishes and replies.
+    fn commit(&mut self, groups: &mut Vec<Group>) {
+        if groups.is_empty() {
+            return;
+        }
+        if let Some(reason) = self.inner.poisoned() {
+            for g in groups.drain(..) {
+                for (_, reply) in g.appends {
+                    let _ = reply.send(Err(LogError::Poisoned(reason.clone())));
+                }
+            }
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let mut encoded = Vec::with_capacity(groups.len());
+        for g in groups.drain(..) {
+            match g.log.prepare(&self.inner, g.bytes) {
+                Ok((file, base, start_pos, ts, next)) => {
+                    if self.registered.insert(g.log.id) {
+                        encode_register(&mut buf, g.log.id, &g.log.relpath);
+                    }
+                    let header = buf.len();
+                    buf.extend_from_slice(&[0; ENTRY_HEADER]);
+                    buf.push(KIND_APPEND);
+                    buf.extend_from_slice(&g.log.id.to_le_bytes());
+                    buf.extend_from_slice(&base.to_le_bytes());
+                    buf.extend_from_slice(&start_pos.to_le_bytes());
+                    let frames_start = buf.len();
+                    let mut next_off = next;
+                    let mut notes = Vec::new();
+                    let mut placed = Vec::with_capacity(g.appends.len());
+                    for (records, reply) in g.appends {
+                        let first = next_off;
+                        for r in &records {
+                            let at = buf.len();
+                            r.encode(next_off, ts, &mut buf);
+                            let pos = start_pos + (at - frames_start) as u64;
+                            notes.push((next_off, pos, (buf.len() - at) as u64));
+                            next_off += 1;
+                        }
+                        placed.push((first, records, reply));
+                    }
+                    finish_entry(&mut buf, header);
+                    self.dirty
+                        .entry((g.log.id, base))
+                        .or_insert_with(|| file.clone());
+                    encoded.push(Encoded {
+                        log: g.log,
+                        file,
+                        frames: frames_start..buf.len(),
+                        start_pos,
+                        ts,
+                        next: next_off,
+                        notes,
+                        placed,
+                        failed: None,
+                    });
+                }
+                Err(e) => {
+                    for (_, reply) in g.appends {
+                        let _ = reply.send(Err(super::again(&e)));
+                    }
+                }
+            }
+        }
+        #[cfg(test)]
+        for e in &encoded {
+            if e.log.panic_next_group.swap(false, Ordering::SeqCst) {
+                panic!("injected log writer panic");
+            }
+        }
+        let started = Instant::now();
+        let written = self
+            .file
+            .write_all_at(&buf, self.pos)
+            .and_then(|()| self.file.sync_data());
+        let m = &self.inner.metrics;
+        m.fsyncs.inc();
+        m.fsync_seconds.observe(started.elapsed().as_secs_f64());
+        if let Err(err) = written {
+            let reason = format!(
+                "write/fsync of {} failed: {err}",
+                wal_path(&self.inner.dir, self.seq).display()
+            );
+            self.inner.poison(reason.clone());
+            for e in encoded {
+                for (_, _, reply) in e.placed {
+                    let _ = reply.send(Err(LogError::Poisoned(reason.clone())));
+                }
+            }
+            self.buf = buf;
+            return;
+        }
+        // Only now the segments (page cache; the checkpoint syncs them): a segment never holds
+        // bytes whose WAL entry is not durable, so replay knows where every segment's durable
+        // data ends (the end of its last entry) and cuts anything past it.
+        for e in &mut encoded {
+            if let Err(err) = e.file.write_all_at(&buf[e.frames.clone()], e.start_pos) {
+                // (the records are in the WAL: they come back at the next start)
+                let reason = format!("write to {} failed: {err}", e.log.dir.display());
+                e.log.poison(reason.clone());
+                e.failed = Some(reason);
+            }
+        }
+        self.pos += buf.len() as u64;
+        m.appended_bytes.inc_by(buf.len() as u64);
+        let records: usize = encoded.iter().map(|e| e.notes.len()).sum();
+        m.records_per_fsync.observe(records as f64);
+        for e in encoded {
+            match e.failed {
+                Some(reason) => {
+                    for (_, _, reply) in e.placed {
+                        let _ = reply.send(Err(LogError::Poisoned(reason.clone())));
+                    }
+                }
+                None => e.log.publish(e.ts, e.next, &e.notes, e.placed),
+            }
+        }
+        self.buf = buf;
+        if self.pos >= self.cfg.rotate_bytes.max(self.rotate_retry_at) {
+            self.rotate();
+        }
+    }
+
+    fn rotate(&mut self) {
+        let seq = self.seq + 1;
+        match create_file(&self.inner, seq) {
+            Ok((file, pos)) => {
+                let files = self.dirty.drain().map(|(_, f)| f).collect();
+                let _ = self.ckpt.send(Job::Checkpoint {
+                    files,
+                    upto: self.seq,
+                });
+                self.file = file;
+                self.seq = seq;
+                self.pos = pos;
+                self.registered.clear();
+                self.rotate_retry_at = 0;
+            }
+            Err(e) => {
+                // the current file keeps growing; try again a little later
+                tracing::warn!(error = %e, "could not start a new WAL file; retrying later");
+                let _ = std::fs::remove_file(wal_path(&self.inner.dir, seq));
+                self.rotate_retry_at = self.pos + self.cfg.rotate_bytes / 4 + 1;
+            }
+        }
+    }
+}
+
+fn encode_register(buf: &mut Vec<u8>, id: u32, rel: &str) {
+    let header = buf.len();
+    buf.extend_from_slice(&[0; ENTRY_HEADER]);
+    buf.push(KIND_REGISTER);
+    buf.extend_from_slice(&id.to_le_bytes());
+    buf.extend_from_slice(rel.as_bytes());
+    finish_entry(buf, header);
+}
+
+/// Fills in the length and CRC of the entry whose header starts at `header`.
+fn finish_entry(buf: &mut [u8], header: usize) {
+    let body = &buf[header + ENTRY_HEADER..];
+    let len = body.len() as u32;
+    let crc = crc32c::crc32c(body);
+    buf[header..header + 4].copy_from_slice(&len.to_le_bytes());
+    buf[header + 4..header + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_strictly() {
+        assert_eq!(parse_name("00000000000000000007.wal"), Some(7));
+        assert_eq!(parse_name("7.wal"), None);
+        assert_eq!(parse_name("0000000000000000000a.wal"), None);
+        assert_eq!(parse_name("00000000000000000007.log"), None);
+    }
+
+    #[test]
+    fn registered_paths_stay_under_the_root() {
+        assert_eq!(relative(""), Some(PathBuf::new()));
+        assert_eq!(
+            relative("topics/t.1/p00000"),
+            Some(PathBuf::from("topics/t.1/p00000"))
+        );
+        assert_eq!(relative("../x"), None);
+        assert_eq!(relative("/etc"), None);
+        assert_eq!(relative("a/../../b"), None);
+    }
+}
