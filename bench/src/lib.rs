@@ -1,10 +1,12 @@
 //! Narad's measuring tools: a load generator that runs the same workloads against Narad and
 //! the brokers a user would pick instead (RabbitMQ, Redis Streams, NATS JetStream), a soak
-//! runner, and the message-lifecycle checker that the crash tests use to prove no loss.
+//! runner, the message-lifecycle checker that the crash tests use to prove no loss, and a no-op
+//! HTTP server: the ceiling of one request per message on this machine.
 
 pub mod fanout;
 pub mod lifecycle;
 pub mod narad;
+pub mod noop;
 pub mod peers;
 pub mod procstat;
 pub mod report;

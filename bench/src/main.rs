@@ -1,5 +1,5 @@
-//! `narad-bench`: run a workload against Narad or a peer broker, soak a broker, or render the
-//! benchmark report.
+//! `narad-bench`: run a workload against Narad or a peer broker, soak a broker, serve the no-op
+//! HTTP ceiling, or render the benchmark report.
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -40,6 +40,9 @@ enum Cmd {
     /// Archive costs and speeds: Parquet conversion, compression, replay from the archive vs
     /// local segments, time lookups in a large archived partition.
     Tiering(TieringArgs),
+    /// Answer every HTTP/1.1 request with a fixed 202 after reading its body: the ceiling of
+    /// one request per message on this machine (drive it with `run --target narad`).
+    NoopServer(NoopArgs),
     /// Render JSON-lines results (from `run --json`) as a Markdown table.
     Report {
         /// File of JSON lines.
@@ -92,6 +95,22 @@ struct RunArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Report the run under this name instead of the target's (e.g. `http-noop` for the narad
+    /// client driving `noop-server`).
+    #[arg(long)]
+    label: Option<String>,
+    /// Replace the target's notes in the output with this one (repeatable).
+    #[arg(long)]
+    note: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct NoopArgs {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: std::net::SocketAddr,
+    /// Write the bound address here once listening.
+    #[arg(long)]
+    addr_file: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -203,7 +222,7 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 rate: a.rate,
                 pid: a.pid,
             };
-            let res = match a.target {
+            let mut res = match a.target {
                 Broker::Narad => {
                     let t = Narad {
                         addr: a.url.trim_start_matches("http://").to_owned(),
@@ -234,6 +253,12 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     run(t, cfg).await?
                 }
             };
+            if let Some(label) = a.label {
+                res.target = label;
+            }
+            if !a.note.is_empty() {
+                res.notes = a.note;
+            }
             if a.json {
                 println!("{}", serde_json::to_string(&res)?);
             } else {
@@ -314,11 +339,35 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::NoopServer(a) => {
+            let listener = tokio::net::TcpListener::bind(a.listen).await?;
+            if let Some(path) = a.addr_file {
+                // written whole, then renamed: a reader polling for the file never sees half
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, listener.local_addr()?.to_string())?;
+                std::fs::rename(&tmp, &path)?;
+            }
+            narad_bench::noop::serve(listener, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Report { results } => {
             let text = std::fs::read_to_string(&results)?;
             print!("{}", report::table(&report::parse_lines(&text)?));
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
 }
 
