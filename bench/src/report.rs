@@ -69,7 +69,20 @@ fn rate(r: Option<f64>) -> String {
         .unwrap_or_default()
 }
 
-const TARGETS: [&str; 4] = ["narad", "redis", "rabbitmq", "nats"];
+/// The columns, in order; Narad's ratio is given against each of the others.
+const TARGETS: [&str; 5] = ["narad", "http-noop", "redis", "rabbitmq", "nats"];
+
+/// Whether `target` is measured on this scenario at all. The no-op HTTP ceiling stores
+/// nothing, so only single-message produce means anything against it: its other cells read
+/// "n/a", while a missing figure of a target that should have one reads "–".
+fn measures(target: &str, c: &ConfigLine) -> bool {
+    target != "http-noop" || (c.workload == "produce" && c.batch == 1)
+}
+
+/// The text for a cell with no result.
+fn missing(target: &str, c: &ConfigLine) -> String {
+    if measures(target, c) { "–" } else { "n/a" }.into()
+}
 
 fn cell(r: &ResultLine) -> String {
     let s = &r.summary;
@@ -135,22 +148,31 @@ pub fn table(results: &[ResultLine]) -> String {
         }
         rows.entry(key).or_default().insert(r.target.as_str(), r);
     }
-    let mut out = String::new();
-    out += "| scenario | narad | redis | rabbitmq | nats | narad ÷ redis | narad ÷ rabbitmq | narad ÷ nats |\n";
-    out += "|---|---|---|---|---|---|---|---|\n";
+    let mut out = String::from("| scenario |");
+    for t in TARGETS {
+        let _ = write!(out, " {t} |");
+    }
+    for peer in &TARGETS[1..] {
+        let _ = write!(out, " narad ÷ {peer} |");
+    }
+    out += "\n|---|";
+    out += &"---|".repeat(2 * TARGETS.len() - 1);
+    out.push('\n');
     for key in &order {
         let row = &rows[key];
+        // every row holds at least the result that named it
+        let Some(config) = row.values().next().map(|r| &r.config) else {
+            continue;
+        };
         let _ = write!(out, "| {key} |");
         for t in TARGETS {
-            let _ = write!(
-                out,
-                " {} |",
-                row.get(t).map(|r| cell(r)).unwrap_or_else(|| "–".into())
-            );
+            let c = row.get(t).map_or_else(|| missing(t, config), |r| cell(r));
+            let _ = write!(out, " {c} |");
         }
         for peer in &TARGETS[1..] {
             let r = match (row.get("narad"), row.get(peer)) {
                 (Some(n), Some(p)) => ratio(n, p),
+                (_, None) if !measures(peer, config) => "n/a".into(),
                 _ => "–".into(),
             };
             let _ = write!(out, " {r} |");
@@ -202,5 +224,44 @@ mod tests {
         assert!(t.contains("1.50×"), "{t}");
         assert!(t.contains("3.00×"), "{t}");
         assert!(t.contains("- **redis**: redis note"), "{t}");
+    }
+
+    /// The cells of the row whose scenario starts with `scenario`.
+    fn row<'t>(table: &'t str, scenario: &str) -> Vec<&'t str> {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {scenario}")))
+            .unwrap_or_else(|| panic!("no row {scenario} in\n{table}"));
+        line.trim_matches('|').split(" | ").map(str::trim).collect()
+    }
+
+    /// The no-op HTTP ceiling runs only single-message produce: it gets a column and a ratio
+    /// there, "n/a" in every other row, while a peer not run reads "–".
+    #[test]
+    fn a_target_measured_on_some_scenarios_reads_n_a_elsewhere() {
+        let text = [
+            line("narad", "produce", 30000.0, None),
+            line("http-noop", "produce", 60000.0, None),
+            line("narad", "consume", 20000.0, None),
+        ]
+        .join("\n");
+        let t = table(&parse_lines(&text).unwrap());
+        let header = row(&t, "scenario");
+        assert_eq!(header[2], "http-noop", "{t}");
+        assert_eq!(header[6], "narad ÷ http-noop", "{t}");
+        let produce = row(&t, "produce, batch 1");
+        assert!(produce[2].starts_with("60000 msg/s"), "{t}");
+        assert_eq!(produce[3], "–", "redis was not run: {t}");
+        assert_eq!(produce[6], "0.50×", "{t}");
+        let consume = row(&t, "consume + ack");
+        assert_eq!(consume[2], "n/a", "{t}");
+        assert_eq!(consume[6], "n/a", "{t}");
+        assert_eq!(consume[7], "–", "{t}");
+        assert_eq!(
+            t.lines().nth(1),
+            Some("|---|---|---|---|---|---|---|---|---|---|"),
+            "{t}"
+        );
+        assert!(t.contains("- **http-noop**: http-noop note"), "{t}");
     }
 }
