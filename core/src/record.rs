@@ -101,6 +101,31 @@ impl NewRecord {
     }
 }
 
+impl NewRecord {
+    /// The record as committed, its key and payload slices of `chunk`, which holds this
+    /// record's frame (as [`NewRecord::encode`] wrote it) at `at`: no copy of the bytes.
+    pub fn committed_in(&self, chunk: &Bytes, at: usize, offset: u64, timestamp_ms: i64) -> Record {
+        let frame_end = at + self.encoded_len();
+        let key = self.key.as_ref().map(|k| {
+            // after the frame header, the fixed body and the key's u32 length
+            let start = at + FRAME_HEADER_LEN + BODY_FIXED_LEN + 4;
+            chunk.slice(start..start + k.len())
+        });
+        Record {
+            offset,
+            timestamp_ms,
+            delay_ms: self.delay_ms,
+            key,
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), Bytes::copy_from_slice(v)))
+                .collect(),
+            payload: chunk.slice(frame_end - self.payload.len()..frame_end),
+        }
+    }
+}
+
 fn frame_crc(len_bytes: &[u8], body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(len_bytes), body)
 }
@@ -312,6 +337,38 @@ pub(crate) fn fuzz_cases() -> u32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn committed_in_slices_what_encode_wrote() {
+        let records = [
+            NewRecord {
+                payload: Bytes::from_static(b"plain"),
+                ..NewRecord::default()
+            },
+            NewRecord {
+                key: Some(Bytes::from_static(b"k-1")),
+                headers: vec![("h".into(), Bytes::from_static(b"v"))],
+                payload: Bytes::from_static(b"NRDF looks like a frame"),
+                delay_ms: 7,
+            },
+            NewRecord {
+                key: Some(Bytes::new()),
+                payload: Bytes::from_static(b"{}"),
+                ..NewRecord::default()
+            },
+        ];
+        let mut buf = Vec::new();
+        let mut at = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            at.push(buf.len());
+            r.encode(10 + i as u64, 99, &mut buf);
+        }
+        let chunk = Bytes::from(buf);
+        for (i, r) in records.iter().enumerate() {
+            let (decoded, _) = decode_frame(&chunk[at[i]..]).unwrap();
+            assert_eq!(r.committed_in(&chunk, at[i], 10 + i as u64, 99), decoded);
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     /// The matched route pattern (a fixed set) or `unmatched`.
-    pub route: String,
+    pub route: &'static str,
     /// A fixed set (see `http::method_label`).
     pub method: &'static str,
     pub status: u16,

@@ -23,7 +23,8 @@ impl Broker {
             meta.config.clone()
         };
         let n = cfg.partitions;
-        let mut groups: HashMap<u32, Vec<(usize, NewRecord)>> = HashMap::new();
+        let total = messages.len();
+        let mut placed: Vec<(u32, usize, NewRecord)> = Vec::with_capacity(total);
         let mut bytes = 0u64;
         for (index, m) in messages.into_iter().enumerate() {
             bytes += m.payload.len() as u64;
@@ -56,7 +57,8 @@ impl Broker {
                     (topic.produce_rr.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
                 }
             };
-            groups.entry(partition).or_default().push((
+            placed.push((
+                partition,
                 index,
                 NewRecord {
                     key: m.key,
@@ -66,7 +68,8 @@ impl Broker {
                 },
             ));
         }
-        let total: usize = groups.values().map(Vec::len).sum();
+        // by partition, in request order within each (a stable sort: no map per request)
+        placed.sort_by_key(|&(p, _, _)| p);
         let parts = topic.partitions();
         let mut results = vec![
             Produced {
@@ -76,10 +79,18 @@ impl Broker {
             total
         ];
         // Open every log first, so no append starts unless all can be attempted.
-        let mut batches = Vec::with_capacity(groups.len());
-        for (p, items) in groups {
-            let (indices, records): (Vec<usize>, Vec<NewRecord>) = items.into_iter().unzip();
-            batches.push((p, indices, records, self.log_of(&parts[p as usize]).await?));
+        let mut batches: Vec<(u32, Vec<usize>, Vec<NewRecord>, _)> = Vec::new();
+        for (p, index, record) in placed {
+            match batches.last_mut() {
+                Some((last, indices, records, _)) if *last == p => {
+                    indices.push(index);
+                    records.push(record);
+                }
+                _ => {
+                    let log = self.log_of(&parts[p as usize]).await?;
+                    batches.push((p, vec![index], vec![record], log));
+                }
+            }
         }
         // Every partition's appends are queued before any is awaited, so they share the
         // write-ahead log's next round (one fsync for all of them).
@@ -90,7 +101,10 @@ impl Broker {
         let mut outcomes = Vec::with_capacity(submitted.len());
         for (p, indices, rx) in submitted {
             let result = match rx {
-                Ok(rx) => rx.await.unwrap_or(Err(crate::log::LogError::Closed)),
+                Ok(rx) => match rx.await {
+                    Ok(r) => r.map(|(appended, _records)| appended),
+                    Err(_) => Err(crate::log::LogError::Closed),
+                },
                 Err(e) => Err(e),
             };
             outcomes.push((p, indices, result));

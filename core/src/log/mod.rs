@@ -129,13 +129,17 @@ impl TailBudget {
 /// the allocator's per-allocation overhead).
 const CACHED_RECORD_OVERHEAD: usize = 128;
 
+/// What a cached record holds: its share of the group's frames (its whole frame: header,
+/// fixed fields, key, headers, payload) and its own copies of the header names and values.
 fn cached_size(r: &Record) -> usize {
     CACHED_RECORD_OVERHEAD
+        + crate::record::FRAME_HEADER_LEN
+        + 32
         + r.payload.len()
         + r.key.as_ref().map_or(0, Bytes::len)
         + r.headers
             .iter()
-            .map(|(k, v)| k.len() + v.len() + 32)
+            .map(|(k, v)| 2 * (k.len() + v.len()) + 38)
             .sum::<usize>()
 }
 
@@ -237,7 +241,12 @@ pub struct LogStats {
     pub segments: usize,
 }
 
-type AppendReply = oneshot::Sender<Result<Appended, LogError>>;
+/// The answer to an append: what it made durable, and the records handed back to be freed
+/// by the task that made them.
+type AppendReply = oneshot::Sender<AppendOutcome>;
+
+/// What an append's receiver yields (see [`PartitionLog::submit`]).
+pub type AppendOutcome = Result<(Appended, Vec<NewRecord>), LogError>;
 
 struct TailCache {
     records: VecDeque<Arc<Record>>,
@@ -524,7 +533,11 @@ impl PartitionLog {
 
     /// Appends `records` atomically (one write, one fsync) and returns once they are durable.
     pub async fn append(&self, records: Vec<NewRecord>) -> Result<Appended, LogError> {
-        self.submit(records)?.await.map_err(|_| LogError::Closed)?
+        let (appended, _records) = self
+            .submit(records)?
+            .await
+            .map_err(|_| LogError::Closed)??;
+        Ok(appended)
     }
 
     /// Queues `records` for the WAL thread; the receiver answers once they are durable (or
@@ -532,7 +545,7 @@ impl PartitionLog {
     pub fn submit(
         &self,
         records: Vec<NewRecord>,
-    ) -> Result<oneshot::Receiver<Result<Appended, LogError>>, LogError> {
+    ) -> Result<oneshot::Receiver<AppendOutcome>, LogError> {
         debug_assert!(!records.is_empty());
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(LogError::Closed);
@@ -935,6 +948,7 @@ impl Shared {
         next: u64,
         notes: &[(u64, u64, u64)],
         placed: Vec<(u64, Vec<NewRecord>, AppendReply)>,
+        frames: &[u8],
     ) {
         let first_record = {
             let mut w = self.writer.lock();
@@ -951,25 +965,24 @@ impl Shared {
         }
         let caching = self.cfg.tail_cache.limit() > 0;
         let mut fresh = Vec::with_capacity(if caching { notes.len() } else { 0 });
+        // One copy of the group's frames, exactly as large as what it holds, shared by its
+        // cached records: not slices of the producer's request buffers (which a cached slice
+        // would keep alive) and not one allocation per key and payload.
+        let chunk = if caching {
+            Bytes::copy_from_slice(frames)
+        } else {
+            Bytes::new()
+        };
+        let start_pos = notes.first().map_or(0, |n| n.1);
+        let mut notes_iter = notes.iter();
         let mut replies = Vec::with_capacity(placed.len());
         for (base, records, reply) in placed {
             let count = records.len() as u32;
-            // copies: the producer's bytes are usually slices of a much larger request
-            // buffer, which a cached slice would keep alive
-            let cached = if caching { records.as_slice() } else { &[] };
-            for (i, r) in cached.iter().enumerate() {
-                fresh.push(Arc::new(Record {
-                    offset: base + i as u64,
-                    timestamp_ms: ts,
-                    delay_ms: r.delay_ms,
-                    key: r.key.as_deref().map(Bytes::copy_from_slice),
-                    headers: r
-                        .headers
-                        .iter()
-                        .map(|(k, v)| (k.clone(), Bytes::copy_from_slice(v)))
-                        .collect(),
-                    payload: Bytes::copy_from_slice(&r.payload),
-                }));
+            if caching {
+                for (i, r) in records.iter().enumerate() {
+                    let at = notes_iter.next().map_or(0, |n| (n.1 - start_pos) as usize);
+                    fresh.push(Arc::new(r.committed_in(&chunk, at, base + i as u64, ts)));
+                }
             }
             replies.push((
                 reply,
@@ -978,12 +991,15 @@ impl Shared {
                     count,
                     timestamp_ms: ts,
                 },
+                records,
             ));
         }
         self.push_cache(fresh);
         self.next_offset.store(next, Ordering::Release);
-        for (reply, appended) in replies {
-            let _ = reply.send(Ok(appended));
+        for (reply, appended, records) in replies {
+            // the records go back to the producer's task, which frees them where their
+            // request buffer was allocated (not here, across threads)
+            let _ = reply.send(Ok((appended, records)));
         }
     }
 

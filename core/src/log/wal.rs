@@ -845,7 +845,9 @@ impl Writer {
                         let _ = reply.send(Err(LogError::Poisoned(reason.clone())));
                     }
                 }
-                None => e.log.publish(e.ts, e.next, &e.notes, e.placed),
+                None => e
+                    .log
+                    .publish(e.ts, e.next, &e.notes, e.placed, &buf[e.frames]),
             }
         }
         self.buf = buf;

@@ -9,9 +9,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use narad_auth::grant::{self, Action};
 use narad_auth::{AuthError, UserRecord};
@@ -189,11 +188,9 @@ pub fn auth_error(e: &AuthError) -> (ApiError, &'static str) {
     }
 }
 
-pub async fn authenticate(
-    State(state): State<SharedState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
+/// Authenticates the request: records the peer and the caller in its extensions, or
+/// answers the refusal (401 with a challenge, 429 when throttled).
+pub async fn authenticate(state: &SharedState, req: &mut Request) -> Result<(), Response> {
     let peer = Peer(
         req.extensions()
             .get::<axum::extract::ConnectInfo<PeerAddr>>()
@@ -224,13 +221,17 @@ pub async fn authenticate(
                             HeaderValue::from_static("Basic realm=\"narad\", charset=\"UTF-8\""),
                         );
                     }
-                    return resp;
+                    return Err(resp);
                 }
             }
         }
     };
     req.extensions_mut().insert(caller);
-    let resp = next.run(req).await;
+    Ok(())
+}
+
+/// Counts an answer that refused an authenticated caller (`forbidden`).
+pub fn count_refusal(state: &SharedState, resp: &Response) {
     if resp.status() == StatusCode::FORBIDDEN {
         state
             .metrics
@@ -240,5 +241,4 @@ pub async fn authenticate(
             })
             .inc();
     }
-    resp
 }

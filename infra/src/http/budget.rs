@@ -24,9 +24,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
@@ -89,7 +88,7 @@ impl Held {
         self.taken.lock().push(taken);
     }
 
-    fn release(&self) {
+    pub fn release(&self) {
         self.taken.lock().clear();
     }
 }
@@ -198,14 +197,14 @@ pub fn spent() -> ApiError {
     )
 }
 
-/// Middleware: counts the request's body against the budget while the request is served.
-pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
-    let budget = state.body_budget.clone();
-    let held = Held::new(principal(&req));
+/// Counts the request's body against the budget while the request is served: returns the
+/// holding, to be released once the response is made.
+pub fn limit(state: &SharedState, req: &mut Request) -> Held {
+    let held = Held::new(principal(req));
     // Only produce routes reserve their announced body, and never more than the route
     // reads (a larger one is refused 413 once that much has arrived: answering before the
     // client has sent its body would leave most clients a broken pipe instead of the 413).
-    let announced = match body_limit(&state, &req) {
+    let announced = match body_limit(state, req) {
         // a route that reads no body: nothing to count or time
         (0, _) => None,
         (limit, true) => Some(content_length(req.headers()).unwrap_or(0).min(limit)),
@@ -216,7 +215,7 @@ pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Nex
         let timeout = std::time::Duration::from_millis(state.cfg.body_read_timeout_ms);
         *req.body_mut() = Body::new(Budgeted {
             inner,
-            budget: budget.clone(),
+            budget: state.body_budget.clone(),
             held: held.clone(),
             announced,
             free: 0,
@@ -225,9 +224,7 @@ pub async fn limit(State(state): State<SharedState>, mut req: Request, next: Nex
         });
     }
     req.extensions_mut().insert(held.clone());
-    let resp = next.run(req).await;
-    held.release();
-    resp
+    held
 }
 
 /// Whom a request's bytes are counted for: its user (`None` with security off).
