@@ -17,8 +17,8 @@
 //! files that cover them go. While the node is busy the queue fills during each `fdatasync`,
 //! so one sync covers whatever every partition received meanwhile.
 //!
-//! File `wal/<seq, 20 digits>.wal`: magic `NRDWAL01`, then entries `u32 body_len, u32
-//! CRC32C(body), body`. Body kinds: `1` register (`u32 log id`, the partition directory
+//! File `wal/<seq, 20 digits>.wal`: magic `NRDWAL02`, `u64` seq, then entries `u32
+//! body_len, u32 CRC32C(seq ‖ body), body`; zeros after the last entry. Body kinds: `1` register (`u32 log id`, the partition directory
 //! relative to the data directory, UTF-8), `2` append (`u32 log id, u64 segment base, u64
 //! byte position in the segment`, then the record frames exactly as the segment holds
 //! them). Log ids are per file: each file registers a log before its first append there.
@@ -43,8 +43,13 @@ use super::{AppendReply, LogError, Shared, io_err, segment};
 use crate::metrics::CoreMetrics;
 use crate::record::NewRecord;
 
-const MAGIC: &[u8; 8] = b"NRDWAL01";
+const MAGIC: &[u8; 8] = b"NRDWAL02";
+/// Magic, then the file's sequence number.
+const FILE_HEADER: u64 = 16;
 const SUFFIX: &str = ".wal";
+/// Prefix of a preallocated file waiting to become the next WAL file (`spare.<n>`; not a
+/// name replay reads).
+const SPARE: &str = "spare.";
 const ENTRY_HEADER: usize = 8;
 const KIND_REGISTER: u8 = 1;
 const KIND_APPEND: u8 = 2;
@@ -138,6 +143,9 @@ pub(super) struct WalInner {
     poisoned: Mutex<Option<String>>,
     pub(super) metrics: Arc<CoreMetrics>,
     next_log_id: AtomicU32,
+    /// A preallocated file ready to be the next WAL file, and its path.
+    spare: Mutex<Option<(File, PathBuf)>>,
+    spares_made: AtomicU32,
     #[cfg(test)]
     pub(super) faults: Option<Arc<super::disk::faults::FaultDisk>>,
 }
@@ -170,6 +178,12 @@ impl WalInner {
 
     pub(super) fn root(&self) -> &Path {
         &self.root
+    }
+
+    fn spare_path(&self) -> PathBuf {
+        let n = self.spares_made.fetch_add(1, Ordering::Relaxed);
+        self.dir
+            .join(format!("{SPARE}{}{n:06}", std::process::id()))
     }
 
     pub(super) fn next_log_id(&self) -> u32 {
@@ -262,13 +276,21 @@ impl Wal {
             poisoned: Mutex::new(None),
             metrics,
             next_log_id: AtomicU32::new(1),
+            spare: Mutex::new(None),
+            spares_made: AtomicU32::new(0),
             #[cfg(test)]
             faults,
         });
-        let (file, pos) = create_file(&inner, seq)?;
+        let _ = std::fs::remove_file(dir.join("spare.tmp"));
+        adopt_spare(&inner, cfg.rotate_bytes);
+        let (file, pos, preallocated) = create_file(&inner, seq)?;
         let (ckpt_tx, ckpt_rx) = std::sync::mpsc::channel();
         let writer = Writer {
             inner: inner.clone(),
+            salt: crc32c::crc32c(&seq.to_le_bytes()),
+            preallocated,
+            spare_requested: false,
+            appended: 0,
             cfg,
             file,
             seq,
@@ -358,15 +380,83 @@ fn list_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LogError> {
     Ok(files)
 }
 
-fn create_file(inner: &WalInner, seq: u64) -> Result<(DataFile, u64), LogError> {
+/// Starts WAL file `seq`: the spare if one is ready (preallocated), else a new, empty file.
+/// Returns the file, where entries start, and whether it is preallocated.
+fn create_file(inner: &WalInner, seq: u64) -> Result<(DataFile, u64, bool), LogError> {
     let path = wal_path(&inner.dir, seq);
-    let file = crate::fsutil::create_new_private(&path).map_err(io_err(&path))?;
-    let file = inner.data_file(file, &path);
-    file.write_all_at(MAGIC, 0)
-        .and_then(|()| file.sync_data())
-        .and_then(|()| crate::fsutil::sync_dir(&inner.dir))
-        .map_err(io_err(&path))?;
-    Ok((file, MAGIC.len() as u64))
+    let mut header = [0u8; FILE_HEADER as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..].copy_from_slice(&seq.to_le_bytes());
+    let spare = inner.spare.lock().take();
+    let (file, preallocated) = match spare {
+        Some((f, spare_path)) => {
+            // the header first, then the name: a crash between leaves a file whose header
+            // does not match its name, which replay ignores
+            f.write_all_at(&header, 0)
+                .and_then(|()| f.sync_data())
+                .and_then(|()| std::fs::rename(&spare_path, &path))
+                .map_err(io_err(&path))?;
+            (inner.data_file(f, &path), true)
+        }
+        None => {
+            let f = crate::fsutil::create_new_private(&path).map_err(io_err(&path))?;
+            let f = inner.data_file(f, &path);
+            f.write_all_at(&header, 0)
+                .and_then(|()| f.sync_data())
+                .map_err(io_err(&path))?;
+            (f, false)
+        }
+    };
+    crate::fsutil::sync_dir(&inner.dir).map_err(io_err(&path))?;
+    Ok((file, FILE_HEADER, preallocated))
+}
+
+/// Zero-fills a spare WAL file of `bytes` (background, once per node) and offers it.
+fn prepare_spare(inner: &WalInner, bytes: u64) -> io::Result<()> {
+    let path = inner.spare_path();
+    let tmp = inner.dir.join("spare.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let file = crate::fsutil::create_new_private(&tmp)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < bytes {
+        let n = zeros.len().min((bytes - at) as usize);
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    file.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    crate::fsutil::sync_dir(&inner.dir)?;
+    offer_spare(inner, &path)
+}
+
+/// Puts the file at `path` (a `spare.<n>`) in the writer's slot.
+fn offer_spare(inner: &WalInner, path: &Path) -> io::Result<()> {
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    *inner.spare.lock() = Some((file, path.to_owned()));
+    Ok(())
+}
+
+/// At open: keeps one spare that is large enough (offered to the writer), removes the rest.
+fn adopt_spare(inner: &WalInner, rotate_bytes: u64) {
+    let Ok(entries) = std::fs::read_dir(&inner.dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(SPARE) else {
+            continue;
+        };
+        let path = e.path();
+        let usable = rest.bytes().all(|b| b.is_ascii_digit())
+            && !rest.is_empty()
+            && e.metadata()
+                .is_ok_and(|m| m.is_file() && m.len() >= rotate_bytes)
+            && inner.spare.lock().is_none();
+        if !(usable && offer_spare(inner, &path).is_ok()) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// A segment replay wrote into: kept open to be synced (and cut) at the end.
@@ -383,16 +473,22 @@ fn replay(root: &Path, files: &[(u64, PathBuf)]) -> Result<WalReplay, LogError> 
         ..WalReplay::default()
     };
     let mut segments: HashMap<PathBuf, Option<Replayed>> = HashMap::new();
-    for (_, path) in files {
+    for (seq, path) in files {
         let file = File::open(path).map_err(io_err(path))?;
         let size = file.metadata().map_err(io_err(path))?.len();
         let mut reader = io::BufReader::with_capacity(1 << 20, file);
-        let mut magic = [0u8; 8];
-        if reader.read_exact(&mut magic).is_err() || &magic != MAGIC {
+        let mut header = [0u8; FILE_HEADER as usize];
+        if reader.read_exact(&mut header).is_err() || &header[..8] != MAGIC {
             tracing::warn!(path = %path.display(), "write-ahead log file without its magic; ignored");
             continue;
         }
-        let mut at = MAGIC.len() as u64;
+        if header[8..] != seq.to_le_bytes() {
+            // a spare being renamed into place when the node stopped: nothing in it is ours
+            tracing::info!(path = %path.display(), "write-ahead log file of another number; ignored");
+            continue;
+        }
+        let salt = crc32c::crc32c(&seq.to_le_bytes());
+        let mut at = FILE_HEADER;
         let mut logs: HashMap<u32, PathBuf> = HashMap::new();
         let mut body = Vec::new();
         loop {
@@ -407,13 +503,17 @@ fn replay(root: &Path, files: &[(u64, PathBuf)]) -> Result<WalReplay, LogError> 
             }
             let len = u64::from(u32::from_le_bytes(header[..4].try_into().expect("4")));
             let crc = u32::from_le_bytes(header[4..].try_into().expect("4"));
+            if len == 0 && crc == 0 {
+                // the zeros of a preallocated file: the clean end
+                break;
+            }
             if len == 0 || len > MAX_ENTRY_BODY || at + ENTRY_HEADER as u64 + len > size {
                 report.torn = true;
                 break;
             }
             body.resize(len as usize, 0);
             if read_full(&mut reader, &mut body).map_err(io_err(path))? != body.len()
-                || crc32c::crc32c(&body) != crc
+                || crc32c::crc32c_append(salt, &body) != crc
             {
                 report.torn = true;
                 break;
@@ -443,7 +543,7 @@ fn replay(root: &Path, files: &[(u64, PathBuf)]) -> Result<WalReplay, LogError> 
             }
         }
         if report.torn {
-            tracing::warn!(path = %path.display(), at, "write-ahead log ends in a torn entry (never acknowledged); replay stops there");
+            tracing::info!(path = %path.display(), at, "write-ahead log replay stops at an invalid entry (a write that was never acknowledged, or an old entry of a recycled file)");
         }
     }
     for (path, seg) in segments {
@@ -543,16 +643,34 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 enum Job {
-    /// Sync these segment files, then delete the WAL files up to `upto`.
+    /// Sync these segment files, then remove the WAL files up to `upto` (one of them kept as
+    /// the next spare if none is waiting and it is at least `spare_bytes`).
     Checkpoint {
         files: Vec<Arc<DataFile>>,
         upto: u64,
+        spare_bytes: u64,
     },
+    /// Zero-fill a spare of this size.
+    Prepare { bytes: u64 },
 }
 
 fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
     while let Ok(job) = rx.recv() {
-        let Job::Checkpoint { files, upto } = job;
+        let (files, upto, spare_bytes) = match job {
+            Job::Checkpoint {
+                files,
+                upto,
+                spare_bytes,
+            } => (files, upto, spare_bytes),
+            Job::Prepare { bytes } => {
+                if inner.spare.lock().is_none()
+                    && let Err(e) = prepare_spare(inner, bytes)
+                {
+                    tracing::warn!(error = %e, "could not preallocate a WAL file; syncs stay slower");
+                }
+                continue;
+            }
+        };
         if inner.poisoned().is_some() {
             continue;
         }
@@ -568,6 +686,10 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
         if let Ok(list) = list_files(&inner.dir) {
             for (seq, path) in list {
                 if seq <= upto {
+                    if recycle(inner, &path, spare_bytes) {
+                        removed += 1;
+                        continue;
+                    }
                     match std::fs::remove_file(&path) {
                         Ok(()) => removed += 1,
                         Err(e) => {
@@ -588,6 +710,22 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
             .wal_checkpoint_seconds
             .observe(started.elapsed().as_secs_f64());
     }
+}
+
+/// Renames a checkpointed WAL file to be the next spare, if none is waiting and it is fully
+/// allocated (at least `spare_bytes`). Its old entries stay, but fail their CRC under the
+/// number it gets next.
+fn recycle(inner: &WalInner, path: &Path, spare_bytes: u64) -> bool {
+    if spare_bytes == 0
+        || inner.spare.lock().is_some()
+        || !std::fs::metadata(path).is_ok_and(|m| m.len() >= spare_bytes)
+    {
+        return false;
+    }
+    let spare = inner.spare_path();
+    std::fs::rename(path, &spare).is_ok()
+        && crate::fsutil::sync_dir(&inner.dir).is_ok()
+        && offer_spare(inner, &spare).is_ok()
 }
 
 /// One partition's share of a round.
@@ -614,6 +752,13 @@ struct Encoded {
 
 struct Writer {
     inner: Arc<WalInner>,
+    /// CRC32C of the current file's seq: the start of every entry's CRC.
+    salt: u32,
+    /// The current file was a spare (writes overwrite allocated blocks).
+    preallocated: bool,
+    spare_requested: bool,
+    /// Bytes written since open (a busy node gets a spare).
+    appended: u64,
     cfg: WalConfig,
     file: DataFile,
     seq: u64,
@@ -669,6 +814,8 @@ impl Writer {
             let _ = self.ckpt.send(Job::Checkpoint {
                 files,
                 upto: self.seq,
+                // (the current file too: keep one for the next start)
+                spare_bytes: self.cfg.rotate_bytes,
             });
         }
     }
@@ -749,7 +896,7 @@ impl Writer {
             match g.log.prepare(&self.inner, g.bytes) {
                 Ok((file, base, start_pos, ts, next)) => {
                     if self.registered.insert(g.log.id) {
-                        encode_register(&mut buf, g.log.id, &g.log.relpath);
+                        encode_register(&mut buf, g.log.id, &g.log.relpath, self.salt);
                     }
                     let header = buf.len();
                     buf.extend_from_slice(&[0; ENTRY_HEADER]);
@@ -772,7 +919,7 @@ impl Writer {
                         }
                         placed.push((first, records, reply));
                     }
-                    finish_entry(&mut buf, header);
+                    finish_entry(&mut buf, header, self.salt);
                     self.dirty
                         .entry((g.log.id, base))
                         .or_insert_with(|| file.clone());
@@ -835,6 +982,7 @@ impl Writer {
             }
         }
         self.pos += buf.len() as u64;
+        self.appended += buf.len() as u64;
         m.appended_bytes.inc_by(buf.len() as u64);
         let records: usize = encoded.iter().map(|e| e.notes.len()).sum();
         m.records_per_fsync.observe(records as f64);
@@ -851,7 +999,15 @@ impl Writer {
             }
         }
         self.buf = buf;
-        if self.pos >= self.cfg.rotate_bytes.max(self.rotate_retry_at) {
+        if !self.spare_requested && self.appended >= (self.cfg.rotate_bytes / 4).min(1 << 20) {
+            // a busy node: preallocate a file in the background, and move to it when ready
+            self.spare_requested = true;
+            let _ = self.ckpt.send(Job::Prepare {
+                bytes: self.cfg.rotate_bytes,
+            });
+        }
+        let spare_ready = !self.preallocated && self.inner.spare.lock().is_some();
+        if spare_ready || self.pos >= self.cfg.rotate_bytes.max(self.rotate_retry_at) {
             self.rotate();
         }
     }
@@ -859,14 +1015,17 @@ impl Writer {
     fn rotate(&mut self) {
         let seq = self.seq + 1;
         match create_file(&self.inner, seq) {
-            Ok((file, pos)) => {
+            Ok((file, pos, preallocated)) => {
                 let files = self.dirty.drain().map(|(_, f)| f).collect();
                 let _ = self.ckpt.send(Job::Checkpoint {
                     files,
                     upto: self.seq,
+                    spare_bytes: self.cfg.rotate_bytes,
                 });
                 self.file = file;
                 self.seq = seq;
+                self.salt = crc32c::crc32c(&seq.to_le_bytes());
+                self.preallocated = preallocated;
                 self.pos = pos;
                 self.registered.clear();
                 self.rotate_retry_at = 0;
@@ -881,20 +1040,21 @@ impl Writer {
     }
 }
 
-fn encode_register(buf: &mut Vec<u8>, id: u32, rel: &str) {
+fn encode_register(buf: &mut Vec<u8>, id: u32, rel: &str, salt: u32) {
     let header = buf.len();
     buf.extend_from_slice(&[0; ENTRY_HEADER]);
     buf.push(KIND_REGISTER);
     buf.extend_from_slice(&id.to_le_bytes());
     buf.extend_from_slice(rel.as_bytes());
-    finish_entry(buf, header);
+    finish_entry(buf, header, salt);
 }
 
-/// Fills in the length and CRC of the entry whose header starts at `header`.
-fn finish_entry(buf: &mut [u8], header: usize) {
+/// Fills in the length and CRC of the entry whose header starts at `header` (`salt`: the
+/// CRC of the file's seq).
+fn finish_entry(buf: &mut [u8], header: usize, salt: u32) {
     let body = &buf[header + ENTRY_HEADER..];
     let len = body.len() as u32;
-    let crc = crc32c::crc32c(body);
+    let crc = crc32c::crc32c_append(salt, body);
     buf[header..header + 4].copy_from_slice(&len.to_le_bytes());
     buf[header + 4..header + 8].copy_from_slice(&crc.to_le_bytes());
 }
