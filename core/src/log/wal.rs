@@ -59,6 +59,8 @@ const APPEND_FIXED: usize = 1 + 4 + 8 + 8;
 const MAX_ENTRY_BODY: u64 = 1 << 30;
 /// A round stops taking appends past this many bytes (the rest wait for the next round).
 const MAX_ROUND_BYTES: usize = 8 * 1024 * 1024;
+/// Yields the writer spends gathering a round (see `Writer::run`).
+const GATHER_YIELDS: usize = 2;
 /// The writer's name in `narad_task_panics_total` and `/readyz`.
 const WRITER_TASK: &str = "log_writer";
 
@@ -776,13 +778,29 @@ struct Writer {
 impl Writer {
     fn run(mut self) {
         loop {
-            let (cmds, stop) = {
+            {
                 let mut q = self.inner.queue.lock();
                 while q.cmds.is_empty() && !q.stop {
                     q.idle = true;
                     self.inner.wake.wait(&mut q);
                 }
                 q.idle = false;
+            }
+            // Let the producers that are already runnable queue their appends before the round
+            // closes, for as long as more keep coming (a few yields at most): on a busy node
+            // every round costs a sync whatever it holds, so fewer, larger rounds spend less
+            // CPU per message; idle, this costs a few µs.
+            let mut seen = self.inner.queue.lock().cmds.len();
+            for _ in 0..GATHER_YIELDS {
+                std::thread::yield_now();
+                let now = self.inner.queue.lock().cmds.len();
+                if now == seen {
+                    break;
+                }
+                seen = now;
+            }
+            let (cmds, stop) = {
+                let mut q = self.inner.queue.lock();
                 (std::mem::take(&mut q.cmds), q.stop)
             };
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.round(cmds)));
