@@ -110,7 +110,8 @@ impl Broker {
             part.touch(now);
             let mut source = ReadAhead {
                 log: &log,
-                seen: HashMap::new(),
+                runs: Vec::new(),
+                ahead: (max - out.len()).clamp(1, READ_AHEAD_MAX),
                 topic: &topic.label.topic,
                 partition: part.index,
             };
@@ -140,11 +141,10 @@ impl Broker {
                 leased
             };
             let topic_id = topic.id();
-            let mut seen = source.seen;
             let mut counted = Vec::with_capacity(leased.len());
             for l in leased {
-                let record = match seen.remove(&l.offset) {
-                    Some(r) => Some(r),
+                let record = match source.get(l.offset) {
+                    Some(r) => Some(r.clone()),
                     None => log
                         .read(l.offset, 1, 0)
                         .ok()
@@ -412,11 +412,17 @@ impl Broker {
     }
 }
 
+/// Most records one read of a consume takes ahead.
+const READ_AHEAD_MAX: usize = 64;
+
 /// The records a consume looks at, read ahead from the log: the next offsets are usually
-/// scanned right after this one.
+/// scanned right after this one. The first read takes as many as the consume wants (one for
+/// `max=1`), each further read twice as many, up to [`READ_AHEAD_MAX`]; the records are kept
+/// as the contiguous runs the log returned (no map per request).
 pub(super) struct ReadAhead<'a> {
     log: &'a crate::log::PartitionLog,
-    seen: HashMap<u64, Arc<Record>>,
+    runs: Vec<Vec<Arc<Record>>>,
+    ahead: usize,
     topic: &'a str,
     partition: u32,
 }
@@ -426,20 +432,30 @@ impl ReadAhead<'_> {
     pub(super) fn reply_weight(&mut self, offset: u64) -> usize {
         use crate::queue::DueSource as _;
         self.due_ms(offset);
-        self.seen.get(&offset).map_or(0, |r| r.reply_weight())
+        self.get(offset).map_or(0, |r| r.reply_weight())
+    }
+
+    fn get(&self, o: u64) -> Option<&Arc<Record>> {
+        self.runs.iter().find_map(|run| {
+            let first = run.first()?.offset;
+            let i = usize::try_from(o.checked_sub(first)?).ok()?;
+            run.get(i).filter(|r| r.offset == o)
+        })
     }
 }
 
 impl crate::queue::DueSource for ReadAhead<'_> {
     fn due_ms(&mut self, o: u64) -> Option<i64> {
-        if let Some(r) = self.seen.get(&o) {
+        if let Some(r) = self.get(o) {
             return Some(r.due_ms());
         }
-        match self.log.read(o, 64, 1 << 20) {
+        let ahead = self.ahead;
+        self.ahead = (ahead * 2).min(READ_AHEAD_MAX);
+        match self.log.read(o, ahead, 1 << 20) {
             Ok(recs) => {
                 let due = recs.first().filter(|r| r.offset == o).map(|r| r.due_ms());
-                for r in recs {
-                    self.seen.insert(r.offset, r);
+                if !recs.is_empty() {
+                    self.runs.push(recs);
                 }
                 due
             }
