@@ -323,16 +323,18 @@ async fn stop(wal: Wal, abandon: bool) {
     .unwrap();
 }
 
+/// The log in `root/p0`, appending through `wal`.
+fn open_p0(root: &Path, wal: &Wal) -> PartitionLog {
+    let clock = ManualClock::new(1_000);
+    let metrics = Arc::new(CoreMetrics::default());
+    PartitionLog::open(&root.join("p0"), small(wal), clock, metrics)
+        .unwrap()
+        .0
+}
+
 /// Appends `n` records of `size` bytes to the log in `root/p0`, returns their payloads.
 async fn fill(root: &Path, wal: &Wal, tag: &str, n: usize, size: usize) -> Vec<Bytes> {
-    let clock = ManualClock::new(1_000);
-    let (log, _) = PartitionLog::open(
-        &root.join("p0"),
-        small(wal),
-        clock,
-        Arc::new(CoreMetrics::default()),
-    )
-    .unwrap();
+    let log = open_p0(root, wal);
     let mut out = Vec::new();
     for i in 0..n {
         let mut p = format!("{tag}-{i}-").into_bytes();
@@ -351,14 +353,7 @@ async fn fill(root: &Path, wal: &Wal, tag: &str, n: usize, size: usize) -> Vec<B
 }
 
 async fn read_all(root: &Path, wal: &Wal) -> Vec<Bytes> {
-    let clock = ManualClock::new(1_000);
-    let (log, _) = PartitionLog::open(
-        &root.join("p0"),
-        small(wal),
-        clock,
-        Arc::new(CoreMetrics::default()),
-    )
-    .unwrap();
+    let log = open_p0(root, wal);
     let mut out = Vec::new();
     while (out.len() as u64) < log.next_offset() {
         let got = log.read(out.len() as u64, 1000, usize::MAX).unwrap();
