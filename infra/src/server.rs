@@ -44,6 +44,61 @@ pub enum ServerError {
     FdLimit(String),
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
+    #[error(
+        "data directory {dir} is in use by another narad process{holder}: two brokers on one data directory would hand out the same offsets and delete each other's write-ahead log"
+    )]
+    DataDirInUse { dir: String, holder: String },
+}
+
+/// The file whose exclusive lock says a process serves the data directory.
+const LOCK_FILE: &str = "narad.lock";
+
+/// Takes the data directory for this process: an exclusive lock on `<data_dir>/narad.lock`,
+/// held until the returned file is dropped (the kernel releases it if the process dies), so
+/// a second broker on the same directory refuses to start instead of replaying and deleting
+/// the first one's write-ahead log. The file holds the holder's pid, for the message.
+fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    narad_core::fsutil::create_dir_private(dir)?;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = dir.join(LOCK_FILE);
+    // never a link or a device planted under the name (it is truncated below)
+    if let Ok(m) = std::fs::symlink_metadata(&path)
+        && !m.is_file()
+    {
+        return Err(
+            std::io::Error::other(format!("{} is not a regular file", path.display())).into(),
+        );
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = pid.trim();
+            let holder = if pid.is_empty() || pid.len() > 20 {
+                String::new()
+            } else {
+                format!(" (pid {pid})")
+            };
+            return Err(ServerError::DataDirInUse {
+                dir: dir.display().to_string(),
+                holder,
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
 }
 
 /// The user store and its authenticator (security on), and the root password to seed with
@@ -369,6 +424,8 @@ pub async fn run_observed(
     shutdown: impl Future<Output = ()> + Send + 'static,
     observe: impl FnOnce(&Arc<AppState>, &Arc<Supervisor>),
 ) -> Result<(), ServerError> {
+    // before anything reads or writes the data directory; held until this returns
+    let _data_dir_lock = lock_data_dir(&config.data_dir)?;
     let nofile = crate::fdlimit::raise_nofile();
     let plan = crate::fdlimit::plan(nofile.soft, config.max_connections, config.max_open_logs)
         .map_err(ServerError::FdLimit)?;

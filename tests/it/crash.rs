@@ -161,3 +161,53 @@ async fn delivery_counts_survive_kill_9() {
     let handle = m["receipt_handle"].as_str().unwrap().to_owned();
     assert_eq!(s.ack("poison", &handle, None).await, StatusCode::NO_CONTENT);
 }
+
+/// A second broker on a data directory another one serves refuses to start (it would hand
+/// out the same offsets and replay and delete the first one's write-ahead log); the first
+/// one goes on, with nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_broker_on_the_same_data_directory_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "t", "partitions": 1})).await;
+    let r = s.post_json("/v1/topics/t/produce", &json!("before")).await;
+    assert_eq!(r.status(), reqwest::StatusCode::ACCEPTED);
+    let log = dir.path().join("second.log");
+    let mut second = std::process::Command::new(BIN)
+        .args(["server", "start", "--dev", "--port", "0", "--data-dir"])
+        .arg(&s.data_dir)
+        .arg("--addr-file")
+        .arg(dir.path().join("second.addr"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(dir.path().join("second.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the second broker kept running");
+        poll_pause().await;
+    };
+    assert!(!status.success());
+    let said = std::fs::read_to_string(&log).unwrap()
+        + &std::fs::read_to_string(dir.path().join("second.err")).unwrap();
+    assert!(said.contains("in use by another narad process"), "{said}");
+    let r = s.post_json("/v1/topics/t/produce", &json!("after")).await;
+    assert_eq!(r.status(), reqwest::StatusCode::ACCEPTED);
+    s.kill9();
+    s.restart().await;
+    let got = s
+        .consume("t", "?partition=0&offset=0&max=10")
+        .await
+        .expect("records");
+    let payloads: Vec<&Value> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["payload"])
+        .collect();
+    assert_eq!(payloads, [&json!("before"), &json!("after")]);
+}
