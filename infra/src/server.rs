@@ -80,8 +80,9 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
+            // (a pid is a few bytes: a planted large file is not read whole)
             let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
+            let _ = (&mut file).take(32).read_to_string(&mut pid);
             let pid = pid.trim();
             let holder = if pid.is_empty() || pid.len() > 20 {
                 String::new()

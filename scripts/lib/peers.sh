@@ -9,7 +9,7 @@
 #   start_redis  "$base" 16379         # AOF with fsync on every write, like narad's 202
 #   start_nats   "$base" 14222         # JetStream, file storage
 #   start_rabbit "$base" 15672         # AMQP listener; dist port 25672, epmd 4369
-#   read -r p50 p99 < <(fsync_latency_us "$base")
+#   read -r p50 p99 cpu < <(fsync_latency_us "$base")
 #   machine_description "$base"
 #
 # Every server listens on loopback only: this workplace forbids traffic to anything else, and
@@ -346,28 +346,36 @@ stop_peers() {
 # ---------------------------------------------------------------------------------------------
 # Machine facts for the report
 
-# fsync_latency_us DIR [COUNT]: "p50_us p99_us" of appending 4 KiB and fdatasync-ing it, COUNT
-# times (default 200), in a scratch file in DIR. Appending (not overwriting one block) is what
-# a log does, including the size/extent metadata the flush must carry; every throughput number
-# with fsync per write is bounded by this, so it belongs next to them.
+# fsync_latency_us DIR [COUNT] [MODE]: "p50_us p99_us cpu_us" of writing 4 KiB and
+# fdatasync-ing it, COUNT times (default 200), in a scratch file in DIR; cpu_us is the process's
+# CPU (user + system) per write + sync. MODE `append` (default) grows the file, carrying the
+# size/extent metadata the flush must write, as a log that appends does; `overwrite` writes into
+# a file zero-filled beforehand, as Narad's preallocated write-ahead log files do. Every
+# throughput number with fsync per write is bounded by this, so it belongs next to them.
 fsync_latency_us() {
-  local dir=${1:?usage: fsync_latency_us DIR [COUNT]} count=${2:-200}
-  python3 - "$dir" "$count" <<'PY'
+  local dir=${1:?usage: fsync_latency_us DIR [COUNT] [MODE]} count=${2:-200} mode=${3:-append}
+  python3 - "$dir" "$count" "$mode" <<'PY'
 import math, os, sys, tempfile, time
 
-directory, count = sys.argv[1], int(sys.argv[2])
+directory, count, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 fd, path = tempfile.mkstemp(prefix=".fsync-probe-", dir=directory)
 try:
     block = os.urandom(4096)
+    if mode == "overwrite":
+        os.write(fd, bytes(4096 * (count + 20)))
+        os.fsync(fd)
+        os.lseek(fd, 0, os.SEEK_SET)
     for _ in range(10):  # warm-up: first allocations and journal commits are outliers
         os.write(fd, block)
         os.fdatasync(fd)
     samples = []
+    cpu0 = time.process_time()
     for _ in range(count):
         t0 = time.perf_counter()
         os.write(fd, block)
         os.fdatasync(fd)
         samples.append(time.perf_counter() - t0)
+    cpu = (time.process_time() - cpu0) / count
 finally:
     os.close(fd)
     os.unlink(path)
@@ -375,7 +383,7 @@ samples.sort()
 mid = count // 2
 p50 = samples[mid] if count % 2 else (samples[mid - 1] + samples[mid]) / 2
 p99 = samples[max(0, math.ceil(0.99 * count) - 1)]  # nearest rank
-print(f"{p50 * 1e6:.0f} {p99 * 1e6:.0f}")
+print(f"{p50 * 1e6:.0f} {p99 * 1e6:.0f} {cpu * 1e6:.0f}")
 PY
 }
 

@@ -391,11 +391,7 @@ impl std::fmt::Debug for Broker {
     }
 }
 
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).expect("operating system random source");
-    u64::from_le_bytes(b)
-}
+use crate::random_u64;
 
 impl Broker {
     /// Opens the broker: loads topic metadata, recovers every partition, starts background

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use super::disk::faults::{FaultDisk, Rng};
 use super::*;
-use crate::clock::ManualClock;
+use crate::clock::{ManualClock, SharedClock};
 
 struct Acked {
     log: usize,
@@ -29,6 +29,24 @@ fn payload(rng: &mut Rng, tag: &str) -> Bytes {
     }
     s.extend(std::iter::repeat_n('x', pad));
     Bytes::from(s)
+}
+
+/// Partition `i` of a case: the log in `root/p<i>`.
+fn open_log(
+    root: &Path,
+    i: usize,
+    cfg: &LogConfig,
+    clock: &Arc<ManualClock>,
+    metrics: &Arc<CoreMetrics>,
+) -> Result<PartitionLog, LogError> {
+    let clock: SharedClock = clock.clone();
+    PartitionLog::open(
+        &root.join(format!("p{i}")),
+        cfg.clone(),
+        clock,
+        metrics.clone(),
+    )
+    .map(|(log, _)| log)
 }
 
 async fn run_case(seed: u64) {
@@ -56,17 +74,9 @@ async fn run_case(seed: u64) {
         wal: Some(wal.clone()),
     };
     let nlogs = 1 + rng.below(4) as usize;
-    let mut logs = Vec::new();
-    for i in 0..nlogs {
-        let (log, _) = PartitionLog::open(
-            &root.join(format!("p{i}")),
-            cfg.clone(),
-            clock.clone(),
-            metrics.clone(),
-        )
-        .unwrap();
-        logs.push(Arc::new(log));
-    }
+    let logs: Vec<Arc<PartitionLog>> = (0..nlogs)
+        .map(|i| Arc::new(open_log(root, i, &cfg, &clock, &metrics).unwrap()))
+        .collect();
     // where it fails: a crash at some sync, an fsync error (the process goes on) then a
     // crash, or a crash after the workload (whatever is unsynced then is at risk)
     match rng.below(3) {
@@ -140,13 +150,8 @@ async fn run_case(seed: u64) {
     let acked = std::mem::take(&mut *acked.lock());
     let mut counts = Vec::new();
     for i in 0..nlogs {
-        let (log, _) = PartitionLog::open(
-            &root.join(format!("p{i}")),
-            cfg.clone(),
-            clock.clone(),
-            metrics.clone(),
-        )
-        .unwrap_or_else(|e| panic!("seed {seed}: log {i} does not open: {e} ({replayed:?})"));
+        let log = open_log(root, i, &cfg, &clock, &metrics)
+            .unwrap_or_else(|e| panic!("seed {seed}: log {i} does not open: {e} ({replayed:?})"));
         let mut found: HashMap<u64, Bytes> = HashMap::new();
         let mut at = log.oldest_offset();
         while at < log.next_offset() {
@@ -197,13 +202,7 @@ async fn run_case(seed: u64) {
             wal: Some(wal.clone()),
             ..LogConfig::default()
         };
-        let (log, _) = PartitionLog::open(
-            &root.join(format!("p{i}")),
-            cfg,
-            clock.clone(),
-            metrics.clone(),
-        )
-        .unwrap();
+        let log = open_log(root, i, &cfg, &clock, &metrics).unwrap();
         assert_eq!(log.next_offset(), count, "seed {seed}: log {i} changed");
         log.close().await;
     }
