@@ -126,11 +126,17 @@ impl Http {
 
 /// A non-2xx answer, counted under its status; the detail names the error code.
 pub fn http_error(status: StatusCode, body: &[u8]) -> BenchError {
-    let detail = match serde_json::from_slice::<ErrorBody>(body) {
-        Ok(e) => format!("{}: {}", e.code, e.error),
-        Err(_) => String::from_utf8_lossy(body).into_owned(),
-    };
-    BenchError::new(format!("http {}", status.as_u16()), detail)
+    match serde_json::from_slice::<ErrorBody>(body) {
+        // the code is part of the cause, so a run's error counts say which 503 it was
+        Ok(e) => BenchError::new(
+            format!("http {} {}", status.as_u16(), e.code),
+            format!("{}: {}", e.code, e.error),
+        ),
+        Err(_) => BenchError::new(
+            format!("http {}", status.as_u16()),
+            String::from_utf8_lossy(body),
+        ),
+    }
 }
 
 /// A JSON body for a request.
