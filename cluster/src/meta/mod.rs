@@ -1,0 +1,432 @@
+//! The metastore: the cluster's metadata in an openraft 0.9 state machine, its log and
+//! snapshots on this node's disk, its messages on the node RPC.
+//!
+//! ```text
+//!  propose(cmd) ──▶ leader? ── yes ─▶ client_write ──▶ log (fsync) ─▶ replicated ─▶ committed
+//!       │                                                                             │
+//!       └── no: forward to the leader (Propose op), same request id                  ▼
+//!                                                         every node: StateMachine::apply
+//!  the proposer answers once its own replica applied the entry  ◀── MetaView published
+//! ```
+//!
+//! Every request carries a random id; the state machine remembers the last
+//! [`state::DEDUPE_ENTRIES`] answers by id, so a proposal retried after a leader change (the
+//! first attempt may have committed) takes effect once. A proposal answers only after this
+//! node's replica has applied it, so a client that created something through a node sees
+//! it there next (no 404 right after a 201).
+
+mod log_store;
+mod network;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use narad_core::catalog::{CatalogCommand, CatalogError};
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::{Config, Raft, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+pub use log_store::{LogStore, OpenError};
+pub use state::{MetaView, StateMachine};
+
+pub use crate::rpc::NodeId;
+use crate::rpc::{Rpc, RpcConfig, RpcError, RpcMetrics};
+
+/// What the membership records of a node: where its RPC endpoint is (`host:port`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeInfo {
+    pub rpc_addr: String,
+}
+
+/// One metadata change, with the id that makes retries safe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaRequest {
+    pub id: u128,
+    pub cmd: MetaCmd,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum MetaCmd {
+    Catalog(CatalogCommand),
+}
+
+/// What applying a request did, and at which log index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaResponse {
+    pub index: u64,
+    pub outcome: Outcome,
+}
+
+impl MetaResponse {
+    fn done(index: u64) -> Self {
+        Self {
+            index,
+            outcome: Outcome::Done,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Outcome {
+    /// A blank or membership entry.
+    Done,
+    Catalog(Result<CatalogDone, CatalogError>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum CatalogDone {
+    Topic {
+        id: u64,
+        name: String,
+    },
+    Disowned(Vec<u64>),
+    Deleted {
+        id: u64,
+        name: String,
+        unlinked: Vec<u64>,
+    },
+}
+
+openraft::declare_raft_types!(
+    pub TypeConfig:
+        D = MetaRequest,
+        R = MetaResponse,
+        NodeId = NodeId,
+        Node = NodeInfo,
+);
+
+pub type Entry = openraft::Entry<TypeConfig>;
+
+/// Raft timing. The defaults suit a loaded machine (openraft's own 50 ms heartbeat and
+/// 150–300 ms elections call elections whenever a 2-core box is busy for a moment).
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// A snapshot is taken after this many entries since the last one.
+    pub snapshot_after: u64,
+    /// Entries kept in the log behind a snapshot (so a briefly lagging follower catches up
+    /// from the log, not a snapshot).
+    pub keep_after_snapshot: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 200,
+            election_min_ms: 1000,
+            election_max_ms: 2000,
+            snapshot_after: 5000,
+            keep_after_snapshot: 1000,
+        }
+    }
+}
+
+pub struct MetaConfig {
+    pub node_id: NodeId,
+    /// Where the log, its state and the snapshot live (`<data_dir>/raft`).
+    pub dir: PathBuf,
+    pub tuning: Tuning,
+}
+
+/// Largest request proposed (its JSON); larger ones are refused before they reach the log.
+pub const MAX_REQUEST_BYTES: usize = 2 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Log(#[from] OpenError),
+    #[error("the metadata snapshot is unreadable: {0}")]
+    Snapshot(String),
+    #[error("cannot bind the cluster endpoint: {0}")]
+    Bind(#[source] std::io::Error),
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// Why a proposal did not take effect (or may have, for [`ProposeError::Unknown`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    /// No leader could take it within the deadline (an election, or no quorum). Retryable.
+    #[error("no metadata leader is reachable: {0}")]
+    Unavailable(String),
+    /// Proposed, but not known to be applied here within the deadline: it may take effect.
+    /// Retrying with a new request is safe only for changes that are idempotent by content.
+    #[error("the metadata change was sent but not confirmed within the deadline: {0}")]
+    Unknown(String),
+    #[error("the metadata change is {0} bytes, over the {MAX_REQUEST_BYTES}-byte limit")]
+    TooLarge(usize),
+    /// The Raft node has stopped (shut down or a storage failure).
+    #[error("the metastore has stopped: {0}")]
+    Stopped(String),
+}
+
+/// The cluster's metadata, as seen and changed from this node.
+#[derive(Clone)]
+pub struct Metastore {
+    me: NodeId,
+    raft: Raft<TypeConfig>,
+    rpc: Rpc,
+    view: watch::Receiver<Arc<MetaView>>,
+}
+
+impl Metastore {
+    /// Opens the log and snapshot in `cfg.dir`, binds the RPC endpoint and starts the Raft
+    /// node. A node with no log yet waits to be bootstrapped or added by a leader.
+    pub async fn start(
+        cfg: MetaConfig,
+        rpc: RpcConfig,
+        rpc_metrics: Arc<RpcMetrics>,
+    ) -> Result<Self, StartError> {
+        let dir = cfg.dir.clone();
+        let (log, sm) = tokio::task::spawn_blocking(move || {
+            let log = LogStore::open(&dir)?;
+            let sm = StateMachine::open(&dir).map_err(StartError::Snapshot)?;
+            Ok::<_, StartError>((log, sm))
+        })
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))??;
+        let view = sm.subscribe();
+        let service = Arc::new(network::MetaService::default());
+        let rpc = Rpc::bind(rpc, service.clone(), rpc_metrics).map_err(StartError::Bind)?;
+        let t = &cfg.tuning;
+        let config = Config {
+            cluster_name: "narad".into(),
+            heartbeat_interval: t.heartbeat_ms,
+            election_timeout_min: t.election_min_ms,
+            election_timeout_max: t.election_max_ms,
+            install_snapshot_timeout: 5000,
+            max_payload_entries: 64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(t.snapshot_after),
+            max_in_snapshot_log_to_keep: t.keep_after_snapshot,
+            // chunks are JSON on the wire (up to 4 bytes per byte): well below the RPC cap
+            snapshot_max_chunk_size: 256 * 1024,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let net = network::Network::new(rpc.clone());
+        let raft = Raft::new(cfg.node_id, Arc::new(config), net, log, sm)
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        service.set(raft.clone(), cfg.node_id);
+        Ok(Self {
+            me: cfg.node_id,
+            raft,
+            rpc,
+            view,
+        })
+    }
+
+    /// Forms the cluster from its initial voters. Every initial member calls this with the
+    /// same list (openraft requires identical memberships); on a node that already has
+    /// state it does nothing.
+    pub async fn bootstrap(&self, members: &BTreeMap<NodeId, NodeInfo>) -> Result<(), String> {
+        match self.raft.initialize(members.clone()).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.me
+    }
+
+    pub fn rpc(&self) -> &Rpc {
+        &self.rpc
+    }
+
+    pub fn raft(&self) -> &Raft<TypeConfig> {
+        &self.raft
+    }
+
+    /// The metadata as last applied on this node.
+    pub fn view(&self) -> Arc<MetaView> {
+        self.view.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<MetaView>> {
+        self.view.clone()
+    }
+
+    /// Proposes `cmd` and returns what applying it did, once this node has applied it.
+    pub async fn propose(
+        &self,
+        cmd: MetaCmd,
+        deadline: Duration,
+    ) -> Result<MetaResponse, ProposeError> {
+        let req = MetaRequest {
+            id: u128::from_le_bytes(random_bytes()),
+            cmd,
+        };
+        let size = serde_json::to_vec(&req)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
+        if size > MAX_REQUEST_BYTES {
+            return Err(ProposeError::TooLarge(size));
+        }
+        let end = Instant::now() + deadline;
+        let mut sent = false;
+        let mut last = String::from("no leader yet");
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(if sent {
+                    ProposeError::Unknown(last)
+                } else {
+                    ProposeError::Unavailable(last)
+                });
+            }
+            let leader = self.raft.current_leader().await;
+            let attempt = match leader {
+                Some(l) if l == self.me => {
+                    sent = true;
+                    network::write_here(&self.raft, req.clone()).await
+                }
+                Some(l) => match self.leader_addr(l) {
+                    Some(addr) => {
+                        let r = network::forward(&self.rpc, l, &addr, &req, left).await;
+                        sent |= !matches!(&r, Err(Attempt::Retry { sent: false, .. }));
+                        r
+                    }
+                    None => Err(Attempt::Retry {
+                        reason: format!("leader {l} is not in the membership"),
+                        sent: false,
+                    }),
+                },
+                None => Err(Attempt::Retry {
+                    reason: "no leader elected".into(),
+                    sent: false,
+                }),
+            };
+            match attempt {
+                Ok(resp) => {
+                    let left = end.saturating_duration_since(Instant::now());
+                    self.raft
+                        .wait(Some(left.max(Duration::from_millis(1))))
+                        .applied_index_at_least(Some(resp.index), "proposal applied here")
+                        .await
+                        .map_err(|e| {
+                            ProposeError::Unknown(format!(
+                                "applied on the leader, not yet here: {e}"
+                            ))
+                        })?;
+                    return Ok(resp);
+                }
+                Err(Attempt::Fatal(e)) => return Err(ProposeError::Stopped(e)),
+                Err(Attempt::Retry { reason, .. }) => {
+                    last = reason;
+                    // wait for the leadership to change (or a moment), never spin
+                    let left = end.saturating_duration_since(Instant::now());
+                    let wait = left.min(Duration::from_millis(200));
+                    let _ = self
+                        .raft
+                        .wait(Some(wait))
+                        .metrics(
+                            |m| m.current_leader.is_some() && m.current_leader != leader,
+                            "leader change",
+                        )
+                        .await;
+                }
+            }
+        }
+    }
+
+    fn leader_addr(&self, leader: NodeId) -> Option<String> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().get_node(&leader).map(|n| n.rpc_addr.clone())
+    }
+
+    /// Who leads, the term, what is applied here, and the voters.
+    pub fn status(&self) -> Status {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        Status {
+            node_id: self.me,
+            leader: m.current_leader,
+            term: m.current_term,
+            last_applied: m.last_applied.map(|l| l.index),
+            last_log: m.last_log_index,
+            members: membership
+                .nodes()
+                .map(|(id, n)| (*id, n.rpc_addr.clone(), voters.contains(id)))
+                .collect(),
+            state: format!("{:?}", m.state),
+        }
+    }
+
+    /// Stops the Raft node and the RPC endpoint.
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+        self.rpc.shutdown().await;
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub node_id: NodeId,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub last_applied: Option<u64>,
+    pub last_log: Option<u64>,
+    /// (id, RPC address, voter)
+    pub members: Vec<(NodeId, String, bool)>,
+    pub state: String,
+}
+
+enum Attempt {
+    /// Try again (another leader, or after an election); `sent` if it may have been applied.
+    Retry {
+        reason: String,
+        sent: bool,
+    },
+    Fatal(String),
+}
+
+impl From<RpcError> for Attempt {
+    fn from(e: RpcError) -> Self {
+        Attempt::Retry {
+            sent: !e.not_sent(),
+            reason: e.to_string(),
+        }
+    }
+}
+
+fn client_write_error(e: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>) -> Attempt {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => Attempt::Retry {
+            reason: format!("leadership moved (to {:?})", f.leader_id),
+            sent: false,
+        },
+        RaftError::APIError(e) => Attempt::Retry {
+            reason: e.to_string(),
+            sent: true,
+        },
+        RaftError::Fatal(f) => Attempt::Fatal(f.to_string()),
+    }
+}
+
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    crate::rpc::auth::random()
+}
+
+// `declare_raft_types!` names `Cursor` for the default snapshot data.
+const _: fn() = || {
+    let _: Cursor<Vec<u8>> = Cursor::new(Vec::new());
+};

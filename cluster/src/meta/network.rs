@@ -1,0 +1,259 @@
+//! Raft's messages and forwarded proposals on the node RPC.
+//!
+//! Payloads are JSON (openraft's types are serde): metadata is small and rarely written, and
+//! JSON keeps a captured message readable. Snapshot chunks are capped well below the RPC
+//! request limit, and an append batch the peer refuses as too large is split (openraft's
+//! `PayloadTooLarge`).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use openraft::Raft;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Attempt, MetaRequest, MetaResponse, NodeId, NodeInfo, TypeConfig, client_write_error};
+use crate::rpc::{BoxFuture, Fault, Op, Rpc, RpcError, Service};
+
+pub const RAFT_APPEND: Op = Op(10);
+pub const RAFT_VOTE: Op = Op(11);
+pub const RAFT_SNAPSHOT: Op = Op(12);
+pub const PROPOSE: Op = Op(21);
+
+pub struct Network {
+    rpc: Rpc,
+}
+
+impl Network {
+    pub fn new(rpc: Rpc) -> Self {
+        Self { rpc }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Conn;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Conn {
+        Conn {
+            rpc: self.rpc.clone(),
+            target,
+            node: node.clone(),
+        }
+    }
+}
+
+pub struct Conn {
+    rpc: Rpc,
+    target: NodeId,
+    node: NodeInfo,
+}
+
+type RaftRpcError<E = openraft::error::Infallible> =
+    RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>;
+
+impl Conn {
+    async fn send<Req, Resp, E>(
+        &self,
+        op: Op,
+        action: RPCTypes,
+        req: &Req,
+        entries: u64,
+        option: &RPCOption,
+    ) -> Result<Resp, RaftRpcError<E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let body = Bytes::from(serde_json::to_vec(req).expect("raft messages serialise"));
+        let ttl = option.hard_ttl();
+        match self
+            .rpc
+            .call(self.target, &self.node.rpc_addr, op, body, ttl)
+            .await
+        {
+            Ok(reply) => match serde_json::from_slice::<Result<Resp, RaftError<NodeId, E>>>(&reply)
+            {
+                Ok(Ok(r)) => Ok(r),
+                Ok(Err(e)) => Err(RPCError::RemoteError(RemoteError::new_with_node(
+                    self.target,
+                    self.node.clone(),
+                    e,
+                ))),
+                Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+            },
+            Err(RpcError::Remote { fault, .. })
+                if fault.status == 413 && action == RPCTypes::AppendEntries =>
+            {
+                Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint((entries / 2).max(1)),
+                ))
+            }
+            // not served (not ready yet, or refused): like unreachable, back off
+            Err(e @ RpcError::Remote { .. }) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+            Err(e) if e.not_sent() => Err(RPCError::Unreachable(Unreachable::new(&e))),
+            Err(RpcError::Timeout { .. }) => Err(RPCError::Timeout(Timeout {
+                action,
+                id: self.rpc.node_id(),
+                target: self.target,
+                timeout: ttl,
+            })),
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Conn {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RaftRpcError> {
+        let n = rpc.entries.len() as u64;
+        self.send(RAFT_APPEND, RPCTypes::AppendEntries, &rpc, n, &option)
+            .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RaftRpcError<InstallSnapshotError>> {
+        self.send(RAFT_SNAPSHOT, RPCTypes::InstallSnapshot, &rpc, 0, &option)
+            .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RaftRpcError> {
+        self.send(RAFT_VOTE, RPCTypes::Vote, &rpc, 0, &option).await
+    }
+
+    /// 100 ms doubling to 2 s while a peer is unreachable (openraft's default retries every
+    /// 500 ms forever, and logs each).
+    fn backoff(&self) -> Backoff {
+        Backoff::new((0..).map(|i: u32| {
+            Duration::from_millis(100u64.saturating_mul(1 << i.min(5))).min(Duration::from_secs(2))
+        }))
+    }
+}
+
+/// Serves Raft's messages and forwarded proposals.
+#[derive(Default)]
+pub struct MetaService {
+    raft: OnceLock<(Raft<TypeConfig>, NodeId)>,
+}
+
+impl MetaService {
+    pub fn set(&self, raft: Raft<TypeConfig>, me: NodeId) {
+        let _ = self.raft.set((raft, me));
+    }
+}
+
+fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, Fault> {
+    serde_json::from_slice(body).map_err(|e| Fault::new(400, "malformed_request", e.to_string()))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Bytes, Fault> {
+    Ok(Bytes::from(
+        serde_json::to_vec(v).expect("raft replies serialise"),
+    ))
+}
+
+impl Service for MetaService {
+    fn call(&self, _from: NodeId, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
+        let Some((raft, _me)) = self.raft.get().cloned() else {
+            return Box::pin(async {
+                Err(Fault::new(503, "not_ready", "the metastore is starting"))
+            });
+        };
+        Box::pin(async move {
+            match op {
+                RAFT_APPEND => encode(
+                    &raft
+                        .append_entries(decode::<AppendEntriesRequest<TypeConfig>>(&body)?)
+                        .await,
+                ),
+                RAFT_VOTE => encode(&raft.vote(decode::<VoteRequest<NodeId>>(&body)?).await),
+                RAFT_SNAPSHOT => encode(
+                    &raft
+                        .install_snapshot(decode::<InstallSnapshotRequest<TypeConfig>>(&body)?)
+                        .await,
+                ),
+                PROPOSE => {
+                    let req: MetaRequest = decode(&body)?;
+                    match write_here(&raft, req).await {
+                        Ok(resp) => encode(&resp),
+                        Err(Attempt::Retry { reason, .. }) => {
+                            Err(Fault::new(421, "not_leader", reason))
+                        }
+                        Err(Attempt::Fatal(e)) => Err(Fault::new(503, "metastore_stopped", e)),
+                    }
+                }
+                op => Err(Fault::new(
+                    400,
+                    "unknown_op",
+                    format!("op {} is not served", op.0),
+                )),
+            }
+        })
+    }
+
+    fn op_name(&self, op: Op) -> Option<&'static str> {
+        Some(match op {
+            RAFT_APPEND => "raft_append",
+            RAFT_VOTE => "raft_vote",
+            RAFT_SNAPSHOT => "raft_snapshot",
+            PROPOSE => "propose",
+            _ => return None,
+        })
+    }
+}
+
+/// Writes on this node, which must lead.
+pub(super) async fn write_here(
+    raft: &Raft<TypeConfig>,
+    req: MetaRequest,
+) -> Result<MetaResponse, Attempt> {
+    raft.client_write(req)
+        .await
+        .map(|r| r.data)
+        .map_err(client_write_error)
+}
+
+/// Hands a proposal to the leader.
+pub(super) async fn forward(
+    rpc: &Rpc,
+    leader: NodeId,
+    addr: &str,
+    req: &MetaRequest,
+    deadline: Duration,
+) -> Result<MetaResponse, Attempt> {
+    let body = Bytes::from(serde_json::to_vec(req).expect("requests serialise"));
+    let reply = rpc
+        .call(leader, addr, PROPOSE, body, deadline)
+        .await
+        .map_err(|e| match e {
+            RpcError::Remote { fault, .. } if fault.code == "not_leader" => Attempt::Retry {
+                reason: fault.message,
+                sent: false,
+            },
+            e => Attempt::from(e),
+        })?;
+    serde_json::from_slice(&reply).map_err(|e| Attempt::Retry {
+        reason: format!("the leader's answer is unreadable: {e}"),
+        sent: true,
+    })
+}

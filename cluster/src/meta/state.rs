@@ -1,0 +1,360 @@
+//! The metadata state machine: the catalog (and, as the cluster grows, users, members and
+//! partition owners) as the committed Raft entries made it, published to the node as an
+//! immutable [`MetaView`] after every applied batch.
+//!
+//! Nothing but snapshots is written here: on a restart openraft re-applies the committed
+//! entries after the last snapshot (the log store keeps the committed index). A snapshot is
+//! one file, replaced atomically:
+//!
+//! ```text
+//! raft/snapshot  "NRDSNAP1" | u32 CRC32C(body) | u64 len | body (JSON: meta + state)
+//! ```
+//!
+//! A snapshot received from the leader is checked (header, checksum, parse) before it
+//! replaces anything: openraft treats a failed install as fatal, so a damaged one must fail
+//! before that point.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use narad_core::catalog::{self, Applied, Catalog, TopicMeta};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError,
+    StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{
+    CatalogDone, Entry, MetaCmd, MetaRequest, MetaResponse, NodeId, NodeInfo, Outcome, TypeConfig,
+};
+
+const MAGIC: &[u8; 8] = b"NRDSNAP1";
+const SNAPSHOT_FILE: &str = "snapshot";
+const SNAPSHOT_VERSION: u32 = 1;
+/// Responses remembered by request id, so a write retried across a leader change (same id)
+/// takes effect once.
+pub const DEDUPE_ENTRIES: usize = 10_000;
+
+type SError = StorageError<NodeId>;
+
+/// The metadata as of one applied log index. Cheap to clone (shared parts).
+#[derive(Debug, Clone, Default)]
+pub struct MetaView {
+    pub last_applied: Option<LogId<NodeId>>,
+    pub membership: StoredMembership<NodeId, NodeInfo>,
+    pub catalog: Arc<Catalog>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Data {
+    last_applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, NodeInfo>,
+    catalog: Arc<Catalog>,
+    dedupe: HashMap<u128, MetaResponse>,
+    dedupe_order: VecDeque<u128>,
+}
+
+impl Data {
+    fn apply(&mut self, req: MetaRequest, index: u64) -> MetaResponse {
+        if let Some(r) = self.dedupe.get(&req.id) {
+            return r.clone();
+        }
+        let outcome = match req.cmd {
+            MetaCmd::Catalog(cmd) => Outcome::Catalog(match catalog::apply(&self.catalog, &cmd) {
+                Ok((next, applied)) => {
+                    self.catalog = Arc::new(next);
+                    Ok(match applied {
+                        Applied::Topic(t) => CatalogDone::Topic {
+                            id: t.id,
+                            name: t.name.clone(),
+                        },
+                        Applied::Disowned(ids) => CatalogDone::Disowned(ids),
+                        Applied::Deleted { topic, unlinked } => CatalogDone::Deleted {
+                            id: topic.id,
+                            name: topic.name.clone(),
+                            unlinked,
+                        },
+                    })
+                }
+                Err(e) => Err(e),
+            }),
+        };
+        let resp = MetaResponse { index, outcome };
+        if self.dedupe_order.len() == DEDUPE_ENTRIES
+            && let Some(old) = self.dedupe_order.pop_front()
+        {
+            self.dedupe.remove(&old);
+        }
+        self.dedupe_order.push_back(req.id);
+        self.dedupe.insert(req.id, resp.clone());
+        resp
+    }
+
+    fn view(&self) -> MetaView {
+        MetaView {
+            last_applied: self.last_applied,
+            membership: self.membership.clone(),
+            catalog: self.catalog.clone(),
+        }
+    }
+
+    fn to_file(&self) -> StateFile {
+        StateFile {
+            version: SNAPSHOT_VERSION,
+            last_applied: self.last_applied,
+            membership: self.membership.clone(),
+            catalog_applied: self.catalog.applied(),
+            topics: self.catalog.topics().map(|t| (**t).clone()).collect(),
+            dedupe: self
+                .dedupe_order
+                .iter()
+                .filter_map(|id| self.dedupe.get(id).map(|r| (*id, r.clone())))
+                .collect(),
+        }
+    }
+
+    fn from_file(f: StateFile) -> Result<Self, String> {
+        if f.version != SNAPSHOT_VERSION {
+            return Err(format!("unsupported snapshot version {}", f.version));
+        }
+        let n = f.topics.len();
+        let catalog = Catalog::from_topics(f.catalog_applied, f.topics);
+        if catalog.len() != n {
+            return Err("a topic name appears twice".into());
+        }
+        if f.dedupe.len() > DEDUPE_ENTRIES {
+            return Err("too many remembered requests".into());
+        }
+        let dedupe_order = f.dedupe.iter().map(|(id, _)| *id).collect();
+        Ok(Self {
+            last_applied: f.last_applied,
+            membership: f.membership,
+            catalog: Arc::new(catalog),
+            dedupe: f.dedupe.into_iter().collect(),
+            dedupe_order,
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateFile {
+    version: u32,
+    last_applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, NodeInfo>,
+    catalog_applied: u64,
+    topics: Vec<TopicMeta>,
+    dedupe: Vec<(u128, MetaResponse)>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotBody {
+    meta: SnapshotMeta<NodeId, NodeInfo>,
+    state: StateFile,
+}
+
+fn encode(body: &SnapshotBody) -> Vec<u8> {
+    let json = serde_json::to_vec(body).expect("snapshots serialise");
+    let mut b = Vec::with_capacity(20 + json.len());
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&crc32c::crc32c(&json).to_le_bytes());
+    b.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    b.extend_from_slice(&json);
+    b
+}
+
+/// Checks and parses a snapshot's bytes (from disk or from the leader).
+fn decode(b: &[u8]) -> Result<SnapshotBody, String> {
+    if b.len() < 20 || &b[..8] != MAGIC {
+        return Err("not a narad metadata snapshot".into());
+    }
+    let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    let len = u64::from_le_bytes(b[12..20].try_into().expect("8 bytes"));
+    let json = &b[20..];
+    if json.len() as u64 != len {
+        return Err(format!("{} bytes where the header says {len}", json.len()));
+    }
+    if crc32c::crc32c(json) != crc {
+        return Err("checksum mismatch".into());
+    }
+    serde_json::from_slice(json).map_err(|e| e.to_string())
+}
+
+fn read_snapshot_file(dir: &Path) -> Result<Option<(SnapshotBody, Vec<u8>)>, String> {
+    let path = dir.join(SNAPSHOT_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => decode(&b)
+            .map(|body| Some((body, b)))
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+pub struct StateMachine {
+    dir: PathBuf,
+    data: Data,
+    published: watch::Sender<Arc<MetaView>>,
+    snapshots_built: u64,
+}
+
+impl StateMachine {
+    /// The state as of the last snapshot in `dir` (empty without one).
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        let data = match read_snapshot_file(dir)? {
+            Some((body, _)) => Data::from_file(body.state)?,
+            None => Data::default(),
+        };
+        let published = watch::Sender::new(Arc::new(data.view()));
+        Ok(Self {
+            dir: dir.to_owned(),
+            data,
+            published,
+            snapshots_built: 0,
+        })
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<MetaView>> {
+        self.published.subscribe()
+    }
+
+    fn publish(&self) {
+        self.published.send_replace(Arc::new(self.data.view()));
+    }
+}
+
+pub struct Builder {
+    dir: PathBuf,
+    data: Data,
+    id: String,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for Builder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SError> {
+        let meta = SnapshotMeta {
+            last_log_id: self.data.last_applied,
+            last_membership: self.data.membership.clone(),
+            snapshot_id: self.id.clone(),
+        };
+        let bytes = encode(&SnapshotBody {
+            meta: meta.clone(),
+            state: self.data.to_file(),
+        });
+        let (dir, copy) = (self.dir.clone(), bytes.clone());
+        tokio::task::spawn_blocking(move || {
+            narad_core::fsutil::write_file_atomic(&dir.join(SNAPSHOT_FILE), &copy)
+        })
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))
+        .and_then(|r| r)
+        .map_err(|e| SError::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Builder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, NodeInfo>), SError> {
+        Ok((self.data.last_applied, self.data.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<MetaResponse>, SError>
+    where
+        I: IntoIterator<Item = Entry> + openraft::OptionalSend,
+        I::IntoIter: openraft::OptionalSend,
+    {
+        let mut out = Vec::new();
+        for e in entries {
+            let index = e.log_id.index;
+            self.data.last_applied = Some(e.log_id);
+            out.push(match e.payload {
+                EntryPayload::Blank => MetaResponse::done(index),
+                EntryPayload::Normal(req) => self.data.apply(req, index),
+                EntryPayload::Membership(m) => {
+                    self.data.membership = StoredMembership::new(Some(e.log_id), m);
+                    MetaResponse::done(index)
+                }
+            });
+        }
+        self.publish();
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.snapshots_built += 1;
+        let at = self.data.last_applied;
+        Builder {
+            dir: self.dir.clone(),
+            data: self.data.clone(),
+            id: format!(
+                "{}-{}-{:x}",
+                at.map_or(0, |l| l.leader_id.term),
+                at.map_or(0, |l| l.index),
+                u64::from_le_bytes(super::random_bytes())
+            ),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, SError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, NodeInfo>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), SError> {
+        let bytes = snapshot.into_inner();
+        let bad = |e: String| {
+            SError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                &std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            ))
+        };
+        let body = decode(&bytes).map_err(bad)?;
+        if body.meta.last_log_id != meta.last_log_id {
+            return Err(bad("the snapshot's content is not the one announced".into()));
+        }
+        let data = Data::from_file(body.state).map_err(bad)?;
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            narad_core::fsutil::write_file_atomic(&dir.join(SNAPSHOT_FILE), &bytes)
+        })
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))
+        .and_then(|r| r)
+        .map_err(|e| SError::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
+        self.data = data;
+        self.publish();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, SError> {
+        let dir = self.dir.clone();
+        let read = tokio::task::spawn_blocking(move || read_snapshot_file(&dir))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|e| {
+                SError::from(StorageIOError::read_snapshot(
+                    None,
+                    &std::io::Error::other(e),
+                ))
+            })?;
+        Ok(read.map(|(body, bytes)| Snapshot {
+            meta: body.meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
+    }
+}
