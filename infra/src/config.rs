@@ -92,6 +92,23 @@ impl std::fmt::Debug for ClusterSecrets {
     }
 }
 
+/// A cluster member's settings, checked (see [`ServerConfig::cluster`]).
+#[derive(Debug)]
+pub struct ClusterSettings {
+    pub node_id: u64,
+    pub bind: SocketAddr,
+    pub advertise: String,
+    pub members: Vec<narad_cluster::members::Member>,
+    pub secrets: ClusterSecrets,
+}
+
+impl ClusterSettings {
+    /// Whether this node is one of the initial voters (else it joins through them).
+    pub fn is_initial_member(&self) -> bool {
+        self.members.iter().any(|m| m.id == self.node_id)
+    }
+}
+
 /// One secret from its value or its file (never both), checked for length. Errors name the
 /// key and the file, never the content.
 fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>, ConfigError> {
@@ -167,6 +184,19 @@ pub struct ServerConfig {
     pub cluster_secret_previous: Secret,
     /// A file holding `cluster_secret_previous`.
     pub cluster_secret_previous_file: String,
+    /// This node's id in its cluster: 1 or more, never reused for another node (a node that
+    /// lost its disk comes back under a new id). 0 with no `cluster_members`: a single node.
+    pub node_id: u64,
+    /// Where the cluster endpoint listens (UDP; node-to-node calls over QUIC, Raft included),
+    /// e.g. `0.0.0.0:7100`. Required with `cluster_members`.
+    pub cluster_addr: String,
+    /// The address other nodes reach this one at (`host:port`, a DNS name is fine). Empty:
+    /// `cluster_addr`, which must then name a specific address (not `0.0.0.0`).
+    pub cluster_advertise: String,
+    /// The cluster's initial voters, `ID@HOST:PORT,...` (their advertised addresses). Every
+    /// listed node forms the cluster with the others on first start; a node not listed joins
+    /// it through them. Empty: no cluster (a single node, as `server start --dev` runs).
+    pub cluster_members: String,
     /// PEM certificate chain and private key: when both are set the API listener speaks
     /// HTTPS only. The files are re-read on SIGHUP and when they change.
     pub tls_cert_file: String,
@@ -305,6 +335,10 @@ impl Default for ServerConfig {
             cluster_secret_file: String::new(),
             cluster_secret_previous: Secret::default(),
             cluster_secret_previous_file: String::new(),
+            node_id: 0,
+            cluster_addr: String::new(),
+            cluster_advertise: String::new(),
+            cluster_members: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             data_dir: PathBuf::from("data"),
@@ -549,6 +583,7 @@ impl ServerConfig {
             );
         }
         self.cluster_secrets()?;
+        self.cluster()?;
         if self.tiering_interval_ms < 10 {
             return bad("tiering_interval_ms", "must be at least 10");
         }
@@ -637,6 +672,94 @@ impl ServerConfig {
             }),
             (Some(current), previous) => Ok(Some(ClusterSecrets { current, previous })),
         }
+    }
+
+    /// The cluster this node belongs to, or `None` for a single node (no `cluster_members`).
+    pub fn cluster(&self) -> Result<Option<ClusterSettings>, ConfigError> {
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                key: key.into(),
+                message,
+            })
+        };
+        let members = self.cluster_members.trim();
+        if members.is_empty() {
+            if self.node_id != 0 || !self.cluster_addr.trim().is_empty() {
+                return bad(
+                    "cluster_members",
+                    "node_id and cluster_addr need cluster_members (the initial voters, ID@HOST:PORT,...)".into(),
+                );
+            }
+            return Ok(None);
+        }
+        let members = match narad_cluster::members::parse_members(members) {
+            Ok(m) if !m.is_empty() => m,
+            Ok(_) => return bad("cluster_members", "names no node".into()),
+            Err(e) => return bad("cluster_members", e),
+        };
+        if self.node_id == 0 {
+            return bad(
+                "node_id",
+                "a cluster member needs a node_id of 1 or more".into(),
+            );
+        }
+        let bind: SocketAddr = match self.cluster_addr.trim().parse() {
+            Ok(a) => a,
+            Err(_) => {
+                return bad(
+                    "cluster_addr",
+                    "must be an address to listen on, like 0.0.0.0:7100".into(),
+                );
+            }
+        };
+        let advertise = match self.cluster_advertise.trim() {
+            "" if bind.ip().is_unspecified() => {
+                return bad(
+                    "cluster_advertise",
+                    format!(
+                        "cluster_addr {bind} is not an address other nodes can reach: set cluster_advertise to this node's host:port"
+                    ),
+                );
+            }
+            "" => bind.to_string(),
+            a => match narad_cluster::members::parse_addr(a) {
+                Ok(a) => a,
+                Err(e) => return bad("cluster_advertise", e),
+            },
+        };
+        if let Some(me) = members.iter().find(|m| m.id == self.node_id)
+            && me.addr != advertise
+        {
+            return bad(
+                "cluster_members",
+                format!(
+                    "lists node {} at {}, but this node advertises {advertise}",
+                    me.id, me.addr
+                ),
+            );
+        }
+        if members
+            .iter()
+            .any(|m| m.id != self.node_id && m.addr == advertise)
+        {
+            return bad(
+                "cluster_members",
+                format!("another node is listed at this node's address {advertise}"),
+            );
+        }
+        let Some(secrets) = self.cluster_secrets()? else {
+            return bad(
+                "cluster_secret",
+                "a cluster needs a cluster_secret (nodes prove it to each other)".into(),
+            );
+        };
+        Ok(Some(ClusterSettings {
+            node_id: self.node_id,
+            bind,
+            advertise,
+            members,
+            secrets,
+        }))
     }
 
     /// The archive settings, if an archive is configured.
@@ -796,5 +919,111 @@ mod tests {
             e.contains("data_dir"),
             "other syntax errors still quote their line: {e}"
         );
+    }
+
+    #[test]
+    fn cluster_settings_are_checked_and_say_what_is_wrong() {
+        let env = |pairs: &[(&str, &str)]| {
+            let mut all = vec![("NARAD_CLUSTER_SECRET".to_owned(), SECRET.to_owned())];
+            all.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            ServerConfig::load(None, all)
+        };
+        let members = "1@10.0.0.1:7100,2@10.0.0.2:7100,3@10.0.0.3:7100";
+        let ok = env(&[
+            ("NARAD_NODE_ID", "2"),
+            ("NARAD_CLUSTER_ADDR", "0.0.0.0:7100"),
+            ("NARAD_CLUSTER_ADVERTISE", "10.0.0.2:7100"),
+            ("NARAD_CLUSTER_MEMBERS", members),
+        ])
+        .unwrap();
+        let c = ok.cluster().unwrap().unwrap();
+        assert_eq!(
+            (c.node_id, c.advertise.as_str(), c.members.len()),
+            (2, "10.0.0.2:7100", 3)
+        );
+        assert!(c.is_initial_member());
+        // a fourth node joins through the listed ones
+        let c = env(&[
+            ("NARAD_NODE_ID", "4"),
+            ("NARAD_CLUSTER_ADDR", "10.0.0.4:7100"),
+            ("NARAD_CLUSTER_MEMBERS", members),
+        ])
+        .unwrap()
+        .cluster()
+        .unwrap()
+        .unwrap();
+        assert!(!c.is_initial_member());
+        assert_eq!(c.advertise, "10.0.0.4:7100");
+        assert!(env(&[]).unwrap().cluster().unwrap().is_none());
+        for (pairs, key, why) in [
+            (
+                vec![("NARAD_NODE_ID", "2")],
+                "cluster_members",
+                "need cluster_members",
+            ),
+            (
+                vec![
+                    ("NARAD_CLUSTER_MEMBERS", members),
+                    ("NARAD_CLUSTER_ADDR", "0.0.0.0:7100"),
+                ],
+                "node_id",
+                "node_id of 1",
+            ),
+            (
+                vec![("NARAD_CLUSTER_MEMBERS", members), ("NARAD_NODE_ID", "2")],
+                "cluster_addr",
+                "address to listen on",
+            ),
+            (
+                vec![
+                    ("NARAD_CLUSTER_MEMBERS", members),
+                    ("NARAD_NODE_ID", "2"),
+                    ("NARAD_CLUSTER_ADDR", "0.0.0.0:7100"),
+                ],
+                "cluster_advertise",
+                "set cluster_advertise",
+            ),
+            (
+                vec![
+                    ("NARAD_CLUSTER_MEMBERS", members),
+                    ("NARAD_NODE_ID", "2"),
+                    ("NARAD_CLUSTER_ADDR", "10.0.0.9:7100"),
+                ],
+                "cluster_members",
+                "lists node 2 at 10.0.0.2:7100",
+            ),
+            (
+                vec![
+                    ("NARAD_CLUSTER_MEMBERS", members),
+                    ("NARAD_NODE_ID", "5"),
+                    ("NARAD_CLUSTER_ADDR", "10.0.0.1:7100"),
+                ],
+                "cluster_members",
+                "another node is listed",
+            ),
+            (
+                vec![
+                    ("NARAD_CLUSTER_MEMBERS", "1@a:1,1@b:1"),
+                    ("NARAD_NODE_ID", "1"),
+                ],
+                "cluster_members",
+                "appears twice",
+            ),
+        ] {
+            let e = env(&pairs).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(why), "{pairs:?}: {e}");
+        }
+        // no secret: refused
+        let e = ServerConfig::load(
+            None,
+            vec![
+                ("NARAD_NODE_ID".into(), "1".into()),
+                ("NARAD_CLUSTER_ADDR".into(), "10.0.0.1:7100".into()),
+                ("NARAD_CLUSTER_MEMBERS".into(), members.into()),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("cluster_secret"), "{e}");
     }
 }

@@ -347,6 +347,65 @@ impl Metastore {
         }
     }
 
+    /// Confirms this node's view is current: the leader proves it still leads (a quorum
+    /// answers its heartbeat) and names its commit point, and this node waits until it has
+    /// applied that far. What to call before anything destructive, and what readiness means.
+    /// Returns the applied index it reached.
+    pub async fn read_index(&self, deadline: Duration) -> Result<u64, ProposeError> {
+        let end = Instant::now() + deadline;
+        let index = match self.raft.current_leader().await {
+            None => return Err(ProposeError::Unavailable("no leader elected".into())),
+            Some(l) if l == self.me => self
+                .raft
+                .ensure_linearizable()
+                .await
+                .map_err(|e| ProposeError::Unavailable(e.to_string()))?
+                .map_or(0, |l| l.index),
+            Some(l) => {
+                let addr = self.leader_addr(l).ok_or_else(|| {
+                    ProposeError::Unavailable(format!("leader {l} is not in the membership"))
+                })?;
+                network::read_index_at(&self.rpc, l, &addr, deadline)
+                    .await
+                    .map_err(ProposeError::Unavailable)?
+            }
+        };
+        let left = end.saturating_duration_since(Instant::now());
+        self.raft
+            .wait(Some(left.max(Duration::from_millis(1))))
+            .applied_index_at_least(Some(index), "read index")
+            .await
+            .map_err(|e| ProposeError::Unavailable(format!("not caught up to {index}: {e}")))?;
+        Ok(index)
+    }
+
+    /// Whether this node is a voter in the membership it has applied.
+    pub fn is_voter(&self) -> bool {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().voter_ids().any(|id| id == self.me)
+    }
+
+    /// Asks the cluster (through any of `seeds`) to make this node a voter, and returns once
+    /// the request was accepted. Safe to repeat: a node that is a voter already stays one.
+    pub async fn join(
+        &self,
+        seeds: &[(NodeId, String)],
+        me: NodeInfo,
+        deadline: Duration,
+    ) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for (id, addr) in seeds {
+            if *id == self.me {
+                continue;
+            }
+            match network::join_at(&self.rpc, *id, addr, self.me, &me, deadline).await {
+                Ok(()) => return Ok(()),
+                Err(e) => errors.push(format!("node {id} at {addr}: {e}")),
+            }
+        }
+        Err(errors.join("; "))
+    }
+
     fn leader_addr(&self, leader: NodeId) -> Option<String> {
         let m = self.raft.metrics().borrow().membership_config.clone();
         m.membership().get_node(&leader).map(|n| n.rpc_addr.clone())

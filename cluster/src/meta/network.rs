@@ -28,7 +28,17 @@ use crate::rpc::{BoxFuture, Fault, Op, Rpc, RpcError, Service};
 pub const RAFT_APPEND: Op = Op(10);
 pub const RAFT_VOTE: Op = Op(11);
 pub const RAFT_SNAPSHOT: Op = Op(12);
+pub const READ_INDEX: Op = Op(20);
 pub const PROPOSE: Op = Op(21);
+pub const JOIN: Op = Op(23);
+
+/// A node asking to become a voter.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JoinRequest {
+    id: NodeId,
+    node: NodeInfo,
+}
 
 pub struct Network {
     rpc: Rpc,
@@ -202,6 +212,14 @@ impl Service for MetaService {
                         Err(Attempt::Fatal(e)) => Err(Fault::new(503, "metastore_stopped", e)),
                     }
                 }
+                READ_INDEX => match raft.ensure_linearizable().await {
+                    Ok(at) => encode(&at.map_or(0, |l| l.index)),
+                    Err(e) => Err(Fault::new(421, "not_leader", e.to_string())),
+                },
+                JOIN => {
+                    let req: JoinRequest = decode(&body)?;
+                    join_here(&raft, req).await.map(|()| Bytes::new())
+                }
                 op => Err(Fault::new(
                     400,
                     "unknown_op",
@@ -217,6 +235,8 @@ impl Service for MetaService {
             RAFT_VOTE => "raft_vote",
             RAFT_SNAPSHOT => "raft_snapshot",
             PROPOSE => "propose",
+            READ_INDEX => "read_index",
+            JOIN => "join",
             _ => return None,
         })
     }
@@ -256,4 +276,84 @@ pub(super) async fn forward(
         reason: format!("the leader's answer is unreadable: {e}"),
         sent: true,
     })
+}
+
+/// The leader's commit point, confirmed by a quorum (its read index).
+pub(super) async fn read_index_at(
+    rpc: &Rpc,
+    leader: NodeId,
+    addr: &str,
+    deadline: Duration,
+) -> Result<u64, String> {
+    let reply = rpc
+        .call(leader, addr, READ_INDEX, Bytes::new(), deadline)
+        .await
+        .map_err(|e| e.to_string())?;
+    serde_json::from_slice(&reply).map_err(|e| format!("unreadable read index: {e}"))
+}
+
+pub(super) async fn join_at(
+    rpc: &Rpc,
+    seed: NodeId,
+    addr: &str,
+    me: NodeId,
+    node: &NodeInfo,
+    deadline: Duration,
+) -> Result<(), String> {
+    let body = serde_json::to_vec(&JoinRequest {
+        id: me,
+        node: node.clone(),
+    })
+    .expect("join requests serialise");
+    rpc.call(seed, addr, JOIN, Bytes::from(body), deadline)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Makes `req.id` a voter: on the leader as a learner first (it catches up), then a voter;
+/// elsewhere the request goes to the leader. A node already a voter is left as it is (its
+/// address is never rewritten by a join: that is how two nodes end up at one address).
+async fn join_here(raft: &Raft<TypeConfig>, req: JoinRequest) -> Result<(), Fault> {
+    let metrics = raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership().clone();
+    if membership.voter_ids().any(|id| id == req.id) {
+        return Ok(());
+    }
+    if let Some(n) = membership.get_node(&req.id)
+        && *n != req.node
+    {
+        return Err(Fault::new(
+            409,
+            "node_conflict",
+            format!(
+                "node {} is known at {}, not {}",
+                req.id, n.rpc_addr, req.node.rpc_addr
+            ),
+        ));
+    }
+    if membership
+        .nodes()
+        .any(|(id, n)| *id != req.id && n.rpc_addr == req.node.rpc_addr)
+    {
+        return Err(Fault::new(
+            409,
+            "node_conflict",
+            format!("another node is at {}", req.node.rpc_addr),
+        ));
+    }
+    let not_leader = |e: String| Fault::new(421, "not_leader", e);
+    match metrics.current_leader {
+        Some(l) if l == metrics.id => {}
+        _ => return Err(not_leader("this node does not lead; ask the leader".into())),
+    }
+    if membership.get_node(&req.id).is_none() {
+        raft.add_learner(req.id, req.node.clone(), true)
+            .await
+            .map_err(|e| not_leader(e.to_string()))?;
+    }
+    raft.change_membership(openraft::ChangeMembers::AddVoterIds([req.id].into()), false)
+        .await
+        .map_err(|e| not_leader(e.to_string()))?;
+    Ok(())
 }
