@@ -11,8 +11,8 @@ use serde_json::value::RawValue;
 
 use crate::client::{ApiFailure, BoxError, Client, Connect, Json, Reply, enc};
 use crate::{
-    Cli, Command, PubArgs, ReplayArgs, ServeArgs, ServerCmd, StorageArgs, SubArgs, TopicCmd,
-    TopicSettings, UserCmd,
+    Cli, ClusterCmd, Command, PubArgs, ReplayArgs, ServeArgs, ServerCmd, StorageArgs, SubArgs,
+    TopicCmd, TopicSettings, UserCmd,
 };
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
@@ -75,10 +75,47 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
                 Command::Sub(a) => subscribe(&c, a).await,
                 Command::Replay(a) => replay(&c, a).await,
                 Command::User(u) => user(&c, u).await,
+                Command::Cluster(cmd) => cluster(&c, cmd).await,
                 Command::Server(_) | Command::Serve(_) => unreachable!("handled above"),
             }
         }
     }
+}
+
+async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
+    let Reply::Json(j) = c.get("/v1/cluster").await? else {
+        return Err("the broker answered /v1/cluster with no body".into());
+    };
+    let s: serde_json::Value = j.parse()?;
+    let num = |v: &serde_json::Value| v.as_u64().map_or("-".to_owned(), |n| n.to_string());
+    match cmd {
+        ClusterCmd::Status => {
+            if s["single_node"].as_bool() == Some(true) {
+                println!("single node (no cluster_members configured)");
+                return Ok(());
+            }
+            println!("node        {}", num(&s["node_id"]));
+            println!("state       {}", s["state"].as_str().unwrap_or("-"));
+            println!("leader      {}", num(&s["leader"]));
+            println!("term        {}", num(&s["term"]));
+            println!("ready       {}", s["ready"].as_bool().unwrap_or(false));
+            println!("applied     {}", num(&s["last_applied"]));
+            println!("log         {}", num(&s["last_log"]));
+        }
+        ClusterCmd::Members => {
+            println!("{:<8} {:<32} {:<6} MATCHED", "NODE", "RPC ADDRESS", "VOTER");
+            for m in s["members"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<8} {:<32} {:<6} {}",
+                    num(&m["node_id"]),
+                    m["rpc_addr"].as_str().unwrap_or("-"),
+                    m["voter"].as_bool().unwrap_or(false),
+                    num(&m["matched_index"]),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `ACTION:PATTERN[,PATTERN...]` or `admin` as a grant.

@@ -62,6 +62,18 @@ enum Command {
     /// Manage users and their grants (needs an admin; `passwd` also works on yourself).
     #[command(subcommand)]
     User(UserCmd),
+    /// The cluster as the node at --server sees it (needs an admin).
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Leader, term, readiness and how far this node applied the metadata log.
+    Status,
+    /// The members: id, address, voter or not (and, asked of the leader, how far each
+    /// member's log matches).
+    Members,
 }
 
 #[derive(Subcommand)]

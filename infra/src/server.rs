@@ -48,6 +48,8 @@ pub enum ServerError {
         "data directory {dir} is in use by another narad process{holder}: two brokers on one data directory would hand out the same offsets and delete each other's write-ahead log"
     )]
     DataDirInUse { dir: String, holder: String },
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 /// The file whose exclusive lock says a process serves the data directory.
@@ -294,6 +296,7 @@ const METRICS_TASK: &str = "metrics_listener";
 const OPEN_TASK: &str = "broker_open";
 const TIERER_TASK: &str = "tierer";
 const TLS_TASK: &str = "tls_reloader";
+const CLUSTER_TASK: &str = "cluster_member";
 
 /// At shutdown, the tierer's upload in flight gets this long to finish before it is
 /// abandoned. Abandoning loses nothing: an object is listed in the manifest only once it is
@@ -489,6 +492,28 @@ pub async fn run_observed(
             std::io::Error::new(e.kind(), format!("cannot listen on metrics_addr {a}: {e}"))
         })?),
     };
+    // a cluster member binds its cluster endpoint and opens its metastore before it serves
+    let cluster = match config.cluster()? {
+        Some(c) => {
+            let node = crate::cluster::ClusterNode::start(&c, &config.data_dir)
+                .await
+                .map_err(ServerError::Cluster)?;
+            metrics.register_with(|r| {
+                node.rpc_metrics.register(r);
+                node.gauges.register(r);
+            });
+            tracing::info!(
+                node_id = c.node_id,
+                cluster_addr = %c.bind,
+                advertise = %c.advertise,
+                initial_member = c.is_initial_member(),
+                members = c.members.len(),
+                "cluster member: metastore open, cluster endpoint bound"
+            );
+            Some(node)
+        }
+        None => None,
+    };
     let state = Arc::new(AppState {
         cfg: config.clone(),
         broker: std::sync::OnceLock::new(),
@@ -505,7 +530,12 @@ pub async fn run_observed(
         ),
         schemas: crate::schema::SchemaCache::default(),
         restore_notice: std::sync::OnceLock::new(),
+        cluster: cluster.clone(),
     });
+    if let Some(node) = cluster.clone() {
+        let clock = clock.clone();
+        tasks.spawn(CLUSTER_TASK, move |stop| node.run(clock, stop));
+    }
     if let Some(l) = metrics_listener {
         tracing::info!(addr = %l.local_addr()?, "metrics listener (no authentication)");
         // the same connection handling as the API (header, idle and write timeouts), with a
@@ -596,7 +626,8 @@ pub async fn run_observed(
 /// 4. stop the fan-out cursors (a slab being copied finishes and its cursor is written);
 /// 5. stop the tierer (an upload in flight gets [`TIERER_STOP_GRACE`], then is abandoned);
 /// 6. stop the metrics listener (scrapes watch the shutdown until here);
-/// 7. the broker stops its timers and maintenance, persists queue state and closes its logs.
+/// 7. the broker stops its timers and maintenance, persists queue state and closes its logs;
+/// 8. a cluster member stops its membership task and its metastore (Raft, cluster endpoint).
 async fn shut_down(
     state: &AppState,
     tasks: &Supervisor,
@@ -621,6 +652,11 @@ async fn shut_down(
     tasks.stop(METRICS_TASK, STOP_GRACE).await;
     if let Some(b) = broker {
         b.shutdown().await;
+    }
+    // last: the node leaves its cluster's conversation only once it serves nothing
+    tasks.stop(CLUSTER_TASK, STOP_GRACE).await;
+    if let Some(c) = &state.cluster {
+        c.shutdown().await;
     }
     // every group was stopped above; this only catches one added without a step here
     tasks.shutdown(STOP_GRACE).await;

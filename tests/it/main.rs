@@ -4,6 +4,7 @@
 mod api;
 mod archive;
 mod cli;
+mod cluster;
 mod connections;
 mod crash;
 mod fanout;

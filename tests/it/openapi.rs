@@ -77,6 +77,7 @@ fn router_serves_every_listed_route() {
             body_budget: narad_infra::http::budget::BodyBudget::new(1 << 30, 1 << 28),
             schemas: Default::default(),
             restore_notice: Default::default(),
+            cluster: None,
         });
         let app = narad_infra::http::router(state);
         for (m, p) in narad_infra::http::ROUTES {

@@ -205,6 +205,11 @@ error_codes! {
     InternalError = 1904, "internal_error", 500;
     /// A background task panicked (`/readyz`); the node stays not ready until it is restarted.
     TaskFailed = 1905, "task_failed", 503;
+
+    // ── 2000: cluster ──
+    /// The route is not yet served by a node in a cluster (the cluster's data plane is not
+    /// built yet): only health, readiness, metrics and `/v1/cluster` are.
+    ClusterUnsupported = 2001, "cluster_unsupported", 501;
 }
 
 impl ErrorCode {

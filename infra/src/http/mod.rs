@@ -56,6 +56,8 @@ pub struct AppState {
     /// What a restore from the archive did not bring back (users, fan-out links), shown as
     /// `/readyz` detail for as long as the process runs.
     pub restore_notice: std::sync::OnceLock<String>,
+    /// This node's cluster membership (metastore, readiness), when `cluster_members` is set.
+    pub cluster: Option<Arc<crate::cluster::ClusterNode>>,
 }
 
 impl AppState {
@@ -289,6 +291,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
+    ("GET", "/v1/cluster"),
     ("POST", "/v1/topics"),
     ("GET", "/v1/topics"),
     ("GET", "/v1/topics/{topic}"),
@@ -315,6 +318,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/v1/cluster", get(cluster_status))
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(
             "/v1/topics/{topic}",
@@ -369,6 +373,12 @@ async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -
     let started = Instant::now();
     let resp = match access::authenticate(&state, &mut req).await {
         Err(refused) => refused,
+        // a cluster member serves only what the cluster can do so far (see ClusterUnsupported)
+        Ok(()) if state.cluster.is_some() && !serves_in_cluster(route) => ApiError::new(
+            ErrorCode::ClusterUnsupported,
+            "this node is in a cluster, and topics, messages and users are not served through a cluster yet: only /healthz, /readyz, /metrics and /v1/cluster are",
+        )
+        .into_response(),
         Ok(()) => {
             let held = budget::limit(&state, &mut req);
             let resp = next.run(req).await;
@@ -390,6 +400,11 @@ async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -
         .get_or_create(&labels)
         .observe(started.elapsed().as_secs_f64());
     resp
+}
+
+/// Routes a cluster member serves today.
+fn serves_in_cluster(route: &str) -> bool {
+    matches!(route, "/healthz" | "/readyz" | "/metrics" | "/v1/cluster")
 }
 
 /// The matched route as a metric label: the pattern from [`ROUTES`] (a fixed set, no copy
@@ -486,6 +501,11 @@ async fn readyz(State(state): State<SharedState>) -> Response {
         return ApiError::new(ErrorCode::TaskFailed, message)
             .response_with(serde_json::json!({ "failed_tasks": failed }));
     }
+    if let Some(c) = &state.cluster
+        && let Err(why) = c.ready()
+    {
+        return ApiError::new(ErrorCode::NotReady, format!("not ready: {why}")).into_response();
+    }
     if state.ready.load(Ordering::Acquire) && !state.shutting_down.load(Ordering::Acquire) {
         let body = match state.restore_notice.get() {
             Some(detail) => serde_json::json!({"status": "ready", "detail": detail}),
@@ -495,6 +515,29 @@ async fn readyz(State(state): State<SharedState>) -> Response {
     } else {
         ApiError::new(ErrorCode::NotReady, "not ready").into_response()
     }
+}
+
+/// `GET /v1/cluster` (admin): the node's view of its cluster — leader, term, members, how
+/// far this node applied. A single node (no `cluster_members`) answers as a cluster of one.
+async fn cluster_status(
+    State(state): State<SharedState>,
+    axum::Extension(caller): axum::Extension<access::Caller>,
+) -> ApiResult {
+    caller.require_admin()?;
+    let body = match &state.cluster {
+        Some(c) => c.status(),
+        // no cluster_members: a cluster of one, which always leads itself
+        None => serde_json::json!({
+            "node_id": 0,
+            "single_node": true,
+            "leader": 0,
+            "term": 0,
+            "state": "Leader",
+            "ready": state.ready.load(Ordering::Acquire),
+            "members": [{"node_id": 0, "voter": true}],
+        }),
+    };
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 async fn metrics(
@@ -523,6 +566,9 @@ fn metrics_text(state: &AppState) -> Response {
         .set(state.body_budget.in_use() as i64);
     if let Some(b) = state.broker.get() {
         m.tail_cache_bytes.set(b.tail_cache_used() as i64);
+    }
+    if let Some(c) = &state.cluster {
+        c.observe();
     }
     let text = state.metrics.render(state.broker.get().map(Arc::as_ref));
     let mut resp = (StatusCode::OK, text).into_response();

@@ -1,0 +1,291 @@
+//! This node's place in its cluster: the metastore (Raft), how the node forms or joins the
+//! cluster, and what readiness means for a member.
+//!
+//! A node listed in `cluster_members` bootstraps with the others (openraft needs the same
+//! list on every one of them; on a node that already has state this does nothing). A node
+//! not listed asks the listed ones to add it, until one of them (the leader) does. Then,
+//! every second, the node confirms its view of the metadata is current with a read index
+//! (the leader proves it still leads to a quorum, this node applies up to its commit point):
+//! `/readyz` is 503 until that succeeds, and again whenever it fails (no leader, no quorum,
+//! this node cut off).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use narad_cluster::meta::{MetaConfig, Metastore, NodeInfo, Tuning};
+use narad_cluster::rpc::{Keys, Limits, RpcConfig, RpcMetrics};
+use narad_core::clock::SharedClock;
+use parking_lot::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ClusterSettings;
+
+/// How often a member re-checks that its metadata is current.
+const READY_CHECK: Duration = Duration::from_secs(1);
+const READ_INDEX_DEADLINE: Duration = Duration::from_secs(2);
+
+/// The member's Raft figures, filled in at scrape time.
+#[derive(Debug, Default)]
+pub struct RaftGauges {
+    term: Gauge,
+    leader: Gauge,
+    is_leader: Gauge,
+    applied: Gauge,
+    last_log: Gauge,
+    voters: Gauge,
+    ready: Gauge,
+}
+
+impl RaftGauges {
+    pub fn register(&self, r: &mut Registry) {
+        for (name, help, g) in [
+            (
+                "narad_raft_term",
+                "the metastore's current Raft term",
+                &self.term,
+            ),
+            (
+                "narad_raft_leader",
+                "the node id of the metastore's leader (0: none known)",
+                &self.leader,
+            ),
+            (
+                "narad_raft_is_leader",
+                "1 while this node leads the metastore",
+                &self.is_leader,
+            ),
+            (
+                "narad_raft_applied_index",
+                "the last metadata log index applied on this node",
+                &self.applied,
+            ),
+            (
+                "narad_raft_last_log_index",
+                "the last metadata log index on this node's disk",
+                &self.last_log,
+            ),
+            (
+                "narad_raft_voters",
+                "voters in the membership this node has applied",
+                &self.voters,
+            ),
+            (
+                "narad_cluster_ready",
+                "1 while this member's metadata is confirmed current (/readyz)",
+                &self.ready,
+            ),
+        ] {
+            r.register(name, help, g.clone());
+        }
+    }
+}
+
+pub struct ClusterNode {
+    pub meta: Metastore,
+    pub rpc_metrics: Arc<RpcMetrics>,
+    pub gauges: RaftGauges,
+    node_id: u64,
+    advertise: String,
+    initial: BTreeMap<u64, NodeInfo>,
+    is_initial: bool,
+    ready: AtomicBool,
+    /// Why the node is not ready, for `/readyz`.
+    not_ready: Mutex<String>,
+}
+
+impl ClusterNode {
+    /// Opens the metastore under `<data_dir>/raft` and binds the cluster endpoint.
+    pub async fn start(s: &ClusterSettings, data_dir: &Path) -> Result<Arc<Self>, String> {
+        let rpc_metrics = Arc::new(RpcMetrics::default());
+        let meta = Metastore::start(
+            MetaConfig {
+                node_id: s.node_id,
+                dir: data_dir.join("raft"),
+                tuning: Tuning::default(),
+            },
+            RpcConfig {
+                node_id: s.node_id,
+                bind: s.bind,
+                keys: Keys::new(&s.secrets.current, s.secrets.previous.as_deref()),
+                features: 0,
+                limits: Limits::default(),
+            },
+            rpc_metrics.clone(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let initial = s
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.id,
+                    NodeInfo {
+                        rpc_addr: m.addr.clone(),
+                    },
+                )
+            })
+            .collect();
+        Ok(Arc::new(Self {
+            meta,
+            rpc_metrics,
+            gauges: RaftGauges::default(),
+            node_id: s.node_id,
+            advertise: s.advertise.clone(),
+            initial,
+            is_initial: s.is_initial_member(),
+            ready: AtomicBool::new(false),
+            not_ready: Mutex::new("the cluster is forming".into()),
+        }))
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    /// `Ok` when this node is a voter whose metadata was confirmed current within the last
+    /// check; else why not.
+    pub fn ready(&self) -> Result<(), String> {
+        if self.ready.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(self.not_ready.lock().clone())
+        }
+    }
+
+    fn set_ready(&self, r: Result<(), String>) {
+        let was = self.ready.load(Ordering::Acquire);
+        match r {
+            Ok(()) => {
+                if !was {
+                    tracing::info!(
+                        node_id = self.node_id,
+                        "cluster member ready: its metadata is current"
+                    );
+                }
+                self.ready.store(true, Ordering::Release);
+            }
+            Err(why) => {
+                if was {
+                    tracing::warn!(node_id = self.node_id, reason = %why, "cluster member not ready");
+                }
+                *self.not_ready.lock() = why;
+                self.ready.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Forms or joins the cluster, then keeps readiness current, until `stop`.
+    pub async fn run(self: Arc<Self>, clock: SharedClock, stop: CancellationToken) {
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            let step = if self.is_initial {
+                self.meta.bootstrap(&self.initial).await
+            } else if self.meta.is_voter() {
+                Ok(())
+            } else {
+                let seeds: Vec<(u64, String)> = self
+                    .initial
+                    .iter()
+                    .map(|(id, n)| (*id, n.rpc_addr.clone()))
+                    .collect();
+                let me = NodeInfo {
+                    rpc_addr: self.advertise.clone(),
+                };
+                self.meta
+                    .join(&seeds, me, Duration::from_secs(30))
+                    .await
+                    .map_err(|e| format!("joining the cluster: {e}"))
+            };
+            match step {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster not joined yet; retrying");
+                    self.set_ready(Err(e));
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = clock.sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+        loop {
+            let check = if self.meta.is_voter() {
+                self.meta
+                    .read_index(READ_INDEX_DEADLINE)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("metadata not confirmed current: {e}"))
+            } else {
+                Err("not a voter yet".into())
+            };
+            self.set_ready(check);
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = clock.sleep(READY_CHECK) => {}
+            }
+        }
+    }
+
+    /// What `GET /v1/cluster` answers.
+    pub fn status(&self) -> serde_json::Value {
+        let s = self.meta.status();
+        let raft = self.meta.raft().metrics().borrow().clone();
+        let matched = raft.replication.clone().unwrap_or_default();
+        let members: Vec<serde_json::Value> = s
+            .members
+            .iter()
+            .map(|(id, addr, voter)| {
+                let mut m = serde_json::json!({
+                    "node_id": id,
+                    "rpc_addr": addr,
+                    "voter": voter,
+                });
+                // the leader knows how far each member's log matches its own
+                if s.leader == Some(self.node_id) {
+                    m["matched_index"] = serde_json::json!(if *id == self.node_id {
+                        s.last_log
+                    } else {
+                        matched.get(id).cloned().flatten().map(|l| l.index)
+                    });
+                }
+                m
+            })
+            .collect();
+        serde_json::json!({
+            "node_id": self.node_id,
+            "leader": s.leader,
+            "term": s.term,
+            "state": s.state,
+            "ready": self.ready().is_ok(),
+            "last_applied": s.last_applied,
+            "last_log": s.last_log,
+            "members": members,
+        })
+    }
+
+    /// Fills the Raft gauges (at scrape time).
+    pub fn observe(&self) {
+        let s = self.meta.status();
+        let g = &self.gauges;
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        g.term.set(n(s.term));
+        g.leader.set(n(s.leader.unwrap_or(0)));
+        g.is_leader.set(i64::from(s.leader == Some(self.node_id)));
+        g.applied.set(n(s.last_applied.unwrap_or(0)));
+        g.last_log.set(n(s.last_log.unwrap_or(0)));
+        g.voters
+            .set(s.members.iter().filter(|m| m.2).count() as i64);
+        g.ready.set(i64::from(self.ready().is_ok()));
+    }
+
+    pub async fn shutdown(&self) {
+        self.meta.shutdown().await;
+    }
+}

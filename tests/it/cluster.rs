@@ -1,0 +1,271 @@
+//! Cluster members as real processes on loopback: forming, readiness, a leader killed with
+//! SIGKILL, a restart, a node joining, and a node with the wrong secret kept out.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{BIN, StatusCode, expect_error, poll_pause};
+
+const SECRET: &str = "cluster secret for the cluster tests, 32+ bytes";
+const WRONG: &str = "another secret entirely, also more than 32 bytes";
+
+struct Node {
+    id: u64,
+    child: Option<Child>,
+    dir: PathBuf,
+    rpc: String,
+    members: String,
+    secret: &'static str,
+    base: String,
+    http: reqwest::Client,
+}
+
+/// A free UDP port on loopback (bound, then released for the node to take).
+fn udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Node {
+    fn new(id: u64, root: &Path, members: &str, secret: &'static str) -> Self {
+        Self {
+            id,
+            child: None,
+            dir: root.join(format!("n{id}")),
+            rpc: format!("127.0.0.1:{}", udp_port()),
+            members: members.to_owned(),
+            secret,
+            base: String::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+    }
+
+    /// Starts the process and waits for its HTTP address (not for readiness: a member is
+    /// ready only once a quorum is up).
+    async fn start(&mut self) {
+        let addr_file = self.dir.with_extension("addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.with_extension("log"))
+            .unwrap();
+        let child = Command::new(BIN)
+            .args([
+                "server",
+                "start",
+                "--dev",
+                "--port",
+                "0",
+                "--archive-url",
+                "off",
+                "--data-dir",
+            ])
+            .arg(&self.dir)
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .env("RUST_LOG", "info")
+            .env("NARAD_NODE_ID", self.id.to_string())
+            .env("NARAD_CLUSTER_ADDR", &self.rpc)
+            .env("NARAD_CLUSTER_MEMBERS", &self.members)
+            .env("NARAD_CLUSTER_SECRET", self.secret)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addr = loop {
+            if let Ok(a) = std::fs::read_to_string(&addr_file) {
+                break a;
+            }
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("node {} exited ({st}); log:\n{}", self.id, self.log());
+            }
+            assert!(Instant::now() < deadline, "node {} did not bind", self.id);
+            poll_pause().await;
+        };
+        self.base = format!("http://{addr}");
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    async fn ready(&self) -> bool {
+        matches!(self.http.get(format!("{}/readyz", self.base)).send().await, Ok(r) if r.status() == StatusCode::OK)
+    }
+
+    async fn status(&self) -> Option<Value> {
+        let r = self
+            .http
+            .get(format!("{}/v1/cluster", self.base))
+            .send()
+            .await
+            .ok()?;
+        r.json().await.ok()
+    }
+
+    async fn metrics(&self) -> String {
+        let r = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap();
+        r.text().await.unwrap()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn until<F: AsyncFnMut() -> bool>(what: &str, secs: u64, mut f: F) -> Duration {
+    let t = Instant::now();
+    while !f().await {
+        assert!(t.elapsed() < Duration::from_secs(secs), "timed out: {what}");
+        poll_pause().await;
+    }
+    t.elapsed()
+}
+
+fn leader_of(s: &Value) -> Option<u64> {
+    s["leader"].as_u64()
+}
+
+fn voters(s: &Value) -> usize {
+    s["members"]
+        .as_array()
+        .map_or(0, |m| m.iter().filter(|m| m["voter"] == true).count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_keep_a_stranger_out()
+{
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|id| Node::new(id, root.path(), "", SECRET))
+        .collect();
+    let members = nodes
+        .iter()
+        .map(|n| format!("{}@{}", n.id, n.rpc))
+        .collect::<Vec<_>>()
+        .join(",");
+    for n in &mut nodes {
+        n.members = members.clone();
+        n.start().await;
+    }
+    for n in &nodes {
+        until(
+            &format!("node {} ready; log:\n{}", n.id, n.log()),
+            60,
+            async || n.ready().await,
+        )
+        .await;
+    }
+    let s = nodes[0].status().await.unwrap();
+    let leader = leader_of(&s).expect("a leader");
+    assert_eq!(voters(&s), 3, "{s}");
+    for n in &nodes {
+        let st = n.status().await.unwrap();
+        assert_eq!(leader_of(&st), Some(leader), "one leader for all: {st}");
+        assert_eq!(st["node_id"], n.id);
+    }
+    // the data plane is not served through a cluster yet: said, not pretended
+    let r = nodes[1]
+        .http
+        .get(format!("{}/v1/topics", nodes[1].base))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::NOT_IMPLEMENTED, "cluster_unsupported").await;
+    assert!(nodes[0].metrics().await.contains("narad_raft_term"));
+
+    // the leader is killed: the two others elect one and are ready again
+    let old = leader as usize - 1;
+    nodes[old].kill9();
+    let took = until("a new leader", 30, async || {
+        let mut ok = true;
+        for (i, n) in nodes.iter().enumerate() {
+            if i == old {
+                continue;
+            }
+            let st = n.status().await;
+            ok &= st.as_ref().and_then(leader_of).is_some_and(|l| l != leader) && n.ready().await;
+        }
+        ok
+    })
+    .await;
+    eprintln!("new leader and ready after the leader's SIGKILL: {took:?}");
+    // it comes back, follows, and is ready
+    nodes[old].start().await;
+    until("the old leader ready again", 30, async || {
+        nodes[old].ready().await
+    })
+    .await;
+    let st = nodes[old].status().await.unwrap();
+    assert_ne!(leader_of(&st), None);
+
+    // a fourth node, not among the initial members, joins
+    let mut fourth = Node::new(4, root.path(), &members, SECRET);
+    fourth.start().await;
+    until(
+        &format!("the joiner ready; log:\n{}", fourth.log()),
+        60,
+        async || fourth.ready().await,
+    )
+    .await;
+    until("four voters everywhere", 30, async || {
+        let mut ok = true;
+        for n in nodes.iter().chain([&fourth]) {
+            ok &= n.status().await.is_some_and(|s| voters(&s) == 4);
+        }
+        ok
+    })
+    .await;
+
+    // a node with the wrong secret is never admitted, and the members count why
+    let mut stranger = Node::new(5, root.path(), &members, WRONG);
+    stranger.start().await;
+    until("refusals counted", 30, async || {
+        let mut refused = 0;
+        for n in &nodes {
+            refused += n
+                .metrics()
+                .await
+                .lines()
+                .filter(|l| {
+                    l.starts_with("narad_rpc_handshakes_total{")
+                        && l.contains("outcome=\"unknown_key\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64;
+        }
+        refused > 0
+    })
+    .await;
+    assert!(!stranger.ready().await);
+    let st = stranger.status().await.unwrap();
+    assert_eq!(voters(&st), 0, "{st}");
+    assert!(nodes[0].status().await.is_some_and(|s| voters(&s) == 4));
+}
