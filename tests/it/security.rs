@@ -139,6 +139,7 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
         "GET /healthz" => (Method::GET, "/healthz".into(), None),
         "GET /readyz" => (Method::GET, "/readyz".into(), None),
         "GET /metrics" => (Method::GET, "/metrics".into(), None),
+        "GET /v1/cluster" => (Method::GET, "/v1/cluster".into(), None),
         "POST /v1/topics" => (
             Method::POST,
             "/v1/topics".into(),
@@ -259,6 +260,7 @@ fn rows() -> Vec<Row> {
         r("GET /readyz", [200, 200, 200, 200, 200]),
         // metrics need admin (or the separate metrics listener)
         r("GET /metrics", [U, U, F, F, 200]),
+        r("GET /v1/cluster", [U, U, F, F, 200]),
         r("POST /v1/topics", [U, U, F, 201, 201]),
         r("GET /v1/topics", [U, U, 200, 200, 200]),
         r("GET /v1/topics/{topic}", [U, U, F, 200, 200]),

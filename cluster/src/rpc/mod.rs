@@ -63,6 +63,13 @@ pub struct Limits {
     pub connect_timeout: Duration,
     /// Connections (authenticated or not) served at once; more are refused.
     pub max_connections: usize,
+    /// Connections still in their handshake at once, and from one IP address: an
+    /// unauthenticated client holds one for at most `handshake_timeout`, and cannot hold all.
+    pub max_handshaking: usize,
+    pub max_handshaking_per_ip: usize,
+    /// Unread bytes the endpoint buffers per connection (QUIC flow control): what a peer,
+    /// authenticated or not, can make this node hold before it reads.
+    pub connection_window: u32,
     /// Requests one connection may have in flight (QUIC stream credit).
     pub max_streams_per_connection: u32,
     /// The longest deadline a server grants a request, whatever the caller asked.
@@ -79,6 +86,9 @@ impl Default for Limits {
             handshake_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             max_connections: 256,
+            max_handshaking: 32,
+            max_handshaking_per_ip: 8,
+            connection_window: 2 << 20,
             max_streams_per_connection: 256,
             max_deadline: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(10),
@@ -160,6 +170,9 @@ struct Inner {
     metrics: Arc<RpcMetrics>,
     peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
     connections: Arc<Semaphore>,
+    handshaking: Arc<Semaphore>,
+    /// Handshakes in progress per remote IP.
+    handshaking_by_ip: Mutex<HashMap<std::net::IpAddr, usize>>,
     accept_loop: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When a refusal was last logged (refusals are counted always, logged ≤ 1 per 10 s).
     last_refusal_log: AtomicU64,
@@ -201,6 +214,8 @@ impl Rpc {
         transport
             .max_concurrent_bidi_streams(cfg.limits.max_streams_per_connection.into())
             .max_concurrent_uni_streams(0u32.into())
+            .receive_window(cfg.limits.connection_window.into())
+            .stream_receive_window((cfg.limits.connection_window / 2).into())
             .keep_alive_interval(Some(cfg.limits.idle_timeout / 5))
             .max_idle_timeout(Some(
                 cfg.limits
@@ -228,6 +243,8 @@ impl Rpc {
             keys: cfg.keys,
             features: cfg.features,
             connections: Arc::new(Semaphore::new(cfg.limits.max_connections)),
+            handshaking: Arc::new(Semaphore::new(cfg.limits.max_handshaking)),
+            handshaking_by_ip: Mutex::new(HashMap::new()),
             limits: cfg.limits,
             endpoint,
             client,
@@ -564,9 +581,14 @@ async fn accept_loop(inner: Arc<Inner>) {
                     incoming.refuse();
                     continue;
                 };
+                let Some(handshake) = inner.start_handshake(incoming.remote_address().ip()) else {
+                    inner.metrics.connection_refused();
+                    incoming.refuse();
+                    continue;
+                };
                 let inner = inner.clone();
                 conns.spawn(async move {
-                    serve_connection(&inner, incoming).await;
+                    serve_connection(&inner, incoming, handshake).await;
                     drop(permit);
                 });
             }
@@ -576,7 +598,43 @@ async fn accept_loop(inner: Arc<Inner>) {
     conns.shutdown().await;
 }
 
-async fn serve_connection(inner: &Arc<Inner>, incoming: Incoming) {
+/// A handshake in progress: its node-wide and per-address slots, given back on drop.
+struct HandshakeSlot {
+    inner: Arc<Inner>,
+    ip: std::net::IpAddr,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut by_ip = self.inner.handshaking_by_ip.lock();
+        if let Some(n) = by_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                by_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn start_handshake(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<HandshakeSlot> {
+        let mut by_ip = self.handshaking_by_ip.lock();
+        let n = by_ip.entry(ip).or_default();
+        if *n >= self.limits.max_handshaking_per_ip {
+            return None;
+        }
+        let permit = self.handshaking.clone().try_acquire_owned().ok()?;
+        *n += 1;
+        Some(HandshakeSlot {
+            inner: self.clone(),
+            ip,
+            _permit: permit,
+        })
+    }
+}
+
+async fn serve_connection(inner: &Arc<Inner>, incoming: Incoming, handshake: HandshakeSlot) {
     let remote = incoming.remote_address();
     let admitted = tokio::time::timeout(inner.limits.handshake_timeout, async {
         let conn = incoming.await.map_err(Handshake::conn)?;
@@ -584,6 +642,8 @@ async fn serve_connection(inner: &Arc<Inner>, incoming: Incoming) {
         Ok::<_, Handshake>((conn, from))
     })
     .await;
+    // admitted or not, this connection no longer counts as handshaking
+    drop(handshake);
     let (conn, from) = match admitted {
         Ok(Ok((conn, Ok(from)))) => {
             inner.metrics.handshake("server", "ok");

@@ -373,3 +373,39 @@ async fn an_unreachable_node_fails_fast_and_is_retried_after_a_backoff() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn silent_clients_cannot_hold_every_handshake_slot_of_an_address_for_long() {
+    let limits = Limits {
+        max_handshaking_per_ip: 2,
+        handshake_timeout: Duration::from_millis(800),
+        ..Limits::default()
+    };
+    let b = node_with(2, Keys::new(SECRET, None), limits);
+    let (_e1, c1) = raw(&b).await;
+    let (_e2, c2) = raw(&b).await;
+    // a third from the same address, while two sit in their handshake: refused
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(
+        tls::client_config().unwrap(),
+    )));
+    let third = ep
+        .connect(b.local_addr().unwrap(), tls::SERVER_NAME)
+        .unwrap()
+        .await;
+    assert!(
+        third.is_err(),
+        "a third handshake from one address must be refused"
+    );
+    assert!(b.metrics().connections_refused.get() >= 1);
+    // the silent ones are closed at the handshake timeout, and an honest peer gets in
+    for c in [&c1, &c2] {
+        assert!(tokio::time::timeout(SEC, c.closed()).await.is_ok());
+    }
+    let a = node(1, Keys::new(SECRET, None));
+    a.call(2, &addr(&b), Op::PING, Bytes::new(), SEC)
+        .await
+        .unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}
