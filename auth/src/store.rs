@@ -134,8 +134,45 @@ struct UsersFile {
     users: Vec<UserRecord>,
 }
 
+/// Why a [`UserCommand`] does not apply: the part of [`StoreError`] that is about the
+/// command, not the disk, so it can travel in a replicated log's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(rename_all = "snake_case")]
+pub enum Refusal {
+    #[error("user '{0}' already exists")]
+    Exists(String),
+    #[error("user '{0}' not found")]
+    NotFound(String),
+    #[error("the root user cannot be deleted and its grants cannot change")]
+    Root,
+    #[error("at most {MAX_USERS} users")]
+    Full,
+    #[error("users can only be restored into an empty user store")]
+    NotEmpty,
+    #[error("restored users are invalid: {0}")]
+    InvalidRestore(String),
+}
+
+impl From<Refusal> for StoreError {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::Exists(u) => Self::Exists(u),
+            Refusal::NotFound(u) => Self::NotFound(u),
+            Refusal::Root => Self::Root,
+            Refusal::Full => Self::Full,
+            Refusal::NotEmpty => Self::NotEmpty,
+            Refusal::InvalidRestore(m) => Self::InvalidRestore(m),
+        }
+    }
+}
+
+/// Every user, by name: what [`apply_command`] changes.
+pub type Users = BTreeMap<String, Arc<UserRecord>>;
+
 pub struct UserStore {
-    path: PathBuf,
+    /// `None`: a replica of users kept elsewhere (a cluster's metastore), replaced whole by
+    /// [`UserStore::replace_all`]; changes go through the cluster, not [`UserStore::apply`].
+    path: Option<PathBuf>,
     users: RwLock<Arc<BTreeMap<String, Arc<UserRecord>>>>,
     /// Serialises changes: apply, persist, publish.
     write: Mutex<()>,
@@ -189,10 +226,30 @@ impl UserStore {
             Err(source) => return Err(StoreError::Io { path, source }),
         };
         Ok(Self {
-            path,
+            path: Some(path),
             users: RwLock::new(Arc::new(users)),
             write: Mutex::new(()),
         })
+    }
+
+    /// A store that mirrors users held elsewhere (a cluster member's metastore).
+    pub fn replica() -> Self {
+        Self {
+            path: None,
+            users: RwLock::new(Arc::new(BTreeMap::new())),
+            write: Mutex::new(()),
+        }
+    }
+
+    /// Whether this store mirrors users held elsewhere.
+    pub fn is_replica(&self) -> bool {
+        self.path.is_none()
+    }
+
+    /// Replaces every user (a replica following its metastore).
+    pub fn replace_all(&self, users: Arc<Users>) {
+        let _w = self.write.lock();
+        *self.users.write() = users;
     }
 
     pub fn get(&self, username: &str) -> Option<Arc<UserRecord>> {
@@ -209,44 +266,46 @@ impl UserStore {
 
     /// Applies `cmd` and persists the result before anyone can read it.
     pub fn apply(&self, cmd: UserCommand) -> Result<(), StoreError> {
+        let Some(path) = &self.path else {
+            return Err(StoreError::Invalid {
+                path: PathBuf::from("<replica>"),
+                reason: "a replica's users change through its cluster".into(),
+            });
+        };
         let _w = self.write.lock();
         let mut next = BTreeMap::clone(&self.users.read());
-        apply_to(&mut next, cmd)?;
+        apply_command(&mut next, cmd)?;
         let body = serde_json::to_vec_pretty(&UsersFile {
             version: USERS_VERSION,
             users: next.values().map(|u| UserRecord::clone(u)).collect(),
         })
         .expect("users serialise");
         // password hashes: readable by the broker's user only
-        narad_core::fsutil::write_file_atomic(&self.path, &body).map_err(|source| {
-            StoreError::Io {
-                path: self.path.clone(),
-                source,
-            }
+        narad_core::fsutil::write_file_atomic(path, &body).map_err(|source| StoreError::Io {
+            path: path.clone(),
+            source,
         })?;
         *self.users.write() = Arc::new(next);
         Ok(())
     }
 }
 
-/// The state machine: pure, deterministic.
-fn apply_to(
-    users: &mut BTreeMap<String, Arc<UserRecord>>,
-    cmd: UserCommand,
-) -> Result<(), StoreError> {
+/// The state machine: pure, deterministic (a replicated log applies it on every replica).
+/// Nothing changes when it refuses.
+pub fn apply_command(users: &mut Users, cmd: UserCommand) -> Result<(), Refusal> {
     match cmd {
         UserCommand::Create { user } => {
             if users.contains_key(&user.username) {
-                return Err(StoreError::Exists(user.username));
+                return Err(Refusal::Exists(user.username));
             }
             if users.len() >= MAX_USERS {
-                return Err(StoreError::Full);
+                return Err(Refusal::Full);
             }
             users.insert(user.username.clone(), Arc::new(user));
         }
         UserCommand::Delete { username } => match users.get(&username) {
-            None => return Err(StoreError::NotFound(username)),
-            Some(u) if u.root => return Err(StoreError::Root),
+            None => return Err(Refusal::NotFound(username)),
+            Some(u) if u.root => return Err(Refusal::Root),
             Some(_) => {
                 users.remove(&username);
             }
@@ -258,9 +317,9 @@ fn apply_to(
         } => {
             let u = users
                 .get_mut(&username)
-                .ok_or_else(|| StoreError::NotFound(username.clone()))?;
+                .ok_or_else(|| Refusal::NotFound(username.clone()))?;
             if u.root {
-                return Err(StoreError::Root);
+                return Err(Refusal::Root);
             }
             let u = Arc::make_mut(u);
             u.grants = grants;
@@ -273,14 +332,14 @@ fn apply_to(
         } => {
             let u = users
                 .get_mut(&username)
-                .ok_or_else(|| StoreError::NotFound(username.clone()))?;
+                .ok_or_else(|| Refusal::NotFound(username.clone()))?;
             let u = Arc::make_mut(u);
             u.password_hash = password_hash;
             u.updated_at_ms = at_ms;
         }
         UserCommand::Restore { users: restored } => {
             if !users.is_empty() {
-                return Err(StoreError::NotEmpty);
+                return Err(Refusal::NotEmpty);
             }
             let checked = check_restored(restored)?;
             *users = checked;
@@ -291,18 +350,16 @@ fn apply_to(
 
 /// The checks every user passed when it was created, made again on records that come from
 /// outside (an archive): names, grants, one root named [`ROOT_USER`], the user bound.
-fn check_restored(
-    restored: Vec<UserRecord>,
-) -> Result<BTreeMap<String, Arc<UserRecord>>, StoreError> {
-    let bad = |m: String| Err(StoreError::InvalidRestore(m));
+fn check_restored(restored: Vec<UserRecord>) -> Result<Users, Refusal> {
+    let bad = |m: String| Err(Refusal::InvalidRestore(m));
     if restored.len() > MAX_USERS {
-        return Err(StoreError::Full);
+        return Err(Refusal::Full);
     }
     let mut out = BTreeMap::new();
     for u in restored {
-        validate_username(&u.username).map_err(StoreError::InvalidRestore)?;
+        validate_username(&u.username).map_err(Refusal::InvalidRestore)?;
         crate::grant::validate_grants(&u.grants)
-            .map_err(|e| StoreError::InvalidRestore(format!("user '{}': {e}", u.username)))?;
+            .map_err(|e| Refusal::InvalidRestore(format!("user '{}': {e}", u.username)))?;
         if u.root != (u.username == ROOT_USER) {
             return bad(format!(
                 "only '{ROOT_USER}' may be (and must be) the root user; '{}' is not",

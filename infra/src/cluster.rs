@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use narad_cluster::meta::{MetaConfig, Metastore, NodeInfo, Tuning};
+use narad_auth::store::{ROOT_USER, UserCommand, UserStore};
+use narad_cluster::meta::{
+    MetaCmd, MetaConfig, Metastore, NodeInfo, Outcome, ProposeError, Tuning,
+};
 use narad_cluster::rpc::{Keys, Limits, RpcConfig, RpcMetrics};
 use narad_core::clock::SharedClock;
 use parking_lot::Mutex;
@@ -28,6 +31,8 @@ use crate::config::ClusterSettings;
 /// How often a member re-checks that its metadata is current.
 const READY_CHECK: Duration = Duration::from_secs(1);
 const READ_INDEX_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a metadata change made through the HTTP API waits for a leader and its commit.
+pub const PROPOSE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The member's Raft figures, filled in at scrape time.
 #[derive(Debug, Default)]
@@ -96,11 +101,20 @@ pub struct ClusterNode {
     ready: AtomicBool,
     /// Why the node is not ready, for `/readyz`.
     not_ready: Mutex<String>,
+    /// With security on: the users, mirrored from the metastore, and the root password to
+    /// seed the cluster's root user with if it has none (else one is generated).
+    users: Option<Arc<UserStore>>,
+    admin_password: Option<String>,
 }
 
 impl ClusterNode {
     /// Opens the metastore under `<data_dir>/raft` and binds the cluster endpoint.
-    pub async fn start(s: &ClusterSettings, data_dir: &Path) -> Result<Arc<Self>, String> {
+    pub async fn start(
+        s: &ClusterSettings,
+        data_dir: &Path,
+        users: Option<Arc<UserStore>>,
+        admin_password: Option<String>,
+    ) -> Result<Arc<Self>, String> {
         let rpc_metrics = Arc::new(RpcMetrics::default());
         let meta = Metastore::start(
             MetaConfig {
@@ -141,6 +155,8 @@ impl ClusterNode {
             is_initial: s.is_initial_member(),
             ready: AtomicBool::new(false),
             not_ready: Mutex::new("the cluster is forming".into()),
+            users,
+            admin_password,
         }))
     }
 
@@ -177,6 +193,94 @@ impl ClusterNode {
                 *self.not_ready.lock() = why;
                 self.ready.store(false, Ordering::Release);
             }
+        }
+    }
+
+    /// Keeps the user store a mirror of the metastore's users, until `stop`.
+    pub async fn follow_users(self: Arc<Self>, stop: CancellationToken) {
+        let Some(store) = self.users.clone() else {
+            return;
+        };
+        let mut view = self.meta.subscribe();
+        loop {
+            let users = view.borrow_and_update().users.clone();
+            store.replace_all(users);
+            tokio::select! {
+                () = stop.cancelled() => return,
+                r = view.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
+    /// Proposes a user change, and once this node has applied it, mirrors the users (so the
+    /// caller reads its own write). The inner result is the state machine's verdict.
+    pub async fn propose_users(
+        &self,
+        cmd: UserCommand,
+    ) -> Result<Result<(), narad_auth::store::Refusal>, ProposeError> {
+        let r = self
+            .meta
+            .propose(MetaCmd::Users(cmd), PROPOSE_DEADLINE)
+            .await?;
+        if let Some(store) = &self.users {
+            store.replace_all(self.meta.view().users.clone());
+        }
+        match r.outcome {
+            Outcome::Users(verdict) => Ok(verdict),
+            other => Err(ProposeError::Stopped(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    /// Creates the cluster's root user if it has none: with `NARAD_ADMIN_PASSWORD`, or a
+    /// generated password printed once on stderr by the node whose proposal won.
+    async fn seed_root(&self) -> Result<(), String> {
+        if self.users.is_none() || self.meta.view().users.contains_key(ROOT_USER) {
+            return Ok(());
+        }
+        let generated = self.admin_password.is_none();
+        let password = self
+            .admin_password
+            .clone()
+            .unwrap_or_else(narad_auth::authn::random_password);
+        let (hash, password) = tokio::task::spawn_blocking(move || {
+            (narad_auth::authn::hash_password(&password), password)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        use narad_core::clock::Clock as _;
+        let now = narad_core::clock::SystemClock.now_ms();
+        let root = narad_auth::store::UserRecord {
+            username: ROOT_USER.into(),
+            id: narad_auth::authn::new_user_id(),
+            password_hash: hash,
+            root: true,
+            grants: Vec::new(),
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        match self.propose_users(UserCommand::Create { user: root }).await {
+            Ok(Ok(())) => {
+                if generated {
+                    eprintln!(
+                        "narad: the cluster's root user '{ROOT_USER}' was created with the password: {password}"
+                    );
+                    tracing::warn!(
+                        user = ROOT_USER,
+                        "the cluster's root user was created with a generated password (printed once on stderr)"
+                    );
+                } else {
+                    tracing::info!(
+                        user = ROOT_USER,
+                        "the cluster's root user was created with the password from NARAD_ADMIN_PASSWORD"
+                    );
+                }
+                Ok(())
+            }
+            // another member created it first
+            Ok(Err(_)) => Ok(()),
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -224,6 +328,14 @@ impl ClusterNode {
                     .map_err(|e| format!("metadata not confirmed current: {e}"))
             } else {
                 Err("not a voter yet".into())
+            };
+            // a member is ready only once the cluster has a root user to log in as
+            let check = match check {
+                Ok(()) => self
+                    .seed_root()
+                    .await
+                    .map_err(|e| format!("creating the root user: {e}")),
+                e => e,
             };
             self.set_ready(check);
             tokio::select! {

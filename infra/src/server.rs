@@ -126,8 +126,12 @@ async fn open_security(cfg: &ServerConfig) -> Result<Option<Security>, ServerErr
         return Ok(None);
     }
     narad_core::fsutil::create_dir_private(&cfg.data_dir)?;
-    let store =
-        Arc::new(UserStore::open(&cfg.data_dir).map_err(|e| ServerError::Security(e.to_string()))?);
+    // a cluster member mirrors the cluster's users (its metastore holds them)
+    let store = if cfg.cluster_members.trim().is_empty() {
+        Arc::new(UserStore::open(&cfg.data_dir).map_err(|e| ServerError::Security(e.to_string()))?)
+    } else {
+        Arc::new(UserStore::replica())
+    };
     let mut admin_password = None;
     if store.get(ROOT_USER).is_none() {
         admin_password = std::env::var("NARAD_ADMIN_PASSWORD")
@@ -269,6 +273,11 @@ async fn prepare(
     clock: &SharedClock,
     stopping: &CancellationToken,
 ) -> Result<bool, ServerError> {
+    // a cluster member's users come from its cluster (seeded there), and a restore from the
+    // archive is not done on a member yet (its topics are not served through the cluster)
+    if state.cluster.is_some() {
+        return Ok(true);
+    }
     if let Some(a) = archive
         && b.is_fresh()
     {
@@ -495,9 +504,14 @@ pub async fn run_observed(
     // a cluster member binds its cluster endpoint and opens its metastore before it serves
     let cluster = match config.cluster()? {
         Some(c) => {
-            let node = crate::cluster::ClusterNode::start(&c, &config.data_dir)
-                .await
-                .map_err(ServerError::Cluster)?;
+            let node = crate::cluster::ClusterNode::start(
+                &c,
+                &config.data_dir,
+                security.as_ref().map(|s| s.store.clone()),
+                security.as_ref().and_then(|s| s.admin_password.clone()),
+            )
+            .await
+            .map_err(ServerError::Cluster)?;
             metrics.register_with(|r| {
                 node.rpc_metrics.register(r);
                 node.gauges.register(r);
@@ -534,7 +548,9 @@ pub async fn run_observed(
     });
     if let Some(node) = cluster.clone() {
         let clock = clock.clone();
+        let follower = node.clone();
         tasks.spawn(CLUSTER_TASK, move |stop| node.run(clock, stop));
+        tasks.spawn(CLUSTER_TASK, move |stop| follower.follow_users(stop));
     }
     if let Some(l) = metrics_listener {
         tracing::info!(addr = %l.local_addr()?, "metrics listener (no authentication)");

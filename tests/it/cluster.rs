@@ -11,6 +11,8 @@ use crate::support::{BIN, StatusCode, expect_error, poll_pause};
 
 const SECRET: &str = "cluster secret for the cluster tests, 32+ bytes";
 const WRONG: &str = "another secret entirely, also more than 32 bytes";
+const ROOT_PW: &str = "the root password of the test cluster";
+const ALICE_PW: &str = "alice's password, long enough";
 
 struct Node {
     id: u64,
@@ -19,6 +21,8 @@ struct Node {
     rpc: String,
     members: String,
     secret: &'static str,
+    /// Security on (no `--dev`), the root password from NARAD_ADMIN_PASSWORD.
+    secure: bool,
     base: String,
     http: reqwest::Client,
 }
@@ -41,6 +45,7 @@ impl Node {
             rpc: format!("127.0.0.1:{}", udp_port()),
             members: members.to_owned(),
             secret,
+            secure: false,
             base: String::new(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
@@ -63,17 +68,15 @@ impl Node {
             .append(true)
             .open(self.dir.with_extension("log"))
             .unwrap();
-        let child = Command::new(BIN)
-            .args([
-                "server",
-                "start",
-                "--dev",
-                "--port",
-                "0",
-                "--archive-url",
-                "off",
-                "--data-dir",
-            ])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["server", "start"]);
+        if self.secure {
+            cmd.env("NARAD_ADMIN_PASSWORD", ROOT_PW);
+        } else {
+            cmd.arg("--dev");
+        }
+        let child = cmd
+            .args(["--port", "0", "--archive-url", "off", "--data-dir"])
             .arg(&self.dir)
             .arg("--addr-file")
             .arg(&addr_file)
@@ -114,23 +117,39 @@ impl Node {
     }
 
     async fn status(&self) -> Option<Value> {
-        let r = self
+        let mut r = self.http.get(format!("{}/v1/cluster", self.base));
+        if self.secure {
+            r = r.basic_auth("admin", Some(ROOT_PW));
+        }
+        r.send().await.ok()?.json().await.ok()
+    }
+
+    /// A request as `user` (HTTP Basic), with an optional JSON body: (status, body).
+    async fn call(
+        &self,
+        user: (&str, &str),
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut r = self
             .http
-            .get(format!("{}/v1/cluster", self.base))
-            .send()
-            .await
-            .ok()?;
-        r.json().await.ok()
+            .request(method, format!("{}{path}", self.base))
+            .basic_auth(user.0, Some(user.1));
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let r = r.send().await.unwrap();
+        let st = r.status();
+        (st, r.json().await.unwrap_or(Value::Null))
     }
 
     async fn metrics(&self) -> String {
-        let r = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap();
-        r.text().await.unwrap()
+        let mut r = self.http.get(format!("{}/metrics", self.base));
+        if self.secure {
+            r = r.basic_auth("admin", Some(ROOT_PW));
+        }
+        r.send().await.unwrap().text().await.unwrap()
     }
 }
 
@@ -268,4 +287,139 @@ async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_ke
     let st = stranger.status().await.unwrap();
     assert_eq!(voters(&st), 0, "{st}");
     assert!(nodes[0].status().await.is_some_and(|s| voters(&s) == 4));
+}
+
+/// Users live in the metastore: made through one member, they log in on every member, a
+/// password change or a delete through another takes effect everywhere, and the root user is
+/// created once for the whole cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_made_through_any_member_log_in_on_every_member() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|id| Node::new(id, root.path(), "", SECRET))
+        .collect();
+    let members = nodes
+        .iter()
+        .map(|n| format!("{}@{}", n.id, n.rpc))
+        .collect::<Vec<_>>()
+        .join(",");
+    for n in &mut nodes {
+        n.members = members.clone();
+        n.secure = true;
+        n.start().await;
+    }
+    for n in &nodes {
+        until(
+            &format!("node {} ready; log:\n{}", n.id, n.log()),
+            60,
+            async || n.ready().await,
+        )
+        .await;
+    }
+    let admin = ("admin", ROOT_PW);
+    // one root for the whole cluster, usable on every member
+    for n in &nodes {
+        let (st, body) = n.call(admin, Method::GET, "/v1/users", None).await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(body["users"].as_array().map(Vec::len), Some(1), "{body}");
+    }
+    // made through node 1: there at once (read-your-writes), then everywhere
+    let alice = serde_json::json!({"username": "alice", "password": ALICE_PW, "grants": []});
+    let (st, body) = nodes[0]
+        .call(admin, Method::POST, "/v1/users", Some(alice.clone()))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let (st, _) = nodes[0]
+        .call(admin, Method::GET, "/v1/users/alice", None)
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    for n in &nodes {
+        until("alice logs in on every member", 10, async || {
+            n.call(("alice", ALICE_PW), Method::GET, "/v1/users/alice", None)
+                .await
+                .0
+                == StatusCode::OK
+        })
+        .await;
+    }
+    // the same name again, through another member: refused as on one node
+    let (st, body) = nodes[2]
+        .call(admin, Method::POST, "/v1/users", Some(alice))
+        .await;
+    assert_eq!(
+        (st, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("user_exists")),
+        "{body}"
+    );
+    // a new password set through node 2: the old one stops working on node 1
+    let new_pw = "a brand new password";
+    let (st, body) = nodes[1]
+        .call(
+            admin,
+            Method::PUT,
+            "/v1/users/alice/password",
+            Some(serde_json::json!({"new_password": new_pw})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+    until("the old password refused on node 1", 10, async || {
+        nodes[0]
+            .call(("alice", ALICE_PW), Method::GET, "/v1/users/alice", None)
+            .await
+            .0
+            == StatusCode::UNAUTHORIZED
+    })
+    .await;
+    let (st, _) = nodes[0]
+        .call(("alice", new_pw), Method::GET, "/v1/users/alice", None)
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    // deleted through node 3: gone everywhere
+    let (st, _) = nodes[2]
+        .call(admin, Method::DELETE, "/v1/users/alice", None)
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    for n in &nodes {
+        until("alice refused everywhere", 10, async || {
+            n.call(("alice", new_pw), Method::GET, "/v1/users/alice", None)
+                .await
+                .0
+                == StatusCode::UNAUTHORIZED
+        })
+        .await;
+    }
+    // the leader killed: a user change waits for the election, then works through another
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap() as usize - 1;
+    nodes[leader].kill9();
+    let other = (leader + 1) % 3;
+    let bob = serde_json::json!({"username": "bob", "password": ALICE_PW});
+    let (st, body) = nodes[other]
+        .call(admin, Method::POST, "/v1/users", Some(bob))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    // restarted, the old leader has bob too, and still exactly one root
+    nodes[leader].start().await;
+    until("the old leader ready", 60, async || {
+        nodes[leader].ready().await
+    })
+    .await;
+    until("bob on the old leader", 10, async || {
+        nodes[leader]
+            .call(("bob", ALICE_PW), Method::GET, "/v1/users/bob", None)
+            .await
+            .0
+            == StatusCode::OK
+    })
+    .await;
+    let (_, body) = nodes[leader]
+        .call(admin, Method::GET, "/v1/users", None)
+        .await;
+    let names: Vec<&str> = body["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|u| u["username"].as_str())
+        .collect();
+    assert_eq!(names, ["admin", "bob"], "{body}");
 }

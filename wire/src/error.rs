@@ -210,6 +210,9 @@ error_codes! {
     /// The route is not yet served by a node in a cluster (the cluster's data plane is not
     /// built yet): only health, readiness, metrics and `/v1/cluster` are.
     ClusterUnsupported = 2001, "cluster_unsupported", 501;
+    /// No metadata leader could take the change (an election, or no quorum); the message says
+    /// whether it may still take effect.
+    ClusterUnavailable = 2002, "cluster_unavailable", 503;
 }
 
 impl ErrorCode {

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use narad_auth::store::{Refusal as UserRefusal, UserCommand};
 use narad_core::catalog::{CatalogCommand, CatalogError};
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{Config, Raft, SnapshotPolicy};
@@ -58,6 +59,7 @@ pub struct MetaRequest {
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum MetaCmd {
     Catalog(CatalogCommand),
+    Users(UserCommand),
 }
 
 /// What applying a request did, and at which log index.
@@ -83,6 +85,7 @@ pub enum Outcome {
     /// A blank or membership entry.
     Done,
     Catalog(Result<CatalogDone, CatalogError>),
+    Users(Result<(), UserRefusal>),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -142,6 +145,10 @@ pub struct MetaConfig {
     pub dir: PathBuf,
     pub tuning: Tuning,
 }
+
+/// How long one forwarded proposal may take before it is sent again (same request id, so it
+/// applies once): a dead leader is noticed by an election within 1–2 s, not by its connection.
+const FORWARD_ATTEMPT: Duration = Duration::from_secs(2);
 
 /// Largest request proposed (its JSON); larger ones are refused before they reach the log.
 pub const MAX_REQUEST_BYTES: usize = 2 << 20;
@@ -300,7 +307,10 @@ impl Metastore {
                 }
                 Some(l) => match self.leader_addr(l) {
                     Some(addr) => {
-                        let r = network::forward(&self.rpc, l, &addr, &req, left).await;
+                        // a leader killed outright keeps its connection looking alive until
+                        // the idle timeout: each attempt is short, and retried (same id)
+                        let attempt = left.min(FORWARD_ATTEMPT);
+                        let r = network::forward(&self.rpc, l, &addr, &req, attempt).await;
                         sent |= !matches!(&r, Err(Attempt::Retry { sent: false, .. }));
                         r
                     }

@@ -1,5 +1,5 @@
-//! The metadata state machine: the catalog (and, as the cluster grows, users, members and
-//! partition owners) as the committed Raft entries made it, published to the node as an
+//! The metadata state machine: the catalog and the users (and, as the cluster grows, members
+//! and partition owners) as the committed Raft entries made it, published to the node as an
 //! immutable [`MetaView`] after every applied batch.
 //!
 //! Nothing but snapshots is written here: on a restart openraft re-applies the committed
@@ -19,6 +19,7 @@ use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use narad_auth::store::{UserRecord, Users};
 use narad_core::catalog::{self, Applied, Catalog, TopicMeta};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -47,6 +48,8 @@ pub struct MetaView {
     pub last_applied: Option<LogId<NodeId>>,
     pub membership: StoredMembership<NodeId, NodeInfo>,
     pub catalog: Arc<Catalog>,
+    /// Users, with their password hashes and grants.
+    pub users: Arc<Users>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -54,6 +57,7 @@ struct Data {
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, NodeInfo>,
     catalog: Arc<Catalog>,
+    users: Arc<Users>,
     dedupe: HashMap<u128, MetaResponse>,
     dedupe_order: VecDeque<u128>,
 }
@@ -82,6 +86,16 @@ impl Data {
                 }
                 Err(e) => Err(e),
             }),
+            MetaCmd::Users(cmd) => {
+                let mut next = Users::clone(&self.users);
+                Outcome::Users(match narad_auth::store::apply_command(&mut next, cmd) {
+                    Ok(()) => {
+                        self.users = Arc::new(next);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                })
+            }
         };
         let resp = MetaResponse { index, outcome };
         if self.dedupe_order.len() == DEDUPE_ENTRIES
@@ -99,6 +113,7 @@ impl Data {
             last_applied: self.last_applied,
             membership: self.membership.clone(),
             catalog: self.catalog.clone(),
+            users: self.users.clone(),
         }
     }
 
@@ -109,6 +124,7 @@ impl Data {
             membership: self.membership.clone(),
             catalog_applied: self.catalog.applied(),
             topics: self.catalog.topics().map(|t| (**t).clone()).collect(),
+            users: self.users.values().map(|u| UserRecord::clone(u)).collect(),
             dedupe: self
                 .dedupe_order
                 .iter()
@@ -130,10 +146,17 @@ impl Data {
             return Err("too many remembered requests".into());
         }
         let dedupe_order = f.dedupe.iter().map(|(id, _)| *id).collect();
+        let mut users = Users::new();
+        for u in f.users {
+            if users.insert(u.username.clone(), Arc::new(u)).is_some() {
+                return Err("a user name appears twice".into());
+            }
+        }
         Ok(Self {
             last_applied: f.last_applied,
             membership: f.membership,
             catalog: Arc::new(catalog),
+            users: Arc::new(users),
             dedupe: f.dedupe.into_iter().collect(),
             dedupe_order,
         })
@@ -148,6 +171,8 @@ struct StateFile {
     membership: StoredMembership<NodeId, NodeInfo>,
     catalog_applied: u64,
     topics: Vec<TopicMeta>,
+    #[serde(default)]
+    users: Vec<UserRecord>,
     dedupe: Vec<(u128, MetaResponse)>,
 }
 

@@ -398,3 +398,54 @@ async fn a_node_not_in_the_initial_members_joins_as_a_voter_and_reads_are_curren
         n.store.shutdown().await;
     }
 }
+
+#[test]
+fn users_are_applied_and_carried_by_snapshots() {
+    use narad_auth::store::{Refusal as UserRefusal, UserCommand, UserRecord};
+    use openraft::RaftSnapshotBuilder;
+    use openraft::storage::RaftStateMachine;
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut sm = StateMachine::open(a.path()).unwrap();
+        let user = UserRecord {
+            username: "alice".into(),
+            id: 7,
+            password_hash: "$argon2id$not-a-real-hash".into(),
+            root: false,
+            grants: vec![],
+            created_at_ms: 1,
+            updated_at_ms: 1,
+        };
+        let entry = |i, id, cmd| Entry {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), i),
+            payload: openraft::EntryPayload::Normal(MetaRequest { id, cmd }),
+        };
+        let create = MetaCmd::Users(UserCommand::Create { user: user.clone() });
+        let r = sm
+            .apply(vec![entry(1, 1, create.clone()), entry(2, 2, create)])
+            .await
+            .unwrap();
+        assert_eq!(r[0].outcome, Outcome::Users(Ok(())));
+        assert_eq!(
+            r[1].outcome,
+            Outcome::Users(Err(UserRefusal::Exists("alice".into())))
+        );
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let mut other = StateMachine::open(b.path()).unwrap();
+        other
+            .install_snapshot(&snap.meta, snap.snapshot)
+            .await
+            .unwrap();
+        let view = other.subscribe().borrow().clone();
+        assert_eq!(view.users.get("alice").map(|u| u.id), Some(7));
+        // and from disk after a restart
+        let reopened = StateMachine::open(b.path()).unwrap();
+        assert!(reopened.subscribe().borrow().users.contains_key("alice"));
+    });
+}

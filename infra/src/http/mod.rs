@@ -376,7 +376,7 @@ async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -
         // a cluster member serves only what the cluster can do so far (see ClusterUnsupported)
         Ok(()) if state.cluster.is_some() && !serves_in_cluster(route) => ApiError::new(
             ErrorCode::ClusterUnsupported,
-            "this node is in a cluster, and topics, messages and users are not served through a cluster yet: only /healthz, /readyz, /metrics and /v1/cluster are",
+            "this node is in a cluster, and topics and messages are not served through a cluster yet: only /healthz, /readyz, /metrics, /v1/cluster and /v1/users are",
         )
         .into_response(),
         Ok(()) => {
@@ -404,7 +404,17 @@ async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -
 
 /// Routes a cluster member serves today.
 fn serves_in_cluster(route: &str) -> bool {
-    matches!(route, "/healthz" | "/readyz" | "/metrics" | "/v1/cluster")
+    matches!(
+        route,
+        "/healthz"
+            | "/readyz"
+            | "/metrics"
+            | "/v1/cluster"
+            | "/v1/users"
+            | "/v1/users/{username}"
+            | "/v1/users/{username}/grants"
+            | "/v1/users/{username}/password"
+    )
 }
 
 /// The matched route as a metric label: the pattern from [`ROUTES`] (a fixed set, no copy

@@ -128,14 +128,50 @@ fn check_grantable(caller: &Caller, grants: &[Grant]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Applies a user change on a blocking thread (it fsyncs); it completes even if the client
-/// goes away.
-async fn apply(a: &Authenticator, cmd: UserCommand) -> Result<(), ApiError> {
+/// Applies a user change: on a single node on a blocking thread (it fsyncs), on a cluster
+/// member through the cluster's metastore (answered once this node has applied it). Either
+/// way it completes even if the client goes away.
+async fn apply(
+    state: &super::AppState,
+    a: &Authenticator,
+    cmd: UserCommand,
+) -> Result<(), ApiError> {
+    if let Some(c) = state.cluster.clone() {
+        let task = tokio::spawn(async move { c.propose_users(cmd).await });
+        return match task.await {
+            Ok(Ok(verdict)) => verdict.map_err(|r| store_error(r.into())),
+            Ok(Err(e)) => Err(propose_error(e)),
+            Err(e) => Err(ApiError::new(ErrorCode::MetadataFailed, e.to_string())),
+        };
+    }
     let store = a.store().clone();
     tokio::task::spawn_blocking(move || store.apply(cmd))
         .await
         .map_err(|e| ApiError::new(ErrorCode::MetadataFailed, e.to_string()))?
         .map_err(store_error)
+}
+
+/// A metadata change the cluster could not confirm: retryable, and the message says
+/// whether it may still take effect.
+fn propose_error(e: narad_cluster::meta::ProposeError) -> ApiError {
+    use narad_cluster::meta::ProposeError as P;
+    match e {
+        P::Unavailable(why) => ApiError::new(
+            ErrorCode::ClusterUnavailable,
+            format!("no metadata leader could take the change, which was not made: {why}"),
+        ),
+        P::Unknown(why) => ApiError::new(
+            ErrorCode::ClusterUnavailable,
+            format!(
+                "the change was sent but not confirmed, and may still take effect: {why}; read before retrying"
+            ),
+        ),
+        P::Stopped(why) => ApiError::new(
+            ErrorCode::ClusterUnavailable,
+            format!("this node's metastore has stopped: {why}"),
+        ),
+        e @ P::TooLarge(_) => ApiError::new(ErrorCode::BodyTooLarge, e.to_string()),
+    }
 }
 
 fn lookup(a: &Authenticator, name: &str) -> Result<Arc<UserRecord>, ApiError> {
@@ -173,7 +209,7 @@ pub async fn create(
         created_at_ms: now,
         updated_at_ms: now,
     };
-    apply(a, UserCommand::Create { user }).await?;
+    apply(&state, a, UserCommand::Create { user }).await?;
     audit(&caller, "user_create", &req.username);
     let u = lookup(a, &req.username)?;
     Ok(json_response(StatusCode::CREATED, &user_json(&u)))
@@ -245,6 +281,7 @@ pub async fn delete(
     check_manage_user(&caller, &target, "delete")?;
     let broker = state.broker()?.clone();
     apply(
+        &state,
         a,
         UserCommand::Delete {
             username: name.clone(),
@@ -253,7 +290,13 @@ pub async fn delete(
     .await?;
     // Its topics keep the old user's id, so a later user of the same name never owns them;
     // clearing the owner makes that visible (admin-managed). Best effort: the id is the guard.
-    match broker.disown(&name, target.id).await {
+    // (A cluster member serves no topics yet: there is nothing local to disown.)
+    let disowned = if state.cluster.is_some() {
+        Ok(0)
+    } else {
+        broker.disown(&name, target.id).await
+    };
+    match disowned {
         Ok(0) => {}
         Ok(n) => {
             tracing::info!(component = "audit", user = %name, topics = n, "topics of a deleted user are now managed by admins only")
@@ -285,6 +328,7 @@ pub async fn set_grants(
     check_manage_user(&caller, &target, "change the grants of")?;
     check_grantable(&caller, &req.grants)?;
     apply(
+        &state,
         a,
         UserCommand::SetGrants {
             username: name.clone(),
@@ -337,6 +381,7 @@ pub async fn set_password(
         )));
     }
     apply(
+        &state,
         a,
         UserCommand::SetPassword {
             username: name.clone(),
