@@ -3,6 +3,7 @@
 //! runner, the message-lifecycle checker that the crash tests use to prove no loss, and a no-op
 //! HTTP server: the ceiling of one request per message on this machine.
 
+pub mod cluster;
 pub mod fanout;
 pub mod lifecycle;
 pub mod narad;

@@ -40,6 +40,10 @@ enum Cmd {
     /// Archive costs and speeds: Parquet conversion, compression, replay from the archive vs
     /// local segments, time lookups in a large archived partition.
     Tiering(TieringArgs),
+    /// A cluster's control plane on real processes: metadata write latency through the
+    /// leader and a follower, time to a new leader after a SIGKILL. Needs NARAD_USER=admin and
+    /// NARAD_PASSWORD (the members' root password).
+    Cluster(ClusterArgs),
     /// Answer every HTTP/1.1 request with a fixed 202 after reading its body: the ceiling of
     /// one request per message on this machine (drive it with `run --target narad`).
     NoopServer(NoopArgs),
@@ -111,6 +115,23 @@ struct NoopArgs {
     /// Write the bound address here once listening.
     #[arg(long)]
     addr_file: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct ClusterArgs {
+    /// The narad binary (default: `narad` beside this one).
+    #[arg(long)]
+    binary: Option<std::path::PathBuf>,
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Metadata writes through the leader, then as many through a follower.
+    #[arg(long, default_value_t = 200)]
+    writes: usize,
+    /// Leader kills (each followed by a restart).
+    #[arg(long, default_value_t = 3)]
+    kills: usize,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -336,6 +357,56 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!("{r:#?}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Cluster(a) => {
+            let binary = match a.binary {
+                Some(b) => b,
+                None => std::env::current_exe()?.with_file_name("narad"),
+            };
+            let dir = tempfile::tempdir()?;
+            let r = narad_bench::cluster::run(narad_bench::cluster::ClusterBenchConfig {
+                binary,
+                nodes: a.nodes,
+                writes: a.writes,
+                kills: a.kills,
+                dir: dir.path().to_owned(),
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                let l = |x: &narad_bench::cluster::Latency| {
+                    format!(
+                        "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} writes)",
+                        x.p50_ms, x.p99_ms, x.max_ms, x.count
+                    )
+                };
+                println!("{} members on loopback", r.nodes);
+                println!(
+                    "metadata write through the leader:   {}",
+                    l(&r.write_through_leader)
+                );
+                println!(
+                    "metadata write through a follower:   {}",
+                    l(&r.write_through_follower)
+                );
+                println!(
+                    "SIGKILL of the leader → new leader:  {:?} ms",
+                    r.new_leader_ms
+                        .iter()
+                        .map(|v| v.round())
+                        .collect::<Vec<_>>()
+                );
+                println!(
+                    "SIGKILL of the leader → writes again: {:?} ms",
+                    r.writes_again_ms
+                        .iter()
+                        .map(|v| v.round())
+                        .collect::<Vec<_>>()
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
