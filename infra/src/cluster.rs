@@ -196,15 +196,41 @@ impl ClusterNode {
         }
     }
 
-    /// Keeps the user store a mirror of the metastore's users, until `stop`.
-    pub async fn follow_users(self: Arc<Self>, stop: CancellationToken) {
-        let Some(store) = self.users.clone() else {
-            return;
-        };
+    /// Follows the metastore until `stop`: the user store mirrors its users, and the
+    /// cluster endpoint learns its members' addresses (the initial list and the membership),
+    /// whose handshakes get slots strangers cannot take.
+    pub async fn follow(self: Arc<Self>, stop: CancellationToken) {
         let mut view = self.meta.subscribe();
+        let mut known: Vec<String> = Vec::new();
         loop {
-            let users = view.borrow_and_update().users.clone();
-            store.replace_all(users);
+            let v = view.borrow_and_update().clone();
+            if let Some(store) = &self.users {
+                store.replace_all(v.users.clone());
+            }
+            let mut addrs: Vec<String> = self
+                .initial
+                .values()
+                .chain(v.membership.membership().nodes().map(|(_, n)| n))
+                .map(|n| n.rpc_addr.clone())
+                .collect();
+            addrs.sort();
+            addrs.dedup();
+            if addrs != known {
+                let mut ips = Vec::new();
+                for a in &addrs {
+                    // a name resolves now; bounded, and a failure only leaves it out for now
+                    if let Ok(Ok(found)) = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        tokio::net::lookup_host(a.as_str()),
+                    )
+                    .await
+                    {
+                        ips.extend(found.map(|sa| sa.ip()));
+                    }
+                }
+                self.meta.rpc().set_known_peers(ips);
+                known = addrs;
+            }
             tokio::select! {
                 () = stop.cancelled() => return,
                 r = view.changed() => if r.is_err() { return },

@@ -721,7 +721,10 @@ impl ServerConfig {
                     ),
                 );
             }
-            "" => bind.to_string(),
+            "" => match narad_cluster::members::parse_addr(&bind.to_string()) {
+                Ok(a) => a,
+                Err(e) => return bad("cluster_addr", e),
+            },
             a => match narad_cluster::members::parse_addr(a) {
                 Ok(a) => a,
                 Err(e) => return bad("cluster_advertise", e),
@@ -1000,6 +1003,15 @@ mod tests {
                 ],
                 "cluster_members",
                 "another node is listed",
+            ),
+            (
+                vec![
+                    ("NARAD_CLUSTER_MEMBERS", members),
+                    ("NARAD_NODE_ID", "4"),
+                    ("NARAD_CLUSTER_ADDR", "127.0.0.1:0"),
+                ],
+                "cluster_addr",
+                "not a port",
             ),
             (
                 vec![

@@ -550,7 +550,7 @@ pub async fn run_observed(
         let clock = clock.clone();
         let follower = node.clone();
         tasks.spawn(CLUSTER_TASK, move |stop| node.run(clock, stop));
-        tasks.spawn(CLUSTER_TASK, move |stop| follower.follow_users(stop));
+        tasks.spawn(CLUSTER_TASK, move |stop| follower.follow(stop));
     }
     if let Some(l) = metrics_listener {
         tracing::info!(addr = %l.local_addr()?, "metrics listener (no authentication)");

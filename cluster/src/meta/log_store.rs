@@ -8,7 +8,8 @@
 //! ```
 //!
 //! An append is written and `fdatasync`ed before openraft hears it is flushed (the callback),
-//! so an entry a leader counted toward a quorum is on this disk. At open the file is read
+//! so an entry a leader counted toward a quorum is on this disk; each entry of an append is
+//! synced before the next is written, so a crash tears at most the last frame on disk. At open the file is read
 //! frame by frame: an incomplete or damaged frame at the end is an append that never
 //! completed (and so was never reported flushed): it is cut. A valid frame *after* a damaged
 //! one means the damage is in the middle: the node refuses to start rather than lose
@@ -103,12 +104,15 @@ impl LogStore {
         };
         narad_core::fsutil::create_dir_private(dir).map_err(io(dir))?;
         let state_path = dir.join(STATE_FILE);
-        let state = match std::fs::read(&state_path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| OpenError::Invalid {
-                path: state_path.clone(),
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => HardState::default(),
+        let (state, state_found) = match std::fs::read(&state_path) {
+            Ok(b) => (
+                serde_json::from_slice(&b).map_err(|e| OpenError::Invalid {
+                    path: state_path.clone(),
+                    reason: e.to_string(),
+                })?,
+                true,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (HardState::default(), false),
             Err(e) => return Err(io(&state_path)(e)),
         };
         let path = dir.join(LOG_FILE);
@@ -135,6 +139,14 @@ impl LogStore {
             }
             Err(e) => return Err(io(&path)(e)),
         };
+        // openraft saves a vote before any entry reaches the log: entries without the state
+        // file mean it was lost, and with it the vote (this node could vote twice in a term)
+        if !state_found && !index.is_empty() {
+            return Err(OpenError::Invalid {
+                path: state_path,
+                reason: "missing while the raft log holds entries (the node's vote is lost, so it could vote twice in one term): restore the file, or remove this node's raft directory and join again under a new node_id".into(),
+            });
+        }
         let mut index = index;
         // entries at or below the purge point are gone, even if still in the file
         if let Some(p) = state.last_purged {
@@ -153,6 +165,11 @@ impl LogStore {
     }
 
     /// Runs `f` on the log off the async threads; its error becomes openraft's as `kind` says.
+    /// The last entry purged from the log (covered by a snapshot), if any.
+    pub fn last_purged(&self) -> Option<LogId<NodeId>> {
+        self.inner.lock().state.last_purged
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         kind: fn(&std::io::Error) -> SError,
@@ -296,9 +313,12 @@ impl LogFile {
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
     }
 
+    /// Appends `entries`, each frame written and synced before the next is written: a crash
+    /// can then tear only the last frame on disk (never leave a damaged frame with intact
+    /// frames after it, which the open must take for damage in the middle). Entries are
+    /// metadata and few, so a sync per entry costs little; a single entry (the usual case)
+    /// costs the one sync it always did.
     fn append(&mut self, entries: Vec<Entry>) -> std::io::Result<()> {
-        let mut buf = Vec::new();
-        let mut slots = Vec::with_capacity(entries.len());
         for e in &entries {
             let body = serde_json::to_vec(e).expect("raft entries serialise");
             if body.len() > MAX_ENTRY_BYTES {
@@ -308,18 +328,15 @@ impl LogFile {
                 )));
             }
             let f = frame(self.nonce, &body);
-            slots.push(Slot {
+            self.file.write_all_at(&f, self.end)?;
+            self.file.sync_data()?;
+            let slot = Slot {
                 log_id: *e.get_log_id(),
-                offset: self.end + buf.len() as u64,
+                offset: self.end,
                 len: f.len() as u32,
-            });
-            buf.extend_from_slice(&f);
-        }
-        self.file.write_all_at(&buf, self.end)?;
-        self.file.sync_data()?;
-        self.end += buf.len() as u64;
-        for s in slots {
-            self.index.insert(s.log_id.index, s);
+            };
+            self.end += f.len() as u64;
+            self.index.insert(slot.log_id.index, slot);
         }
         Ok(())
     }

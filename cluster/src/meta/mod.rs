@@ -203,6 +203,16 @@ impl Metastore {
         let (log, sm) = tokio::task::spawn_blocking(move || {
             let log = LogStore::open(&dir)?;
             let sm = StateMachine::open(&dir).map_err(StartError::Snapshot)?;
+            // purged entries live only in the snapshot: without it they are gone
+            if let Some(p) = log.last_purged()
+                && !sm.had_snapshot()
+            {
+                return Err(StartError::Snapshot(format!(
+                    "{} is missing, but the raft log was purged up to index {} (those entries live only in the snapshot): restore it, or remove this node's raft directory and join again under a new node_id",
+                    dir.join("snapshot").display(),
+                    p.index
+                )));
+            }
             Ok::<_, StartError>((log, sm))
         })
         .await
@@ -230,7 +240,7 @@ impl Metastore {
         let raft = Raft::new(cfg.node_id, Arc::new(config), net, log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        service.set(raft.clone(), cfg.node_id);
+        service.set(raft.clone(), cfg.node_id, &rpc);
         Ok(Self {
             me: cfg.node_id,
             raft,

@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Attempt, MetaRequest, MetaResponse, NodeId, NodeInfo, TypeConfig, client_write_error};
-use crate::rpc::{BoxFuture, Fault, Op, Rpc, RpcError, Service};
+use crate::rpc::{BoxFuture, Fault, Op, Rpc, RpcError, Service, WeakRpc};
 
 pub const RAFT_APPEND: Op = Op(10);
 pub const RAFT_VOTE: Op = Op(11);
@@ -164,10 +164,13 @@ impl RaftNetwork<TypeConfig> for Conn {
 #[derive(Default)]
 pub struct MetaService {
     raft: OnceLock<(Raft<TypeConfig>, NodeId)>,
+    /// Weak: the endpoint owns this service.
+    rpc: OnceLock<WeakRpc>,
 }
 
 impl MetaService {
-    pub fn set(&self, raft: Raft<TypeConfig>, me: NodeId) {
+    pub fn set(&self, raft: Raft<TypeConfig>, me: NodeId, rpc: &Rpc) {
+        let _ = self.rpc.set(rpc.downgrade());
         let _ = self.raft.set((raft, me));
     }
 }
@@ -184,7 +187,10 @@ fn encode<T: Serialize>(v: &T) -> Result<Bytes, Fault> {
 
 impl Service for MetaService {
     fn call(&self, _from: NodeId, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
-        let Some((raft, _me)) = self.raft.get().cloned() else {
+        let (Some((raft, _me)), Some(rpc)) = (
+            self.raft.get().cloned(),
+            self.rpc.get().and_then(WeakRpc::upgrade),
+        ) else {
             return Box::pin(async {
                 Err(Fault::new(503, "not_ready", "the metastore is starting"))
             });
@@ -218,7 +224,7 @@ impl Service for MetaService {
                 },
                 JOIN => {
                     let req: JoinRequest = decode(&body)?;
-                    join_here(&raft, req).await.map(|()| Bytes::new())
+                    join_here(&raft, &rpc, req).await.map(|()| Bytes::new())
                 }
                 op => Err(Fault::new(
                     400,
@@ -311,15 +317,20 @@ pub(super) async fn join_at(
         .map_err(|e| e.to_string())
 }
 
-/// Makes `req.id` a voter: on the leader as a learner first (it catches up), then a voter;
-/// elsewhere the request goes to the leader. A node already a voter is left as it is (its
-/// address is never rewritten by a join: that is how two nodes end up at one address).
-async fn join_here(raft: &Raft<TypeConfig>, req: JoinRequest) -> Result<(), Fault> {
+/// A learner is made a voter only once its log is within this many entries of the leader's.
+const CAUGHT_UP: u64 = 64;
+
+/// Makes `req.id` a voter, on the leader (elsewhere: `not_leader`, the joiner asks another).
+/// Refused (`node_conflict`) when its id is known at another address or its address belongs
+/// to another node: that is how two nodes end up at one address. Before the node is added,
+/// the leader calls it at the address it gave (the handshake proves its id and the secret),
+/// so a node nobody can reach never becomes a voter (with 3 voters and a 4th unreachable,
+/// one failure would lose the quorum); it is added as a learner first and promoted once its
+/// log has caught up (`learner_catching_up` until then: the joiner asks again). A node that
+/// is a voter already at that address is left as it is.
+async fn join_here(raft: &Raft<TypeConfig>, rpc: &Rpc, req: JoinRequest) -> Result<(), Fault> {
     let metrics = raft.metrics().borrow().clone();
     let membership = metrics.membership_config.membership().clone();
-    if membership.voter_ids().any(|id| id == req.id) {
-        return Ok(());
-    }
     if let Some(n) = membership.get_node(&req.id)
         && *n != req.node
     {
@@ -342,15 +353,53 @@ async fn join_here(raft: &Raft<TypeConfig>, req: JoinRequest) -> Result<(), Faul
             format!("another node is at {}", req.node.rpc_addr),
         ));
     }
+    if membership.voter_ids().any(|id| id == req.id) {
+        return Ok(());
+    }
     let not_leader = |e: String| Fault::new(421, "not_leader", e);
     match metrics.current_leader {
         Some(l) if l == metrics.id => {}
         _ => return Err(not_leader("this node does not lead; ask the leader".into())),
     }
+    rpc.call(
+        req.id,
+        &req.node.rpc_addr,
+        Op::PING,
+        Bytes::new(),
+        Duration::from_secs(2),
+    )
+    .await
+    .map_err(|e| {
+        Fault::new(
+            503,
+            "joiner_unreachable",
+            format!(
+                "the leader cannot reach node {} at its address {}: {e}",
+                req.id, req.node.rpc_addr
+            ),
+        )
+    })?;
     if membership.get_node(&req.id).is_none() {
         raft.add_learner(req.id, req.node.clone(), true)
             .await
             .map_err(|e| not_leader(e.to_string()))?;
+    }
+    let now = raft.metrics().borrow().clone();
+    let last = now.last_log_index.unwrap_or(0);
+    let matched = now
+        .replication
+        .as_ref()
+        .and_then(|r| r.get(&req.id).cloned().flatten())
+        .map(|l| l.index);
+    if matched.is_none_or(|m| m + CAUGHT_UP < last) {
+        return Err(Fault::new(
+            503,
+            "learner_catching_up",
+            format!(
+                "node {} is a learner at index {matched:?} of {last}; ask again once it has caught up",
+                req.id
+            ),
+        ));
     }
     raft.change_membership(openraft::ChangeMembers::AddVoterIds([req.id].into()), false)
         .await

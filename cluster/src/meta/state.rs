@@ -223,6 +223,8 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<(SnapshotBody, Vec<u8>)>, Str
 
 pub struct StateMachine {
     dir: PathBuf,
+    /// A snapshot was on disk at open.
+    had_snapshot: bool,
     data: Data,
     published: watch::Sender<Arc<MetaView>>,
     snapshots_built: u64,
@@ -231,17 +233,23 @@ pub struct StateMachine {
 impl StateMachine {
     /// The state as of the last snapshot in `dir` (empty without one).
     pub fn open(dir: &Path) -> Result<Self, String> {
-        let data = match read_snapshot_file(dir)? {
-            Some((body, _)) => Data::from_file(body.state)?,
-            None => Data::default(),
+        let (data, had_snapshot) = match read_snapshot_file(dir)? {
+            Some((body, _)) => (Data::from_file(body.state)?, true),
+            None => (Data::default(), false),
         };
         let published = watch::Sender::new(Arc::new(data.view()));
         Ok(Self {
             dir: dir.to_owned(),
+            had_snapshot,
             data,
             published,
             snapshots_built: 0,
         })
+    }
+
+    /// Whether a snapshot was on disk when the state machine opened.
+    pub fn had_snapshot(&self) -> bool {
+        self.had_snapshot
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Arc<MetaView>> {

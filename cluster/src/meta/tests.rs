@@ -74,8 +74,11 @@ async fn indexes(log: &mut LogStore) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_torn_last_append_is_cut_and_damage_in_the_middle_refuses_start() {
+    use openraft::storage::RaftLogStorage;
     let dir = tempfile::tempdir().unwrap();
     let mut log = LogStore::open(dir.path()).unwrap();
+    // (openraft always saves a vote before the first entry)
+    log.save_vote(&openraft::Vote::new(1, 1)).await.unwrap();
     append(&mut log, (1..=3).map(blank).collect()).await;
     append(&mut log, vec![blank(4)]).await;
     drop(log);
@@ -448,4 +451,126 @@ fn users_are_applied_and_carried_by_snapshots() {
         let reopened = StateMachine::open(b.path()).unwrap();
         assert!(reopened.subscribe().borrow().users.contains_key("alice"));
     });
+}
+
+#[tokio::test]
+async fn a_lost_state_file_or_snapshot_refuses_start_and_says_which() {
+    use openraft::storage::RaftLogStorage;
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = LogStore::open(dir.path()).unwrap();
+    log.save_vote(&openraft::Vote::new(1, 1)).await.unwrap();
+    append(&mut log, (1..=3).map(blank).collect()).await;
+    drop(log);
+    std::fs::remove_file(dir.path().join("state")).unwrap();
+    match LogStore::open(dir.path()) {
+        Err(OpenError::Invalid { path, reason }) => {
+            assert!(
+                path.ends_with("state") && reason.contains("vote"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected a refusal, got {:?}", other.err()),
+    }
+    // a log purged up to a snapshot that is gone
+    let dir = tempfile::tempdir().unwrap();
+    let raft = dir.path().join("raft");
+    let mut log = LogStore::open(&raft).unwrap();
+    log.save_vote(&openraft::Vote::new(1, 1)).await.unwrap();
+    append(&mut log, (1..=3).map(blank).collect()).await;
+    log.purge(openraft::LogId::new(
+        openraft::CommittedLeaderId::new(1, 1),
+        2,
+    ))
+    .await
+    .unwrap();
+    drop(log);
+    let e = Metastore::start(
+        MetaConfig {
+            node_id: 1,
+            dir: raft,
+            tuning: tuning(),
+        },
+        RpcConfig {
+            node_id: 1,
+            bind: "127.0.0.1:0".parse().unwrap(),
+            keys: Keys::new(SECRET, None),
+            features: 0,
+            limits: Limits::default(),
+        },
+        Arc::new(RpcMetrics::default()),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(e.to_string().contains("snapshot is missing"), "{e}");
+}
+
+async fn three_nodes() -> (Vec<tempfile::TempDir>, Vec<Node>) {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        nodes.push(start(i as u64 + 1, d.path(), "127.0.0.1:0").await);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| {
+            (
+                n.store.node_id(),
+                NodeInfo {
+                    rpc_addr: n.addr.clone(),
+                },
+            )
+        })
+        .collect();
+    for n in &nodes {
+        n.store.bootstrap(&members).await.unwrap();
+    }
+    let t = Instant::now();
+    while nodes[0].store.read_index(DEADLINE).await.is_err() {
+        assert!(t.elapsed() < DEADLINE, "no leader");
+    }
+    (dirs, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_claiming_a_voter_s_id_or_unreachable_at_its_address_never_becomes_a_voter() {
+    let (_dirs, nodes) = three_nodes().await;
+    let seeds: Vec<(NodeId, String)> = nodes
+        .iter()
+        .map(|n| (n.store.node_id(), n.addr.clone()))
+        .collect();
+    // node 2's id at another address
+    let d = tempfile::tempdir().unwrap();
+    let imposter = start(2, d.path(), "127.0.0.1:0").await;
+    let me = NodeInfo {
+        rpc_addr: imposter.addr.clone(),
+    };
+    let e = imposter.store.join(&seeds, me, DEADLINE).await.unwrap_err();
+    assert!(e.contains("node_conflict"), "{e}");
+    imposter.store.shutdown().await;
+    // a joiner advertising an address where nobody answers: never a voter, never a learner
+    let d = tempfile::tempdir().unwrap();
+    let lost = start(4, d.path(), "127.0.0.1:0").await;
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let nowhere = NodeInfo {
+        rpc_addr: silent.local_addr().unwrap().to_string(),
+    };
+    for _ in 0..3 {
+        let e = lost
+            .store
+            .join(&seeds, nowhere.clone(), DEADLINE)
+            .await
+            .unwrap_err();
+        assert!(
+            e.contains("joiner_unreachable") || e.contains("not_leader"),
+            "{e}"
+        );
+    }
+    let status = nodes[0].store.status();
+    assert_eq!(status.members.len(), 3, "{status:?}");
+    assert_eq!(status.members.iter().filter(|m| m.2).count(), 3);
+    lost.store.shutdown().await;
+    for n in nodes {
+        n.store.shutdown().await;
+    }
 }

@@ -63,10 +63,15 @@ pub struct Limits {
     pub connect_timeout: Duration,
     /// Connections (authenticated or not) served at once; more are refused.
     pub max_connections: usize,
-    /// Connections still in their handshake at once, and from one IP address: an
-    /// unauthenticated client holds one for at most `handshake_timeout`, and cannot hold all.
+    /// Connections still in their handshake at once, and from one network (an IPv4 /24, an
+    /// IPv6 /64): an unauthenticated client holds one for at most `hello_timeout` unless it
+    /// sends a hello, and `handshake_timeout` in all; the addresses of known members have
+    /// slots of their own ([`Rpc::set_known_peers`]) that strangers cannot take.
     pub max_handshaking: usize,
-    pub max_handshaking_per_ip: usize,
+    pub max_handshaking_per_network: usize,
+    pub reserved_for_members: usize,
+    /// The client's hello must arrive within this of the QUIC handshake.
+    pub hello_timeout: Duration,
     /// Unread bytes the endpoint buffers per connection (QUIC flow control): what a peer,
     /// authenticated or not, can make this node hold before it reads.
     pub connection_window: u32,
@@ -87,7 +92,9 @@ impl Default for Limits {
             connect_timeout: Duration::from_secs(2),
             max_connections: 256,
             max_handshaking: 32,
-            max_handshaking_per_ip: 8,
+            max_handshaking_per_network: 8,
+            reserved_for_members: 16,
+            hello_timeout: Duration::from_millis(500),
             connection_window: 2 << 20,
             max_streams_per_connection: 256,
             max_deadline: Duration::from_secs(60),
@@ -171,8 +178,11 @@ struct Inner {
     peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
     connections: Arc<Semaphore>,
     handshaking: Arc<Semaphore>,
-    /// Handshakes in progress per remote IP.
-    handshaking_by_ip: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Handshake slots only the addresses of known members may use.
+    reserved: Arc<Semaphore>,
+    known_peers: parking_lot::RwLock<std::collections::HashSet<std::net::IpAddr>>,
+    /// Handshakes in progress per remote network.
+    handshaking_by_net: Mutex<HashMap<Network, usize>>,
     accept_loop: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When a refusal was last logged (refusals are counted always, logged ≤ 1 per 10 s).
     last_refusal_log: AtomicU64,
@@ -202,7 +212,22 @@ enum RpcErrorKind {
 const MIN_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// A handle that does not keep the endpoint alive (for a [`Service`] that calls other nodes:
+/// the endpoint owns the service, so a strong handle there would keep both forever).
+#[derive(Clone)]
+pub struct WeakRpc(std::sync::Weak<Inner>);
+
+impl WeakRpc {
+    pub fn upgrade(&self) -> Option<Rpc> {
+        self.0.upgrade().map(|inner| Rpc { inner })
+    }
+}
+
 impl Rpc {
+    pub fn downgrade(&self) -> WeakRpc {
+        WeakRpc(Arc::downgrade(&self.inner))
+    }
+
     /// Binds the endpoint and starts serving `service`. Must run inside a tokio runtime.
     pub fn bind(
         cfg: RpcConfig,
@@ -244,7 +269,9 @@ impl Rpc {
             features: cfg.features,
             connections: Arc::new(Semaphore::new(cfg.limits.max_connections)),
             handshaking: Arc::new(Semaphore::new(cfg.limits.max_handshaking)),
-            handshaking_by_ip: Mutex::new(HashMap::new()),
+            reserved: Arc::new(Semaphore::new(cfg.limits.reserved_for_members)),
+            known_peers: parking_lot::RwLock::new(std::collections::HashSet::new()),
+            handshaking_by_net: Mutex::new(HashMap::new()),
             limits: cfg.limits,
             endpoint,
             client,
@@ -270,6 +297,12 @@ impl Rpc {
 
     pub fn metrics(&self) -> &Arc<RpcMetrics> {
         &self.inner.metrics
+    }
+
+    /// The addresses of the cluster's members: their handshakes may use the slots reserved
+    /// for members, so strangers holding every other slot cannot keep a member out.
+    pub fn set_known_peers(&self, ips: impl IntoIterator<Item = std::net::IpAddr>) {
+        *self.inner.known_peers.write() = ips.into_iter().map(|ip| ip.to_canonical()).collect();
     }
 
     /// Calls `op` on node `peer` at `addr` (`host:port`; a name is resolved at dial time)
@@ -472,17 +505,24 @@ impl Inner {
 
     /// The server's side of the handshake; the peer's node id once admitted.
     async fn server_handshake(&self, conn: &Connection) -> Result<NodeId, Handshake> {
-        let (mut send, mut recv) = conn.accept_bi().await.map_err(Handshake::conn)?;
-        let mut len = [0; 2];
-        recv.read_exact(&mut len).await.map_err(Handshake::read)?;
-        let len = u16::from_be_bytes(len) as usize;
-        if len > auth::MAX_HELLO {
-            return Err(Handshake::Refused(Refusal::Malformed(
-                "client hello too long",
-            )));
-        }
-        let mut hello = vec![0; len];
-        recv.read_exact(&mut hello).await.map_err(Handshake::read)?;
+        // the hello comes at once or not at all: a client that connects and stays silent is
+        // let go well before the handshake timeout
+        let (mut send, mut recv, hello) = tokio::time::timeout(self.limits.hello_timeout, async {
+            let (send, mut recv) = conn.accept_bi().await.map_err(Handshake::conn)?;
+            let mut len = [0; 2];
+            recv.read_exact(&mut len).await.map_err(Handshake::read)?;
+            let len = u16::from_be_bytes(len) as usize;
+            if len > auth::MAX_HELLO {
+                return Err(Handshake::Refused(Refusal::Malformed(
+                    "client hello too long",
+                )));
+            }
+            let mut hello = vec![0; len];
+            recv.read_exact(&mut hello).await.map_err(Handshake::read)?;
+            Ok((send, recv, hello))
+        })
+        .await
+        .map_err(|_| Handshake::Io("no hello in time".into()))??;
         let ekm = export(conn)?;
         let (client, answer, expect, _key) =
             auth::server_answer(&self.keys, self.me, self.features, &ekm, &hello)
@@ -576,6 +616,12 @@ async fn accept_loop(inner: Arc<Inner>) {
         tokio::select! {
             incoming = inner.endpoint.accept() => {
                 let Some(incoming) = incoming else { break };
+                // a client must prove it receives at its source address (a stateless retry
+                // costs it one round trip) before it may hold any slot: no spoofed floods
+                if !incoming.remote_address_validated() && incoming.may_retry() {
+                    let _ = incoming.retry();
+                    continue;
+                }
                 let Ok(permit) = inner.connections.clone().try_acquire_owned() else {
                     inner.metrics.connection_refused();
                     incoming.refuse();
@@ -598,20 +644,43 @@ async fn accept_loop(inner: Arc<Inner>) {
     conns.shutdown().await;
 }
 
-/// A handshake in progress: its node-wide and per-address slots, given back on drop.
+/// Where a handshake comes from, for its per-network bound: an IPv4 /24 or an IPv6 /64 (one
+/// party rarely holds more than a few of these; it easily holds many addresses in one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Network([u8; 8]);
+
+impl Network {
+    fn of(ip: std::net::IpAddr) -> Self {
+        let mut k = [0; 8];
+        match ip.to_canonical() {
+            std::net::IpAddr::V4(v4) => k[..3].copy_from_slice(&v4.octets()[..3]),
+            std::net::IpAddr::V6(v6) => {
+                k.copy_from_slice(&v6.octets()[..8]);
+                // (no clash with a v4 key: a v4-mapped address was made canonical above)
+                k[7] |= 1;
+            }
+        }
+        Self(k)
+    }
+}
+
+/// A handshake in progress: its slot (shared, or reserved for members) and its place in its
+/// network's count, given back on drop.
 struct HandshakeSlot {
     inner: Arc<Inner>,
-    ip: std::net::IpAddr,
+    /// `None` for a member's address in a reserved slot (not counted per network).
+    net: Option<Network>,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
-        let mut by_ip = self.inner.handshaking_by_ip.lock();
-        if let Some(n) = by_ip.get_mut(&self.ip) {
+        let Some(net) = self.net else { return };
+        let mut by_net = self.inner.handshaking_by_net.lock();
+        if let Some(n) = by_net.get_mut(&net) {
             *n -= 1;
             if *n == 0 {
-                by_ip.remove(&self.ip);
+                by_net.remove(&net);
             }
         }
     }
@@ -619,18 +688,34 @@ impl Drop for HandshakeSlot {
 
 impl Inner {
     fn start_handshake(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<HandshakeSlot> {
-        let mut by_ip = self.handshaking_by_ip.lock();
-        let n = by_ip.entry(ip).or_default();
-        if *n >= self.limits.max_handshaking_per_ip {
-            return None;
+        let net = Network::of(ip);
+        {
+            let mut by_net = self.handshaking_by_net.lock();
+            let n = by_net.entry(net).or_default();
+            if *n < self.limits.max_handshaking_per_network
+                && let Ok(permit) = self.handshaking.clone().try_acquire_owned()
+            {
+                *n += 1;
+                return Some(HandshakeSlot {
+                    inner: self.clone(),
+                    net: Some(net),
+                    _permit: permit,
+                });
+            }
+            if *n == 0 {
+                by_net.remove(&net);
+            }
         }
-        let permit = self.handshaking.clone().try_acquire_owned().ok()?;
-        *n += 1;
-        Some(HandshakeSlot {
-            inner: self.clone(),
-            ip,
-            _permit: permit,
-        })
+        // the shared slots are taken (or this network has its share): a member still gets in
+        if self.known_peers.read().contains(&ip.to_canonical()) {
+            let permit = self.reserved.clone().try_acquire_owned().ok()?;
+            return Some(HandshakeSlot {
+                inner: self.clone(),
+                net: None,
+                _permit: permit,
+            });
+        }
+        None
     }
 }
 

@@ -377,7 +377,8 @@ async fn an_unreachable_node_fails_fast_and_is_retried_after_a_backoff() {
 #[tokio::test]
 async fn silent_clients_cannot_hold_every_handshake_slot_of_an_address_for_long() {
     let limits = Limits {
-        max_handshaking_per_ip: 2,
+        max_handshaking_per_network: 2,
+        hello_timeout: Duration::from_secs(10),
         handshake_timeout: Duration::from_millis(800),
         ..Limits::default()
     };
@@ -408,4 +409,63 @@ async fn silent_clients_cannot_hold_every_handshake_slot_of_an_address_for_long(
         .unwrap();
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A bare client endpoint on `ip` (any 127/8 address works on Linux's loopback).
+fn client_on(ip: &str) -> quinn::Endpoint {
+    let mut ep = quinn::Endpoint::client(format!("{ip}:0").parse().unwrap()).unwrap();
+    ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(
+        tls::client_config().unwrap(),
+    )));
+    ep
+}
+
+#[tokio::test]
+async fn strangers_holding_every_shared_handshake_slot_cannot_keep_a_member_out() {
+    let limits = Limits {
+        max_handshaking: 2,
+        max_handshaking_per_network: 2,
+        reserved_for_members: 1,
+        handshake_timeout: Duration::from_secs(20),
+        hello_timeout: Duration::from_secs(20),
+        ..Limits::default()
+    };
+    let b = node_with(2, Keys::new(SECRET, None), limits);
+    let to = b.local_addr().unwrap();
+    // two silent strangers from another network take both shared slots
+    let stranger = client_on("127.0.1.1");
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            stranger
+                .connect(to, tls::SERVER_NAME)
+                .unwrap()
+                .await
+                .unwrap(),
+        );
+    }
+    // a third stranger is refused, and so is a member the node does not know yet
+    assert!(
+        stranger
+            .connect(to, tls::SERVER_NAME)
+            .unwrap()
+            .await
+            .is_err()
+    );
+    let a = node(1, Keys::new(SECRET, None));
+    let e = a
+        .call(2, &addr(&b), Op::PING, Bytes::new(), SEC)
+        .await
+        .unwrap_err();
+    assert!(e.not_sent(), "{e:?}");
+    // once the node knows its members' addresses, a member gets a reserved slot
+    b.set_known_peers(["127.0.0.1".parse().unwrap()]);
+    let a2 = node(3, Keys::new(SECRET, None));
+    a2.call(2, &addr(&b), Op::PING, Bytes::new(), SEC)
+        .await
+        .unwrap();
+    drop(held);
+    for n in [a, a2, b] {
+        n.shutdown().await;
+    }
 }
