@@ -105,18 +105,9 @@ impl std::fmt::Debug for UserCommand {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("user '{0}' already exists")]
-    Exists(String),
-    #[error("user '{0}' not found")]
-    NotFound(String),
-    #[error("the root user cannot be deleted and its grants cannot change")]
-    Root,
-    #[error("at most {MAX_USERS} users")]
-    Full,
-    #[error("users can only be restored into an empty user store")]
-    NotEmpty,
-    #[error("restored users are invalid: {0}")]
-    InvalidRestore(String),
+    /// The command does not apply (nothing changed).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     #[error("io error on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -134,8 +125,8 @@ struct UsersFile {
     users: Vec<UserRecord>,
 }
 
-/// Why a [`UserCommand`] does not apply: the part of [`StoreError`] that is about the
-/// command, not the disk, so it can travel in a replicated log's answer.
+/// Why a [`UserCommand`] does not apply (the part of [`StoreError`] about the command, not
+/// the disk): serialisable, so a replicated log's answer can carry it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[serde(rename_all = "snake_case")]
 pub enum Refusal {
@@ -151,19 +142,6 @@ pub enum Refusal {
     NotEmpty,
     #[error("restored users are invalid: {0}")]
     InvalidRestore(String),
-}
-
-impl From<Refusal> for StoreError {
-    fn from(r: Refusal) -> Self {
-        match r {
-            Refusal::Exists(u) => Self::Exists(u),
-            Refusal::NotFound(u) => Self::NotFound(u),
-            Refusal::Root => Self::Root,
-            Refusal::Full => Self::Full,
-            Refusal::NotEmpty => Self::NotEmpty,
-            Refusal::InvalidRestore(m) => Self::InvalidRestore(m),
-        }
-    }
 }
 
 /// Every user, by name: what [`apply_command`] changes.
@@ -408,13 +386,13 @@ mod tests {
             s.apply(UserCommand::Create {
                 user: user("alice", false)
             }),
-            Err(StoreError::Exists(_))
+            Err(StoreError::Refused(Refusal::Exists(_)))
         ));
         assert!(matches!(
             s.apply(UserCommand::Delete {
                 username: ROOT_USER.into()
             }),
-            Err(StoreError::Root)
+            Err(StoreError::Refused(Refusal::Root))
         ));
         assert!(matches!(
             s.apply(UserCommand::SetGrants {
@@ -422,7 +400,7 @@ mod tests {
                 grants: vec![],
                 at_ms: 2
             }),
-            Err(StoreError::Root)
+            Err(StoreError::Refused(Refusal::Root))
         ));
         s.apply(UserCommand::SetGrants {
             username: "alice".into(),
@@ -460,7 +438,10 @@ mod tests {
         let s = UserStore::open(dir.path()).unwrap();
         let bad = |users: Vec<UserRecord>| {
             let e = s.apply(UserCommand::Restore { users }).unwrap_err();
-            assert!(matches!(e, StoreError::InvalidRestore(_)), "{e}");
+            assert!(
+                matches!(e, StoreError::Refused(Refusal::InvalidRestore(_))),
+                "{e}"
+            );
         };
         bad(vec![user("alice", true)]);
         bad(vec![user(ROOT_USER, false)]);
@@ -483,7 +464,7 @@ mod tests {
         assert!(again.get(ROOT_USER).unwrap().root);
         assert!(matches!(
             s.apply(UserCommand::Restore { users: vec![] }),
-            Err(StoreError::NotEmpty)
+            Err(StoreError::Refused(Refusal::NotEmpty))
         ));
     }
 

@@ -144,6 +144,15 @@ impl Node {
         (st, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// How the member answers `user` (with `pw`) reading its own record: 200 while the
+    /// credentials log in, 401 once they do not.
+    async fn login(&self, user: &str, pw: &str) -> StatusCode {
+        let path = format!("/v1/users/{user}");
+        self.call((user, pw), reqwest::Method::GET, &path, None)
+            .await
+            .0
+    }
+
     async fn metrics(&self) -> String {
         let mut r = self.http.get(format!("{}/metrics", self.base));
         if self.secure {
@@ -336,10 +345,7 @@ async fn users_made_through_any_member_log_in_on_every_member() {
     assert_eq!(st, StatusCode::OK);
     for n in &nodes {
         until("alice logs in on every member", 10, async || {
-            n.call(("alice", ALICE_PW), Method::GET, "/v1/users/alice", None)
-                .await
-                .0
-                == StatusCode::OK
+            n.login("alice", ALICE_PW).await == StatusCode::OK
         })
         .await;
     }
@@ -364,11 +370,7 @@ async fn users_made_through_any_member_log_in_on_every_member() {
         .await;
     assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
     until("the old password refused on node 1", 10, async || {
-        nodes[0]
-            .call(("alice", ALICE_PW), Method::GET, "/v1/users/alice", None)
-            .await
-            .0
-            == StatusCode::UNAUTHORIZED
+        nodes[0].login("alice", ALICE_PW).await == StatusCode::UNAUTHORIZED
     })
     .await;
     let (st, _) = nodes[0]
@@ -382,10 +384,7 @@ async fn users_made_through_any_member_log_in_on_every_member() {
     assert_eq!(st, StatusCode::NO_CONTENT);
     for n in &nodes {
         until("alice refused everywhere", 10, async || {
-            n.call(("alice", new_pw), Method::GET, "/v1/users/alice", None)
-                .await
-                .0
-                == StatusCode::UNAUTHORIZED
+            n.login("alice", new_pw).await == StatusCode::UNAUTHORIZED
         })
         .await;
     }
@@ -405,11 +404,7 @@ async fn users_made_through_any_member_log_in_on_every_member() {
     })
     .await;
     until("bob on the old leader", 10, async || {
-        nodes[leader]
-            .call(("bob", ALICE_PW), Method::GET, "/v1/users/bob", None)
-            .await
-            .0
-            == StatusCode::OK
+        nodes[leader].login("bob", ALICE_PW).await == StatusCode::OK
     })
     .await;
     let (_, body) = nodes[leader]

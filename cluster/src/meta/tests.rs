@@ -164,10 +164,16 @@ fn tuning() -> Tuning {
 }
 
 async fn start(id: NodeId, dir: &Path, bind: &str) -> Node {
-    let store = Metastore::start(
+    let store = start_at(id, &dir.join("raft"), bind).await.unwrap();
+    let addr = store.rpc().local_addr().unwrap().to_string();
+    Node { store, addr }
+}
+
+async fn start_at(id: NodeId, raft: &Path, bind: &str) -> Result<Metastore, StartError> {
+    Metastore::start(
         MetaConfig {
             node_id: id,
-            dir: dir.join("raft"),
+            dir: raft.to_owned(),
             tuning: tuning(),
         },
         RpcConfig {
@@ -180,9 +186,6 @@ async fn start(id: NodeId, dir: &Path, bind: &str) -> Node {
         Arc::new(RpcMetrics::default()),
     )
     .await
-    .unwrap();
-    let addr = store.rpc().local_addr().unwrap().to_string();
-    Node { store, addr }
 }
 
 /// Polls `f` (the state of real nodes talking over the network) until it holds, within a
@@ -484,24 +487,10 @@ async fn a_lost_state_file_or_snapshot_refuses_start_and_says_which() {
     .await
     .unwrap();
     drop(log);
-    let e = Metastore::start(
-        MetaConfig {
-            node_id: 1,
-            dir: raft,
-            tuning: tuning(),
-        },
-        RpcConfig {
-            node_id: 1,
-            bind: "127.0.0.1:0".parse().unwrap(),
-            keys: Keys::new(SECRET, None),
-            features: 0,
-            limits: Limits::default(),
-        },
-        Arc::new(RpcMetrics::default()),
-    )
-    .await
-    .err()
-    .expect("refused");
+    let e = start_at(1, &raft, "127.0.0.1:0")
+        .await
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("snapshot is missing"), "{e}");
 }
 

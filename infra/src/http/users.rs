@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
 use narad_auth::grant::{self, Grant};
-use narad_auth::store::{self as users, StoreError, UserCommand, UserRecord};
+use narad_auth::store::{self as users, Refusal, StoreError, UserCommand, UserRecord};
 use narad_auth::{Authenticator, authn};
 use narad_wire::ErrorCode;
 use serde::{Deserialize, Serialize};
@@ -78,15 +78,14 @@ fn auth(state: &SharedState) -> Result<&Arc<Authenticator>, ApiError> {
 fn store_error(e: StoreError) -> ApiError {
     let msg = e.to_string();
     match e {
-        StoreError::Exists(_) => ApiError::new(ErrorCode::UserExists, msg),
-        StoreError::NotFound(_) => ApiError::new(ErrorCode::UserNotFound, msg),
-        StoreError::Root => forbidden(msg),
-        StoreError::Full => ApiError::new(ErrorCode::TooManyUsers, msg),
+        StoreError::Refused(Refusal::Exists(_)) => ApiError::new(ErrorCode::UserExists, msg),
+        StoreError::Refused(Refusal::NotFound(_)) => ApiError::new(ErrorCode::UserNotFound, msg),
+        StoreError::Refused(Refusal::Root) => forbidden(msg),
+        StoreError::Refused(Refusal::Full) => ApiError::new(ErrorCode::TooManyUsers, msg),
         // (the last two come only from a restore, never from a request)
         StoreError::Io { .. }
         | StoreError::Invalid { .. }
-        | StoreError::NotEmpty
-        | StoreError::InvalidRestore(_) => {
+        | StoreError::Refused(Refusal::NotEmpty | Refusal::InvalidRestore(_)) => {
             tracing::error!(error = %msg, "user store failure");
             ApiError::new(ErrorCode::MetadataFailed, msg)
         }
@@ -177,7 +176,7 @@ fn propose_error(e: narad_cluster::meta::ProposeError) -> ApiError {
 fn lookup(a: &Authenticator, name: &str) -> Result<Arc<UserRecord>, ApiError> {
     a.store()
         .get(name)
-        .ok_or_else(|| store_error(StoreError::NotFound(name.to_owned())))
+        .ok_or_else(|| store_error(Refusal::NotFound(name.to_owned()).into()))
 }
 
 /// `POST /v1/users`
@@ -197,7 +196,7 @@ pub async fn create(
     grant::validate_grants(&req.grants).map_err(invalid)?;
     check_grantable(&caller, &req.grants)?;
     if a.store().get(&req.username).is_some() {
-        return Err(store_error(StoreError::Exists(req.username)));
+        return Err(store_error(Refusal::Exists(req.username).into()));
     }
     let now = now_ms();
     let user = UserRecord {
