@@ -187,13 +187,9 @@ fn voters(s: &Value) -> usize {
         .map_or(0, |m| m.iter().filter(|m| m["voter"] == true).count())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_keep_a_stranger_out()
-{
-    let root = tempfile::tempdir().unwrap();
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|id| Node::new(id, root.path(), "", SECRET))
-        .collect();
+/// Three members started (not yet ready), and their `cluster_members` list.
+async fn three(root: &Path, secure: bool) -> (Vec<Node>, String) {
+    let mut nodes: Vec<Node> = (1..=3).map(|id| Node::new(id, root, "", SECRET)).collect();
     let members = nodes
         .iter()
         .map(|n| format!("{}@{}", n.id, n.rpc))
@@ -201,8 +197,17 @@ async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_ke
         .join(",");
     for n in &mut nodes {
         n.members = members.clone();
+        n.secure = secure;
         n.start().await;
     }
+    (nodes, members)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_keep_a_stranger_out()
+{
+    let root = tempfile::tempdir().unwrap();
+    let (mut nodes, members) = three(root.path(), false).await;
     for n in &nodes {
         until(
             &format!("node {} ready; log:\n{}", n.id, n.log()),
@@ -305,19 +310,7 @@ async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_ke
 async fn users_made_through_any_member_log_in_on_every_member() {
     use reqwest::Method;
     let root = tempfile::tempdir().unwrap();
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|id| Node::new(id, root.path(), "", SECRET))
-        .collect();
-    let members = nodes
-        .iter()
-        .map(|n| format!("{}@{}", n.id, n.rpc))
-        .collect::<Vec<_>>()
-        .join(",");
-    for n in &mut nodes {
-        n.members = members.clone();
-        n.secure = true;
-        n.start().await;
-    }
+    let (mut nodes, _) = three(root.path(), true).await;
     for n in &nodes {
         until(
             &format!("node {} ready; log:\n{}", n.id, n.log()),

@@ -319,31 +319,14 @@ async fn three_nodes_agree_survive_a_leader_loss_and_a_lagging_node_catches_up_b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_not_in_the_initial_members_joins_as_a_voter_and_reads_are_current() {
-    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes = Vec::new();
-    for (i, d) in dirs.iter().take(3).enumerate() {
-        nodes.push(start(i as u64 + 1, d.path(), "127.0.0.1:0").await);
-    }
-    let members: BTreeMap<NodeId, NodeInfo> = nodes
-        .iter()
-        .map(|n| {
-            (
-                n.store.node_id(),
-                NodeInfo {
-                    rpc_addr: n.addr.clone(),
-                },
-            )
-        })
-        .collect();
-    for n in &nodes {
-        n.store.bootstrap(&members).await.unwrap();
-    }
+    let (_dirs, nodes) = three_nodes().await;
     nodes[0]
         .store
         .propose(create(1, "before-join"), DEADLINE)
         .await
         .unwrap();
-    let fourth = start(4, dirs[3].path(), "127.0.0.1:0").await;
+    let d4 = tempfile::tempdir().unwrap();
+    let fourth = start(4, d4.path(), "127.0.0.1:0").await;
     assert!(!fourth.store.is_voter());
     let seeds: Vec<(NodeId, String)> = nodes
         .iter()
