@@ -216,7 +216,7 @@ impl ClusterNode {
             addrs.sort();
             addrs.dedup();
             if addrs != known {
-                let mut ips = Vec::new();
+                let mut resolved = Vec::new();
                 for a in &addrs {
                     // a name resolves now; bounded, and a failure only leaves it out for now
                     if let Ok(Ok(found)) = tokio::time::timeout(
@@ -225,10 +225,10 @@ impl ClusterNode {
                     )
                     .await
                     {
-                        ips.extend(found.map(|sa| sa.ip()));
+                        resolved.extend(found);
                     }
                 }
-                self.meta.rpc().set_known_peers(ips);
+                self.meta.rpc().set_known_peers(resolved);
                 known = addrs;
             }
             tokio::select! {

@@ -180,7 +180,7 @@ struct Inner {
     handshaking: Arc<Semaphore>,
     /// Handshake slots only the addresses of known members may use.
     reserved: Arc<Semaphore>,
-    known_peers: parking_lot::RwLock<std::collections::HashSet<std::net::IpAddr>>,
+    known_peers: parking_lot::RwLock<std::collections::HashSet<SocketAddr>>,
     /// Handshakes in progress per remote network.
     handshaking_by_net: Mutex<HashMap<Network, usize>>,
     accept_loop: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -299,10 +299,12 @@ impl Rpc {
         &self.inner.metrics
     }
 
-    /// The addresses of the cluster's members: their handshakes may use the slots reserved
-    /// for members, so strangers holding every other slot cannot keep a member out.
-    pub fn set_known_peers(&self, ips: impl IntoIterator<Item = std::net::IpAddr>) {
-        *self.inner.known_peers.write() = ips.into_iter().map(|ip| ip.to_canonical()).collect();
+    /// The addresses of the cluster's members (IP and port: a member dials from its own
+    /// cluster endpoint, so its connections come from exactly its address): their handshakes
+    /// may use the slots reserved for members, so strangers holding every other slot, even
+    /// from a member's IP, cannot keep a member out.
+    pub fn set_known_peers(&self, addrs: impl IntoIterator<Item = SocketAddr>) {
+        *self.inner.known_peers.write() = addrs.into_iter().map(canonical).collect();
     }
 
     /// Calls `op` on node `peer` at `addr` (`host:port`; a name is resolved at dial time)
@@ -627,7 +629,7 @@ async fn accept_loop(inner: Arc<Inner>) {
                     incoming.refuse();
                     continue;
                 };
-                let Some(handshake) = inner.start_handshake(incoming.remote_address().ip()) else {
+                let Some(handshake) = inner.start_handshake(incoming.remote_address()) else {
                     inner.metrics.connection_refused();
                     incoming.refuse();
                     continue;
@@ -642,6 +644,10 @@ async fn accept_loop(inner: Arc<Inner>) {
         }
     }
     conns.shutdown().await;
+}
+
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
 /// Where a handshake comes from, for its per-network bound: an IPv4 /24 or an IPv6 /64 (one
@@ -687,8 +693,8 @@ impl Drop for HandshakeSlot {
 }
 
 impl Inner {
-    fn start_handshake(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<HandshakeSlot> {
-        let net = Network::of(ip);
+    fn start_handshake(self: &Arc<Self>, from: SocketAddr) -> Option<HandshakeSlot> {
+        let net = Network::of(from.ip());
         {
             let mut by_net = self.handshaking_by_net.lock();
             let n = by_net.entry(net).or_default();
@@ -707,7 +713,7 @@ impl Inner {
             }
         }
         // the shared slots are taken (or this network has its share): a member still gets in
-        if self.known_peers.read().contains(&ip.to_canonical()) {
+        if self.known_peers.read().contains(&canonical(from)) {
             let permit = self.reserved.clone().try_acquire_owned().ok()?;
             return Some(HandshakeSlot {
                 inner: self.clone(),

@@ -458,9 +458,18 @@ async fn strangers_holding_every_shared_handshake_slot_cannot_keep_a_member_out(
         .await
         .unwrap_err();
     assert!(e.not_sent(), "{e:?}");
-    // once the node knows its members' addresses, a member gets a reserved slot
-    b.set_known_peers(["127.0.0.1".parse().unwrap()]);
+    // once the node knows its members' addresses, a member gets a reserved slot; a stranger
+    // from the member's IP (another port) does not
     let a2 = node(3, Keys::new(SECRET, None));
+    b.set_known_peers([a2.local_addr().unwrap()]);
+    let same_ip = client_on("127.0.0.1");
+    assert!(
+        same_ip
+            .connect(to, tls::SERVER_NAME)
+            .unwrap()
+            .await
+            .is_err()
+    );
     a2.call(2, &addr(&b), Op::PING, Bytes::new(), SEC)
         .await
         .unwrap();
