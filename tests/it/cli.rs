@@ -131,3 +131,11 @@ async fn the_cli_reads_past_payloads_a_strict_parser_refuses() {
         "the CLI acked everything: {v}"
     );
 }
+
+#[tokio::test]
+async fn cluster_status_on_a_single_node_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let out = narad(&s, &["cluster", "status"]).await;
+    assert!(out.contains("single node"), "{out}");
+}

@@ -232,6 +232,36 @@ async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_ke
         .await
         .unwrap();
     expect_error(r, StatusCode::NOT_IMPLEMENTED, "cluster_unsupported").await;
+    // the CLI shows the same
+    let cli = |args: &'static [&'static str]| {
+        let base = nodes[2].base.clone();
+        async move {
+            let out = tokio::process::Command::new(BIN)
+                .args(args)
+                .env("NARAD_ADDR", base)
+                .output()
+                .await
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        }
+    };
+    let status = cli(&["cluster", "status"]).await;
+    assert!(
+        status.contains(&format!("leader      {leader}")),
+        "{status}"
+    );
+    assert!(status.contains("ready       true"), "{status}");
+    let listed = cli(&["cluster", "members"]).await;
+    assert_eq!(
+        listed.lines().filter(|l| l.contains("true")).count(),
+        3,
+        "{listed}"
+    );
     assert!(nodes[0].metrics().await.contains("narad_raft_term"));
 
     // the leader is killed: the two others elect one and are ready again
