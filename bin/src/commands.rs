@@ -83,6 +83,9 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
 }
 
 async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
+    if let ClusterCmd::Remove { node_id } = cmd {
+        return print_reply(c.delete(&format!("/v1/cluster/members/{node_id}")).await?);
+    }
     let Reply::Json(j) = c.get("/v1/cluster").await? else {
         return Err("the broker answered /v1/cluster with no body".into());
     };
@@ -102,6 +105,7 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
             println!("applied     {}", num(&s["last_applied"]));
             println!("log         {}", num(&s["last_log"]));
         }
+        ClusterCmd::Remove { .. } => unreachable!("handled above"),
         ClusterCmd::Members => {
             println!("{:<8} {:<32} {:<6} MATCHED", "NODE", "RPC ADDRESS", "VOTER");
             for m in s["members"].as_array().into_iter().flatten() {

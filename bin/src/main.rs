@@ -74,6 +74,9 @@ enum ClusterCmd {
     /// The members: id, address, voter or not (and, asked of the leader, how far each
     /// member's log matches).
     Members,
+    /// Remove a member for good (a node that is lost or retired). Refused for the leader
+    /// and when fewer than three voters would be left.
+    Remove { node_id: u64 },
 }
 
 #[derive(Subcommand)]

@@ -331,6 +331,67 @@ async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_ke
     let st = stranger.status().await.unwrap();
     assert_eq!(voters(&st), 0, "{st}");
     assert!(nodes[0].status().await.is_some_and(|s| voters(&s) == 4));
+
+    // the fourth is lost for good: an operator removes it through any member
+    fourth.kill9();
+    let delete = async |n: &Node, id: u64| {
+        n.http
+            .delete(format!("{}/v1/cluster/members/{id}", n.base))
+            .send()
+            .await
+            .unwrap()
+    };
+    let r = delete(&nodes[1], 4).await;
+    assert_eq!(
+        r.status(),
+        StatusCode::NO_CONTENT,
+        "{}",
+        r.text().await.unwrap()
+    );
+    until("three voters everywhere", 30, async || {
+        let mut ok = true;
+        for n in &nodes {
+            ok &= n.status().await.is_some_and(|s| {
+                voters(&s) == 3 && s["members"].as_array().is_some_and(|m| m.len() == 3)
+            });
+        }
+        ok
+    })
+    .await;
+    expect_error(
+        delete(&nodes[1], 4).await,
+        StatusCode::NOT_FOUND,
+        "member_not_found",
+    )
+    .await;
+    // three voters is the floor, and the leader is never removed from under itself
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let other = (1..=3).find(|id| *id != leader).unwrap();
+    expect_error(
+        delete(&nodes[0], other).await,
+        StatusCode::CONFLICT,
+        "member_not_removable",
+    )
+    .await;
+    expect_error(
+        delete(&nodes[0], leader).await,
+        StatusCode::CONFLICT,
+        "member_not_removable",
+    )
+    .await;
+    let cli_out = tokio::process::Command::new(BIN)
+        .args(["cluster", "remove", "9"])
+        .env("NARAD_ADDR", &nodes[0].base)
+        .output()
+        .await
+        .unwrap();
+    assert!(!cli_out.status.success());
+    assert!(
+        String::from_utf8_lossy(&cli_out.stderr).contains("member_not_found")
+            || String::from_utf8_lossy(&cli_out.stderr).contains("not a member"),
+        "{}",
+        String::from_utf8_lossy(&cli_out.stderr)
+    );
 }
 
 /// Users live in the metastore: made through one member, they log in on every member, a

@@ -140,6 +140,9 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
         "GET /readyz" => (Method::GET, "/readyz".into(), None),
         "GET /metrics" => (Method::GET, "/metrics".into(), None),
         "GET /v1/cluster" => (Method::GET, "/v1/cluster".into(), None),
+        "DELETE /v1/cluster/members/{node_id}" => {
+            (Method::DELETE, "/v1/cluster/members/7".into(), None)
+        }
         "POST /v1/topics" => (
             Method::POST,
             "/v1/topics".into(),
@@ -261,6 +264,8 @@ fn rows() -> Vec<Row> {
         // metrics need admin (or the separate metrics listener)
         r("GET /metrics", [U, U, F, F, 200]),
         r("GET /v1/cluster", [U, U, F, F, 200]),
+        // (a single node: nothing to remove)
+        r("DELETE /v1/cluster/members/{node_id}", [U, U, F, F, 409]),
         r("POST /v1/topics", [U, U, F, 201, 201]),
         r("GET /v1/topics", [U, U, 200, 200, 200]),
         r("GET /v1/topics/{topic}", [U, U, F, 200, 200]),

@@ -213,6 +213,11 @@ error_codes! {
     /// No metadata leader could take the change (an election, or no quorum); the message says
     /// whether it may still take effect.
     ClusterUnavailable = 2002, "cluster_unavailable", 503;
+    /// No member of the cluster has this node id.
+    MemberNotFound = 2003, "member_not_found", 404;
+    /// The member cannot be removed: it leads, it would leave fewer than 3 voters, or the
+    /// node is not in a cluster.
+    MemberNotRemovable = 2004, "member_not_removable", 409;
 }
 
 impl ErrorCode {

@@ -405,6 +405,27 @@ impl Metastore {
         m.membership().voter_ids().any(|id| id == self.me)
     }
 
+    /// Removes member `id` from the cluster (through the leader). The error is the refusal
+    /// (`member_not_found`, `member_not_removable`) or why the leader could not be asked.
+    pub async fn remove_member(&self, id: NodeId, deadline: Duration) -> Result<(), RemoveError> {
+        match self.raft.current_leader().await {
+            None => Err(RemoveError::Unavailable("no leader elected".into())),
+            Some(l) if l == self.me => network::remove_local(&self.raft, id)
+                .await
+                .map_err(RemoveError::from_fault),
+            Some(l) => {
+                let addr = self.leader_addr(l).ok_or_else(|| {
+                    RemoveError::Unavailable(format!("leader {l} is not in the membership"))
+                })?;
+                match network::remove_at(&self.rpc, l, &addr, id, deadline).await {
+                    Ok(()) => Ok(()),
+                    Err(RpcError::Remote { fault, .. }) => Err(RemoveError::from_fault(fault)),
+                    Err(e) => Err(RemoveError::Unavailable(e.to_string())),
+                }
+            }
+        }
+    }
+
     /// Asks the cluster (through any of `seeds`) to make this node a voter, and returns once
     /// the request was accepted. Safe to repeat: a node that is a voter already stays one.
     pub async fn join(
@@ -454,6 +475,28 @@ impl Metastore {
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;
         self.rpc.shutdown().await;
+    }
+}
+
+/// Why a member was not removed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    NotRemovable(String),
+    /// No leader could be asked, or it did not answer: retryable.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl RemoveError {
+    fn from_fault(f: crate::rpc::Fault) -> Self {
+        match f.code.as_str() {
+            "member_not_found" => Self::NotFound(f.message),
+            "member_not_removable" => Self::NotRemovable(f.message),
+            _ => Self::Unavailable(f.to_string()),
+        }
     }
 }
 

@@ -31,6 +31,7 @@ pub const RAFT_SNAPSHOT: Op = Op(12);
 pub const READ_INDEX: Op = Op(20);
 pub const PROPOSE: Op = Op(21);
 pub const JOIN: Op = Op(23);
+pub const REMOVE: Op = Op(24);
 
 /// A node asking to become a voter.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -226,6 +227,10 @@ impl Service for MetaService {
                     let req: JoinRequest = decode(&body)?;
                     join_here(&raft, &rpc, req).await.map(|()| Bytes::new())
                 }
+                REMOVE => {
+                    let id: NodeId = decode(&body)?;
+                    remove_here(&raft, id).await.map(|()| Bytes::new())
+                }
                 op => Err(Fault::new(
                     400,
                     "unknown_op",
@@ -243,6 +248,7 @@ impl Service for MetaService {
             PROPOSE => "propose",
             READ_INDEX => "read_index",
             JOIN => "join",
+            REMOVE => "remove",
             _ => return None,
         })
     }
@@ -405,4 +411,78 @@ async fn join_here(raft: &Raft<TypeConfig>, rpc: &Rpc, req: JoinRequest) -> Resu
         .await
         .map_err(|e| not_leader(e.to_string()))?;
     Ok(())
+}
+
+/// Fewest voters a removal may leave (two voters lose the quorum to either's failure, and
+/// openraft's own FAQ warns of a two-voter cluster that never elects).
+pub const MIN_VOTERS: usize = 3;
+
+/// Removes voter `id`, on the leader. Refused: an unknown id (`member_not_found`), the
+/// leader itself, or a removal that would leave fewer than [`MIN_VOTERS`]
+/// (`member_not_removable`). The leadership is confirmed with a quorum first, so a deposed
+/// leader with a stale view removes nothing.
+async fn remove_here(raft: &Raft<TypeConfig>, id: NodeId) -> Result<(), Fault> {
+    let not_leader = |e: String| Fault::new(421, "not_leader", e);
+    raft.ensure_linearizable()
+        .await
+        .map_err(|e| not_leader(e.to_string()))?;
+    let metrics = raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership().clone();
+    let voters: Vec<NodeId> = membership.voter_ids().collect();
+    if membership.get_node(&id).is_none() {
+        return Err(Fault::new(
+            404,
+            "member_not_found",
+            format!("node {id} is not a member"),
+        ));
+    }
+    if metrics.current_leader == Some(id) {
+        return Err(Fault::new(
+            409,
+            "member_not_removable",
+            format!(
+                "node {id} leads the cluster: stop it (another member takes over), then remove it"
+            ),
+        ));
+    }
+    if voters.contains(&id) && voters.len() <= MIN_VOTERS {
+        return Err(Fault::new(
+            409,
+            "member_not_removable",
+            format!(
+                "removing node {id} would leave {} voters; a cluster keeps at least {MIN_VOTERS}: add a member first",
+                voters.len() - 1
+            ),
+        ));
+    }
+    // a voter leaves the voters and the nodes at once (retain = false); a learner that was
+    // never promoted only has a node entry
+    let change = if voters.contains(&id) {
+        openraft::ChangeMembers::RemoveVoters([id].into())
+    } else {
+        openraft::ChangeMembers::RemoveNodes([id].into())
+    };
+    raft.change_membership(change, false)
+        .await
+        .map_err(|e| not_leader(e.to_string()))?;
+    Ok(())
+}
+
+/// Asks the leader to remove `id`.
+pub(super) async fn remove_at(
+    rpc: &Rpc,
+    leader: NodeId,
+    addr: &str,
+    id: NodeId,
+    deadline: Duration,
+) -> Result<(), RpcError> {
+    let body = Bytes::from(serde_json::to_vec(&id).expect("ids serialise"));
+    rpc.call(leader, addr, REMOVE, body, deadline)
+        .await
+        .map(|_| ())
+}
+
+/// Removes `id` when this node leads.
+pub(super) async fn remove_local(raft: &Raft<TypeConfig>, id: NodeId) -> Result<(), Fault> {
+    remove_here(raft, id).await
 }

@@ -292,6 +292,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("GET", "/v1/cluster"),
+    ("DELETE", "/v1/cluster/members/{node_id}"),
     ("POST", "/v1/topics"),
     ("GET", "/v1/topics"),
     ("GET", "/v1/topics/{topic}"),
@@ -319,6 +320,10 @@ pub fn router(state: SharedState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/cluster", get(cluster_status))
+        .route(
+            "/v1/cluster/members/{node_id}",
+            axum::routing::delete(remove_member),
+        )
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(
             "/v1/topics/{topic}",
@@ -410,6 +415,7 @@ fn serves_in_cluster(route: &str) -> bool {
             | "/readyz"
             | "/metrics"
             | "/v1/cluster"
+            | "/v1/cluster/members/{node_id}"
             | "/v1/users"
             | "/v1/users/{username}"
             | "/v1/users/{username}/grants"
@@ -548,6 +554,53 @@ async fn cluster_status(
         }),
     };
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// `DELETE /v1/cluster/members/{node_id}` (admin): removes a member (through the leader,
+/// after it confirms its leadership with a quorum). Refused for the leader itself and when
+/// fewer than three voters would be left.
+async fn remove_member(
+    State(state): State<SharedState>,
+    axum::Extension(caller): axum::Extension<access::Caller>,
+    axum::extract::Path(node_id): axum::extract::Path<String>,
+) -> ApiResult {
+    caller.require_admin()?;
+    let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidField,
+            format!("node_id: '{node_id}' is not a node id (1 or more)"),
+        )
+    })?;
+    let Some(c) = &state.cluster else {
+        return Err(ApiError::new(
+            ErrorCode::MemberNotRemovable,
+            "this node is not in a cluster (no cluster_members configured)",
+        ));
+    };
+    use narad_cluster::meta::RemoveError;
+    match c
+        .meta
+        .remove_member(id, crate::cluster::PROPOSE_DEADLINE)
+        .await
+    {
+        Ok(()) => {
+            tracing::info!(
+                component = "audit",
+                user = caller.username().unwrap_or("-"),
+                node_id = id,
+                "cluster member removed"
+            );
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Err(RemoveError::NotFound(m)) => Err(ApiError::new(ErrorCode::MemberNotFound, m)),
+        Err(RemoveError::NotRemovable(m)) => Err(ApiError::new(ErrorCode::MemberNotRemovable, m)),
+        Err(RemoveError::Unavailable(m)) => Err(ApiError::new(
+            ErrorCode::ClusterUnavailable,
+            format!(
+                "the leader could not be asked to remove node {id} (the change may still take effect): {m}"
+            ),
+        )),
+    }
 }
 
 async fn metrics(
