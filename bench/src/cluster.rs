@@ -17,6 +17,8 @@ use hyper::{Method, StatusCode};
 use serde::Serialize;
 
 use crate::narad::Http;
+pub use crate::stats::Latency;
+use crate::stats::Stats;
 
 pub struct ClusterBenchConfig {
     /// The `narad` binary.
@@ -31,35 +33,12 @@ pub struct ClusterBenchConfig {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Latency {
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    pub count: usize,
-}
-
-impl Latency {
-    fn of(mut v: Vec<f64>) -> Self {
-        v.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or(0.0)
-        };
-        Self {
-            p50_ms: at(0.50),
-            p99_ms: at(0.99),
-            max_ms: v.last().copied().unwrap_or(0.0),
-            count: v.len(),
-        }
-    }
-}
-
-#[derive(Debug, Serialize)]
 pub struct ClusterBenchResult {
     pub nodes: usize,
     pub write_through_leader: Latency,
     pub write_through_follower: Latency,
+    /// Writes that failed (not a 200), through the leader and through the follower.
+    pub failed_writes: [u64; 2],
     /// SIGKILL of the leader → every survivor names one new leader.
     pub new_leader_ms: Vec<f64>,
     /// SIGKILL of the leader → a metadata write through a survivor answers 200.
@@ -81,7 +60,7 @@ fn err(s: impl Into<String>) -> Error {
 }
 
 impl Member {
-    fn start(
+    async fn start(
         &mut self,
         binary: &Path,
         members: &str,
@@ -124,8 +103,7 @@ impl Member {
             if Instant::now() > deadline {
                 return Err(err(format!("member {} did not bind", self.id)));
             }
-            std::thread::yield_now();
-            pause_blocking();
+            pause().await;
         }
     }
 
@@ -144,11 +122,6 @@ impl Drop for Member {
 }
 
 /// The pause between two looks at real processes (real time: nothing else to wait on).
-fn pause_blocking() {
-    #[allow(clippy::disallowed_methods)]
-    std::thread::sleep(Duration::from_millis(5));
-}
-
 async fn pause() {
     #[allow(clippy::disallowed_methods)]
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -183,8 +156,8 @@ async fn until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) -> Resul
     Ok(t.elapsed())
 }
 
-/// One grants write through `addr`: its latency, if it succeeded.
-async fn write(h: &mut Http, i: usize) -> Option<f64> {
+/// One grants write through `h`: its latency, if it succeeded.
+async fn write(h: &mut Http, i: usize) -> Option<Duration> {
     let grants = if i.is_multiple_of(2) {
         r#"{"grants": []}"#
     } else {
@@ -199,7 +172,7 @@ async fn write(h: &mut Http, i: usize) -> Option<f64> {
         )
         .await
         .ok()?;
-    (st == StatusCode::OK).then(|| t.elapsed().as_secs_f64() * 1000.0)
+    (st == StatusCode::OK).then(|| t.elapsed())
 }
 
 pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
@@ -235,7 +208,7 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
         .collect::<Vec<_>>()
         .join(",");
     for m in &mut members {
-        m.start(&cfg.binary, &list, &secret, &root_pw)?;
+        m.start(&cfg.binary, &list, &secret, &root_pw).await?;
     }
     for m in &members {
         until("members ready", 60, async || ready(&m.addr).await).await?;
@@ -269,18 +242,23 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
             String::from_utf8_lossy(&b)
         )));
     }
-    let mut lat = [Vec::new(), Vec::new()];
+    // a write that fails is counted, never left out of the figures silently
+    let mut stats = [Stats::default(), Stats::default()];
     for (k, idx) in [li, fi].into_iter().enumerate() {
         let mut h = Http::connect(&members[idx].addr)
             .await
             .map_err(|e| err(e.to_string()))?;
         for i in 0..cfg.writes {
-            if let Some(ms) = write(&mut h, i).await {
-                lat[k].push(ms);
+            match write(&mut h, i).await {
+                Some(took) => stats[k].ok(took, 1, 0),
+                None => stats[k].error("write failed"),
             }
         }
     }
-    let [through_leader, through_follower] = lat;
+    let failed = |s: &Stats| s.errors.values().sum::<u64>();
+    let failed_writes = [failed(&stats[0]), failed(&stats[1])];
+    let [through_leader, through_follower] =
+        stats.map(|s| s.summary(Duration::from_secs(1)).latency_ms);
     let mut new_leader_ms = Vec::new();
     let mut writes_again_ms = Vec::new();
     for _ in 0..cfg.kills {
@@ -317,7 +295,9 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
         )
         .await?;
         writes_again_ms.push(t.elapsed().as_secs_f64() * 1000.0);
-        members[oi].start(&cfg.binary, &list, &secret, &root_pw)?;
+        members[oi]
+            .start(&cfg.binary, &list, &secret, &root_pw)
+            .await?;
         until("the killed member ready again", 60, async || {
             ready(&members[oi].addr).await
         })
@@ -325,8 +305,9 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
     }
     Ok(ClusterBenchResult {
         nodes: cfg.nodes,
-        write_through_leader: Latency::of(through_leader),
-        write_through_follower: Latency::of(through_follower),
+        write_through_leader: through_leader,
+        write_through_follower: through_follower,
+        failed_writes,
         new_leader_ms,
         writes_again_ms,
     })

@@ -381,7 +381,7 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 let l = |x: &narad_bench::cluster::Latency| {
                     format!(
                         "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} writes)",
-                        x.p50_ms, x.p99_ms, x.max_ms, x.count
+                        x.p50, x.p99, x.max, x.samples
                     )
                 };
                 println!("{} members on loopback", r.nodes);
@@ -393,6 +393,12 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     "metadata write through a follower:   {}",
                     l(&r.write_through_follower)
                 );
+                if r.failed_writes != [0, 0] {
+                    println!(
+                        "failed metadata writes (leader, follower): {:?}",
+                        r.failed_writes
+                    );
+                }
                 println!(
                     "SIGKILL of the leader → new leader:  {:?} ms",
                     r.new_leader_ms

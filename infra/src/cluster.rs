@@ -27,6 +27,7 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterSettings;
+use crate::server::announce_root;
 
 /// How often a member re-checks that its metadata is current.
 const READY_CHECK: Duration = Duration::from_secs(1);
@@ -94,7 +95,6 @@ pub struct ClusterNode {
     pub meta: Metastore,
     pub rpc_metrics: Arc<RpcMetrics>,
     pub gauges: RaftGauges,
-    node_id: u64,
     advertise: String,
     initial: BTreeMap<u64, NodeInfo>,
     is_initial: bool,
@@ -149,7 +149,6 @@ impl ClusterNode {
             meta,
             rpc_metrics,
             gauges: RaftGauges::default(),
-            node_id: s.node_id,
             advertise: s.advertise.clone(),
             initial,
             is_initial: s.is_initial_member(),
@@ -161,7 +160,7 @@ impl ClusterNode {
     }
 
     pub fn node_id(&self) -> u64 {
-        self.node_id
+        self.meta.node_id()
     }
 
     /// `Ok` when this node is a voter whose metadata was confirmed current within the last
@@ -180,7 +179,7 @@ impl ClusterNode {
             Ok(()) => {
                 if !was {
                     tracing::info!(
-                        node_id = self.node_id,
+                        node_id = self.node_id(),
                         "cluster member ready: its metadata is current"
                     );
                 }
@@ -188,7 +187,7 @@ impl ClusterNode {
             }
             Err(why) => {
                 if was {
-                    tracing::warn!(node_id = self.node_id, reason = %why, "cluster member not ready");
+                    tracing::warn!(node_id = self.node_id(), reason = %why, "cluster member not ready");
                 }
                 *self.not_ready.lock() = why;
                 self.ready.store(false, Ordering::Release);
@@ -265,43 +264,10 @@ impl ClusterNode {
         if self.users.is_none() || self.meta.view().users.contains_key(ROOT_USER) {
             return Ok(());
         }
-        let generated = self.admin_password.is_none();
-        let password = self
-            .admin_password
-            .clone()
-            .unwrap_or_else(narad_auth::authn::random_password);
-        let (hash, password) = tokio::task::spawn_blocking(move || {
-            (narad_auth::authn::hash_password(&password), password)
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-        use narad_core::clock::Clock as _;
-        let now = narad_core::clock::SystemClock.now_ms();
-        let root = narad_auth::store::UserRecord {
-            username: ROOT_USER.into(),
-            id: narad_auth::authn::new_user_id(),
-            password_hash: hash,
-            root: true,
-            grants: Vec::new(),
-            created_at_ms: now,
-            updated_at_ms: now,
-        };
+        let (root, generated) = crate::server::new_root(self.admin_password.clone()).await?;
         match self.propose_users(UserCommand::Create { user: root }).await {
             Ok(Ok(())) => {
-                if generated {
-                    eprintln!(
-                        "narad: the cluster's root user '{ROOT_USER}' was created with the password: {password}"
-                    );
-                    tracing::warn!(
-                        user = ROOT_USER,
-                        "the cluster's root user was created with a generated password (printed once on stderr)"
-                    );
-                } else {
-                    tracing::info!(
-                        user = ROOT_USER,
-                        "the cluster's root user was created with the password from NARAD_ADMIN_PASSWORD"
-                    );
-                }
+                announce_root(generated.as_deref());
                 Ok(())
             }
             // another member created it first
@@ -386,8 +352,8 @@ impl ClusterNode {
                     "voter": voter,
                 });
                 // the leader knows how far each member's log matches its own
-                if s.leader == Some(self.node_id) {
-                    m["matched_index"] = serde_json::json!(if *id == self.node_id {
+                if s.leader == Some(self.node_id()) {
+                    m["matched_index"] = serde_json::json!(if *id == self.node_id() {
                         s.last_log
                     } else {
                         matched.get(id).cloned().flatten().map(|l| l.index)
@@ -397,7 +363,7 @@ impl ClusterNode {
             })
             .collect();
         serde_json::json!({
-            "node_id": self.node_id,
+            "node_id": self.node_id(),
             "leader": s.leader,
             "term": s.term,
             "state": s.state,
@@ -415,7 +381,7 @@ impl ClusterNode {
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         g.term.set(n(s.term));
         g.leader.set(n(s.leader.unwrap_or(0)));
-        g.is_leader.set(i64::from(s.leader == Some(self.node_id)));
+        g.is_leader.set(i64::from(s.leader == Some(self.node_id())));
         g.applied.set(n(s.last_applied.unwrap_or(0)));
         g.last_log.set(n(s.last_log.unwrap_or(0)));
         g.voters

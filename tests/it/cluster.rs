@@ -472,8 +472,18 @@ async fn users_made_through_any_member_log_in_on_every_member() {
         })
         .await;
     }
-    // the leader killed: a user change waits for the election, then works through another
+    // users acknowledged by the leader just before it is killed with SIGKILL: each 201 means
+    // committed on a quorum, so every one must be on the survivors and, restarted, on it
     let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap() as usize - 1;
+    let made = futures_util::future::join_all((0..8).map(|i| {
+        let user = serde_json::json!({"username": format!("k{i}"), "password": ALICE_PW});
+        nodes[leader].call(admin, Method::POST, "/v1/users", Some(user))
+    }))
+    .await;
+    assert!(
+        made.iter().all(|(st, _)| *st == StatusCode::CREATED),
+        "{made:?}"
+    );
     nodes[leader].kill9();
     let other = (leader + 1) % 3;
     let bob = serde_json::json!({"username": "bob", "password": ALICE_PW});
@@ -500,5 +510,16 @@ async fn users_made_through_any_member_log_in_on_every_member() {
         .iter()
         .filter_map(|u| u["username"].as_str())
         .collect();
-    assert_eq!(names, ["admin", "bob"], "{body}");
+    let mut want = vec!["admin".to_owned(), "bob".to_owned()];
+    want.extend((0..8).map(|i| format!("k{i}")));
+    assert_eq!(names, want, "{body}");
+    // and the survivors hold them too
+    for n in &nodes {
+        let (_, body) = n.call(admin, Method::GET, "/v1/users", None).await;
+        assert_eq!(
+            body["users"].as_array().map(Vec::len),
+            Some(want.len()),
+            "{body}"
+        );
+    }
 }

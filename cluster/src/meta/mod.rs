@@ -240,7 +240,7 @@ impl Metastore {
         let raft = Raft::new(cfg.node_id, Arc::new(config), net, log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        service.set(raft.clone(), cfg.node_id, &rpc);
+        service.set(raft.clone(), &rpc);
         Ok(Self {
             me: cfg.node_id,
             raft,
@@ -313,7 +313,15 @@ impl Metastore {
             let attempt = match leader {
                 Some(l) if l == self.me => {
                     sent = true;
-                    network::write_here(&self.raft, req.clone()).await
+                    // a leader cut off from its quorum would wait for a commit forever
+                    tokio::time::timeout(left, network::write_here(&self.raft, req.clone()))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Attempt::Retry {
+                                reason: "not committed in time (no quorum?)".into(),
+                                sent: true,
+                            })
+                        })
                 }
                 Some(l) => match self.leader_addr(l) {
                     Some(addr) => {
@@ -375,12 +383,17 @@ impl Metastore {
         let end = Instant::now() + deadline;
         let index = match self.raft.current_leader().await {
             None => return Err(ProposeError::Unavailable("no leader elected".into())),
-            Some(l) if l == self.me => self
-                .raft
-                .ensure_linearizable()
-                .await
-                .map_err(|e| ProposeError::Unavailable(e.to_string()))?
-                .map_or(0, |l| l.index),
+            Some(l) if l == self.me => {
+                tokio::time::timeout(deadline, self.raft.ensure_linearizable())
+                    .await
+                    .map_err(|_| {
+                        ProposeError::Unavailable(
+                            "no quorum confirmed the leadership in time".into(),
+                        )
+                    })?
+                    .map_err(|e| ProposeError::Unavailable(e.to_string()))?
+                    .map_or(0, |l| l.index)
+            }
             Some(l) => {
                 let addr = self.leader_addr(l).ok_or_else(|| {
                     ProposeError::Unavailable(format!("leader {l} is not in the membership"))
@@ -410,9 +423,17 @@ impl Metastore {
     pub async fn remove_member(&self, id: NodeId, deadline: Duration) -> Result<(), RemoveError> {
         match self.raft.current_leader().await {
             None => Err(RemoveError::Unavailable("no leader elected".into())),
-            Some(l) if l == self.me => network::remove_local(&self.raft, id)
-                .await
-                .map_err(RemoveError::from_fault),
+            Some(l) if l == self.me => {
+                tokio::time::timeout(deadline, network::remove_here(&self.raft, id))
+                    .await
+                    .map_err(|_| {
+                        RemoveError::Unavailable(format!(
+                            "not done within {} ms (no quorum?); it may still take effect",
+                            deadline.as_millis()
+                        ))
+                    })?
+                    .map_err(RemoveError::from_fault)
+            }
             Some(l) => {
                 let addr = self.leader_addr(l).ok_or_else(|| {
                     RemoveError::Unavailable(format!("leader {l} is not in the membership"))

@@ -164,15 +164,15 @@ impl RaftNetwork<TypeConfig> for Conn {
 /// Serves Raft's messages and forwarded proposals.
 #[derive(Default)]
 pub struct MetaService {
-    raft: OnceLock<(Raft<TypeConfig>, NodeId)>,
+    raft: OnceLock<Raft<TypeConfig>>,
     /// Weak: the endpoint owns this service.
     rpc: OnceLock<WeakRpc>,
 }
 
 impl MetaService {
-    pub fn set(&self, raft: Raft<TypeConfig>, me: NodeId, rpc: &Rpc) {
+    pub fn set(&self, raft: Raft<TypeConfig>, rpc: &Rpc) {
         let _ = self.rpc.set(rpc.downgrade());
-        let _ = self.raft.set((raft, me));
+        let _ = self.raft.set(raft);
     }
 }
 
@@ -188,7 +188,7 @@ fn encode<T: Serialize>(v: &T) -> Result<Bytes, Fault> {
 
 impl Service for MetaService {
     fn call(&self, _from: NodeId, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
-        let (Some((raft, _me)), Some(rpc)) = (
+        let (Some(raft), Some(rpc)) = (
             self.raft.get().cloned(),
             self.rpc.get().and_then(WeakRpc::upgrade),
         ) else {
@@ -421,7 +421,7 @@ pub const MIN_VOTERS: usize = 3;
 /// leader itself, or a removal that would leave fewer than [`MIN_VOTERS`]
 /// (`member_not_removable`). The leadership is confirmed with a quorum first, so a deposed
 /// leader with a stale view removes nothing.
-async fn remove_here(raft: &Raft<TypeConfig>, id: NodeId) -> Result<(), Fault> {
+pub(super) async fn remove_here(raft: &Raft<TypeConfig>, id: NodeId) -> Result<(), Fault> {
     let not_leader = |e: String| Fault::new(421, "not_leader", e);
     raft.ensure_linearizable()
         .await
@@ -480,9 +480,4 @@ pub(super) async fn remove_at(
     rpc.call(leader, addr, REMOVE, body, deadline)
         .await
         .map(|_| ())
-}
-
-/// Removes `id` when this node leads.
-pub(super) async fn remove_local(raft: &Raft<TypeConfig>, id: NodeId) -> Result<(), Fault> {
-    remove_here(raft, id).await
 }

@@ -227,7 +227,6 @@ pub struct StateMachine {
     had_snapshot: bool,
     data: Data,
     published: watch::Sender<Arc<MetaView>>,
-    snapshots_built: u64,
 }
 
 impl StateMachine {
@@ -243,7 +242,6 @@ impl StateMachine {
             had_snapshot,
             data,
             published,
-            snapshots_built: 0,
         })
     }
 
@@ -325,7 +323,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        self.snapshots_built += 1;
         let at = self.data.last_applied;
         Builder {
             dir: self.dir.clone(),

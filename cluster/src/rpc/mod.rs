@@ -198,9 +198,8 @@ struct Peer {
 struct PeerState {
     conn: Option<(String, Connection)>,
     backoff: Duration,
-    /// After a failed dial: when to try that address again, and what failed.
-    retry_at: Option<(String, Instant)>,
-    last_error: Option<RpcErrorKind>,
+    /// The last failed dial: the address, when to try it again, and what failed.
+    failed: Option<(String, Instant, RpcErrorKind)>,
 }
 
 #[derive(Clone)]
@@ -405,7 +404,7 @@ impl Inner {
             }
             st.conn = None;
         }
-        if let (Some((failed, at)), Some(kind)) = (&st.retry_at, &st.last_error)
+        if let Some((failed, at, kind)) = &st.failed
             && failed == addr
             && Instant::now() < *at
         {
@@ -423,15 +422,13 @@ impl Inner {
             Ok(c) => {
                 st.conn = Some((addr.to_owned(), c.clone()));
                 st.backoff = Duration::ZERO;
-                st.retry_at = None;
-                st.last_error = None;
+                st.failed = None;
                 Ok(c)
             }
             Err(kind) => {
                 st.backoff = (st.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
-                st.retry_at = Some((addr.to_owned(), Instant::now() + st.backoff));
                 let e = kind.to_error(peer, false);
-                st.last_error = Some(kind);
+                st.failed = Some((addr.to_owned(), Instant::now() + st.backoff, kind));
                 Err(e)
             }
         }
@@ -653,20 +650,24 @@ fn canonical(a: SocketAddr) -> SocketAddr {
 /// Where a handshake comes from, for its per-network bound: an IPv4 /24 or an IPv6 /64 (one
 /// party rarely holds more than a few of these; it easily holds many addresses in one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Network([u8; 8]);
+enum Network {
+    V4([u8; 3]),
+    V6([u8; 8]),
+}
 
 impl Network {
     fn of(ip: std::net::IpAddr) -> Self {
-        let mut k = [0; 8];
+        // (a v4-mapped v6 address counts as the v4 address it is)
         match ip.to_canonical() {
-            std::net::IpAddr::V4(v4) => k[..3].copy_from_slice(&v4.octets()[..3]),
+            std::net::IpAddr::V4(v4) => {
+                let [a, b, c, _] = v4.octets();
+                Self::V4([a, b, c])
+            }
             std::net::IpAddr::V6(v6) => {
-                k.copy_from_slice(&v6.octets()[..8]);
-                // (no clash with a v4 key: a v4-mapped address was made canonical above)
-                k[7] |= 1;
+                let o = v6.octets();
+                Self::V6([o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]])
             }
         }
-        Self(k)
     }
 }
 
