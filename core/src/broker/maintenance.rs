@@ -233,6 +233,20 @@ impl Broker {
         }
     }
 
+    /// Tests: stops as a `kill -9` would leave the files: the background tasks end, nothing
+    /// is persisted or closed, and the WAL threads stop without a checkpoint (its files stay
+    /// for the next open to replay). Unlike a plain drop, nothing of this broker still runs
+    /// (a WAL checkpoint removing files, say) when the next one opens the directory.
+    #[cfg(test)]
+    pub(crate) async fn crash(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        self.stop_fanout().await;
+        self.tasks.shutdown(TASK_STOP_GRACE).await;
+        if let Some(wal) = self.cfg.log.wal.clone() {
+            let _ = tokio::task::spawn_blocking(move || wal.abandon()).await;
+        }
+    }
+
     /// Background tasks still running, per group (empty after [`Broker::shutdown`]).
     pub fn running_tasks(&self) -> Vec<(&'static str, usize)> {
         self.tasks.running()

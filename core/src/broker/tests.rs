@@ -1096,16 +1096,19 @@ async fn delivery_counts_survive_an_unclean_stop() {
         vec!["deliveries.00000000000000000000.journal"],
         "no snapshot: only the journal has the counts"
     );
+    b.crash().await;
     drop(b);
     let b = open_without_maintenance(dir.path()).await;
     assert_eq!(deliver_and_nack(&b).await, 3);
     // and again, over a journal from the first life and one from the second
+    b.crash().await;
     drop(b);
     let b = open_without_maintenance(dir.path()).await;
     assert_eq!(deliver_and_nack(&b).await, 4);
     // the first snapshot takes the journals in and deletes them
     b.persist_queues().await;
     assert_eq!(partition_files(&b), vec!["queue.state"]);
+    b.crash().await;
     drop(b);
     let b = open_without_maintenance(dir.path()).await;
     assert_eq!(deliver_and_nack(&b).await, 5);
