@@ -20,10 +20,13 @@ use narad_cluster::meta::{
     MetaCmd, MetaConfig, Metastore, NodeInfo, Outcome, ProposeError, Tuning,
 };
 use narad_cluster::rpc::{Keys, Limits, RpcConfig, RpcMetrics};
+use narad_core::catalog::store::{MetaStore, Proposal, Publish, Replication, StoreError};
+use narad_core::catalog::{Catalog, CatalogCommand};
 use narad_core::clock::SharedClock;
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterSettings;
@@ -391,5 +394,147 @@ impl ClusterNode {
 
     pub async fn shutdown(&self) {
         self.meta.shutdown().await;
+    }
+}
+
+/// The broker's catalog on a cluster member: commands go through the metastore (Raft), and
+/// every member's broker follows the catalog its state machine publishes
+/// ([`follow_catalog`]). Partitions are placed round-robin over the voters, starting at a
+/// point the topic's incarnation id picks (so topics do not all start on one node).
+pub struct ReplicatedCatalog {
+    node: Arc<ClusterNode>,
+    published: watch::Sender<Arc<Catalog>>,
+}
+
+impl std::fmt::Debug for ReplicatedCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicatedCatalog")
+            .field("node_id", &self.node.node_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicatedCatalog {
+    pub fn new(node: Arc<ClusterNode>) -> Arc<Self> {
+        let published = watch::Sender::new(node.meta.view().catalog.clone());
+        Arc::new(Self { node, published })
+    }
+}
+
+impl MetaStore for ReplicatedCatalog {
+    fn propose(&self, _cmd: CatalogCommand, _publish: Publish) -> Proposal {
+        Box::pin(async {
+            Err(StoreError::Unavailable(
+                "a cluster member's catalog changes through replicate".into(),
+            ))
+        })
+    }
+
+    fn catalog(&self) -> Arc<Catalog> {
+        self.node.meta.view().catalog.clone()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Arc<Catalog>> {
+        self.published.subscribe()
+    }
+
+    fn replicated(&self) -> bool {
+        true
+    }
+
+    fn replicate(&self, cmd: CatalogCommand) -> Replication {
+        let node = self.node.clone();
+        // (spawned: a caller that gives up does not abandon a command half way)
+        let task = tokio::spawn(async move {
+            let r = node
+                .meta
+                .propose(MetaCmd::Catalog(cmd), PROPOSE_DEADLINE)
+                .await
+                .map_err(|e| StoreError::Unavailable(unavailable(&e)))?;
+            match r.outcome {
+                Outcome::Catalog(Ok(_)) => Ok(()),
+                Outcome::Catalog(Err(e)) => Err(StoreError::Refused(e)),
+                other => Err(StoreError::Unavailable(format!(
+                    "the metastore answered {other:?}"
+                ))),
+            }
+        });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string())))
+        })
+    }
+
+    fn node_id(&self) -> Option<u64> {
+        Some(self.node.node_id())
+    }
+
+    fn place(&self, topic_id: u64, from: u32, to: u32) -> Vec<u64> {
+        let view = self.node.meta.view();
+        let mut voters: Vec<u64> = view.membership.membership().voter_ids().collect();
+        if voters.is_empty() {
+            voters.push(self.node.node_id());
+        }
+        voters.sort_unstable();
+        let n = voters.len() as u64;
+        (from..to)
+            .map(|p| voters[((topic_id % n + u64::from(p)) % n) as usize])
+            .collect()
+    }
+}
+
+/// What a client is told when a metadata change could not be committed.
+fn unavailable(e: &ProposeError) -> String {
+    match e {
+        ProposeError::Unknown(why) => format!(
+            "the cluster did not confirm the change in time ({why}); it may or may not have taken effect: retry"
+        ),
+        other => format!("the cluster cannot change its metadata now ({other}); retry shortly"),
+    }
+}
+
+/// Makes `broker` follow the catalog the metastore publishes, until `stop`: topics made,
+/// changed or deleted through any member open, change or go here too. A pass that fails (a
+/// disk failure opening a partition) is retried on the next change, or after a second.
+pub async fn follow_catalog(
+    node: Arc<ClusterNode>,
+    store: Arc<ReplicatedCatalog>,
+    broker: Arc<narad_core::broker::Broker>,
+    stop: CancellationToken,
+) {
+    let mut view = node.meta.subscribe();
+    loop {
+        let catalog = view.borrow_and_update().catalog.clone();
+        let retry = match broker.follow_catalog(&catalog).await {
+            Ok(()) => {
+                store.published.send_if_modified(|c| {
+                    let newer = catalog.applied() > c.applied();
+                    if newer {
+                        *c = catalog.clone();
+                    }
+                    newer
+                });
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not follow the cluster's catalog; retrying");
+                Some(Duration::from_secs(1))
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            r = view.changed() => if r.is_err() { return },
+            () = pause(retry) => {}
+        }
+    }
+}
+
+/// Waits `d`, or forever for `None`.
+async fn pause(d: Option<Duration>) {
+    match d {
+        // a retry after a failure, in real time (no broker clock involved)
+        #[allow(clippy::disallowed_methods)]
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }

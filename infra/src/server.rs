@@ -320,6 +320,7 @@ const API_TASK: &str = "api_listener";
 const METRICS_TASK: &str = "metrics_listener";
 const OPEN_TASK: &str = "broker_open";
 const TIERER_TASK: &str = "tierer";
+const CATALOG_TASK: &str = "cluster_catalog";
 const TLS_TASK: &str = "tls_reloader";
 const CLUSTER_TASK: &str = "cluster_member";
 
@@ -360,11 +361,23 @@ impl Opening {
         result: tokio::sync::oneshot::Sender<Result<(), ServerError>>,
     ) {
         let started = std::time::Instant::now();
-        let open = Broker::open(
+        // a cluster member's catalog is the cluster's (its metastore)
+        let replicated = self
+            .state
+            .cluster
+            .clone()
+            .map(crate::cluster::ReplicatedCatalog::new);
+        let (cfg, clock, metrics) = (
             self.config.broker_config(self.max_open_logs),
             self.clock.clone(),
             self.state.metrics.core.clone(),
         );
+        let open = async {
+            match &replicated {
+                Some(store) => Broker::open_with_store(cfg, clock, metrics, store.clone()).await,
+                None => Broker::open(cfg, clock, metrics).await,
+            }
+        };
         let b = tokio::select! {
             biased;
             () = stop.cancelled() => {
@@ -400,7 +413,20 @@ impl Opening {
                 return;
             }
         }
-        if let Some(a) = self.archive {
+        if let (Some(node), Some(store)) = (self.state.cluster.clone(), replicated) {
+            let broker = b.clone();
+            self.tasks.spawn(CATALOG_TASK, move |stop| {
+                crate::cluster::follow_catalog(node, store, broker, stop)
+            });
+        }
+        let archive = match self.archive {
+            Some(a) if self.state.cluster.is_some() => {
+                tracing::warn!(archive = %a.url, "a cluster member does not tier to the archive yet: archive_url is ignored");
+                None
+            }
+            a => a,
+        };
+        if let Some(a) = archive {
             tracing::info!(archive = %a.url, "tiering sealed segments to the archive");
             let cfg = TieringConfig {
                 interval: Duration::from_millis(self.config.tiering_interval_ms),

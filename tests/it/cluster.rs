@@ -224,10 +224,10 @@ async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_ke
         assert_eq!(leader_of(&st), Some(leader), "one leader for all: {st}");
         assert_eq!(st["node_id"], n.id);
     }
-    // the data plane is not served through a cluster yet: said, not pretended
+    // messages are not served through a cluster yet: said, not pretended
     let r = nodes[1]
         .http
-        .get(format!("{}/v1/topics", nodes[1].base))
+        .get(format!("{}/v1/topics/t/consume", nodes[1].base))
         .send()
         .await
         .unwrap();
@@ -521,5 +521,145 @@ async fn users_made_through_any_member_log_in_on_every_member() {
             Some(want.len()),
             "{body}"
         );
+    }
+}
+
+/// Topics made, changed and deleted through any member are there on every member (at once
+/// on the one that answered), with their partitions spread over the members; a member that
+/// was down while topics changed catches up when it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_changed_through_any_member_are_followed_by_every_member() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let (mut nodes, _) = three(root.path(), false).await;
+    for n in &nodes {
+        until(
+            &format!("node {} ready; log:\n{}", n.id, n.log()),
+            60,
+            async || n.ready().await,
+        )
+        .await;
+    }
+    let anyone = ("x", "y");
+    let get = async |n: &Node, name: &str| {
+        n.call(anyone, Method::GET, &format!("/v1/topics/{name}"), None)
+            .await
+    };
+    let (st, made) = nodes[0]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "orders", "partitions": 6})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{made}");
+    // read-your-writes on the member that answered
+    let (st, body) = get(&nodes[0], "orders").await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    assert_eq!(owners.len(), 6, "{made}");
+    for id in 1..=3u64 {
+        assert_eq!(owners.iter().filter(|o| **o == id).count(), 2, "{made}");
+    }
+    for n in &nodes {
+        until(&format!("orders on node {}", n.id), 10, async || {
+            get(n, "orders").await.1["id"] == made["id"]
+        })
+        .await;
+        // each member shows the partitions it owns
+        let (_, body) = get(n, "orders").await;
+        let mine: Vec<u64> = body["partition_stats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["partition"].as_u64().unwrap())
+            .collect();
+        let want: Vec<u64> = (0..6u64).filter(|p| owners[*p as usize] == n.id).collect();
+        assert_eq!(mine, want, "node {}: {body}", n.id);
+    }
+    // the same name through another member: refused as on one node
+    let (st, body) = nodes[1]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "orders"})),
+        )
+        .await;
+    assert_eq!(
+        (st, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("topic_exists")),
+        "{body}"
+    );
+    // grown through node 3: the old owners stay, the new partitions get owners
+    let (st, body) = nodes[2]
+        .call(
+            anyone,
+            Method::PATCH,
+            "/v1/topics/orders",
+            Some(serde_json::json!({"partitions": 8})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let grown: Vec<u64> = serde_json::from_value(body["partition_owners"].clone()).unwrap();
+    assert_eq!(grown.len(), 8, "{body}");
+    assert_eq!(grown[..6], owners[..], "{body}");
+    until("8 partitions on node 1", 10, async || {
+        get(&nodes[0], "orders").await.1["partitions"] == 8
+    })
+    .await;
+    // fan-out is not kept by a cluster yet: said
+    let (st, body) = nodes[0]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "copy", "parent": "orders"})),
+        )
+        .await;
+    assert_eq!(
+        (st, body["code"].as_str()),
+        (StatusCode::NOT_IMPLEMENTED, Some("cluster_unsupported")),
+        "{body}"
+    );
+    // a member down while topics change catches up when it is back
+    nodes[2].kill9();
+    let (st, body) = nodes[0]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "late", "partitions": 2})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    // deleted through node 2: gone there at once, then everywhere
+    let (st, _) = nodes[1]
+        .call(anyone, Method::DELETE, "/v1/topics/orders", None)
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    assert_eq!(get(&nodes[1], "orders").await.0, StatusCode::NOT_FOUND);
+    let orders_dir = format!("orders.{}", made["id"].as_str().unwrap());
+    nodes[2].start().await;
+    until("node 3 ready again", 60, async || nodes[2].ready().await).await;
+    for n in &nodes {
+        until(
+            &format!("the catalog followed on node {}", n.id),
+            10,
+            async || {
+                get(n, "orders").await.0 == StatusCode::NOT_FOUND
+                    && get(n, "late").await.0 == StatusCode::OK
+            },
+        )
+        .await;
+    }
+    // every member removed its data (node 3 once it had followed the delete)
+    for n in &nodes {
+        let dir = n.dir.join("topics").join(&orders_dir);
+        until(&format!("{} removed", dir.display()), 10, async || {
+            !dir.exists()
+        })
+        .await;
     }
 }

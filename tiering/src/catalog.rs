@@ -344,6 +344,7 @@ mod tests {
                 owner: Some("alice".into()),
                 owner_id: Some(3),
                 schemas: Vec::new(),
+                owners: Vec::new(),
             }],
             cursors: vec![CursorPosition {
                 child: "orders-audit".into(),

@@ -916,8 +916,10 @@ fn restored_meta(
     archived: Option<TopicManifest>,
     snap: Option<&TopicMeta>,
 ) -> Option<TopicMeta> {
+    // (a single node restores: a cluster's partition owners mean nothing here)
     let from_snapshot = |m: &TopicMeta| TopicMeta {
         parent: None,
+        owners: Vec::new(),
         ..m.clone()
     };
     match (archived, snap) {
@@ -935,6 +937,7 @@ fn restored_meta(
                 owner: t.owner,
                 owner_id: t.owner_id,
                 schemas: t.schemas,
+                owners: Vec::new(),
             })
         }
         (None, Some(m)) => Some(from_snapshot(m)),

@@ -104,6 +104,9 @@ pub struct Topic {
     /// The latest JSON Schema version, when the topic has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_version: Option<u32>,
+    /// In a cluster: the node id owning each partition (absent on a single node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partition_owners: Vec<u64>,
 }
 
 /// One page of `GET /v1/topics`. `T` is [`Topic`], or a raw value to keep each topic's JSON.

@@ -41,6 +41,7 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         owner: None,
         owner_id: None,
         schemas: Vec::new(),
+        owners: Vec::new(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! of it. Every change is made durable before it goes live (see `Broker::commit`).
 
 use super::*;
+use crate::catalog::Catalog;
 
 impl Broker {
     /// Refuses a change that would add `topics` topics (owned by `owner`, when they count
@@ -106,7 +107,19 @@ impl Broker {
                 })
                 .into_iter()
                 .collect(),
+            owners: Vec::new(),
         };
+        if self.store.replicated() {
+            let meta = TopicMeta {
+                owners: self.store.place(meta.id, 0, meta.config.partitions),
+                ..meta
+            };
+            let name = meta.name.clone();
+            self.propose_replicated(CatalogCommand::CreateTopic { topic: meta })
+                .await?;
+            tracing::info!(topic = %name, "topic created");
+            return self.topic_meta(&name);
+        }
         self.install_topic(&meta).await?;
         tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
         Ok(meta)
@@ -121,6 +134,11 @@ impl Broker {
         starts: &[u64],
     ) -> Result<(), BrokerError> {
         self.check_running()?;
+        if self.store.replicated() {
+            return Err(BrokerError::ClusterUnsupported(
+                "a cluster member does not restore topics from the archive".into(),
+            ));
+        }
         // the name becomes a directory name before the catalog sees it (the start segments)
         crate::topic::validate_name(&meta.name)?;
         meta.config.validate()?;
@@ -289,6 +307,25 @@ impl Broker {
                 None,
             )?;
         }
+        if self.store.replicated() {
+            let owners = if config.partitions > old.config.partitions {
+                let mut owners = old.owners.clone();
+                owners.extend(
+                    self.store
+                        .place(old.id, old.config.partitions, config.partitions),
+                );
+                owners
+            } else {
+                Vec::new()
+            };
+            self.propose_replicated(CatalogCommand::AlterTopic {
+                topic_id: old.id,
+                config,
+                owners,
+            })
+            .await?;
+            return self.topic_meta(name);
+        }
         if config.partitions > old.config.partitions {
             // children's cursors for the new partitions exist before any record can land there
             for (child, _, link) in &children {
@@ -316,6 +353,7 @@ impl Broker {
             CatalogCommand::AlterTopic {
                 topic_id: old.id,
                 config: config.clone(),
+                owners: Vec::new(),
             },
             topic.clone(),
         );
@@ -350,7 +388,7 @@ impl Broker {
     /// an incompatible one; it runs under the metadata lock, so two concurrent changes cannot
     /// both pass against the same latest version.
     pub async fn add_schema_version(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         schema: serde_json::Value,
         check: impl FnOnce(&[SchemaVersion]) -> Result<(), String>,
@@ -383,15 +421,23 @@ impl Broker {
             },
             topic.clone(),
         );
-        self.commit(cmd, move |_| live.meta.write().schemas.push(added))
-            .await?;
+        if self.store.replicated() {
+            self.propose_replicated(cmd).await?;
+        } else {
+            self.commit(cmd, move |_| live.meta.write().schemas.push(added))
+                .await?;
+        }
         tracing::info!(topic = %name, version, "topic schema changed");
         Ok(topic.meta.read().clone())
     }
 
     /// Clears the owner of every topic the user `owner` (of id `owner_id`) owns, after the
     /// user was deleted. Returns how many there were.
-    pub async fn disown(&self, owner: &str, owner_id: u64) -> Result<usize, BrokerError> {
+    pub async fn disown(
+        self: &Arc<Self>,
+        owner: &str,
+        owner_id: u64,
+    ) -> Result<usize, BrokerError> {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
         let owned: Vec<Arc<Topic>> = self
@@ -412,6 +458,10 @@ impl Broker {
             owner: owner.to_owned(),
             owner_id,
         };
+        if self.store.replicated() {
+            self.propose_replicated(cmd).await?;
+            return Ok(count);
+        }
         self.commit(cmd, move |_| {
             for t in owned {
                 let mut m = t.meta.write();
@@ -422,10 +472,18 @@ impl Broker {
         Ok(count)
     }
 
-    pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
+    pub async fn delete_topic(self: &Arc<Self>, name: &str) -> Result<(), BrokerError> {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
         let topic = self.topic(name)?;
+        if self.store.replicated() {
+            self.propose_replicated(CatalogCommand::DeleteTopic {
+                topic_id: topic.id(),
+            })
+            .await?;
+            tracing::info!(topic = name, "topic deleted");
+            return Ok(());
+        }
         // its children survive, standalone with their data
         let children: Vec<Arc<Topic>> = self
             .child_topics(name)
@@ -450,15 +508,24 @@ impl Broker {
             }
         })
         .await?;
-        {
-            let gone: Vec<String> = children
-                .iter()
-                .map(|c| c.meta.read().name.clone())
-                .collect();
-            self.fanout
-                .lock()
-                .retain(|(child, _), _| child != name && !gone.contains(child));
-        }
+        let gone: Vec<String> = children
+            .iter()
+            .map(|c| c.meta.read().name.clone())
+            .collect();
+        self.retire_topic(&topic, &gone).await;
+        tracing::info!(topic = name, "topic deleted");
+        Ok(())
+    }
+
+    /// Stops and removes what is left of deleted topic `topic` on this node (it is out of
+    /// the catalog and of `topics` already): its fan-out cursors (and those of `children`,
+    /// now standalone), its waiters (answered empty), its logs, then its directory.
+    async fn retire_topic(&self, topic: &Arc<Topic>, children: &[String]) {
+        let name = topic.meta.read().name.clone();
+        let name = name.as_str();
+        self.fanout
+            .lock()
+            .retain(|(child, _), _| child != name && !children.iter().any(|c| c == child));
         if let Some(l) = topic.meta.read().parent.clone()
             && let Ok(p) = self.topic(&l.parent)
         {
@@ -481,8 +548,94 @@ impl Broker {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted topic's data; it will be swept at next start");
             }
         });
-        tracing::info!(topic = name, "topic deleted");
+    }
+
+    /// Proposes `cmd` to the replicated store and, once this node has applied it, makes its
+    /// state follow the catalog it made: the change is live here before the caller answers
+    /// (no 404 on this node right after a 201).
+    async fn propose_replicated(self: &Arc<Self>, cmd: CatalogCommand) -> Result<(), BrokerError> {
+        self.store.replicate(cmd).await?;
+        self.follow_catalog(&self.store.catalog()).await
+    }
+
+    /// Makes this node's topics follow `catalog` (a replicated store's, as this node has
+    /// applied it): opens the topics it names that are not open here, grows partitions,
+    /// takes new settings, schemas and owners, and retires the topics it no longer names
+    /// (or names with another incarnation). Idempotent; a catalog older than the one
+    /// followed already is ignored. On an error (a disk failure opening a partition) what
+    /// was done stays done, and the next call takes up the rest.
+    pub async fn follow_catalog(self: &Arc<Self>, catalog: &Catalog) -> Result<(), BrokerError> {
+        let _one = self.follow_lock.lock().await;
+        if catalog.applied() <= self.followed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let gone: Vec<Arc<Topic>> = {
+            let mut topics = self.topics.write();
+            let names: Vec<String> = topics
+                .iter()
+                .filter(|(name, t)| catalog.get(name).is_none_or(|m| m.id != t.id()))
+                .map(|(name, _)| name.clone())
+                .collect();
+            names.iter().filter_map(|n| topics.remove(n)).collect()
+        };
+        for t in &gone {
+            self.retire_topic(t, &[]).await;
+            tracing::info!(topic = %t.meta.read().name, "topic deleted (followed the cluster)");
+        }
+        for meta in catalog.topics() {
+            let live = self.topics.read().get(&meta.name).cloned();
+            match live {
+                Some(t) => {
+                    let old = t.meta.read().clone();
+                    if old == **meta {
+                        continue;
+                    }
+                    // new partitions exist before the settings that name them
+                    if meta.config.partitions > old.config.partitions {
+                        let new = self
+                            .open_partitions(&t.dir, old.config.partitions, meta.config.partitions)
+                            .await?;
+                        let all: Vec<Arc<Partition>> =
+                            t.partitions().iter().chain(&new).cloned().collect();
+                        *t.partitions.write() = Arc::new(all);
+                    }
+                    *t.meta.write() = (**meta).clone();
+                    self.dispatch(&t).await;
+                    t.timer.notify_one();
+                }
+                None => {
+                    let t = match self.open_topic((**meta).clone()).await {
+                        Ok(t) => t,
+                        Err(e) => {
+                            let dir = self.cfg.data_dir.join("topics").join(meta.dir_name());
+                            let _ =
+                                tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir))
+                                    .await;
+                            return Err(e);
+                        }
+                    };
+                    self.topics.write().insert(meta.name.clone(), t.clone());
+                    self.spawn_topic_timer(t);
+                    tracing::info!(topic = %meta.name, id = meta.id, "topic created (followed the cluster)");
+                }
+            }
+        }
+        self.followed.store(catalog.applied(), Ordering::Release);
         Ok(())
+    }
+
+    /// Whether partition `partition` of the topic `meta` describes is served by this node
+    /// (always on a single node; in a cluster, by its owner only).
+    pub fn is_local(&self, meta: &TopicMeta, partition: u32) -> bool {
+        match (self.store.node_id(), meta.owners.get(partition as usize)) {
+            (Some(me), Some(owner)) => me == *owner,
+            _ => true,
+        }
+    }
+
+    /// This node's id in its cluster (`None` on a single node).
+    pub fn node_id(&self) -> Option<u64> {
+        self.store.node_id()
     }
 
     /// A topic's metadata (incarnation id, settings).

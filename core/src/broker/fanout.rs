@@ -158,6 +158,7 @@ impl Broker {
         from_earliest: bool,
     ) -> Result<(), BrokerError> {
         self.check_running()?;
+        self.no_fanout_in_a_cluster()?;
         let conflict = |m: String| Err(BrokerError::FanoutConflict(m));
         if parent == child {
             return Err(BrokerError::FanoutInvalid(
@@ -230,6 +231,17 @@ impl Broker {
         Ok(())
     }
 
+    /// Fan-out links are not (yet) kept in a cluster: a child's cursors live with the
+    /// parent's partitions, which a cluster spreads over owners.
+    fn no_fanout_in_a_cluster(&self) -> Result<(), BrokerError> {
+        if self.store.replicated() {
+            return Err(BrokerError::ClusterUnsupported(
+                "fan-out links are not available in a cluster yet".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Detaches `child` from `parent`; the child keeps its data and becomes standalone.
     pub async fn detach_child(&self, parent: &str, child: &str) -> Result<(), BrokerError> {
         self.check_running()?;
@@ -273,6 +285,7 @@ impl Broker {
         positions: &[u64],
     ) -> Result<Vec<u64>, BrokerError> {
         self.check_running()?;
+        self.no_fanout_in_a_cluster()?;
         if !(0..=MAX_CHILD_DELAY_MS).contains(&link.delay_ms) {
             return Err(BrokerError::FanoutInvalid(format!(
                 "the link of '{child}' has a delay out of bounds"

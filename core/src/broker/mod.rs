@@ -198,6 +198,20 @@ pub enum BrokerError {
     Storage(LogError),
     #[error("metadata failure: {0}")]
     Meta(#[from] meta::MetaError),
+    /// The cluster could not change its metadata now (no leader, no quorum), or cannot say
+    /// whether it did: retry.
+    #[error("{0}")]
+    ClusterUnavailable(String),
+    /// Not available on a cluster member (yet).
+    #[error("{0}")]
+    ClusterUnsupported(String),
+    /// A partition another node owns: the caller routes the request to that owner.
+    #[error("partition {partition} of '{topic}' is owned by node {owner}, not this one; retry")]
+    NotOwner {
+        topic: String,
+        partition: u32,
+        owner: u64,
+    },
 }
 
 impl From<CatalogError> for BrokerError {
@@ -222,6 +236,7 @@ impl From<StoreError> for BrokerError {
         match e {
             StoreError::Refused(e) => e.into(),
             StoreError::Meta(e) => e.into(),
+            StoreError::Unavailable(m) => Self::ClusterUnavailable(m),
         }
     }
 }
@@ -368,6 +383,10 @@ pub struct Broker {
     /// Serialises metadata changes (create, alter, delete) on this node, from their checks
     /// to their publication.
     meta_lock: tokio::sync::Mutex<()>,
+    /// Serialises [`Broker::follow_catalog`] passes (a replicated store).
+    follow_lock: tokio::sync::Mutex<()>,
+    /// How many commands made the catalog this node's state follows now.
+    followed: AtomicU64,
     /// Where catalog commands become durable (see [`Broker::commit`]).
     store: Arc<dyn MetaStore>,
     shutting_down: AtomicBool,
@@ -464,6 +483,8 @@ impl Broker {
             handles: HandleCodec::random(),
             topics: Arc::default(),
             meta_lock: tokio::sync::Mutex::new(()),
+            follow_lock: tokio::sync::Mutex::new(()),
+            followed: AtomicU64::new(0),
             store,
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -489,7 +510,12 @@ impl Broker {
         let fresh =
             !data_dir.join(meta::META_FILE).exists() || data_dir.join(RESTORE_MARKER).exists();
         broker.fresh.store(fresh, Ordering::Release);
-        layout::sweep_orphans(&data_dir, catalog.topics().map(|m| m.dir_name()).collect());
+        // (a cluster member may start on a catalog older than the cluster's, which does not
+        // name topics made since: their directories are not orphans)
+        if !broker.store.replicated() {
+            layout::sweep_orphans(&data_dir, catalog.topics().map(|m| m.dir_name()).collect());
+        }
+        broker.followed.store(catalog.applied(), Ordering::Release);
         for m in catalog.topics() {
             let topic = broker.open_topic((**m).clone()).await?;
             broker.topics.write().insert(m.name.clone(), topic.clone());

@@ -70,6 +70,17 @@ impl Broker {
         }
         // by partition, in request order within each (a stable sort: no map per request)
         placed.sort_by_key(|&(p, _, _)| p);
+        // in a cluster only a partition's owner writes it (the caller routed it here)
+        {
+            let meta = topic.meta.read();
+            if let Some(&(p, _, _)) = placed.iter().find(|(p, _, _)| !self.is_local(&meta, *p)) {
+                return Err(BrokerError::NotOwner {
+                    topic: topic_name.to_owned(),
+                    partition: p,
+                    owner: meta.owners[p as usize],
+                });
+            }
+        }
         let parts = topic.partitions();
         let mut results = vec![
             Produced {

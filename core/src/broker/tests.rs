@@ -965,6 +965,7 @@ async fn restored_link_starts_at_the_parents_restored_tail_and_keeps_copying() {
         owner: None,
         owner_id: None,
         schemas: Vec::new(),
+        owners: Vec::new(),
     };
     b.restore_topic(meta("p", 0x11, 2), &[5, 7]).await.unwrap();
     b.restore_topic(meta("c", 0x21, 1), &[3]).await.unwrap();
@@ -1317,6 +1318,7 @@ async fn a_restored_topic_with_an_invalid_name_is_refused() {
         owner: None,
         owner_id: None,
         schemas: Vec::new(),
+        owners: Vec::new(),
     };
     let e = b.restore_topic(meta, &[5]).await.unwrap_err();
     assert!(matches!(e, BrokerError::InvalidField(_)), "{e:?}");

@@ -48,6 +48,10 @@ pub struct TopicMeta {
     /// JSON Schema versions, oldest first; produce validates against the last one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schemas: Vec<SchemaVersion>,
+    /// In a cluster: the node that owns each partition (one per partition; only it writes
+    /// and serves that partition). Empty on a single node: every partition is local.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owners: Vec<u64>,
 }
 
 /// One version of a topic's JSON Schema. Versions only grow; each is kept.
@@ -72,8 +76,15 @@ impl TopicMeta {
 pub enum CatalogCommand {
     /// A new topic (or one restored from the archive, with its old incarnation id).
     CreateTopic { topic: TopicMeta },
-    /// New settings for topic `topic_id` (partitions only grow).
-    AlterTopic { topic_id: u64, config: TopicConfig },
+    /// New settings for topic `topic_id` (partitions only grow). In a cluster `owners`
+    /// lists every partition's owner after the change (the old ones unchanged); empty keeps
+    /// them, which only a topic whose partitions do not grow (or a single node's) may do.
+    AlterTopic {
+        topic_id: u64,
+        config: TopicConfig,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        owners: Vec<u64>,
+    },
     /// Appends schema version `schema` (its number must follow the last one).
     AddSchemaVersion {
         topic_id: u64,
@@ -207,6 +218,13 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                 .config
                 .validate()
                 .map_err(|e| CatalogError::InvalidConfig(e.to_string()))?;
+            if !topic.owners.is_empty() && topic.owners.len() != topic.config.partitions as usize {
+                return Err(CatalogError::Invalid(format!(
+                    "{} owners for {} partitions",
+                    topic.owners.len(),
+                    topic.config.partitions
+                )));
+            }
             if let Some(link) = &topic.parent {
                 check_attach(&next, topic, link)?;
             }
@@ -214,7 +232,11 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             next.topics.insert(topic.name.clone(), t.clone());
             Applied::Topic(t)
         }
-        CatalogCommand::AlterTopic { topic_id, config } => {
+        CatalogCommand::AlterTopic {
+            topic_id,
+            config,
+            owners,
+        } => {
             let old = next.by_id(*topic_id)?.clone();
             config
                 .validate()
@@ -238,8 +260,29 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                     }
                 }
             }
+            let owners = if owners.is_empty() {
+                if !old.owners.is_empty() && config.partitions != old.config.partitions {
+                    return Err(CatalogError::Invalid(
+                        "the owners of the new partitions are missing".into(),
+                    ));
+                }
+                old.owners.clone()
+            } else if old.owners.is_empty()
+                || owners.len() != config.partitions as usize
+                || !owners.starts_with(&old.owners)
+            {
+                return Err(CatalogError::Invalid(format!(
+                    "{} owners do not extend the topic's {} to {} partitions",
+                    owners.len(),
+                    old.owners.len(),
+                    config.partitions
+                )));
+            } else {
+                owners.clone()
+            };
             let t = Arc::new(TopicMeta {
                 config: config.clone(),
+                owners,
                 ..(*old).clone()
             });
             next.topics.insert(t.name.clone(), t.clone());

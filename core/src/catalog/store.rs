@@ -35,6 +35,9 @@ pub type Publish = Box<dyn FnOnce(&Catalog, &Applied) + Send>;
 /// A command's outcome, as a future.
 pub type Proposal = Pin<Box<dyn Future<Output = Result<Applied, StoreError>> + Send>>;
 
+/// A replicated command's outcome (`Ok`: committed and applied on this node), as a future.
+pub type Replication = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
 /// Why a proposal failed. Nothing was published.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -42,6 +45,10 @@ pub enum StoreError {
     Refused(#[from] CatalogError),
     #[error(transparent)]
     Meta(#[from] MetaError),
+    /// A replicated store could not commit it now (no leader, no quorum), or cannot say
+    /// whether it did: the caller may retry.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// The seam between the broker and where its metadata lives.
@@ -54,6 +61,31 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     fn catalog(&self) -> Arc<Catalog>;
     /// Follows the published catalog.
     fn subscribe(&self) -> watch::Receiver<Arc<Catalog>>;
+    /// Whether commands go through a replicated log (a cluster): then every node's broker
+    /// changes its state only by following the catalog the commands make
+    /// (`Broker::follow_catalog`), never in a proposer's hook, and proposes with
+    /// [`MetaStore::replicate`].
+    fn replicated(&self) -> bool {
+        false
+    }
+    /// A replicated store: commits `cmd` through its log; resolves once this node has
+    /// applied it (to the catalog it publishes). Runs to the end even if dropped.
+    fn replicate(&self, _cmd: CatalogCommand) -> Replication {
+        Box::pin(async {
+            Err(StoreError::Unavailable(
+                "this node's metadata is not replicated".into(),
+            ))
+        })
+    }
+    /// This node's id in its cluster; `None` on a single node (every partition is here).
+    fn node_id(&self) -> Option<u64> {
+        None
+    }
+    /// Owners for partitions `from..to` of topic `topic_id`: a replicated store spreads
+    /// them over its members; the single-node store names none.
+    fn place(&self, _topic_id: u64, _from: u32, _to: u32) -> Vec<u64> {
+        Vec::new()
+    }
 }
 
 /// The single-node store: one snapshot file per change. Clones share the store.

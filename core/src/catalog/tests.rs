@@ -11,6 +11,7 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         owner: Some("alice".into()),
         owner_id: Some(7),
         schemas: Vec::new(),
+        owners: Vec::new(),
     }
 }
 
@@ -137,6 +138,7 @@ fn refused_commands_change_nothing() {
                 partitions: 1,
                 ..TopicConfig::default()
             },
+            owners: Vec::new(),
         },
         CatalogCommand::Detach {
             child_id: 1,
@@ -147,6 +149,54 @@ fn refused_commands_change_nothing() {
     for cmd in &refused {
         assert!(apply(&cat, cmd).is_err(), "{cmd:?} applied");
     }
+}
+
+/// A cluster's partition owners: one per partition at create; growing names the new ones
+/// and keeps the old; a topic of a single node (no owners) cannot be given some.
+#[test]
+fn partition_owners_cover_every_partition_and_never_move_on_an_alter() {
+    let config = |partitions| TopicConfig {
+        partitions,
+        ..TopicConfig::default()
+    };
+    let owned = TopicMeta {
+        config: config(2),
+        owners: vec![1, 2],
+        ..topic(1, "o")
+    };
+    let cat = run(&[
+        CatalogCommand::CreateTopic { topic: owned },
+        CatalogCommand::CreateTopic {
+            topic: topic(2, "single"),
+        },
+    ]);
+    let alter = |topic_id, partitions, owners: &[u64]| CatalogCommand::AlterTopic {
+        topic_id,
+        config: config(partitions),
+        owners: owners.to_vec(),
+    };
+    let refused = [
+        CatalogCommand::CreateTopic {
+            topic: TopicMeta {
+                config: config(3),
+                owners: vec![1, 2],
+                ..topic(3, "short")
+            },
+        },
+        // new partitions without owners, old owners changed, too few, and a single node's
+        alter(1, 3, &[]),
+        alter(1, 3, &[2, 2, 3]),
+        alter(1, 3, &[1, 2]),
+        alter(2, 2, &[1, 2]),
+    ];
+    for cmd in &refused {
+        assert!(apply(&cat, cmd).is_err(), "{cmd:?} applied");
+    }
+    let (grown, _) = apply(&cat, &alter(1, 3, &[1, 2, 3])).unwrap();
+    assert_eq!(grown.get("o").unwrap().owners, vec![1, 2, 3]);
+    // other settings alone keep the owners
+    let (same, _) = apply(&grown, &alter(1, 3, &[])).unwrap();
+    assert_eq!(same.get("o").unwrap().owners, vec![1, 2, 3]);
 }
 
 /// Commands as a generator makes them: a small universe of names and ids so that they
@@ -172,6 +222,7 @@ fn command() -> impl Strategy<Value = CatalogCommand> {
                 partitions,
                 ..TopicConfig::default()
             },
+            owners: Vec::new(),
         }),
         (id.clone(), 1u32..4).prop_map(|(topic_id, version)| {
             CatalogCommand::AddSchemaVersion {

@@ -191,6 +191,10 @@ pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
             | LogError::Corrupt { .. },
         ) => ErrorCode::StorageFailed,
         BrokerError::Meta(_) => ErrorCode::MetadataFailed,
+        BrokerError::ClusterUnavailable(_) | BrokerError::NotOwner { .. } => {
+            ErrorCode::ClusterUnavailable
+        }
+        BrokerError::ClusterUnsupported(_) => ErrorCode::ClusterUnsupported,
     }
 }
 
@@ -381,7 +385,7 @@ async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -
         // a cluster member serves only what the cluster can do so far (see ClusterUnsupported)
         Ok(()) if state.cluster.is_some() && !serves_in_cluster(route) => ApiError::new(
             ErrorCode::ClusterUnsupported,
-            "this node is in a cluster, and topics and messages are not served through a cluster yet: only /healthz, /readyz, /metrics, /v1/cluster and /v1/users are",
+            "this node is in a cluster, and messages are not served through a cluster yet: only topic administration, users, /healthz, /readyz, /metrics and /v1/cluster are",
         )
         .into_response(),
         Ok(()) => {
@@ -416,6 +420,11 @@ fn serves_in_cluster(route: &str) -> bool {
             | "/metrics"
             | "/v1/cluster"
             | "/v1/cluster/members/{node_id}"
+            | "/v1/topics"
+            | "/v1/topics/{topic}"
+            | "/v1/topics/{topic}/schema"
+            | "/v1/topics/{topic}/children"
+            | "/v1/topics/{topic}/children/{child}"
             | "/v1/users"
             | "/v1/users/{username}"
             | "/v1/users/{username}/grants"

@@ -36,6 +36,9 @@ pub struct TopicJson<'a> {
     /// Latest JSON Schema version, when the topic has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     schema_version: Option<u32>,
+    /// In a cluster: the node owning each partition.
+    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
+    partition_owners: &'a [u64],
 }
 
 /// A topic as the API shows it to `caller`: the parent of a child is shown only to those who
@@ -55,6 +58,7 @@ pub fn topic_json<'a>(m: &'a TopicMeta, caller: &Caller, broker: &Broker) -> Top
         fanout_delay_ms: parent.map(|l| l.delay_ms),
         owner: m.owner.as_deref(),
         schema_version: m.schemas.last().map(|v| v.version),
+        partition_owners: &m.owners,
     }
 }
 
@@ -366,6 +370,8 @@ pub async fn get(
         .partitions
         .iter()
         .filter(|p| only.is_none_or(|o| o == p.partition))
+        // (in a cluster, the partitions this node owns: it holds nothing of the others)
+        .filter(|p| broker.is_local(&info.meta, p.partition))
         .map(|p| PartitionStatsJson {
             partition: p.partition,
             oldest_offset: p.log.oldest_offset,

@@ -289,13 +289,8 @@ pub async fn delete(
     .await?;
     // Its topics keep the old user's id, so a later user of the same name never owns them;
     // clearing the owner makes that visible (admin-managed). Best effort: the id is the guard.
-    // (A cluster member serves no topics yet: there is nothing local to disown.)
-    let disowned = if state.cluster.is_some() {
-        Ok(0)
-    } else {
-        broker.disown(&name, target.id).await
-    };
-    match disowned {
+    // (In a cluster this is a catalog command through the metastore like any other.)
+    match broker.disown(&name, target.id).await {
         Ok(0) => {}
         Ok(n) => {
             tracing::info!(component = "audit", user = %name, topics = n, "topics of a deleted user are now managed by admins only")
