@@ -189,9 +189,26 @@ pub struct Metastore {
     raft: Raft<TypeConfig>,
     rpc: Rpc,
     view: watch::Receiver<Arc<MetaView>>,
+    service: Arc<network::MetaService>,
 }
 
 impl Metastore {
+    /// Serves the data plane's ops (from [`network::DATA_OPS`] up) on this node's endpoint
+    /// with `data`; until then they answer `not_ready`.
+    pub fn serve_data(&self, data: Arc<dyn crate::rpc::Service>) {
+        self.service.serve_data(data);
+    }
+
+    /// Where node `id` takes calls: its address in the applied membership.
+    pub fn addr_of(&self, id: NodeId) -> Option<String> {
+        self.view
+            .borrow()
+            .membership
+            .membership()
+            .get_node(&id)
+            .map(|n| n.rpc_addr.clone())
+    }
+
     /// Opens the log and snapshot in `cfg.dir`, binds the RPC endpoint and starts the Raft
     /// node. A node with no log yet waits to be bootstrapped or added by a leader.
     pub async fn start(
@@ -246,6 +263,7 @@ impl Metastore {
             raft,
             rpc,
             view,
+            service,
         })
     }
 

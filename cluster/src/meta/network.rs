@@ -5,7 +5,7 @@
 //! request limit, and an append batch the peer refuses as too large is split (openraft's
 //! `PayloadTooLarge`).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,6 +32,9 @@ pub const READ_INDEX: Op = Op(20);
 pub const PROPOSE: Op = Op(21);
 pub const JOIN: Op = Op(23);
 pub const REMOVE: Op = Op(24);
+/// Ops from this number up are the data plane's (the node's [`Service`] set with
+/// `Metastore::serve_data`).
+pub const DATA_OPS: u16 = 100;
 
 /// A node asking to become a voter.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -161,18 +164,25 @@ impl RaftNetwork<TypeConfig> for Conn {
     }
 }
 
-/// Serves Raft's messages and forwarded proposals.
+/// Serves Raft's messages and forwarded proposals, and hands the data plane's ops to the
+/// service set for them.
 #[derive(Default)]
 pub struct MetaService {
     raft: OnceLock<Raft<TypeConfig>>,
     /// Weak: the endpoint owns this service.
     rpc: OnceLock<WeakRpc>,
+    data: OnceLock<Arc<dyn Service>>,
 }
 
 impl MetaService {
     pub fn set(&self, raft: Raft<TypeConfig>, rpc: &Rpc) {
         let _ = self.rpc.set(rpc.downgrade());
         let _ = self.raft.set(raft);
+    }
+
+    /// Serves ops from [`DATA_OPS`] up with `data` (once; later calls change nothing).
+    pub fn serve_data(&self, data: Arc<dyn Service>) {
+        let _ = self.data.set(data);
     }
 }
 
@@ -187,7 +197,19 @@ fn encode<T: Serialize>(v: &T) -> Result<Bytes, Fault> {
 }
 
 impl Service for MetaService {
-    fn call(&self, _from: NodeId, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
+    fn call(&self, from: NodeId, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
+        if op.0 >= DATA_OPS {
+            return match self.data.get() {
+                Some(data) => data.call(from, op, body),
+                None => Box::pin(async {
+                    Err(Fault::new(
+                        503,
+                        "not_ready",
+                        "this node's broker is not open yet",
+                    ))
+                }),
+            };
+        }
         let (Some(raft), Some(rpc)) = (
             self.raft.get().cloned(),
             self.rpc.get().and_then(WeakRpc::upgrade),
@@ -249,6 +271,7 @@ impl Service for MetaService {
             READ_INDEX => "read_index",
             JOIN => "join",
             REMOVE => "remove",
+            op if op.0 >= DATA_OPS => return self.data.get()?.op_name(op),
             _ => return None,
         })
     }

@@ -34,26 +34,34 @@ impl Broker {
             self.count_consumed(&topic, got.len() as u64);
             return Ok(got);
         }
-        let (tx, mut rx) = oneshot::channel();
+        let (tx, rx) = oneshot::channel();
         let id = topic.waiters.lock().push(Waiter {
             id: 0,
             partition,
             max,
             tx,
         });
+        let mut parked = Parked {
+            broker: self,
+            topic: &topic,
+            id,
+            rx,
+            done: false,
+        };
         // A message may have arrived between the attempt above and joining the line.
         self.dispatch(&topic).await;
         let outcome = tokio::select! {
-            got = &mut rx => Some(got.unwrap_or_default()),
+            got = &mut parked.rx => Some(got.unwrap_or_default()),
             () = self.clock.sleep(wait) => None,
             () = self.shutdown.notified() => None,
         };
+        parked.done = true;
         match outcome {
             Some(got) => Ok(got),
             None => {
                 topic.waiters.lock().remove(id);
                 // A dispatcher may have served us just before we left the line (it counted it).
-                Ok(rx.try_recv().unwrap_or_default())
+                Ok(parked.rx.try_recv().unwrap_or_default())
             }
         }
     }
@@ -486,6 +494,33 @@ impl Drop for Held<'_> {
         let n = self.skipped.len() + self.done;
         if n > 0 {
             self.topic.waiters.lock().release_held(n);
+        }
+    }
+}
+
+/// A reader waiting in a topic's line. Dropped before it finished (its caller gave up: a
+/// client that disconnected, a cancelled call from another node), it leaves the line, and
+/// what a dispatcher already handed it is given back at once instead of staying leased to
+/// nobody until the visibility timeout.
+struct Parked<'a> {
+    broker: &'a Broker,
+    topic: &'a Arc<Topic>,
+    id: u64,
+    rx: oneshot::Receiver<Vec<Delivery>>,
+    done: bool,
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.topic.waiters.lock().remove(self.id);
+        if let Ok(got) = self.rx.try_recv()
+            && !got.is_empty()
+        {
+            self.broker.release(self.topic, &got);
+            self.topic.timer.notify_one();
         }
     }
 }

@@ -1360,3 +1360,34 @@ async fn a_message_for_a_waiter_held_by_another_pass_is_not_stranded() {
     assert!(took < Duration::from_secs(5), "{took:?}");
     b.shutdown().await;
 }
+
+/// A long-poll whose caller gives up after a dispatcher served it (a client gone, a cancelled
+/// call from another cluster member) gives the messages back at once: they are not leased to
+/// nobody until the visibility timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_dropped_after_it_was_served_gives_its_messages_back() {
+    use std::future::Future as _;
+    use std::task::Poll;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("t", 1)).await.unwrap();
+    let reader = b.consume("t", None, 1, Duration::from_secs(600));
+    let mut reader = Box::pin(reader);
+    // polled until it waits in the line
+    while b.topic_info("t").unwrap().waiters == 0 {
+        std::future::poll_fn(|cx| {
+            assert!(reader.as_mut().poll(cx).is_pending());
+            Poll::Ready(())
+        })
+        .await;
+        tokio::task::yield_now().await;
+    }
+    // served (the produce hands the message to the waiting reader), never polled again
+    b.produce("t", vec![msg("m")]).await.unwrap();
+    assert_eq!(b.topic_info("t").unwrap().partitions[0].queue.in_flight, 1);
+    drop(reader);
+    let got = b.consume("t", None, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 1, "the message is deliverable again at once");
+    assert_eq!(got[0].record.payload, Bytes::from("m"));
+    b.shutdown().await;
+}
