@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod config;
 pub mod conn;
 pub mod fdlimit;
+pub mod forward;
 pub mod http;
 pub mod limits;
 pub mod metrics;

@@ -414,6 +414,15 @@ impl Opening {
             }
         }
         if let (Some(node), Some(store)) = (self.state.cluster.clone(), replicated) {
+            // the other members' calls for this member's partitions, and ours for theirs
+            node.meta.serve_data(Arc::new(crate::forward::DataService {
+                broker: b.clone(),
+                me: node.node_id(),
+            }));
+            let _ = self
+                .state
+                .ingress
+                .set(crate::forward::Ingress::new(b.clone(), node.clone()));
             let broker = b.clone();
             self.tasks.spawn(CATALOG_TASK, move |stop| {
                 crate::cluster::follow_catalog(node, store, broker, stop)
@@ -587,6 +596,7 @@ pub async fn run_observed(
         schemas: crate::schema::SchemaCache::default(),
         restore_notice: std::sync::OnceLock::new(),
         cluster: cluster.clone(),
+        ingress: std::sync::OnceLock::new(),
     });
     if let Some(node) = cluster.clone() {
         let clock = clock.clone();

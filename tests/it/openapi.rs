@@ -78,6 +78,7 @@ fn router_serves_every_listed_route() {
             schemas: Default::default(),
             restore_notice: Default::default(),
             cluster: None,
+            ingress: std::sync::OnceLock::new(),
         });
         let app = narad_infra::http::router(state);
         for (m, p) in narad_infra::http::ROUTES {

@@ -86,8 +86,10 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_request_bytes: 4 << 20,
-            max_reply_bytes: 9 << 20,
+            // a forwarded produce carries a whole batch (16 MiB by default) and a consume's
+            // reply up to 4 MiB of messages plus one of up to 8 MiB, rendered as JSON
+            max_request_bytes: 24 << 20,
+            max_reply_bytes: 24 << 20,
             handshake_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             max_connections: 256,

@@ -281,6 +281,35 @@ impl Broker {
         }
     }
 
+    /// [`Broker::give_back`] by receipt handles alone (another cluster member took the
+    /// messages for a reader it could not answer). Handles that do not decode, or name
+    /// another topic or partition, are passed over.
+    pub fn give_back_handles(&self, topic_name: &str, handles: &[String]) {
+        let Ok(topic) = self.topic(topic_name) else {
+            return;
+        };
+        let parts = topic.partitions();
+        let now = self.clock.now_ms();
+        for h in handles {
+            if let Ok(h) = self.handles.decode(h)
+                && h.topic_id == topic.id()
+                && let Some(part) = parts.get(h.partition as usize)
+            {
+                let _ = part.queue.lock().unlease(h.offset, h.nonce, now);
+            }
+        }
+        topic.timer.notify_one();
+    }
+
+    /// Moves the topic's round-robin cursor on and returns where it was (a cluster member
+    /// places keyless messages with it).
+    pub fn produce_cursor(&self, topic_name: &str) -> Result<u64, BrokerError> {
+        Ok(self
+            .topic(topic_name)?
+            .produce_rr
+            .fetch_add(1, Ordering::Relaxed))
+    }
+
     pub(super) fn release(&self, topic: &Arc<Topic>, deliveries: &[Delivery]) {
         let parts = topic.partitions();
         let now = self.clock.now_ms();

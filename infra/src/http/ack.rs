@@ -63,6 +63,15 @@ pub async fn ack(
             ));
         }
         let act = action(q.str("extend"))?;
+        if let Some(ingress) = state.ingress() {
+            // a cluster member: on the member that leased it
+            broker.check_topic(&topic)?;
+            ingress
+                .settle(&topic, &[handle.to_owned()], act)
+                .await
+                .remove(0)?;
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
         broker.settle(&topic, handle, act).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
@@ -100,6 +109,18 @@ pub async fn ack(
     let act = action(extend.as_deref())?;
     // The topic must exist: a batch against an unknown topic is a 404, not 410s.
     broker.check_topic(&topic)?;
+    if let Some(ingress) = state.ingress() {
+        let results = ingress
+            .settle(&topic, &req.receipt_handles, act)
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok(()) => AckResult::applied(),
+                Err(e) => AckResult::failed(e.code, e.message),
+            })
+            .collect();
+        return Ok(json_response(StatusCode::OK, &AckResults { results }));
+    }
     let mut results = Vec::with_capacity(req.receipt_handles.len());
     for h in &req.receipt_handles {
         let r = match broker.settle(&topic, h, act).await {

@@ -104,6 +104,15 @@ pub async fn consume(
             None => ReplayFrom::TimeMs(from_time.unwrap_or_default()),
         };
         let n = max.unwrap_or(1);
+        if let Some(ingress) = state.ingress() {
+            // a cluster member: read on the partition's owner
+            let msgs = ingress.replay(&topic, p, from, n).await?;
+            if msgs.is_empty() {
+                return Ok(StatusCode::NO_CONTENT.into_response());
+            }
+            let text = crate::forward::Taken::read(msgs).body(max.is_some());
+            return super::budget::reply(&state.body_budget, &held, StatusCode::OK, text);
+        }
         let archived = match &state.archive {
             None => None,
             Some(reader) => narad_replay::read_archived(&broker, reader, &topic, p, from, n)
@@ -134,6 +143,32 @@ pub async fn consume(
     let limit = Duration::from_millis(state.cfg.max_wait_ms);
     let clamped = wait > limit;
     let wait = wait.min(limit);
+    if let Some(ingress) = state.ingress() {
+        // a cluster member: this member's partitions, then the other owners'
+        let taken = ingress
+            .consume(&topic, partition, max.unwrap_or(1), wait)
+            .await?;
+        let mut resp = if taken.is_empty() {
+            StatusCode::NO_CONTENT.into_response()
+        } else {
+            let text = taken.body(max.is_some());
+            match super::budget::reply(&state.body_budget, &held, StatusCode::OK, text) {
+                Ok(resp) => resp,
+                Err(e) => {
+                    ingress.give_back(&topic, taken);
+                    return Err(e);
+                }
+            }
+        };
+        if clamped {
+            let v = format!("{}ms", limit.as_millis());
+            resp.headers_mut().insert(
+                WAIT_CLAMPED_HEADER,
+                HeaderValue::from_str(&v).expect("ascii header value"),
+            );
+        }
+        return Ok(resp);
+    }
     let got = broker
         .consume(&topic, partition, max.unwrap_or(1), wait)
         .await?;

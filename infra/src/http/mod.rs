@@ -11,7 +11,7 @@ pub mod budget;
 mod consume;
 mod produce;
 pub mod query;
-mod render;
+pub(crate) mod render;
 mod topics;
 mod users;
 
@@ -58,9 +58,17 @@ pub struct AppState {
     pub restore_notice: std::sync::OnceLock<String>,
     /// This node's cluster membership (metastore, readiness), when `cluster_members` is set.
     pub cluster: Option<Arc<crate::cluster::ClusterNode>>,
+    /// A cluster member's way to the partitions other members own (set once the broker is
+    /// open).
+    pub ingress: std::sync::OnceLock<Arc<crate::forward::Ingress>>,
 }
 
 impl AppState {
+    /// A cluster member's ingress, once the broker is open (`None` on a single node).
+    pub fn ingress(&self) -> Option<&Arc<crate::forward::Ingress>> {
+        self.ingress.get()
+    }
+
     pub fn broker(&self) -> Result<&Arc<Broker>, ApiError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(ApiError::new(
@@ -82,7 +90,7 @@ pub type SharedState = Arc<AppState>;
 /// An error answer: its code (which decides the status, from the table in `narad-wire`) and a
 /// message for humans. Every error the API answers is one of these, rendered as
 /// `{"error": message, "code": code}`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
@@ -382,12 +390,6 @@ async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -
     let started = Instant::now();
     let resp = match access::authenticate(&state, &mut req).await {
         Err(refused) => refused,
-        // a cluster member serves only what the cluster can do so far (see ClusterUnsupported)
-        Ok(()) if state.cluster.is_some() && !serves_in_cluster(route) => ApiError::new(
-            ErrorCode::ClusterUnsupported,
-            "this node is in a cluster, and messages are not served through a cluster yet: only topic administration, users, /healthz, /readyz, /metrics and /v1/cluster are",
-        )
-        .into_response(),
         Ok(()) => {
             let held = budget::limit(&state, &mut req);
             let resp = next.run(req).await;
@@ -409,27 +411,6 @@ async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -
         .get_or_create(&labels)
         .observe(started.elapsed().as_secs_f64());
     resp
-}
-
-/// Routes a cluster member serves today.
-fn serves_in_cluster(route: &str) -> bool {
-    matches!(
-        route,
-        "/healthz"
-            | "/readyz"
-            | "/metrics"
-            | "/v1/cluster"
-            | "/v1/cluster/members/{node_id}"
-            | "/v1/topics"
-            | "/v1/topics/{topic}"
-            | "/v1/topics/{topic}/schema"
-            | "/v1/topics/{topic}/children"
-            | "/v1/topics/{topic}/children/{child}"
-            | "/v1/users"
-            | "/v1/users/{username}"
-            | "/v1/users/{username}/grants"
-            | "/v1/users/{username}/password"
-    )
 }
 
 /// The matched route as a metric label: the pattern from [`ROUTES`] (a fixed set, no copy

@@ -213,6 +213,17 @@ pub async fn single(
         payload,
     };
     check_schema(&state, &broker, &topic, std::slice::from_ref(&msg)).await?;
+    if let Some(ingress) = state.ingress() {
+        // a cluster member: on the partition's owner
+        let r = ingress.produce(&topic, vec![msg]).await?.remove(0)?;
+        return Ok(json_response(
+            StatusCode::ACCEPTED,
+            &narad_wire::Produced {
+                partition: r.partition,
+                offset: r.offset,
+            },
+        ));
+    }
     let r = broker.produce(&topic, vec![msg]).await?;
     // the wire type itself: written straight to text, no JSON map in between
     let produced = narad_wire::Produced {
@@ -415,6 +426,17 @@ pub async fn batch(
         .map(|(i, m)| message(i, m, &body))
         .collect::<Result<Vec<_>, _>>()?;
     check_schema(&state, &broker, &topic, &msgs).await?;
+    if let Some(ingress) = state.ingress() {
+        // a cluster member: each owner's messages all-or-none; one outcome per message
+        let outcomes = ingress.produce(&topic, msgs).await?;
+        if let Some(Err(e)) = outcomes.first()
+            && outcomes.iter().all(Result::is_err)
+        {
+            return Err(e.clone());
+        }
+        let (status, text) = crate::forward::batch_reply(&outcomes);
+        return Ok(json_text_response(status, text));
+    }
     let results = broker.produce(&topic, msgs).await?;
     // written by hand: one allocation instead of a JSON map per message
     let mut out = String::with_capacity(32 + results.len() * 32);

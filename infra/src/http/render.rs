@@ -183,9 +183,14 @@ pub struct Batch<'a> {
 }
 
 pub fn delivery<'a>(topic: &'a str, d: &'a Delivery) -> MessageJson<'a> {
+    delivery_as(topic, d, &d.receipt_handle)
+}
+
+/// [`delivery`] with another receipt handle (a cluster member's names the member).
+pub fn delivery_as<'a>(topic: &'a str, d: &'a Delivery, handle: &'a str) -> MessageJson<'a> {
     let mut m = record(topic, d.partition, &d.record);
     m.delivery_count = Some(d.delivery_count);
-    m.receipt_handle = Some(&d.receipt_handle);
+    m.receipt_handle = Some(handle);
     m
 }
 

@@ -1,0 +1,1122 @@
+//! Any-node ingress on a cluster member: produce, consume, replay and ack on partitions
+//! other members own, as calls over the cluster endpoint (ops from 100 up), and this
+//! member's service answering the same calls from the others.
+//!
+//! - **Produce**: the member that takes the request checks it whole (sizes, keys, headers,
+//!   schema) as a single node does, places every message on a partition (pinned, by key, or
+//!   round-robin), and hands each owner its messages in one call; the owner appends them
+//!   (fsync) and answers their offsets. A `202` still means every message is durable. A
+//!   keyless or keyed message whose owner cannot be reached is placed again on a partition
+//!   of another member (once; keys follow the `prefer` policy: the next partition whose
+//!   owner answers); a message pinned to a partition is not moved (`503 cluster_unavailable`).
+//! - **Consume**: this member's partitions first, then the other owners', each asked not to
+//!   wait; with nothing anywhere and a wait, the reader waits in the line of every owner at
+//!   once (a call that waits there, in the owner's FIFO line), and the first owner with
+//!   messages serves it; the other waits are cancelled, and an owner whose waiter is
+//!   cancelled gives back anything it had already handed it (see `Broker::consume`).
+//! - **Ack, extend, nack**: a receipt handle names the member that leased it
+//!   (`<node_id>.<handle>`); the call goes there.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use narad_cluster::rpc::{BoxFuture, Fault, Op, RpcError, Service};
+use narad_core::broker::{AckAction, Broker, Delivery, ProduceMessage, Produced, ReplayFrom};
+use narad_wire::ErrorCode;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::cluster::ClusterNode;
+use crate::http::{ApiError, render};
+
+pub const PRODUCE: Op = Op(100);
+pub const CONSUME: Op = Op(101);
+pub const SETTLE: Op = Op(102);
+pub const GIVE_BACK: Op = Op(103);
+pub const REPLAY: Op = Op(104);
+
+/// How long a forwarded produce, settle or read may take (the owner is told too). An
+/// owner killed outright keeps its connection looking alive until the idle timeout, so an
+/// owner that has not answered in this long is taken for unreachable: keyless messages are
+/// placed on another owner (a duplicate, if it was only slow and did write them), the
+/// others answer `503 cluster_unavailable`.
+const CALL_DEADLINE: Duration = Duration::from_secs(3);
+/// Beyond a long-poll's wait, for its answer to come back.
+const WAIT_SLACK: Duration = Duration::from_secs(2);
+/// How often a member taken for unreachable is pinged until it answers again.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+/// This member's ingress: its broker, its cluster node, and the members taken for
+/// unreachable (passed over when placing messages and reading, pinged in the background
+/// until they answer, so no request waits on them meanwhile).
+pub struct Ingress {
+    pub broker: Arc<Broker>,
+    pub node: Arc<ClusterNode>,
+    down: Mutex<HashMap<u64, Instant>>,
+}
+
+/// One message's outcome in a forwarded produce.
+pub type Outcome = Result<Produced, ApiError>;
+
+impl Ingress {
+    pub fn new(broker: Arc<Broker>, node: Arc<ClusterNode>) -> Arc<Self> {
+        Arc::new(Self {
+            broker,
+            node,
+            down: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn me(&self) -> u64 {
+        self.node.node_id()
+    }
+
+    fn is_down(&self, id: u64) -> bool {
+        id != self.me() && self.down.lock().contains_key(&id)
+    }
+
+    fn mark_up(&self, id: u64) {
+        if self.down.lock().remove(&id).is_some() {
+            tracing::info!(node_id = id, "cluster member answers again");
+        }
+    }
+
+    /// Takes member `id` for unreachable, and pings it every [`PROBE_EVERY`] until it
+    /// answers (one prober per member).
+    fn mark_down(self: &Arc<Self>, id: u64) {
+        if self.down.lock().insert(id, Instant::now()).is_some() {
+            return;
+        }
+        tracing::warn!(
+            node_id = id,
+            "cluster member unreachable: its partitions are passed over until it answers"
+        );
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                // (real time: a peer's liveness, no broker clock involved)
+                #[allow(clippy::disallowed_methods)]
+                tokio::time::sleep(PROBE_EVERY).await;
+                let Some(me) = me.upgrade() else { return };
+                if !me.is_down(id) {
+                    return;
+                }
+                let Some(addr) = me.node.meta.addr_of(id) else {
+                    me.mark_up(id);
+                    return;
+                };
+                let rpc = me.node.meta.rpc().clone();
+                let ping = rpc.call(id, &addr, Op::PING, Bytes::new(), Duration::from_secs(1));
+                if ping.await.is_ok() {
+                    me.mark_up(id);
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Calls `op` on member `id`; a member that cannot be reached is taken for down.
+    async fn call(
+        self: &Arc<Self>,
+        id: u64,
+        op: Op,
+        body: Bytes,
+        deadline: Duration,
+    ) -> Result<Bytes, ApiError> {
+        let Some(addr) = self.node.meta.addr_of(id) else {
+            return Err(ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("node {id} is not a member of this cluster"),
+            ));
+        };
+        let r = self
+            .node
+            .meta
+            .rpc()
+            .call(id, &addr, op, body, deadline)
+            .await;
+        match r {
+            Ok(b) => {
+                self.mark_up(id);
+                Ok(b)
+            }
+            Err(RpcError::Remote { fault, .. }) => {
+                self.mark_up(id);
+                Err(from_fault(&fault))
+            }
+            // a long-poll that ran out is not the owner's fault
+            Err(RpcError::Timeout { .. }) if deadline > CALL_DEADLINE => Err(ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("node {id} did not answer a wait in time"),
+            )),
+            Err(e) => {
+                self.mark_down(id);
+                Err(ApiError::new(
+                    ErrorCode::ClusterUnavailable,
+                    format!("the partition's owner could not be reached: {e}; retry"),
+                ))
+            }
+        }
+    }
+
+    // ── produce ──
+
+    /// Produces `msgs` (checked whole by the caller) on their owners: one outcome per
+    /// message, in order.
+    pub async fn produce(
+        self: &Arc<Self>,
+        topic: &str,
+        mut msgs: Vec<ProduceMessage>,
+    ) -> Result<Vec<Outcome>, ApiError> {
+        let meta = self.broker.topic_meta(topic)?;
+        let n = meta.config.partitions;
+        let owner = |p: u32| meta.owners.get(p as usize).copied().unwrap_or(self.me());
+        // pinned messages are judged before anything is written (400 for the whole request)
+        for m in &msgs {
+            if let Some(p) = m.partition
+                && p >= n
+            {
+                return Err(narad_core::broker::BrokerError::PartitionOutOfRange {
+                    partition: p,
+                    partitions: n,
+                }
+                .into());
+            }
+        }
+        let pinned: Vec<bool> = msgs.iter().map(|m| m.partition.is_some()).collect();
+        let mut rr = self.broker.produce_cursor(topic)?;
+        for m in &mut msgs {
+            if m.partition.is_none() {
+                let p = match &m.key {
+                    Some(k) => narad_core::topic::partition_for_key(k, n),
+                    None => {
+                        rr += 1;
+                        (rr % u64::from(n)) as u32
+                    }
+                };
+                m.partition = Some(self.live_partition(p, n, &owner, &[]));
+            }
+        }
+        let mut out: Vec<Option<Outcome>> = (0..msgs.len()).map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..msgs.len()).collect();
+        let mut failed: Vec<u64> = Vec::new();
+        for round in 0..2 {
+            let mut groups: HashMap<u64, Vec<usize>> = HashMap::new();
+            for &i in &todo {
+                let p = msgs[i].partition.unwrap_or(0);
+                groups.entry(owner(p)).or_default().push(i);
+            }
+            let calls = groups.into_iter().map(|(node, idx)| {
+                let group: Vec<ProduceMessage> = idx.iter().map(|&i| msgs[i].clone()).collect();
+                async move {
+                    (
+                        node,
+                        idx.clone(),
+                        self.produce_on(node, topic, meta.id, group).await,
+                    )
+                }
+            });
+            let results = futures_util::future::join_all(calls).await;
+            todo.clear();
+            for (node, idx, r) in results {
+                match r {
+                    Ok(produced) => {
+                        for (i, p) in idx.into_iter().zip(produced) {
+                            out[i] = Some(Ok(p));
+                        }
+                    }
+                    Err(e) => {
+                        let unreachable = e.code == ErrorCode::ClusterUnavailable;
+                        if unreachable && round == 0 {
+                            failed.push(node);
+                        }
+                        for i in idx {
+                            // placed by this member (not pinned): placed again, once
+                            if unreachable && round == 0 && !pinned[i] {
+                                let p = msgs[i].partition.unwrap_or(0);
+                                let again = self.live_partition(p + 1, n, &owner, &failed);
+                                if owner(again) != node {
+                                    msgs[i].partition = Some(again);
+                                    todo.push(i);
+                                    continue;
+                                }
+                            }
+                            out[i] = Some(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+            if todo.is_empty() {
+                break;
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(ApiError::new(
+                        ErrorCode::ClusterUnavailable,
+                        "not produced; retry",
+                    ))
+                })
+            })
+            .collect())
+    }
+
+    /// `p`, or the next partition after it whose owner is not known to be down (nor in
+    /// `failed`); `p` itself when every owner is.
+    fn live_partition(&self, p: u32, n: u32, owner: &impl Fn(u32) -> u64, failed: &[u64]) -> u32 {
+        (0..n)
+            .map(|i| (p + i) % n)
+            .find(|&q| {
+                let o = owner(q);
+                !failed.contains(&o) && !self.is_down(o)
+            })
+            .unwrap_or(p % n)
+    }
+
+    async fn produce_on(
+        self: &Arc<Self>,
+        node: u64,
+        topic: &str,
+        topic_id: u64,
+        msgs: Vec<ProduceMessage>,
+    ) -> Result<Vec<Produced>, ApiError> {
+        if node == self.me() {
+            return Ok(self.broker.produce(topic, msgs).await?);
+        }
+        let body = encode_produce(topic, topic_id, &msgs);
+        let reply = self.call(node, PRODUCE, body, CALL_DEADLINE).await?;
+        let produced = decode_produced(&reply).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("node {node} answered a produce with a malformed reply"),
+            )
+        })?;
+        if produced.len() != msgs.len() {
+            return Err(ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!(
+                    "node {node} answered {} outcomes for {} messages",
+                    produced.len(),
+                    msgs.len()
+                ),
+            ));
+        }
+        Ok(produced)
+    }
+
+    // ── consume ──
+
+    /// Leases up to `max` messages from this member's partitions and the other owners',
+    /// waiting up to `wait` in every owner's line when there are none: the messages as
+    /// JSON objects (handles naming their owner) and what to give back if they cannot be
+    /// sent.
+    pub async fn consume(
+        self: &Arc<Self>,
+        topic: &str,
+        partition: Option<u32>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Taken, ApiError> {
+        let meta = self.broker.topic_meta(topic)?;
+        if let Some(p) = partition {
+            if p >= meta.config.partitions {
+                return Err(narad_core::broker::BrokerError::PartitionOutOfRange {
+                    partition: p,
+                    partitions: meta.config.partitions,
+                }
+                .into());
+            }
+            let owner = meta.owners.get(p as usize).copied().unwrap_or(self.me());
+            return self.consume_on(owner, topic, partition, max, wait).await;
+        }
+        let mut others: Vec<u64> = meta
+            .owners
+            .iter()
+            .copied()
+            .filter(|o| *o != self.me())
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        // a rotating start, so no owner is always asked last
+        if !others.is_empty() {
+            let start = (self.broker.produce_cursor(topic)? as usize) % others.len();
+            others.rotate_left(start);
+        }
+        let mut taken = self
+            .consume_on(self.me(), topic, None, max, Duration::ZERO)
+            .await?;
+        for &o in &others {
+            if taken.len() >= max {
+                break;
+            }
+            if self.is_down(o) {
+                continue;
+            }
+            match self
+                .consume_on(o, topic, None, max - taken.len(), Duration::ZERO)
+                .await
+            {
+                Ok(t) => taken.extend(t),
+                Err(e) if e.code == ErrorCode::ClusterUnavailable => {}
+                Err(e) => {
+                    self.give_back(topic, taken);
+                    return Err(e);
+                }
+            }
+        }
+        if !taken.is_empty() || wait.is_zero() {
+            return Ok(taken);
+        }
+        // nothing anywhere: wait in every owner's line, the first to serve wins
+        let mut waits = tokio::task::JoinSet::new();
+        for o in std::iter::once(self.me()).chain(others.into_iter().filter(|o| !self.is_down(*o)))
+        {
+            let (me, topic) = (self.clone(), topic.to_owned());
+            waits.spawn(async move { me.consume_on(o, &topic, None, max, wait).await });
+        }
+        let mut first_err = None;
+        while let Some(r) = waits.join_next().await {
+            match r {
+                Ok(Ok(t)) if !t.is_empty() => return Ok(t),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {}
+            }
+        }
+        // (every wait ended empty; an owner that could not be reached only matters when
+        // nobody could be asked at all)
+        match first_err {
+            Some(e) if e.code != ErrorCode::ClusterUnavailable => Err(e),
+            _ => Ok(Taken::default()),
+        }
+    }
+
+    async fn consume_on(
+        self: &Arc<Self>,
+        node: u64,
+        topic: &str,
+        partition: Option<u32>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Taken, ApiError> {
+        if node == self.me() {
+            let got = self.broker.consume(topic, partition, max, wait).await?;
+            return Ok(Taken::local(topic, self.me(), got));
+        }
+        let req = ConsumeRequest {
+            topic: topic.to_owned(),
+            partition,
+            max,
+            wait_ms: wait.as_millis() as u64,
+        };
+        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let reply = self.call(node, CONSUME, body, wait + WAIT_SLACK).await?;
+        let messages: Vec<Box<RawValue>> = serde_json::from_slice(&reply).map_err(|e| {
+            ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("node {node} answered a consume with a malformed reply: {e}"),
+            )
+        })?;
+        Ok(Taken {
+            messages,
+            local: Vec::new(),
+            remote: Vec::new(),
+        }
+        .remote_from(node))
+    }
+
+    /// Gives back messages taken but not sent (the reply did not fit the budget, say).
+    pub fn give_back(&self, topic: &str, taken: Taken) {
+        if !taken.local.is_empty() {
+            self.broker.give_back(topic, &taken.local);
+        }
+        let mut by_node: HashMap<u64, Vec<String>> = HashMap::new();
+        for (node, h) in taken.remote {
+            by_node.entry(node).or_default().push(h);
+        }
+        for (node, handles) in by_node {
+            let req = SettleRequest {
+                topic: topic.to_owned(),
+                handles,
+                action: None,
+            };
+            let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+            let Some(addr) = self.node.meta.addr_of(node) else {
+                continue;
+            };
+            let rpc = self.node.meta.rpc().clone();
+            // best effort: a message not given back is redelivered after its lease
+            tokio::spawn(async move {
+                let _ = rpc.call(node, &addr, GIVE_BACK, body, CALL_DEADLINE).await;
+            });
+        }
+    }
+
+    // ── replay ──
+
+    /// A replay read of partition `partition`, on its owner: the messages as JSON objects.
+    pub async fn replay(
+        self: &Arc<Self>,
+        topic: &str,
+        partition: u32,
+        from: ReplayFrom,
+        max: usize,
+    ) -> Result<Vec<Box<RawValue>>, ApiError> {
+        let meta = self.broker.topic_meta(topic)?;
+        let owner = meta
+            .owners
+            .get(partition as usize)
+            .copied()
+            .unwrap_or(self.me());
+        if owner == self.me() || partition >= meta.config.partitions {
+            let recs = self.broker.replay(topic, partition, from, max).await?;
+            return Ok(recs
+                .iter()
+                .map(|r| raw(&render::record(topic, partition, r)))
+                .collect());
+        }
+        let (offset, from_time_ms) = match from {
+            ReplayFrom::Offset(o) => (Some(o), None),
+            ReplayFrom::TimeMs(t) => (None, Some(t)),
+        };
+        let req = ReplayRequest {
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            from_time_ms,
+            max,
+        };
+        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let reply = self.call(owner, REPLAY, body, CALL_DEADLINE).await?;
+        serde_json::from_slice(&reply).map_err(|e| {
+            ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("node {owner} answered a replay with a malformed reply: {e}"),
+            )
+        })
+    }
+
+    // ── ack, extend, nack ──
+
+    /// Settles each of `handles` on the member that leased it: one outcome per handle.
+    pub async fn settle(
+        self: &Arc<Self>,
+        topic: &str,
+        handles: &[String],
+        action: AckAction,
+    ) -> Vec<Result<(), ApiError>> {
+        let mut out: Vec<Option<Result<(), ApiError>>> = (0..handles.len()).map(|_| None).collect();
+        let mut by_node: HashMap<u64, Vec<(usize, String)>> = HashMap::new();
+        for (i, h) in handles.iter().enumerate() {
+            match split_handle(h) {
+                Some((node, inner)) => by_node.entry(node).or_default().push((i, inner.to_owned())),
+                None => {
+                    out[i] = Some(Err(ApiError::new(
+                        ErrorCode::InvalidReceiptHandle,
+                        "receipt handle is malformed",
+                    )));
+                }
+            }
+        }
+        for (node, items) in by_node {
+            if node == self.me() {
+                for (i, h) in items {
+                    out[i] = Some(
+                        self.broker
+                            .settle(topic, &h, action)
+                            .await
+                            .map_err(ApiError::from),
+                    );
+                }
+                continue;
+            }
+            let req = SettleRequest {
+                topic: topic.to_owned(),
+                handles: items.iter().map(|(_, h)| h.clone()).collect(),
+                action: Some(action_name(action).to_owned()),
+            };
+            let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+            let r = match self.node.meta.addr_of(node) {
+                // a member no longer in the cluster: its leases are gone with it
+                None => Err(ApiError::new(
+                    ErrorCode::LeaseGone,
+                    format!(
+                        "the receipt handle names node {node}, which is not a member of this cluster"
+                    ),
+                )),
+                Some(_) => self
+                    .call(node, SETTLE, body, CALL_DEADLINE)
+                    .await
+                    .and_then(|reply| {
+                        serde_json::from_slice::<Vec<SettleOutcome>>(&reply).map_err(|e| {
+                            ApiError::new(
+                                ErrorCode::ClusterUnavailable,
+                                format!("node {node} answered an ack with a malformed reply: {e}"),
+                            )
+                        })
+                    }),
+            };
+            match r {
+                Ok(outcomes) if outcomes.len() == items.len() => {
+                    for ((i, _), o) in items.into_iter().zip(outcomes) {
+                        out[i] = Some(o.into_result());
+                    }
+                }
+                Ok(_) => {
+                    for (i, _) in items {
+                        out[i] = Some(Err(ApiError::new(
+                            ErrorCode::ClusterUnavailable,
+                            format!("node {node} answered a different number of outcomes"),
+                        )));
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in items {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(ApiError::new(
+                        ErrorCode::ClusterUnavailable,
+                        "not settled; retry",
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+/// Messages a consume took, rendered, and how to give them back.
+#[derive(Default)]
+pub struct Taken {
+    pub messages: Vec<Box<RawValue>>,
+    /// Leased on this member.
+    local: Vec<Delivery>,
+    /// Leased on other members: (member, its own handle).
+    remote: Vec<(u64, String)>,
+}
+
+impl Taken {
+    fn local(topic: &str, me: u64, got: Vec<Delivery>) -> Self {
+        let messages = got
+            .iter()
+            .map(|d| {
+                let handle = format!("{me}.{}", d.receipt_handle);
+                raw(&render::delivery_as(topic, d, &handle))
+            })
+            .collect();
+        Self {
+            messages,
+            local: got,
+            remote: Vec::new(),
+        }
+    }
+
+    /// Messages of a replay read (nothing leased).
+    pub fn read(messages: Vec<Box<RawValue>>) -> Self {
+        Self {
+            messages,
+            ..Self::default()
+        }
+    }
+
+    /// Messages an owner answered (their handles already name it): what to give back.
+    fn remote_from(mut self, node: u64) -> Self {
+        for m in &self.messages {
+            if let Ok(h) = serde_json::from_str::<HandleOnly>(m.get())
+                && let Some((_, inner)) = split_handle(&h.receipt_handle)
+            {
+                self.remote.push((node, inner.to_owned()));
+            }
+        }
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    fn extend(&mut self, other: Taken) {
+        self.messages.extend(other.messages);
+        self.local.extend(other.local);
+        self.remote.extend(other.remote);
+    }
+
+    /// The reply body: one message alone, or `{"messages": [...]}`.
+    pub fn body(&self, batch: bool) -> String {
+        if !batch {
+            return self
+                .messages
+                .first()
+                .map(|m| m.get().to_owned())
+                .unwrap_or_default();
+        }
+        let mut out = String::from("{\"messages\":[");
+        for (i, m) in self.messages.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(m.get());
+        }
+        out.push_str("]}");
+        out
+    }
+}
+
+#[derive(Deserialize)]
+struct HandleOnly {
+    receipt_handle: String,
+}
+
+fn raw<T: Serialize>(v: &T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(v).expect("messages serialise")
+}
+
+/// `<node_id>.<handle>` → (node id, the owner's own handle).
+pub fn split_handle(h: &str) -> Option<(u64, &str)> {
+    let (node, inner) = h.split_once('.')?;
+    if node.is_empty()
+        || node.len() > 20
+        || !node.bytes().all(|b| b.is_ascii_digit())
+        || inner.is_empty()
+    {
+        return None;
+    }
+    Some((node.parse().ok()?, inner))
+}
+
+fn action_name(a: AckAction) -> &'static str {
+    match a {
+        AckAction::Ack => "ack",
+        AckAction::Extend => "extend",
+        AckAction::Nack => "nack",
+    }
+}
+
+fn from_fault(f: &Fault) -> ApiError {
+    match ErrorCode::from_code(&f.code) {
+        Some(code) => ApiError::new(code, f.message.clone()),
+        None => ApiError::new(
+            ErrorCode::ClusterUnavailable,
+            format!("the owner answered {} {}: {}", f.status, f.code, f.message),
+        ),
+    }
+}
+
+fn to_fault(e: &ApiError) -> Fault {
+    Fault::new(e.code.http_status(), e.code.as_str(), e.message.clone())
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsumeRequest {
+    topic: String,
+    partition: Option<u32>,
+    max: usize,
+    wait_ms: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    topic: String,
+    partition: u32,
+    offset: Option<u64>,
+    from_time_ms: Option<i64>,
+    max: usize,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleRequest {
+    topic: String,
+    handles: Vec<String>,
+    /// `None`: give the leases back (a consume that could not be answered).
+    action: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleOutcome {
+    code: Option<String>,
+    message: Option<String>,
+}
+
+impl SettleOutcome {
+    fn of(r: Result<(), ApiError>) -> Self {
+        match r {
+            Ok(()) => Self {
+                code: None,
+                message: None,
+            },
+            Err(e) => Self {
+                code: Some(e.code.as_str().to_owned()),
+                message: Some(e.message),
+            },
+        }
+    }
+
+    fn into_result(self) -> Result<(), ApiError> {
+        match self.code {
+            None => Ok(()),
+            Some(code) => Err(from_fault(&Fault::new(
+                0,
+                code,
+                self.message.unwrap_or_default(),
+            ))),
+        }
+    }
+}
+
+// ── the produce call's encoding ──
+//
+// Records travel as bytes (no JSON escaping of payloads): u64 topic id, u16 name length,
+// name, u32 count, then per message: u32 partition, u8 flags (1: key, 2: delay), [u32 key
+// length, key], [i64 delay], u16 header count, per header (u16 name length, name, u32 value
+// length, value), u32 payload length, payload. The reply: u32 count, then (u32 partition,
+// u64 offset) per message.
+
+fn encode_produce(topic: &str, topic_id: u64, msgs: &[ProduceMessage]) -> Bytes {
+    let size: usize = msgs
+        .iter()
+        .map(|m| {
+            24 + m.key.as_ref().map_or(0, Bytes::len)
+                + m.headers
+                    .iter()
+                    .map(|(k, v)| 6 + k.len() + v.len())
+                    .sum::<usize>()
+                + m.payload.len()
+        })
+        .sum();
+    let mut b = BytesMut::with_capacity(16 + topic.len() + size);
+    b.put_u64(topic_id);
+    b.put_u16(topic.len() as u16);
+    b.put_slice(topic.as_bytes());
+    b.put_u32(msgs.len() as u32);
+    for m in msgs {
+        b.put_u32(m.partition.unwrap_or(0));
+        let flags = u8::from(m.key.is_some()) | (u8::from(m.delay_ms.is_some()) << 1);
+        b.put_u8(flags);
+        if let Some(k) = &m.key {
+            b.put_u32(k.len() as u32);
+            b.put_slice(k);
+        }
+        if let Some(d) = m.delay_ms {
+            b.put_i64(d);
+        }
+        b.put_u16(m.headers.len() as u16);
+        for (k, v) in &m.headers {
+            b.put_u16(k.len() as u16);
+            b.put_slice(k.as_bytes());
+            b.put_u32(v.len() as u32);
+            b.put_slice(v);
+        }
+        b.put_u32(m.payload.len() as u32);
+        b.put_slice(&m.payload);
+    }
+    b.freeze()
+}
+
+/// A bounds-checked reader over a request: every read that would run past the end is
+/// `None`, never a panic (another member's bytes carry a client's).
+struct Reader {
+    b: Bytes,
+    at: usize,
+}
+
+impl Reader {
+    fn take(&mut self, n: usize) -> Option<Bytes> {
+        let end = self.at.checked_add(n)?;
+        if end > self.b.len() {
+            return None;
+        }
+        let s = self.b.slice(self.at..end);
+        self.at = end;
+        Some(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.as_ref().try_into().ok()
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.array::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_be_bytes(self.array()?))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.array()?))
+    }
+
+    fn done(&self) -> bool {
+        self.at == self.b.len()
+    }
+}
+
+struct ProduceRequest {
+    topic: String,
+    topic_id: u64,
+    msgs: Vec<ProduceMessage>,
+}
+
+fn decode_produce(body: Bytes) -> Option<ProduceRequest> {
+    let mut r = Reader { b: body, at: 0 };
+    let topic_id = r.u64()?;
+    let len = r.u16()? as usize;
+    let topic = String::from_utf8(r.take(len)?.to_vec()).ok()?;
+    let count = r.u32()? as usize;
+    // (each message takes at least 15 bytes: a count beyond that is a lie)
+    if count > r.b.len() / 15 {
+        return None;
+    }
+    let mut msgs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let partition = r.u32()?;
+        let flags = r.u8()?;
+        if flags & !3 != 0 {
+            return None;
+        }
+        let key = if flags & 1 != 0 {
+            let n = r.u32()? as usize;
+            Some(r.take(n)?)
+        } else {
+            None
+        };
+        let delay_ms = if flags & 2 != 0 {
+            Some(i64::from_be_bytes(r.array()?))
+        } else {
+            None
+        };
+        let nh = r.u16()? as usize;
+        let mut headers = Vec::with_capacity(nh.min(64));
+        for _ in 0..nh {
+            let kl = r.u16()? as usize;
+            let k = String::from_utf8(r.take(kl)?.to_vec()).ok()?;
+            let vl = r.u32()? as usize;
+            headers.push((k, r.take(vl)?));
+        }
+        let pl = r.u32()? as usize;
+        let payload = r.take(pl)?;
+        msgs.push(ProduceMessage {
+            key,
+            partition: Some(partition),
+            delay_ms,
+            headers,
+            payload,
+        });
+    }
+    r.done().then_some(ProduceRequest {
+        topic,
+        topic_id,
+        msgs,
+    })
+}
+
+fn encode_produced(produced: &[Produced]) -> Bytes {
+    let mut b = BytesMut::with_capacity(4 + produced.len() * 12);
+    b.put_u32(produced.len() as u32);
+    for p in produced {
+        b.put_u32(p.partition);
+        b.put_u64(p.offset);
+    }
+    b.freeze()
+}
+
+fn decode_produced(body: &Bytes) -> Option<Vec<Produced>> {
+    let mut r = Reader {
+        b: body.clone(),
+        at: 0,
+    };
+    let count = r.u32()? as usize;
+    if count > body.len() / 12 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        out.push(Produced {
+            partition: r.u32()?,
+            offset: r.u64()?,
+        });
+    }
+    r.done().then_some(out)
+}
+
+// ── this member's side ──
+
+/// Serves the other members' produce, consume, replay and ack calls on this member's
+/// broker.
+pub struct DataService {
+    pub broker: Arc<Broker>,
+    pub me: u64,
+}
+
+fn malformed(what: &str) -> Fault {
+    Fault::new(
+        400,
+        "malformed_request",
+        format!("a malformed {what} request"),
+    )
+}
+
+impl Service for DataService {
+    fn call(&self, _from: u64, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
+        let (broker, me) = (self.broker.clone(), self.me);
+        Box::pin(async move {
+            match op {
+                PRODUCE => {
+                    let req = decode_produce(body).ok_or_else(|| malformed("produce"))?;
+                    // the incarnation the sender placed for: a topic re-created since is
+                    // another topic
+                    let id = broker
+                        .topic_meta(&req.topic)
+                        .map_err(|e| to_fault(&e.into()))?
+                        .id;
+                    if id != req.topic_id {
+                        return Err(to_fault(&ApiError::new(
+                            ErrorCode::TopicNotFound,
+                            format!("topic '{}' not found (it was re-created)", req.topic),
+                        )));
+                    }
+                    let produced = broker
+                        .produce(&req.topic, req.msgs)
+                        .await
+                        .map_err(|e| to_fault(&e.into()))?;
+                    Ok(encode_produced(&produced))
+                }
+                CONSUME => {
+                    let req: ConsumeRequest =
+                        serde_json::from_slice(&body).map_err(|_| malformed("consume"))?;
+                    let wait = Duration::from_millis(req.wait_ms.min(3_600_000));
+                    let max = req.max.clamp(1, 100);
+                    let got = broker
+                        .consume(&req.topic, req.partition, max, wait)
+                        .await
+                        .map_err(|e| to_fault(&e.into()))?;
+                    // (their handles name this member: the caller passes them on as they are)
+                    let taken = Taken::local(&req.topic, me, got);
+                    Ok(Bytes::from(
+                        serde_json::to_vec(&taken.messages).expect("messages serialise"),
+                    ))
+                }
+                REPLAY => {
+                    let req: ReplayRequest =
+                        serde_json::from_slice(&body).map_err(|_| malformed("replay"))?;
+                    let from = match (req.offset, req.from_time_ms) {
+                        (Some(o), _) => ReplayFrom::Offset(o),
+                        (None, Some(t)) => ReplayFrom::TimeMs(t),
+                        (None, None) => return Err(malformed("replay")),
+                    };
+                    let recs = broker
+                        .replay(&req.topic, req.partition, from, req.max.clamp(1, 100))
+                        .await
+                        .map_err(|e| to_fault(&e.into()))?;
+                    let msgs: Vec<Box<RawValue>> = recs
+                        .iter()
+                        .map(|r| raw(&render::record(&req.topic, req.partition, r)))
+                        .collect();
+                    Ok(Bytes::from(
+                        serde_json::to_vec(&msgs).expect("messages serialise"),
+                    ))
+                }
+                SETTLE | GIVE_BACK => {
+                    let req: SettleRequest =
+                        serde_json::from_slice(&body).map_err(|_| malformed("ack"))?;
+                    if req.handles.len() > 100 {
+                        return Err(malformed("ack"));
+                    }
+                    let action = match req.action.as_deref() {
+                        None => None,
+                        Some("ack") => Some(AckAction::Ack),
+                        Some("extend") => Some(AckAction::Extend),
+                        Some("nack") => Some(AckAction::Nack),
+                        Some(_) => return Err(malformed("ack")),
+                    };
+                    let Some(action) = action else {
+                        broker.give_back_handles(&req.topic, &req.handles);
+                        return Ok(Bytes::new());
+                    };
+                    let mut out = Vec::with_capacity(req.handles.len());
+                    for h in &req.handles {
+                        let r = broker
+                            .settle(&req.topic, h, action)
+                            .await
+                            .map_err(ApiError::from);
+                        out.push(SettleOutcome::of(r));
+                    }
+                    Ok(Bytes::from(
+                        serde_json::to_vec(&out).expect("outcomes serialise"),
+                    ))
+                }
+                op => Err(Fault::new(
+                    400,
+                    "unknown_op",
+                    format!("op {} is not served", op.0),
+                )),
+            }
+        })
+    }
+
+    fn op_name(&self, op: Op) -> Option<&'static str> {
+        Some(match op {
+            PRODUCE => "produce",
+            CONSUME => "consume",
+            SETTLE => "settle",
+            GIVE_BACK => "give_back",
+            REPLAY => "replay",
+            _ => return None,
+        })
+    }
+}
+
+/// Writes the per-message outcomes of a produce as the batch reply.
+pub fn batch_reply(outcomes: &[Outcome]) -> (axum::http::StatusCode, String) {
+    let accepted = outcomes.iter().filter(|o| o.is_ok()).count();
+    let mut out = String::with_capacity(32 + outcomes.len() * 32);
+    let _ = write!(out, "{{\"accepted\":{accepted},\"results\":[");
+    for (i, o) in outcomes.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        match o {
+            Ok(r) => {
+                let _ = write!(
+                    out,
+                    "{sep}{{\"partition\":{},\"offset\":{}}}",
+                    r.partition, r.offset
+                );
+            }
+            Err(e) => {
+                let err = serde_json::json!({"code": e.code.as_str(), "message": e.message});
+                let _ = write!(out, "{sep}{{\"error\":{err}}}");
+            }
+        }
+    }
+    out.push_str("]}");
+    let status = if accepted == outcomes.len() {
+        axum::http::StatusCode::ACCEPTED
+    } else {
+        axum::http::StatusCode::MULTI_STATUS
+    };
+    (status, out)
+}
