@@ -6,7 +6,12 @@
 //!   commit and nothing else, no password hashing), through the leader and through a follower
 //!   (which forwards it to the leader and answers once it applied it itself);
 //! - time to a new leader after the leader is killed with SIGKILL: until every survivor names
-//!   the same new leader, and until a metadata write through a survivor succeeds again.
+//!   the same new leader, and until a metadata write through a survivor succeeds again;
+//! - the data plane: single produces into one partition through its owner and through a
+//!   member that forwards them (latency, and CPU of all members per message); the wake-up of
+//!   a reader parked on one member by a message produced into a partition another member
+//!   owns (from the produce's start to the reader's answer); batch-100 produce through every
+//!   member at once (messages per second over the cluster).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -26,6 +31,10 @@ pub struct ClusterBenchConfig {
     pub nodes: usize,
     /// Metadata writes per path (leader, follower).
     pub writes: usize,
+    /// Single produces per path (owner, forwarded), and wake-ups (at most 500).
+    pub produces: usize,
+    /// Seconds of batch produce through every member.
+    pub batch_secs: u64,
     /// Leader kills.
     pub kills: usize,
     /// Where the members keep their data (a temporary directory by default).
@@ -43,6 +52,22 @@ pub struct ClusterBenchResult {
     pub new_leader_ms: Vec<f64>,
     /// SIGKILL of the leader → a metadata write through a survivor answers 200.
     pub writes_again_ms: Vec<f64>,
+    pub data: DataPlane,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DataPlane {
+    /// Single produces into one partition through its owner, and through another member.
+    pub produce_through_owner: Latency,
+    pub produce_forwarded: Latency,
+    /// CPU of all members per produced message, µs (owner path, forwarded path).
+    pub cpu_us_per_message: [f64; 2],
+    pub failed_produces: [u64; 2],
+    /// Produce into a partition member A owns → answer to a reader waiting on member B.
+    pub cross_member_wake: Latency,
+    /// Keyless batches of 100 through every member at once: messages per second, all told.
+    pub batch_msgs_per_s: f64,
+    pub failed_batches: u64,
 }
 
 struct Member {
@@ -259,6 +284,7 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
     let failed_writes = [failed(&stats[0]), failed(&stats[1])];
     let [through_leader, through_follower] =
         stats.map(|s| s.summary(Duration::from_secs(1)).latency_ms);
+    let data = data_plane(&members, &cfg).await?;
     let mut new_leader_ms = Vec::new();
     let mut writes_again_ms = Vec::new();
     for _ in 0..cfg.kills {
@@ -310,5 +336,210 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
         failed_writes,
         new_leader_ms,
         writes_again_ms,
+        data,
     })
+}
+/// CPU seconds of every member process so far.
+fn cpu(members: &[Member]) -> f64 {
+    members
+        .iter()
+        .filter_map(|m| m.child.as_ref())
+        .filter_map(|c| crate::procstat::cpu_seconds(c.id()))
+        .sum()
+}
+
+async fn connect(addr: &str) -> Result<Http, Error> {
+    Http::connect(addr).await.map_err(|e| err(e.to_string()))
+}
+
+/// Creates `name` with `partitions` through the first member, waits until every member has
+/// it, and returns its partitions' owners.
+async fn topic(members: &[Member], name: &str, partitions: usize) -> Result<Vec<u64>, Error> {
+    let mut h = connect(&members[0].addr).await?;
+    let body = format!(r#"{{"name": "{name}", "partitions": {partitions}}}"#);
+    let (st, made) = h
+        .request(Method::POST, "/v1/topics", Bytes::from(body))
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    if st != StatusCode::CREATED {
+        return Err(err(format!(
+            "creating topic {name}: {st} {}",
+            String::from_utf8_lossy(&made)
+        )));
+    }
+    let made: serde_json::Value = serde_json::from_slice(&made)?;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone())?;
+    let path = format!("/v1/topics/{name}");
+    for m in members {
+        until("the topic on every member", 30, async || {
+            get_json(&m.addr, &path).await.is_some()
+        })
+        .await?;
+    }
+    Ok(owners)
+}
+
+/// The data-plane figures (see the module's doc).
+async fn data_plane(members: &[Member], cfg: &ClusterBenchConfig) -> Result<DataPlane, Error> {
+    let owners = topic(members, "bench-data", members.len() * 2).await?;
+    // partition 0, through its owner, then through another member
+    let owner = owners[0] as usize - 1;
+    let other = (owner + 1) % members.len();
+    let payload = Bytes::from(vec![b'x'; 256]);
+    let mut lat = [Stats::default(), Stats::default()];
+    let mut cpu_us = [0.0; 2];
+    for (k, idx) in [owner, other].into_iter().enumerate() {
+        let mut h = connect(&members[idx].addr).await?;
+        let before = cpu(members);
+        for _ in 0..cfg.produces {
+            let t = Instant::now();
+            match h
+                .request(
+                    Method::POST,
+                    "/v1/topics/bench-data/produce?partition=0",
+                    payload.clone(),
+                )
+                .await
+            {
+                Ok((StatusCode::ACCEPTED, _)) => lat[k].ok(t.elapsed(), 1, 256),
+                Ok((st, _)) => lat[k].error(format!("http {}", st.as_u16())),
+                Err(e) => lat[k].error(e.to_string()),
+            }
+        }
+        cpu_us[k] = (cpu(members) - before) * 1e6 / cfg.produces.max(1) as f64;
+    }
+    let failed = |s: &Stats| s.errors.values().sum::<u64>();
+    let failed_produces = [failed(&lat[0]), failed(&lat[1])];
+    let [produce_through_owner, produce_forwarded] =
+        lat.map(|s| s.summary(Duration::from_secs(1)).latency_ms);
+    let cross_member_wake = wake(members, cfg.produces.min(500)).await?;
+    let (batch_msgs_per_s, failed_batches) = batches(members, cfg.batch_secs).await?;
+    Ok(DataPlane {
+        produce_through_owner,
+        produce_forwarded,
+        cpu_us_per_message: cpu_us,
+        failed_produces,
+        cross_member_wake,
+        batch_msgs_per_s,
+        failed_batches,
+    })
+}
+
+/// A reader long-polls through one member; each message goes into a partition a second
+/// member owns, produced through a third once the reader waits; measured from the produce's
+/// start to the reader's answer.
+async fn wake(members: &[Member], n: usize) -> Result<Latency, Error> {
+    let owners = topic(members, "bench-wake", members.len()).await?;
+    let owner = owners[0] as usize - 1;
+    let reader_at = members[(owner + 1) % members.len()].addr.clone();
+    let producer_at = members[(owner + 2) % members.len()].addr.clone();
+    let mut stats = Stats::default();
+    let mut reader = connect(&reader_at).await?;
+    let mut producer = connect(&producer_at).await?;
+    let mut watcher = connect(&reader_at).await?;
+    for i in 0..n {
+        let read = async {
+            let r = reader
+                .request(
+                    Method::GET,
+                    "/v1/topics/bench-wake/consume?wait=10s",
+                    Bytes::new(),
+                )
+                .await;
+            (r, Instant::now())
+        };
+        let send = async {
+            // once the reader waits in line
+            let parked = until("the reader waits", 10, async || {
+                match watcher
+                    .request(Method::GET, "/v1/topics/bench-wake", Bytes::new())
+                    .await
+                {
+                    Ok((StatusCode::OK, b)) => serde_json::from_slice::<serde_json::Value>(&b)
+                        .is_ok_and(|v| v["waiters"].as_u64() >= Some(1)),
+                    _ => false,
+                }
+            })
+            .await;
+            let t = Instant::now();
+            let sent = producer
+                .request(
+                    Method::POST,
+                    "/v1/topics/bench-wake/produce?partition=0",
+                    Bytes::from(format!("wake {i}")),
+                )
+                .await;
+            (parked, sent, t)
+        };
+        let ((got, at), (parked, sent, t)) = tokio::join!(read, send);
+        parked?;
+        match (got, sent) {
+            (Ok((StatusCode::OK, body)), Ok((StatusCode::ACCEPTED, _))) => {
+                stats.record(at.duration_since(t));
+                let m: serde_json::Value = serde_json::from_slice(&body)?;
+                let h = m["receipt_handle"].as_str().unwrap_or_default().to_owned();
+                let _ = reader
+                    .request(
+                        Method::POST,
+                        &format!("/v1/topics/bench-wake/ack?receipt_handle={h}"),
+                        Bytes::new(),
+                    )
+                    .await;
+            }
+            (got, sent) => {
+                let what = |r: &Result<(StatusCode, Bytes), _>| match r {
+                    Ok((st, _)) => format!("http {}", st.as_u16()),
+                    Err(e) => format!("{e}"),
+                };
+                stats.error(format!("read {}, produce {}", what(&got), what(&sent)));
+            }
+        }
+    }
+    let s = stats.summary(Duration::from_secs(1));
+    if !s.errors.is_empty() {
+        return Err(err(format!("wake-ups failed: {:?}", s.errors)));
+    }
+    Ok(s.latency_ms)
+}
+
+/// Keyless batches of 100 (256-byte payloads) through every member at once for `secs`:
+/// messages per second over the cluster, and failed batches.
+async fn batches(members: &[Member], secs: u64) -> Result<(f64, u64), Error> {
+    let one = format!(
+        r#"{{"payload": "{}", "payload_encoding": "utf8"}}"#,
+        "x".repeat(256)
+    );
+    let body = Bytes::from(format!(r#"{{"messages": [{}]}}"#, vec![one; 100].join(",")));
+    let end = Instant::now() + Duration::from_secs(secs);
+    let runs = members.iter().map(|m| {
+        let (addr, body) = (m.addr.clone(), body.clone());
+        async move {
+            let mut h = connect(&addr).await?;
+            let (mut sent, mut failed) = (0u64, 0u64);
+            while Instant::now() < end {
+                match h
+                    .request(
+                        Method::POST,
+                        "/v1/topics/bench-data/produce/batch",
+                        body.clone(),
+                    )
+                    .await
+                {
+                    Ok((StatusCode::ACCEPTED, _)) => sent += 100,
+                    _ => failed += 1,
+                }
+            }
+            Ok::<_, Error>((sent, failed))
+        }
+    });
+    let t = Instant::now();
+    let done = futures_util::future::join_all(runs).await;
+    let elapsed = t.elapsed().as_secs_f64();
+    let (mut sent, mut failed) = (0, 0);
+    for d in done {
+        let (s, f) = d?;
+        sent += s;
+        failed += f;
+    }
+    Ok((sent as f64 / elapsed, failed))
 }

@@ -130,6 +130,13 @@ struct ClusterArgs {
     /// Leader kills (each followed by a restart).
     #[arg(long, default_value_t = 3)]
     kills: usize,
+    /// Single produces through a partition's owner, then as many through another member
+    /// (and up to 500 cross-member wake-ups).
+    #[arg(long, default_value_t = 2000)]
+    produces: usize,
+    /// Seconds of batch-100 produce through every member at once.
+    #[arg(long, default_value_t = 5)]
+    batch_secs: u64,
     #[arg(long)]
     json: bool,
 }
@@ -370,6 +377,8 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 binary,
                 nodes: a.nodes,
                 writes: a.writes,
+                produces: a.produces,
+                batch_secs: a.batch_secs,
                 kills: a.kills,
                 dir: dir.path().to_owned(),
             })
@@ -412,6 +421,42 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                         .iter()
                         .map(|v| v.round())
                         .collect::<Vec<_>>()
+                );
+                let d = &r.data;
+                let p = |x: &narad_bench::cluster::Latency| {
+                    format!(
+                        "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({})",
+                        x.p50, x.p99, x.max, x.samples
+                    )
+                };
+                println!(
+                    "produce through the owner:           {}, {:.0} µs CPU/msg (all members)",
+                    p(&d.produce_through_owner),
+                    d.cpu_us_per_message[0]
+                );
+                println!(
+                    "produce through another member:      {}, {:.0} µs CPU/msg (all members)",
+                    p(&d.produce_forwarded),
+                    d.cpu_us_per_message[1]
+                );
+                println!(
+                    "  forwarded / owner: p50 {:.2}×, CPU {:.2}×",
+                    d.produce_forwarded.p50 / d.produce_through_owner.p50.max(1e-9),
+                    d.cpu_us_per_message[1] / d.cpu_us_per_message[0].max(1e-9)
+                );
+                if d.failed_produces != [0, 0] {
+                    println!(
+                        "failed produces (owner, forwarded): {:?}",
+                        d.failed_produces
+                    );
+                }
+                println!(
+                    "cross-member wake (produce → reader): {}",
+                    p(&d.cross_member_wake)
+                );
+                println!(
+                    "batch-100 through every member:      {:.0} msg/s ({} batches failed)",
+                    d.batch_msgs_per_s, d.failed_batches
                 );
             }
             Ok(ExitCode::SUCCESS)

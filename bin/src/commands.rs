@@ -17,7 +17,12 @@ use crate::{
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
     match cli.command {
+        Command::Server(ServerCmd::Start(a)) if a.nodes > 1 => {
+            let dir = a.data_dir.clone().unwrap_or_else(default_dev_dir);
+            crate::devcluster::run(a.nodes, a.port, &dir, a.config.as_deref()).await
+        }
         Command::Server(ServerCmd::Start(a)) => {
+            crate::devcluster::follow_launcher()?;
             let mut cfg = ServerConfig::load(a.config.as_deref(), std::env::vars())?;
             // --dev always binds loopback; otherwise the configured address (loopback by
             // default) keeps its IP and --port picks the port.
@@ -309,7 +314,7 @@ async fn serve(
     Ok(())
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -8,6 +8,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod client;
 mod commands;
+mod devcluster;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -136,6 +137,11 @@ struct StartArgs {
     /// Write the bound address to this file once listening (useful with --port 0).
     #[arg(long)]
     addr_file: Option<PathBuf>,
+    /// With --dev: a local cluster of this many nodes (1 to 7), each a process of its own,
+    /// HTTP on --port and the ports after it (any free ones with --port 0), data under
+    /// <data-dir>/n1, n2, ...; Ctrl-C stops them all.
+    #[arg(long, default_value_t = 1, requires = "dev", value_parser = clap::value_parser!(u8).range(1..=7))]
+    nodes: u8,
     #[command(flatten)]
     storage: StorageArgs,
 }

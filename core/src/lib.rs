@@ -37,7 +37,7 @@ pub mod supervisor;
 pub mod topic;
 
 /// 64 bits from the operating system's random source (ids, epochs, nonces).
-pub(crate) fn random_u64() -> u64 {
+pub fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     getrandom::fill(&mut b).expect("operating system random source");
     u64::from_le_bytes(b)

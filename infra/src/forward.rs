@@ -1107,8 +1107,9 @@ pub fn batch_reply(outcomes: &[Outcome]) -> (axum::http::StatusCode, String) {
                 );
             }
             Err(e) => {
-                let err = serde_json::json!({"code": e.code.as_str(), "message": e.message});
-                let _ = write!(out, "{sep}{{\"error\":{err}}}");
+                // each failure in the shape of an error body
+                let err = serde_json::json!({"error": e.message, "code": e.code.as_str()});
+                let _ = write!(out, "{sep}{err}");
             }
         }
     }

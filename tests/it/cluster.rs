@@ -978,3 +978,130 @@ async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
     })
     .await;
 }
+
+/// `narad server start --dev --nodes 3`: three processes forming a cluster on loopback,
+/// their addresses printed; any node serves; SIGTERM to the launcher stops all three; a
+/// restart on the same directory is the same cluster with its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data() {
+    use reqwest::Method;
+    use tokio::io::AsyncBufReadExt;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("dev");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let launch = async || {
+        let mut child = tokio::process::Command::new(BIN)
+            .args([
+                "server",
+                "start",
+                "--dev",
+                "--nodes",
+                "3",
+                "--port",
+                "0",
+                "--data-dir",
+            ])
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut bases = Vec::new();
+        let read = async {
+            while bases.len() < 3 {
+                let line = lines
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("the launcher printed its nodes");
+                if let Some(rest) = line
+                    .trim()
+                    .strip_prefix(&format!("node {}: ", bases.len() + 1))
+                {
+                    bases.push(rest.split_whitespace().next().unwrap().to_owned());
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("three nodes listed");
+        (child, bases)
+    };
+    let (mut child, bases) = launch().await;
+    for b in &bases {
+        until(&format!("{b} ready"), 60, async || {
+            matches!(http.get(format!("{b}/readyz")).send().await, Ok(r) if r.status() == StatusCode::OK)
+        })
+        .await;
+    }
+    let call = async |base: &str, method: Method, path: &str, body: Option<&str>| {
+        let mut r = http.request(method, format!("{base}{path}"));
+        if let Some(b) = body {
+            r = r.body(b.to_owned());
+        }
+        let r = r.send().await.unwrap();
+        let st = r.status();
+        (st, r.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    let (st, _) = call(
+        &bases[0],
+        Method::POST,
+        "/v1/topics",
+        Some(r#"{"name":"t","partitions":3}"#),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    for b in &bases {
+        until("t everywhere", 10, async || {
+            call(b, Method::GET, "/v1/topics/t", None).await.0 == StatusCode::OK
+        })
+        .await;
+    }
+    let (st, _) = call(
+        &bases[1],
+        Method::POST,
+        "/v1/topics/t/produce",
+        Some("hello"),
+    )
+    .await;
+    assert_eq!(st, StatusCode::ACCEPTED);
+    let (st, m) = call(&bases[2], Method::GET, "/v1/topics/t/consume", None).await;
+    assert_eq!(
+        (st, m["payload"].as_str()),
+        (StatusCode::OK, Some("hello")),
+        "{m}"
+    );
+    // SIGTERM to the launcher: every node stops
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let st = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the launcher stopped")
+        .unwrap();
+    assert!(st.success(), "{st}");
+    for b in &bases {
+        assert!(
+            http.get(format!("{b}/healthz")).send().await.is_err(),
+            "{b} still answers"
+        );
+    }
+    // the same cluster again, with its topic and the unacked message
+    let (_child, bases) = launch().await;
+    for b in &bases {
+        until(&format!("{b} ready again"), 60, async || {
+            matches!(http.get(format!("{b}/readyz")).send().await, Ok(r) if r.status() == StatusCode::OK)
+        })
+        .await;
+    }
+    let (st, m) = call(&bases[0], Method::GET, "/v1/topics/t/consume?wait=5s", None).await;
+    assert_eq!(
+        (st, m["payload"].as_str()),
+        (StatusCode::OK, Some("hello")),
+        "{m}"
+    );
+}
