@@ -9,13 +9,18 @@
 //!   keyless or keyed message whose owner cannot be reached is placed again on a partition
 //!   of another member (once; keys follow the `prefer` policy: the next partition whose
 //!   owner answers); a message pinned to a partition is not moved (`503 cluster_unavailable`).
-//! - **Consume**: this member's partitions first, then the other owners', each asked not to
-//!   wait; with nothing anywhere and a wait, the reader waits in the line of every owner at
-//!   once (a call that waits there, in the owner's FIFO line), and the first owner with
-//!   messages serves it; the other waits are cancelled, and an owner whose waiter is
-//!   cancelled gives back anything it had already handed it (see `Broker::consume`).
+//! - **Consume**: every owner of the topic, this member included, in a rotating order, each
+//!   asked not to wait; with nothing anywhere and a wait, the reader waits in the line of
+//!   every owner at once (a call that waits there, in the owner's FIFO line), and the first
+//!   owner with messages serves it. Whatever else was taken for the reader and cannot be
+//!   answered is given back ([`Taken`] does it when dropped), and an owner whose answer never
+//!   reached this member takes it back itself ([`DataService::undelivered`]).
 //! - **Ack, extend, nack**: a receipt handle names the member that leased it
 //!   (`<node_id>.<handle>`); the call goes there.
+//!
+//! Every call names the catalog its sender acted on (how many catalog commands it had
+//! followed): an owner that has not followed that far yet waits for it (briefly), so a topic
+//! created or grown through one member takes messages through it at once.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -24,11 +29,14 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use narad_cluster::rpc::{BoxFuture, Fault, Op, RpcError, Service};
-use narad_core::broker::{AckAction, Broker, Delivery, ProduceMessage, Produced, ReplayFrom};
+use narad_core::broker::{
+    AckAction, Broker, BrokerError, Delivery, ProduceMessage, Produced, ReplayFrom,
+};
 use narad_wire::ErrorCode;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use tokio::sync::Semaphore;
 
 use crate::cluster::ClusterNode;
 use crate::http::{ApiError, render};
@@ -49,18 +57,40 @@ const CALL_DEADLINE: Duration = Duration::from_secs(3);
 const WAIT_SLACK: Duration = Duration::from_secs(2);
 /// How often a member taken for unreachable is pinged until it answers again.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// Long-polls this member keeps waiting at one other member at once. Calls to a member
+/// share one connection of 256 streams, Raft's included: waiting readers must leave most
+/// of them free. A reader beyond this waits at the other owners (and here) only.
+pub const MAX_WAITS_PER_MEMBER: usize = 64;
+/// How long an owner waits to follow the catalog a call names.
+const CATCH_UP: Duration = Duration::from_secs(2);
 
-/// This member's ingress: its broker, its cluster node, and the members taken for
-/// unreachable (passed over when placing messages and reading, pinged in the background
-/// until they answer, so no request waits on them meanwhile).
+/// This member's ingress: its broker, its cluster node, the members taken for unreachable
+/// (passed over when placing messages and reading, pinged in the background until they
+/// answer, so no request waits on them meanwhile), and the long-polls waiting at each.
 pub struct Ingress {
     pub broker: Arc<Broker>,
     pub node: Arc<ClusterNode>,
     down: Mutex<HashMap<u64, Instant>>,
+    waits: Mutex<HashMap<u64, Arc<Semaphore>>>,
 }
 
 /// One message's outcome in a forwarded produce.
 pub type Outcome = Result<Produced, ApiError>;
+
+/// Why a call to another member failed: it could not be reached (nothing is known of the
+/// request's fate), or it answered with a refusal.
+enum CallError {
+    Unreachable(ApiError),
+    Answered(ApiError),
+}
+
+impl CallError {
+    fn api(self) -> ApiError {
+        match self {
+            Self::Unreachable(e) | Self::Answered(e) => e,
+        }
+    }
+}
 
 impl Ingress {
     pub fn new(broker: Arc<Broker>, node: Arc<ClusterNode>) -> Arc<Self> {
@@ -68,6 +98,7 @@ impl Ingress {
             broker,
             node,
             down: Mutex::new(HashMap::new()),
+            waits: Mutex::new(HashMap::new()),
         })
     }
 
@@ -126,12 +157,12 @@ impl Ingress {
         op: Op,
         body: Bytes,
         deadline: Duration,
-    ) -> Result<Bytes, ApiError> {
+    ) -> Result<Bytes, CallError> {
         let Some(addr) = self.node.meta.addr_of(id) else {
-            return Err(ApiError::new(
+            return Err(CallError::Unreachable(ApiError::new(
                 ErrorCode::ClusterUnavailable,
                 format!("node {id} is not a member of this cluster"),
-            ));
+            )));
         };
         let r = self
             .node
@@ -146,19 +177,21 @@ impl Ingress {
             }
             Err(RpcError::Remote { fault, .. }) => {
                 self.mark_up(id);
-                Err(from_fault(&fault))
+                Err(CallError::Answered(from_fault(&fault)))
             }
             // a long-poll that ran out is not the owner's fault
-            Err(RpcError::Timeout { .. }) if deadline > CALL_DEADLINE => Err(ApiError::new(
-                ErrorCode::ClusterUnavailable,
-                format!("node {id} did not answer a wait in time"),
-            )),
+            Err(RpcError::Timeout { .. }) if deadline > CALL_DEADLINE => {
+                Err(CallError::Answered(ApiError::new(
+                    ErrorCode::ClusterUnavailable,
+                    format!("node {id} did not answer a wait in time"),
+                )))
+            }
             Err(e) => {
                 self.mark_down(id);
-                Err(ApiError::new(
+                Err(CallError::Unreachable(ApiError::new(
                     ErrorCode::ClusterUnavailable,
                     format!("the partition's owner could not be reached: {e}; retry"),
-                ))
+                )))
             }
         }
     }
@@ -180,7 +213,7 @@ impl Ingress {
             if let Some(p) = m.partition
                 && p >= n
             {
-                return Err(narad_core::broker::BrokerError::PartitionOutOfRange {
+                return Err(BrokerError::PartitionOutOfRange {
                     partition: p,
                     partitions: n,
                 }
@@ -188,19 +221,23 @@ impl Ingress {
             }
         }
         let pinned: Vec<bool> = msgs.iter().map(|m| m.partition.is_some()).collect();
-        let mut rr = self.broker.produce_cursor(topic)?;
+        let keyless = msgs
+            .iter()
+            .filter(|m| m.partition.is_none() && m.key.is_none());
+        let mut rr = self.broker.produce_cursor(topic, keyless.count() as u64)?;
         for m in &mut msgs {
             if m.partition.is_none() {
                 let p = match &m.key {
                     Some(k) => narad_core::topic::partition_for_key(k, n),
                     None => {
-                        rr += 1;
+                        rr = rr.wrapping_add(1);
                         (rr % u64::from(n)) as u32
                     }
                 };
                 m.partition = Some(self.live_partition(p, n, &owner, &[]));
             }
         }
+        let catalog = self.broker.followed();
         let mut out: Vec<Option<Outcome>> = (0..msgs.len()).map(|_| None).collect();
         let mut todo: Vec<usize> = (0..msgs.len()).collect();
         let mut failed: Vec<u64> = Vec::new();
@@ -213,11 +250,8 @@ impl Ingress {
             let calls = groups.into_iter().map(|(node, idx)| {
                 let group: Vec<ProduceMessage> = idx.iter().map(|&i| msgs[i].clone()).collect();
                 async move {
-                    (
-                        node,
-                        idx.clone(),
-                        self.produce_on(node, topic, meta.id, group).await,
-                    )
+                    let r = self.produce_on(node, topic, meta.id, catalog, group).await;
+                    (node, idx, r)
                 }
             });
             let results = futures_util::future::join_all(calls).await;
@@ -229,22 +263,23 @@ impl Ingress {
                             out[i] = Some(Ok(p));
                         }
                     }
-                    Err(e) => {
-                        let unreachable = e.code == ErrorCode::ClusterUnavailable;
-                        if unreachable && round == 0 {
-                            failed.push(node);
-                        }
+                    Err(CallError::Unreachable(e)) if round == 0 => {
+                        failed.push(node);
                         for i in idx {
                             // placed by this member (not pinned): placed again, once
-                            if unreachable && round == 0 && !pinned[i] {
-                                let p = msgs[i].partition.unwrap_or(0);
-                                let again = self.live_partition(p + 1, n, &owner, &failed);
-                                if owner(again) != node {
-                                    msgs[i].partition = Some(again);
-                                    todo.push(i);
-                                    continue;
-                                }
+                            let p = msgs[i].partition.unwrap_or(0);
+                            let again = self.live_partition(p + 1, n, &owner, &failed);
+                            if !pinned[i] && owner(again) != node {
+                                msgs[i].partition = Some(again);
+                                todo.push(i);
+                            } else {
+                                out[i] = Some(Err(e.clone()));
                             }
+                        }
+                    }
+                    Err(e) => {
+                        let e = e.api();
+                        for i in idx {
                             out[i] = Some(Err(e.clone()));
                         }
                     }
@@ -284,38 +319,41 @@ impl Ingress {
         node: u64,
         topic: &str,
         topic_id: u64,
+        catalog: u64,
         msgs: Vec<ProduceMessage>,
-    ) -> Result<Vec<Produced>, ApiError> {
+    ) -> Result<Vec<Produced>, CallError> {
         if node == self.me() {
-            return Ok(self.broker.produce(topic, msgs).await?);
+            return self
+                .broker
+                .produce(topic, msgs)
+                .await
+                .map_err(|e| CallError::Answered(e.into()));
         }
-        let body = encode_produce(topic, topic_id, &msgs);
+        let body = encode_produce(topic, topic_id, catalog, &msgs);
         let reply = self.call(node, PRODUCE, body, CALL_DEADLINE).await?;
-        let produced = decode_produced(&reply).ok_or_else(|| {
-            ApiError::new(
+        let malformed = |what: String| {
+            CallError::Answered(ApiError::new(
                 ErrorCode::ClusterUnavailable,
-                format!("node {node} answered a produce with a malformed reply"),
-            )
-        })?;
+                format!("node {node} answered a produce with {what}"),
+            ))
+        };
+        let produced =
+            decode_produced(&reply).ok_or_else(|| malformed("a malformed reply".into()))?;
         if produced.len() != msgs.len() {
-            return Err(ApiError::new(
-                ErrorCode::ClusterUnavailable,
-                format!(
-                    "node {node} answered {} outcomes for {} messages",
-                    produced.len(),
-                    msgs.len()
-                ),
-            ));
+            return Err(malformed(format!(
+                "{} outcomes for {} messages",
+                produced.len(),
+                msgs.len()
+            )));
         }
         Ok(produced)
     }
 
     // ── consume ──
 
-    /// Leases up to `max` messages from this member's partitions and the other owners',
-    /// waiting up to `wait` in every owner's line when there are none: the messages as
-    /// JSON objects (handles naming their owner) and what to give back if they cannot be
-    /// sent.
+    /// Leases up to `max` messages from the topic's owners, this member included, waiting up
+    /// to `wait` in every owner's line when there are none: the messages as JSON objects
+    /// (handles naming their owner). Dropped before [`Taken::sent`], they are given back.
     pub async fn consume(
         self: &Arc<Self>,
         topic: &str,
@@ -326,32 +364,27 @@ impl Ingress {
         let meta = self.broker.topic_meta(topic)?;
         if let Some(p) = partition {
             if p >= meta.config.partitions {
-                return Err(narad_core::broker::BrokerError::PartitionOutOfRange {
+                return Err(BrokerError::PartitionOutOfRange {
                     partition: p,
                     partitions: meta.config.partitions,
                 }
                 .into());
             }
             let owner = meta.owners.get(p as usize).copied().unwrap_or(self.me());
-            return self.consume_on(owner, topic, partition, max, wait).await;
+            return self
+                .consume_on(owner, topic, partition, max, wait)
+                .await
+                .map_err(CallError::api);
         }
-        let mut others: Vec<u64> = meta
-            .owners
-            .iter()
-            .copied()
-            .filter(|o| *o != self.me())
-            .collect();
-        others.sort_unstable();
-        others.dedup();
-        // a rotating start, so no owner is always asked last
-        if !others.is_empty() {
-            let start = (self.broker.produce_cursor(topic)? as usize) % others.len();
-            others.rotate_left(start);
-        }
-        let mut taken = self
-            .consume_on(self.me(), topic, None, max, Duration::ZERO)
-            .await?;
-        for &o in &others {
+        let mut owners: Vec<u64> = meta.owners.clone();
+        owners.push(self.me());
+        owners.sort_unstable();
+        owners.dedup();
+        // a rotating start, so no owner (this one included) is always asked first
+        let start = self.broker.consume_cursor(topic)? as usize % owners.len();
+        owners.rotate_left(start);
+        let mut taken = Taken::default();
+        for &o in &owners {
             if taken.len() >= max {
                 break;
             }
@@ -363,40 +396,59 @@ impl Ingress {
                 .await
             {
                 Ok(t) => taken.extend(t),
-                Err(e) if e.code == ErrorCode::ClusterUnavailable => {}
-                Err(e) => {
-                    self.give_back(topic, taken);
-                    return Err(e);
-                }
+                Err(CallError::Unreachable(_)) => {}
+                // (what was taken so far is given back as `taken` drops)
+                Err(CallError::Answered(e)) => return Err(e),
             }
         }
         if !taken.is_empty() || wait.is_zero() {
             return Ok(taken);
         }
-        // nothing anywhere: wait in every owner's line, the first to serve wins
+        // nothing anywhere: wait in every owner's line; the first to serve wins, and what
+        // the others took is given back as their results drop with the set
         let mut waits = tokio::task::JoinSet::new();
-        for o in std::iter::once(self.me()).chain(others.into_iter().filter(|o| !self.is_down(*o)))
-        {
+        for o in owners {
+            let permit = if o == self.me() {
+                None
+            } else if self.is_down(o) {
+                continue;
+            } else {
+                match self.wait_permit(o) {
+                    Some(p) => Some(p),
+                    None => continue,
+                }
+            };
             let (me, topic) = (self.clone(), topic.to_owned());
-            waits.spawn(async move { me.consume_on(o, &topic, None, max, wait).await });
+            waits.spawn(async move {
+                let _permit = permit;
+                me.consume_on(o, &topic, None, max, wait).await
+            });
         }
         let mut first_err = None;
         while let Some(r) = waits.join_next().await {
             match r {
                 Ok(Ok(t)) if !t.is_empty() => return Ok(t),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
+                Ok(Ok(_)) | Err(_) | Ok(Err(CallError::Unreachable(_))) => {}
+                Ok(Err(CallError::Answered(e))) => {
                     first_err.get_or_insert(e);
                 }
-                Err(_) => {}
             }
         }
-        // (every wait ended empty; an owner that could not be reached only matters when
-        // nobody could be asked at all)
         match first_err {
             Some(e) if e.code != ErrorCode::ClusterUnavailable => Err(e),
             _ => Ok(Taken::default()),
         }
+    }
+
+    /// A slot for one more long-poll waiting at member `id`, if it has one free.
+    fn wait_permit(&self, id: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let sem = self
+            .waits
+            .lock()
+            .entry(id)
+            .or_insert_with(|| Arc::new(Semaphore::new(MAX_WAITS_PER_MEMBER)))
+            .clone();
+        sem.try_acquire_owned().ok()
     }
 
     async fn consume_on(
@@ -406,47 +458,60 @@ impl Ingress {
         partition: Option<u32>,
         max: usize,
         wait: Duration,
-    ) -> Result<Taken, ApiError> {
+    ) -> Result<Taken, CallError> {
         if node == self.me() {
-            let got = self.broker.consume(topic, partition, max, wait).await?;
-            return Ok(Taken::local(topic, self.me(), got));
+            let got = self
+                .broker
+                .consume(topic, partition, max, wait)
+                .await
+                .map_err(|e| CallError::Answered(e.into()))?;
+            let mut t = Taken::local(topic, self.me(), got);
+            t.owner = Some((self.clone(), topic.to_owned()));
+            return Ok(t);
         }
         let req = ConsumeRequest {
             topic: topic.to_owned(),
             partition,
             max,
             wait_ms: wait.as_millis() as u64,
+            catalog: self.broker.followed(),
         };
         let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-        let reply = self.call(node, CONSUME, body, wait + WAIT_SLACK).await?;
+        let deadline = if wait.is_zero() {
+            CALL_DEADLINE
+        } else {
+            wait + WAIT_SLACK
+        };
+        let reply = self.call(node, CONSUME, body, deadline).await?;
         let messages: Vec<Box<RawValue>> = serde_json::from_slice(&reply).map_err(|e| {
-            ApiError::new(
+            CallError::Answered(ApiError::new(
                 ErrorCode::ClusterUnavailable,
                 format!("node {node} answered a consume with a malformed reply: {e}"),
-            )
+            ))
         })?;
-        Ok(Taken {
-            messages,
-            local: Vec::new(),
-            remote: Vec::new(),
-        }
-        .remote_from(node))
+        let mut t = Taken::from_remote(node, messages);
+        t.owner = Some((self.clone(), topic.to_owned()));
+        Ok(t)
     }
 
-    /// Gives back messages taken but not sent (the reply did not fit the budget, say).
-    pub fn give_back(&self, topic: &str, taken: Taken) {
-        if !taken.local.is_empty() {
-            self.broker.give_back(topic, &taken.local);
+    /// Gives back messages taken for a reader that was not answered.
+    fn give_back(&self, topic: &str, local: &[Delivery], remote: Vec<(u64, String)>) {
+        if !local.is_empty() {
+            self.broker.give_back(topic, local);
         }
         let mut by_node: HashMap<u64, Vec<String>> = HashMap::new();
-        for (node, h) in taken.remote {
+        for (node, h) in remote {
             by_node.entry(node).or_default().push(h);
         }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         for (node, handles) in by_node {
             let req = SettleRequest {
                 topic: topic.to_owned(),
                 handles,
                 action: None,
+                catalog: 0,
             };
             let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
             let Some(addr) = self.node.meta.addr_of(node) else {
@@ -454,7 +519,7 @@ impl Ingress {
             };
             let rpc = self.node.meta.rpc().clone();
             // best effort: a message not given back is redelivered after its lease
-            tokio::spawn(async move {
+            rt.spawn(async move {
                 let _ = rpc.call(node, &addr, GIVE_BACK, body, CALL_DEADLINE).await;
             });
         }
@@ -493,9 +558,13 @@ impl Ingress {
             offset,
             from_time_ms,
             max,
+            catalog: self.broker.followed(),
         };
         let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-        let reply = self.call(owner, REPLAY, body, CALL_DEADLINE).await?;
+        let reply = self
+            .call(owner, REPLAY, body, CALL_DEADLINE)
+            .await
+            .map_err(CallError::api)?;
         serde_json::from_slice(&reply).map_err(|e| {
             ApiError::new(
                 ErrorCode::ClusterUnavailable,
@@ -529,21 +598,11 @@ impl Ingress {
         for (node, items) in by_node {
             if node == self.me() {
                 for (i, h) in items {
-                    out[i] = Some(
-                        self.broker
-                            .settle(topic, &h, action)
-                            .await
-                            .map_err(ApiError::from),
-                    );
+                    let r = self.broker.settle(topic, &h, action).await;
+                    out[i] = Some(r.map_err(ApiError::from));
                 }
                 continue;
             }
-            let req = SettleRequest {
-                topic: topic.to_owned(),
-                handles: items.iter().map(|(_, h)| h.clone()).collect(),
-                action: Some(action_name(action).to_owned()),
-            };
-            let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
             let r = match self.node.meta.addr_of(node) {
                 // a member no longer in the cluster: its leases are gone with it
                 None => Err(ApiError::new(
@@ -552,30 +611,12 @@ impl Ingress {
                         "the receipt handle names node {node}, which is not a member of this cluster"
                     ),
                 )),
-                Some(_) => self
-                    .call(node, SETTLE, body, CALL_DEADLINE)
-                    .await
-                    .and_then(|reply| {
-                        serde_json::from_slice::<Vec<SettleOutcome>>(&reply).map_err(|e| {
-                            ApiError::new(
-                                ErrorCode::ClusterUnavailable,
-                                format!("node {node} answered an ack with a malformed reply: {e}"),
-                            )
-                        })
-                    }),
+                Some(_) => self.settle_on(node, topic, &items, action).await,
             };
             match r {
-                Ok(outcomes) if outcomes.len() == items.len() => {
+                Ok(outcomes) => {
                     for ((i, _), o) in items.into_iter().zip(outcomes) {
                         out[i] = Some(o.into_result());
-                    }
-                }
-                Ok(_) => {
-                    for (i, _) in items {
-                        out[i] = Some(Err(ApiError::new(
-                            ErrorCode::ClusterUnavailable,
-                            format!("node {node} answered a different number of outcomes"),
-                        )));
                     }
                 }
                 Err(e) => {
@@ -596,9 +637,44 @@ impl Ingress {
             })
             .collect()
     }
+
+    async fn settle_on(
+        self: &Arc<Self>,
+        node: u64,
+        topic: &str,
+        items: &[(usize, String)],
+        action: AckAction,
+    ) -> Result<Vec<SettleOutcome>, ApiError> {
+        let req = SettleRequest {
+            topic: topic.to_owned(),
+            handles: items.iter().map(|(_, h)| h.clone()).collect(),
+            action: Some(action_name(action).to_owned()),
+            catalog: self.broker.followed(),
+        };
+        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let reply = self
+            .call(node, SETTLE, body, CALL_DEADLINE)
+            .await
+            .map_err(CallError::api)?;
+        let outcomes: Vec<SettleOutcome> = serde_json::from_slice(&reply).map_err(|e| {
+            ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("node {node} answered an ack with a malformed reply: {e}"),
+            )
+        })?;
+        if outcomes.len() != items.len() {
+            return Err(ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("node {node} answered a different number of outcomes"),
+            ));
+        }
+        Ok(outcomes)
+    }
 }
 
-/// Messages a consume took, rendered, and how to give them back.
+/// Messages a consume took for a reader, rendered, and how to give them back: dropped
+/// before [`Taken::sent`] (the reader went away, the reply did not fit the budget, another
+/// owner served the reader first), they are given back at once.
 #[derive(Default)]
 pub struct Taken {
     pub messages: Vec<Box<RawValue>>,
@@ -606,6 +682,18 @@ pub struct Taken {
     local: Vec<Delivery>,
     /// Leased on other members: (member, its own handle).
     remote: Vec<(u64, String)>,
+    /// Who gives them back, for which topic (`None`: nothing to give back).
+    owner: Option<(Arc<Ingress>, String)>,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some((ingress, topic)) = self.owner.take()
+            && !(self.local.is_empty() && self.remote.is_empty())
+        {
+            ingress.give_back(&topic, &self.local, std::mem::take(&mut self.remote));
+        }
+    }
 }
 
 impl Taken {
@@ -621,6 +709,24 @@ impl Taken {
             messages,
             local: got,
             remote: Vec::new(),
+            owner: None,
+        }
+    }
+
+    /// Messages an owner answered (their handles already name it).
+    fn from_remote(node: u64, messages: Vec<Box<RawValue>>) -> Self {
+        let remote = messages
+            .iter()
+            .filter_map(|m| serde_json::from_str::<HandleOnly>(m.get()).ok())
+            .filter_map(|h| {
+                split_handle(&h.receipt_handle).map(|(_, inner)| (node, inner.to_owned()))
+            })
+            .collect();
+        Self {
+            messages,
+            local: Vec::new(),
+            remote,
+            owner: None,
         }
     }
 
@@ -628,20 +734,10 @@ impl Taken {
     pub fn read(messages: Vec<Box<RawValue>>) -> Self {
         Self {
             messages,
-            ..Self::default()
+            local: Vec::new(),
+            remote: Vec::new(),
+            owner: None,
         }
-    }
-
-    /// Messages an owner answered (their handles already name it): what to give back.
-    fn remote_from(mut self, node: u64) -> Self {
-        for m in &self.messages {
-            if let Ok(h) = serde_json::from_str::<HandleOnly>(m.get())
-                && let Some((_, inner)) = split_handle(&h.receipt_handle)
-            {
-                self.remote.push((node, inner.to_owned()));
-            }
-        }
-        self
     }
 
     pub fn len(&self) -> usize {
@@ -652,10 +748,13 @@ impl Taken {
         self.messages.is_empty()
     }
 
-    fn extend(&mut self, other: Taken) {
-        self.messages.extend(other.messages);
-        self.local.extend(other.local);
-        self.remote.extend(other.remote);
+    fn extend(&mut self, mut other: Taken) {
+        self.messages.append(&mut other.messages);
+        self.local.append(&mut other.local);
+        self.remote.append(&mut other.remote);
+        if self.owner.is_none() {
+            self.owner = other.owner.take();
+        }
     }
 
     /// The reply body: one message alone, or `{"messages": [...]}`.
@@ -677,10 +776,21 @@ impl Taken {
         out.push_str("]}");
         out
     }
+
+    /// The messages went out in a reply: nothing to give back any more.
+    pub fn sent(mut self) {
+        self.owner = None;
+    }
 }
 
 #[derive(Deserialize)]
 struct HandleOnly {
+    receipt_handle: String,
+}
+
+#[derive(Deserialize)]
+struct TopicAndHandle {
+    topic: String,
     receipt_handle: String,
 }
 
@@ -730,6 +840,8 @@ struct ConsumeRequest {
     partition: Option<u32>,
     max: usize,
     wait_ms: u64,
+    /// Catalog commands the sender had followed.
+    catalog: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -740,6 +852,7 @@ struct ReplayRequest {
     offset: Option<u64>,
     from_time_ms: Option<i64>,
     max: usize,
+    catalog: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -749,6 +862,7 @@ struct SettleRequest {
     handles: Vec<String>,
     /// `None`: give the leases back (a consume that could not be answered).
     action: Option<String>,
+    catalog: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -786,13 +900,16 @@ impl SettleOutcome {
 
 // ── the produce call's encoding ──
 //
-// Records travel as bytes (no JSON escaping of payloads): u64 topic id, u16 name length,
-// name, u32 count, then per message: u32 partition, u8 flags (1: key, 2: delay), [u32 key
-// length, key], [i64 delay], u16 header count, per header (u16 name length, name, u32 value
-// length, value), u32 payload length, payload. The reply: u32 count, then (u32 partition,
-// u64 offset) per message.
+// Records travel as bytes (no JSON escaping of payloads): u64 topic id, u64 catalog, u16 name
+// length, name, u32 count, then per message: u32 partition, u8 flags (1: key, 2: delay), [u32
+// key length, key], [i64 delay], u16 header count, per header (u16 name length, name, u32
+// value length, value), u32 payload length, payload. The reply: u32 count, then (u32
+// partition, u64 offset) per message.
 
-fn encode_produce(topic: &str, topic_id: u64, msgs: &[ProduceMessage]) -> Bytes {
+/// The fewest bytes one message takes: partition, flags, header count, payload length.
+const MIN_MESSAGE_BYTES: usize = 4 + 1 + 2 + 4;
+
+fn encode_produce(topic: &str, topic_id: u64, catalog: u64, msgs: &[ProduceMessage]) -> Bytes {
     let size: usize = msgs
         .iter()
         .map(|m| {
@@ -804,8 +921,9 @@ fn encode_produce(topic: &str, topic_id: u64, msgs: &[ProduceMessage]) -> Bytes 
                 + m.payload.len()
         })
         .sum();
-    let mut b = BytesMut::with_capacity(16 + topic.len() + size);
+    let mut b = BytesMut::with_capacity(24 + topic.len() + size);
     b.put_u64(topic_id);
+    b.put_u64(catalog);
     b.put_u16(topic.len() as u16);
     b.put_slice(topic.as_bytes());
     b.put_u32(msgs.len() as u32);
@@ -871,25 +989,27 @@ impl Reader {
         Some(u64::from_be_bytes(self.array()?))
     }
 
-    fn done(&self) -> bool {
-        self.at == self.b.len()
+    fn left(&self) -> usize {
+        self.b.len() - self.at
     }
 }
 
 struct ProduceRequest {
     topic: String,
     topic_id: u64,
+    catalog: u64,
     msgs: Vec<ProduceMessage>,
 }
 
 fn decode_produce(body: Bytes) -> Option<ProduceRequest> {
     let mut r = Reader { b: body, at: 0 };
     let topic_id = r.u64()?;
+    let catalog = r.u64()?;
     let len = r.u16()? as usize;
     let topic = String::from_utf8(r.take(len)?.to_vec()).ok()?;
     let count = r.u32()? as usize;
-    // (each message takes at least 15 bytes: a count beyond that is a lie)
-    if count > r.b.len() / 15 {
+    // a count that the bytes left cannot hold is a lie (and would size a huge Vec)
+    if count > r.left() / MIN_MESSAGE_BYTES {
         return None;
     }
     let mut msgs = Vec::with_capacity(count);
@@ -928,9 +1048,10 @@ fn decode_produce(body: Bytes) -> Option<ProduceRequest> {
             payload,
         });
     }
-    r.done().then_some(ProduceRequest {
+    (r.left() == 0).then_some(ProduceRequest {
         topic,
         topic_id,
+        catalog,
         msgs,
     })
 }
@@ -951,7 +1072,7 @@ fn decode_produced(body: &Bytes) -> Option<Vec<Produced>> {
         at: 0,
     };
     let count = r.u32()? as usize;
-    if count > body.len() / 12 {
+    if count > r.left() / 12 {
         return None;
     }
     let mut out = Vec::with_capacity(count);
@@ -961,7 +1082,7 @@ fn decode_produced(body: &Bytes) -> Option<Vec<Produced>> {
             offset: r.u64()?,
         });
     }
-    r.done().then_some(out)
+    (r.left() == 0).then_some(out)
 }
 
 // ── this member's side ──
@@ -981,6 +1102,18 @@ fn malformed(what: &str) -> Fault {
     )
 }
 
+/// Waits (briefly) until this member has followed the catalog a call names.
+async fn caught_up(broker: &Broker, catalog: u64) -> Result<(), Fault> {
+    if broker.catch_up(catalog, CATCH_UP).await {
+        Ok(())
+    } else {
+        Err(to_fault(&ApiError::new(
+            ErrorCode::ClusterUnavailable,
+            "the partition's owner has not caught up with the cluster's topics yet; retry",
+        )))
+    }
+}
+
 impl Service for DataService {
     fn call(&self, _from: u64, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
         let (broker, me) = (self.broker.clone(), self.me);
@@ -988,6 +1121,7 @@ impl Service for DataService {
             match op {
                 PRODUCE => {
                     let req = decode_produce(body).ok_or_else(|| malformed("produce"))?;
+                    caught_up(&broker, req.catalog).await?;
                     // the incarnation the sender placed for: a topic re-created since is
                     // another topic
                     let id = broker
@@ -1009,13 +1143,15 @@ impl Service for DataService {
                 CONSUME => {
                     let req: ConsumeRequest =
                         serde_json::from_slice(&body).map_err(|_| malformed("consume"))?;
+                    caught_up(&broker, req.catalog).await?;
                     let wait = Duration::from_millis(req.wait_ms.min(3_600_000));
                     let max = req.max.clamp(1, 100);
                     let got = broker
                         .consume(&req.topic, req.partition, max, wait)
                         .await
                         .map_err(|e| to_fault(&e.into()))?;
-                    // (their handles name this member: the caller passes them on as they are)
+                    // (their handles name this member: the caller passes them on as they
+                    // are; an answer that never reaches it is given back by `undelivered`)
                     let taken = Taken::local(&req.topic, me, got);
                     Ok(Bytes::from(
                         serde_json::to_vec(&taken.messages).expect("messages serialise"),
@@ -1024,6 +1160,7 @@ impl Service for DataService {
                 REPLAY => {
                     let req: ReplayRequest =
                         serde_json::from_slice(&body).map_err(|_| malformed("replay"))?;
+                    caught_up(&broker, req.catalog).await?;
                     let from = match (req.offset, req.from_time_ms) {
                         (Some(o), _) => ReplayFrom::Offset(o),
                         (None, Some(t)) => ReplayFrom::TimeMs(t),
@@ -1058,6 +1195,7 @@ impl Service for DataService {
                         broker.give_back_handles(&req.topic, &req.handles);
                         return Ok(Bytes::new());
                     };
+                    caught_up(&broker, req.catalog).await?;
                     let mut out = Vec::with_capacity(req.handles.len());
                     for h in &req.handles {
                         let r = broker
@@ -1088,6 +1226,29 @@ impl Service for DataService {
             REPLAY => "replay",
             _ => return None,
         })
+    }
+
+    fn wants_receipt(&self, op: Op) -> bool {
+        op == CONSUME
+    }
+
+    /// A consume's answer that never reached its caller: its messages are given back.
+    fn undelivered(&self, op: Op, reply: Bytes) {
+        if op != CONSUME {
+            return;
+        }
+        let Ok(msgs) = serde_json::from_slice::<Vec<TopicAndHandle>>(&reply) else {
+            return;
+        };
+        let mut by_topic: HashMap<String, Vec<String>> = HashMap::new();
+        for m in msgs {
+            if let Some((_, inner)) = split_handle(&m.receipt_handle) {
+                by_topic.entry(m.topic).or_default().push(inner.to_owned());
+            }
+        }
+        for (topic, handles) in by_topic {
+            self.broker.give_back_handles(&topic, &handles);
+        }
     }
 }
 
@@ -1120,4 +1281,81 @@ pub fn batch_reply(outcomes: &[Outcome]) -> (axum::http::StatusCode, String) {
         axum::http::StatusCode::MULTI_STATUS
     };
     (status, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(payload: &'static [u8]) -> ProduceMessage {
+        ProduceMessage {
+            payload: Bytes::from_static(payload),
+            partition: Some(2),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn produce_calls_round_trip_however_small_their_messages() {
+        let mut msgs: Vec<ProduceMessage> = (0..50).map(|_| msg(b"1")).collect();
+        msgs.push(ProduceMessage {
+            key: Some(Bytes::from_static(b"k")),
+            delay_ms: Some(7),
+            headers: vec![("h".into(), Bytes::from_static(b"v"))],
+            ..msg(b"")
+        });
+        let b = encode_produce("t", 9, 4, &msgs);
+        let r = decode_produce(b).expect("decodes");
+        assert_eq!((r.topic.as_str(), r.topic_id, r.catalog), ("t", 9, 4));
+        assert_eq!(r.msgs.len(), 51);
+        assert_eq!(r.msgs[50].key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(r.msgs[50].delay_ms, Some(7));
+        assert_eq!(r.msgs[0].payload, Bytes::from_static(b"1"));
+    }
+
+    #[test]
+    fn junk_produce_calls_are_refused_without_panicking() {
+        let good = encode_produce("topic", 1, 2, &[msg(b"payload"), msg(b"x")]);
+        // every truncation, and every single-byte change, decodes or is refused: no panic
+        for n in 0..good.len() {
+            let _ = decode_produce(good.slice(..n));
+        }
+        for i in 0..good.len() {
+            for v in [0u8, 1, 0x7f, 0xff] {
+                let mut b = good.to_vec();
+                b[i] = v;
+                let _ = decode_produce(Bytes::from(b));
+            }
+        }
+        // a count far beyond what the bytes hold
+        let mut b = BytesMut::new();
+        b.put_u64(1);
+        b.put_u64(0);
+        b.put_u16(1);
+        b.put_slice(b"t");
+        b.put_u32(u32::MAX);
+        assert!(decode_produce(b.freeze()).is_none());
+        // trailing bytes
+        let mut b = good.to_vec();
+        b.push(0);
+        assert!(decode_produce(Bytes::from(b)).is_none());
+    }
+
+    #[test]
+    fn handles_name_their_member() {
+        assert_eq!(split_handle("12.abc"), Some((12, "abc")));
+        for bad in [
+            "",
+            ".",
+            "1.",
+            ".x",
+            "x.y",
+            "+1.x",
+            "-1.x",
+            "1",
+            "99999999999999999999999.x",
+        ] {
+            assert_eq!(split_handle(bad), None, "{bad}");
+        }
+    }
 }

@@ -1105,3 +1105,368 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
         "{m}"
     );
 }
+
+// ── found by an adversarial review of the data plane (each failed on c501b66) ──
+
+/// Three ready members (dev mode) for the review tests.
+async fn three_ready(root: &Path) -> Vec<Node> {
+    let (nodes, _) = three(root, false).await;
+    for n in &nodes {
+        until(
+            &format!("node {} ready; log:\n{}", n.id, n.log()),
+            60,
+            async || n.ready().await,
+        )
+        .await;
+    }
+    nodes
+}
+
+/// A reader long-polling through node 1 waits in every owner's line; a batch produced over
+/// all three owners then serves at least one of those waits. The reader gets one owner's
+/// messages; the others' must be deliverable again at once (given back), not leased to
+/// nobody until the visibility timeout (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_served_by_one_owner_leaves_no_message_leased_to_nobody() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let anyone = ("x", "y");
+    for round in 0..4 {
+        let t = format!("lp{round}");
+        let (st, made) = nodes[0]
+            .call(
+                anyone,
+                Method::POST,
+                "/v1/topics",
+                Some(
+                    serde_json::json!({"name": t, "partitions": 3, "visibility_timeout_ms": 60000}),
+                ),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{made}");
+        for n in &nodes {
+            until(&format!("{t} on node {}", n.id), 10, async || {
+                n.call(anyone, Method::GET, &format!("/v1/topics/{t}"), None)
+                    .await
+                    .0
+                    == StatusCode::OK
+            })
+            .await;
+        }
+        let (http, url) = (
+            nodes[0].http.clone(),
+            format!("{}/v1/topics/{t}/consume?max=10&wait=8s", nodes[0].base),
+        );
+        let poll = tokio::spawn(async move {
+            let r = http.get(url).send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+        });
+        // the reader waits in every owner's line
+        for n in &nodes {
+            until(&format!("a waiter on node {}", n.id), 10, async || {
+                let (_, b) = n
+                    .call(anyone, Method::GET, &format!("/v1/topics/{t}"), None)
+                    .await;
+                b["waiters"].as_u64().unwrap_or(0) > 0
+            })
+            .await;
+        }
+        let batch: Vec<Value> = ["a", "b", "c"]
+            .iter()
+            .map(|p| serde_json::json!({"payload": p, "payload_encoding": "utf8"}))
+            .collect();
+        let (st, r) = nodes[0]
+            .call(
+                anyone,
+                Method::POST,
+                &format!("/v1/topics/{t}/produce/batch"),
+                Some(serde_json::json!({ "messages": batch })),
+            )
+            .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+        let (st, got) = poll.await.unwrap();
+        assert_eq!(st, StatusCode::OK, "{got}");
+        let mut seen = got["messages"].as_array().unwrap().len();
+        // whatever the long-poll did not return is deliverable again within moments (given
+        // back), far before the 60 s visibility timeout
+        until(
+            &format!("round {round}: all three delivered"),
+            10,
+            async || {
+                let (st, rest) = nodes[0]
+                    .call(
+                        anyone,
+                        Method::GET,
+                        &format!("/v1/topics/{t}/consume?max=10"),
+                        None,
+                    )
+                    .await;
+                if st == StatusCode::OK {
+                    seen += rest["messages"].as_array().unwrap().len();
+                }
+                seen == 3
+            },
+        )
+        .await;
+    }
+}
+
+/// A member answers a create (or a partition grow) once *it* has followed it; a produce or
+/// consume through that same member right after must not be told the topic does not
+/// exist, or that a keyless message's partition is out of range, because the owner it
+/// forwards to has not applied the change yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_made_through_a_member_takes_messages_there_at_once() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let anyone = ("x", "y");
+    // through the leader: it applies a commit before the followers hear of it
+    let st = nodes[0].status().await.unwrap();
+    let leader = leader_of(&st).unwrap();
+    let n = nodes.iter().find(|n| n.id == leader).unwrap();
+    let batch = |k: usize| -> Value {
+        let m: Vec<Value> = (0..k)
+            .map(|i| serde_json::json!({"payload": format!("m{i}"), "payload_encoding": "utf8"}))
+            .collect();
+        serde_json::json!({ "messages": m })
+    };
+    let mut bad = Vec::new();
+    for i in 0..30 {
+        let t = format!("fresh{i}");
+        let (st, made) = n
+            .call(
+                anyone,
+                Method::POST,
+                "/v1/topics",
+                Some(serde_json::json!({"name": t, "partitions": 3})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{made}");
+        let (st, r) = n
+            .call(
+                anyone,
+                Method::POST,
+                &format!("/v1/topics/{t}/produce/batch"),
+                Some(batch(3)),
+            )
+            .await;
+        if st != StatusCode::ACCEPTED {
+            bad.push(format!("produce after create: {st} {r}"));
+        }
+        let t2 = format!("fresh{i}b");
+        n.call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": t2, "partitions": 3})),
+        )
+        .await;
+        let (st, r) = n
+            .call(
+                anyone,
+                Method::GET,
+                &format!("/v1/topics/{t2}/consume?max=10"),
+                None,
+            )
+            .await;
+        if st != StatusCode::NO_CONTENT {
+            bad.push(format!("consume after create: {st} {r}"));
+        }
+        let (st, r) = n
+            .call(
+                anyone,
+                Method::PATCH,
+                &format!("/v1/topics/{t}"),
+                Some(serde_json::json!({"partitions": 9})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{r}");
+        let (st, r) = n
+            .call(
+                anyone,
+                Method::POST,
+                &format!("/v1/topics/{t}/produce/batch"),
+                Some(batch(9)),
+            )
+            .await;
+        if st != StatusCode::ACCEPTED {
+            bad.push(format!("produce after grow: {st} {r}"));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} failures:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+/// Keyless messages are spread round-robin over the partitions; a consume between two
+/// produces must not move the producers' cursor (here, with two partitions, every message
+/// would land on one of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumes_do_not_skew_keyless_placement() {
+    use reqwest::Method;
+    use std::collections::BTreeSet;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let anyone = ("x", "y");
+    let (st, made) = nodes[0]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "skew", "partitions": 2})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{made}");
+    for n in &nodes {
+        until(&format!("skew on node {}", n.id), 10, async || {
+            n.call(anyone, Method::GET, "/v1/topics/skew", None).await.0 == StatusCode::OK
+        })
+        .await;
+    }
+    let mut used = BTreeSet::new();
+    for i in 0..10 {
+        let r = nodes[0]
+            .http
+            .post(format!("{}/v1/topics/skew/produce", nodes[0].base))
+            .body(format!("m{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+        let v: Value = r.json().await.unwrap();
+        used.insert(v["partition"].as_u64().unwrap());
+        // a reader polls between produces (it leases what it finds: it is not acked)
+        nodes[0]
+            .call(anyone, Method::GET, "/v1/topics/skew/consume", None)
+            .await;
+    }
+    assert_eq!(used.len(), 2, "ten keyless produces all went to {used:?}");
+}
+
+/// A batch of small messages (1-byte payloads, no key, no headers: 12 bytes each in the
+/// produce call's encoding) pinned to partitions other members own is forwarded and
+/// written like any other: the owner's decoder must not take it for a lie about its count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_small_messages_is_forwarded_to_their_owners() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let anyone = ("x", "y");
+    let (st, made) = nodes[0]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "tiny", "partitions": 3})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{made}");
+    for n in &nodes {
+        until(&format!("tiny on node {}", n.id), 10, async || {
+            n.call(anyone, Method::GET, "/v1/topics/tiny", None).await.0 == StatusCode::OK
+        })
+        .await;
+    }
+    let msgs: Vec<Value> = (0..3)
+        .flat_map(|p| (0..10).map(move |_| serde_json::json!({"payload": 1, "partition": p})))
+        .collect();
+    let (st, r) = nodes[0]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics/tiny/produce/batch",
+            Some(serde_json::json!({ "messages": msgs })),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    assert_eq!(r["accepted"], 30, "{r}");
+}
+
+/// Consumers long-polling through one member hold one call each at every other owner; the
+/// members' single connection carries at most 256 calls at once, Raft's included. Three
+/// hundred readers (far below `max_connections`) must not make the member unready, nor
+/// time out its produces and metadata calls to the other members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_long_polls_through_a_member_do_not_cut_it_off() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let anyone = ("x", "y");
+    for t in ["idle", "busy"] {
+        let (st, made) = nodes[0]
+            .call(
+                anyone,
+                Method::POST,
+                "/v1/topics",
+                Some(serde_json::json!({"name": t, "partitions": 3})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{made}");
+    }
+    for n in &nodes {
+        until(&format!("busy on node {}", n.id), 10, async || {
+            n.call(anyone, Method::GET, "/v1/topics/busy", None).await.0 == StatusCode::OK
+        })
+        .await;
+    }
+    let (_, meta) = nodes[0]
+        .call(anyone, Method::GET, "/v1/topics/busy", None)
+        .await;
+    let owners: Vec<u64> = serde_json::from_value(meta["partition_owners"].clone()).unwrap();
+    let remote = owners.iter().position(|&o| o != nodes[0].id).unwrap();
+    let readers = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut polls = tokio::task::JoinSet::new();
+    for _ in 0..300 {
+        let (c, url) = (
+            readers.clone(),
+            format!("{}/v1/topics/idle/consume?wait=15s", nodes[0].base),
+        );
+        polls.spawn(async move { c.get(url).send().await.map(|r| r.status()) });
+    }
+    // every reader waits on node 1, and as many as node 1 lets wait at node 2 do so there
+    until("readers waiting", 30, async || {
+        let (_, here) = nodes[0]
+            .call(anyone, Method::GET, "/v1/topics/idle", None)
+            .await;
+        let (_, there) = nodes[1]
+            .call(anyone, Method::GET, "/v1/topics/idle", None)
+            .await;
+        here["waiters"].as_u64().unwrap_or(0) >= 300 && there["waiters"].as_u64().unwrap_or(0) >= 60
+    })
+    .await;
+    let (_, there) = nodes[1]
+        .call(anyone, Method::GET, "/v1/topics/idle", None)
+        .await;
+    assert!(
+        there["waiters"].as_u64().unwrap_or(0) <= 64,
+        "node 1 keeps at most 64 long-polls waiting at one member: {there}"
+    );
+    let mut bad = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let (st, r) = nodes[0]
+            .call(
+                anyone,
+                Method::POST,
+                "/v1/topics/busy/produce/batch",
+                Some(serde_json::json!({"messages": [{"payload": 1, "partition": remote}]})),
+            )
+            .await;
+        if st != StatusCode::ACCEPTED {
+            bad.push(format!("pinned produce: {st} after {:?}: {r}", t.elapsed()));
+        }
+        if !nodes[0].ready().await {
+            bad.push("node 1 not ready".to_owned());
+        }
+    }
+    polls.abort_all();
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}

@@ -275,6 +275,18 @@ impl Service for MetaService {
             _ => return None,
         })
     }
+
+    fn wants_receipt(&self, op: Op) -> bool {
+        op.0 >= DATA_OPS && self.data.get().is_some_and(|d| d.wants_receipt(op))
+    }
+
+    fn undelivered(&self, op: Op, reply: Bytes) {
+        if op.0 >= DATA_OPS
+            && let Some(d) = self.data.get()
+        {
+            d.undelivered(op, reply);
+        }
+    }
 }
 
 /// Writes on this node, which must lead.

@@ -122,6 +122,14 @@ pub trait Service: Send + Sync + 'static {
     fn call(&self, from: NodeId, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>>;
     /// The metric label of `op` (`None`: counted as `unknown`).
     fn op_name(&self, op: Op) -> Option<&'static str>;
+    /// Whether a reply to `op` hands something over (a lease, say) that must be taken back
+    /// if the caller never receives it: then the endpoint waits for the caller's transport
+    /// to acknowledge the whole reply, and calls [`Service::undelivered`] if it does not.
+    fn wants_receipt(&self, _op: Op) -> bool {
+        false
+    }
+    /// `reply` to `op` did not reach the caller (it gave up, or the connection failed).
+    fn undelivered(&self, _op: Op, _reply: Bytes) {}
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -862,11 +870,20 @@ async fn serve_stream(
     inner
         .metrics
         .served(name, if result.is_ok() { "ok" } else { "fault" });
-    reply(&mut send, &result).await;
+    let sent = reply(&mut send, &result).await;
+    if let Ok(body) = result
+        && inner.service.wants_receipt(op)
+    {
+        // finished and every byte acknowledged: the caller's transport has the reply
+        let received = sent && matches!(send.stopped().await, Ok(None));
+        if !received {
+            inner.metrics.served(name, "undelivered");
+            inner.service.undelivered(op, body);
+        }
+    }
 }
 
-async fn reply(send: &mut quinn::SendStream, r: &Result<Bytes, Fault>) {
-    if send.write_all(&frame::encode_reply(r)).await.is_ok() {
-        let _ = send.finish();
-    }
+/// Writes the reply and finishes the stream: `false` if it could not (the caller is gone).
+async fn reply(send: &mut quinn::SendStream, r: &Result<Bytes, Fault>) -> bool {
+    send.write_all(&frame::encode_reply(r)).await.is_ok() && send.finish().is_ok()
 }

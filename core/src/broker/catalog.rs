@@ -566,7 +566,7 @@ impl Broker {
     /// was done stays done, and the next call takes up the rest.
     pub async fn follow_catalog(self: &Arc<Self>, catalog: &Catalog) -> Result<(), BrokerError> {
         let _one = self.follow_lock.lock().await;
-        if catalog.applied() <= self.followed.load(Ordering::Acquire) {
+        if catalog.applied() <= *self.followed.borrow() {
             return Ok(());
         }
         let gone: Vec<Arc<Topic>> = {
@@ -620,8 +620,25 @@ impl Broker {
                 }
             }
         }
-        self.followed.store(catalog.applied(), Ordering::Release);
+        self.followed.send_replace(catalog.applied());
         Ok(())
+    }
+
+    /// How many catalog commands this node's state has followed.
+    pub fn followed(&self) -> u64 {
+        *self.followed.borrow()
+    }
+
+    /// Waits (at most `within`) until this node has followed at least `applied` catalog
+    /// commands: a call from another cluster member names the catalog it acted on (a topic
+    /// it just created, say), which this member may not have applied yet. `false` if it did
+    /// not catch up in time.
+    pub async fn catch_up(&self, applied: u64, within: Duration) -> bool {
+        let mut rx = self.followed.subscribe();
+        matches!(
+            tokio::time::timeout(within, rx.wait_for(|v| *v >= applied)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Whether partition `partition` of the topic `meta` describes is served by this node

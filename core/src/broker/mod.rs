@@ -385,8 +385,9 @@ pub struct Broker {
     meta_lock: tokio::sync::Mutex<()>,
     /// Serialises [`Broker::follow_catalog`] passes (a replicated store).
     follow_lock: tokio::sync::Mutex<()>,
-    /// How many commands made the catalog this node's state follows now.
-    followed: AtomicU64,
+    /// How many commands made the catalog this node's state follows now (watched: a cluster
+    /// member's calls from another member wait for it to reach theirs).
+    followed: tokio::sync::watch::Sender<u64>,
     /// Where catalog commands become durable (see [`Broker::commit`]).
     store: Arc<dyn MetaStore>,
     shutting_down: AtomicBool,
@@ -484,7 +485,7 @@ impl Broker {
             topics: Arc::default(),
             meta_lock: tokio::sync::Mutex::new(()),
             follow_lock: tokio::sync::Mutex::new(()),
-            followed: AtomicU64::new(0),
+            followed: tokio::sync::watch::Sender::new(0),
             store,
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -515,7 +516,7 @@ impl Broker {
         if !broker.store.replicated() {
             layout::sweep_orphans(&data_dir, catalog.topics().map(|m| m.dir_name()).collect());
         }
-        broker.followed.store(catalog.applied(), Ordering::Release);
+        broker.followed.send_replace(catalog.applied());
         for m in catalog.topics() {
             let topic = broker.open_topic((**m).clone()).await?;
             broker.topics.write().insert(m.name.clone(), topic.clone());

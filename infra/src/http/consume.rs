@@ -152,13 +152,10 @@ pub async fn consume(
             StatusCode::NO_CONTENT.into_response()
         } else {
             let text = taken.body(max.is_some());
-            match super::budget::reply(&state.body_budget, &held, StatusCode::OK, text) {
-                Ok(resp) => resp,
-                Err(e) => {
-                    ingress.give_back(&topic, taken);
-                    return Err(e);
-                }
-            }
+            // (not sent: dropping `taken` gives the messages back)
+            let resp = super::budget::reply(&state.body_budget, &held, StatusCode::OK, text)?;
+            taken.sent();
+            resp
         };
         if clamped {
             let v = format!("{}ms", limit.as_millis());
