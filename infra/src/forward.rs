@@ -46,6 +46,7 @@ pub const CONSUME: Op = Op(101);
 pub const SETTLE: Op = Op(102);
 pub const GIVE_BACK: Op = Op(103);
 pub const REPLAY: Op = Op(104);
+pub const CANCEL_WAIT: Op = Op(105);
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
@@ -61,6 +62,9 @@ const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// share one connection of 256 streams, Raft's included: waiting readers must leave most
 /// of them free. A reader beyond this waits at the other owners (and here) only.
 pub const MAX_WAITS_PER_MEMBER: usize = 64;
+/// Waits other members may have at this one at once (each member keeps at most
+/// [`MAX_WAITS_PER_MEMBER`] here; this bounds the map however many members there are).
+const MAX_CANCELLABLE_WAITS: usize = 4096;
 /// How long an owner waits to follow the catalog a call names.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
@@ -372,7 +376,7 @@ impl Ingress {
             }
             let owner = meta.owners.get(p as usize).copied().unwrap_or(self.me());
             return self
-                .consume_on(owner, topic, partition, max, wait)
+                .consume_on(owner, topic, partition, max, wait, 0)
                 .await
                 .map_err(CallError::api);
         }
@@ -392,7 +396,7 @@ impl Ingress {
                 continue;
             }
             match self
-                .consume_on(o, topic, None, max - taken.len(), Duration::ZERO)
+                .consume_on(o, topic, None, max - taken.len(), Duration::ZERO, 0)
                 .await
             {
                 Ok(t) => taken.extend(t),
@@ -406,26 +410,36 @@ impl Ingress {
         }
         // nothing anywhere: wait in every owner's line; the first to serve wins, and what
         // the others took is given back as their results drop with the set
-        let mut waits = tokio::task::JoinSet::new();
+        let mut waits = Waits {
+            set: tokio::task::JoinSet::new(),
+            local: None,
+            remote: Vec::new(),
+            ingress: self.clone(),
+        };
         for o in owners {
-            let permit = if o == self.me() {
-                None
-            } else if self.is_down(o) {
-                continue;
-            } else {
-                match self.wait_permit(o) {
-                    Some(p) => Some(p),
-                    None => continue,
-                }
-            };
             let (me, topic) = (self.clone(), topic.to_owned());
-            waits.spawn(async move {
+            if o == self.me() {
+                let h = waits
+                    .set
+                    .spawn(async move { me.consume_on(o, &topic, None, max, wait, 0).await });
+                waits.local = Some(h);
+                continue;
+            }
+            if self.is_down(o) {
+                continue;
+            }
+            let Some(permit) = self.wait_permit(o) else {
+                continue;
+            };
+            let id = narad_core::random_u64() | 1;
+            waits.remote.push((o, id));
+            waits.set.spawn(async move {
                 let _permit = permit;
-                me.consume_on(o, &topic, None, max, wait).await
+                me.consume_on(o, &topic, None, max, wait, id).await
             });
         }
         let mut first_err = None;
-        while let Some(r) = waits.join_next().await {
+        while let Some(r) = waits.set.join_next().await {
             match r {
                 Ok(Ok(t)) if !t.is_empty() => return Ok(t),
                 Ok(Ok(_)) | Err(_) | Ok(Err(CallError::Unreachable(_))) => {}
@@ -451,6 +465,8 @@ impl Ingress {
         sem.try_acquire_owned().ok()
     }
 
+    /// Consumes on `node`; a remote wait names itself with `wait_id` (non-zero), so it can
+    /// be cancelled ([`CANCEL_WAIT`]).
     async fn consume_on(
         self: &Arc<Self>,
         node: u64,
@@ -458,6 +474,7 @@ impl Ingress {
         partition: Option<u32>,
         max: usize,
         wait: Duration,
+        wait_id: u64,
     ) -> Result<Taken, CallError> {
         if node == self.me() {
             let got = self
@@ -475,6 +492,7 @@ impl Ingress {
             max,
             wait_ms: wait.as_millis() as u64,
             catalog: self.broker.followed(),
+            wait_id,
         };
         let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
         let deadline = if wait.is_zero() {
@@ -672,6 +690,44 @@ impl Ingress {
     }
 }
 
+/// A reader's waits at every owner. When it ends (one owner served it, or the reader went
+/// away) the wait here is abandoned (the local line is cancel-safe) and the remote ones are
+/// cancelled at their owners and left to finish on their own: an owner that served one
+/// meanwhile answers with the messages, which are given back when that answer drops. (An
+/// abandoned call could lose an answer already on its way; a cancelled one cannot.)
+struct Waits {
+    set: tokio::task::JoinSet<Result<Taken, CallError>>,
+    local: Option<tokio::task::AbortHandle>,
+    remote: Vec<(u64, u64)>,
+    ingress: Arc<Ingress>,
+}
+
+impl Drop for Waits {
+    fn drop(&mut self) {
+        if let Some(h) = self.local.take() {
+            h.abort();
+        }
+        self.set.detach_all();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for (node, wait_id) in self.remote.drain(..) {
+            let Some(addr) = self.ingress.node.meta.addr_of(node) else {
+                continue;
+            };
+            let rpc = self.ingress.node.meta.rpc().clone();
+            let body = Bytes::from(
+                serde_json::to_vec(&CancelWait { wait_id }).expect("requests serialise"),
+            );
+            rt.spawn(async move {
+                let _ = rpc
+                    .call(node, &addr, CANCEL_WAIT, body, CALL_DEADLINE)
+                    .await;
+            });
+        }
+    }
+}
+
 /// Messages a consume took for a reader, rendered, and how to give them back: dropped
 /// before [`Taken::sent`] (the reader went away, the reply did not fit the budget, another
 /// owner served the reader first), they are given back at once.
@@ -842,6 +898,15 @@ struct ConsumeRequest {
     wait_ms: u64,
     /// Catalog commands the sender had followed.
     catalog: u64,
+    /// Names a wait so the sender can cancel it (0: not cancellable).
+    #[serde(default)]
+    wait_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelWait {
+    wait_id: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -1087,11 +1152,38 @@ fn decode_produced(body: &Bytes) -> Option<Vec<Produced>> {
 
 // ── this member's side ──
 
+/// Waits other members may cancel: (member, wait id) → what ends the wait.
+pub type CancellableWaits = Arc<Mutex<HashMap<(u64, u64), tokio::sync::oneshot::Sender<()>>>>;
+
 /// Serves the other members' produce, consume, replay and ack calls on this member's
 /// broker.
 pub struct DataService {
     pub broker: Arc<Broker>,
     pub me: u64,
+    /// Waits other members may cancel, by (member, wait id).
+    pub waits: CancellableWaits,
+}
+
+impl DataService {
+    pub fn new(broker: Arc<Broker>, me: u64) -> Self {
+        Self {
+            broker,
+            me,
+            waits: Arc::default(),
+        }
+    }
+}
+
+/// A cancellable wait's entry, removed when the wait ends however it ends.
+struct WaitEntry {
+    waits: CancellableWaits,
+    key: (u64, u64),
+}
+
+impl Drop for WaitEntry {
+    fn drop(&mut self) {
+        self.waits.lock().remove(&self.key);
+    }
 }
 
 fn malformed(what: &str) -> Fault {
@@ -1115,8 +1207,8 @@ async fn caught_up(broker: &Broker, catalog: u64) -> Result<(), Fault> {
 }
 
 impl Service for DataService {
-    fn call(&self, _from: u64, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
-        let (broker, me) = (self.broker.clone(), self.me);
+    fn call(&self, from: u64, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
+        let (broker, me, waits) = (self.broker.clone(), self.me, self.waits.clone());
         Box::pin(async move {
             match op {
                 PRODUCE => {
@@ -1146,10 +1238,29 @@ impl Service for DataService {
                     caught_up(&broker, req.catalog).await?;
                     let wait = Duration::from_millis(req.wait_ms.min(3_600_000));
                     let max = req.max.clamp(1, 100);
-                    let got = broker
-                        .consume(&req.topic, req.partition, max, wait)
-                        .await
-                        .map_err(|e| to_fault(&e.into()))?;
+                    let consume = broker.consume(&req.topic, req.partition, max, wait);
+                    let got = if req.wait_id == 0 || wait.is_zero() {
+                        consume.await
+                    } else {
+                        // cancellable: a cancel ends the wait (leaving the line gives back
+                        // whatever was handed over meanwhile) and answers empty
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        let key = (from, req.wait_id);
+                        if waits.lock().len() >= MAX_CANCELLABLE_WAITS {
+                            return Err(Fault::new(
+                                503,
+                                "server_busy",
+                                "too many waits from other members",
+                            ));
+                        }
+                        waits.lock().insert(key, tx);
+                        let _entry = WaitEntry { waits, key };
+                        tokio::select! {
+                            got = consume => got,
+                            _ = rx => Ok(Vec::new()),
+                        }
+                    }
+                    .map_err(|e| to_fault(&e.into()))?;
                     // (their handles name this member: the caller passes them on as they
                     // are; an answer that never reaches it is given back by `undelivered`)
                     let taken = Taken::local(&req.topic, me, got);
@@ -1208,6 +1319,14 @@ impl Service for DataService {
                         serde_json::to_vec(&out).expect("outcomes serialise"),
                     ))
                 }
+                CANCEL_WAIT => {
+                    let req: CancelWait =
+                        serde_json::from_slice(&body).map_err(|_| malformed("cancel"))?;
+                    if let Some(tx) = waits.lock().remove(&(from, req.wait_id)) {
+                        let _ = tx.send(());
+                    }
+                    Ok(Bytes::new())
+                }
                 op => Err(Fault::new(
                     400,
                     "unknown_op",
@@ -1224,6 +1343,7 @@ impl Service for DataService {
             SETTLE => "settle",
             GIVE_BACK => "give_back",
             REPLAY => "replay",
+            CANCEL_WAIT => "cancel_wait",
             _ => return None,
         })
     }

@@ -415,10 +415,11 @@ impl Opening {
         }
         if let (Some(node), Some(store)) = (self.state.cluster.clone(), replicated) {
             // the other members' calls for this member's partitions, and ours for theirs
-            node.meta.serve_data(Arc::new(crate::forward::DataService {
-                broker: b.clone(),
-                me: node.node_id(),
-            }));
+            node.meta
+                .serve_data(Arc::new(crate::forward::DataService::new(
+                    b.clone(),
+                    node.node_id(),
+                )));
             let _ = self
                 .state
                 .ingress
