@@ -979,6 +979,37 @@ async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
     .await;
 }
 
+/// Waits (60 s at most) until every node of a dev cluster answers `/readyz` 200; on a
+/// timeout, fails with what `/readyz` said and the nodes' logs.
+async fn wait_ready(http: &reqwest::Client, bases: &[String], dir: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for b in bases {
+        loop {
+            let r = http.get(format!("{b}/readyz")).send().await;
+            if matches!(&r, Ok(r) if r.status() == StatusCode::OK) {
+                break;
+            }
+            if Instant::now() > deadline {
+                let said = match r {
+                    Ok(r) => r.text().await.unwrap_or_default(),
+                    Err(e) => e.to_string(),
+                };
+                let logs: Vec<String> = (1..=bases.len())
+                    .map(|i| {
+                        let log = std::fs::read_to_string(dir.join(format!("n{i}.log")))
+                            .unwrap_or_default();
+                        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                        let tail: Vec<&str> = tail.into_iter().rev().collect();
+                        format!("── n{i}.log ──\n{}", tail.join("\n"))
+                    })
+                    .collect();
+                panic!("{b} not {what}: {said}\n{}", logs.join("\n"));
+            }
+            poll_pause().await;
+        }
+    }
+}
+
 /// `narad server start --dev --nodes 3`: three processes forming a cluster on loopback,
 /// their addresses printed; any node serves; SIGTERM to the launcher stops all three; a
 /// restart on the same directory is the same cluster with its data.
@@ -1033,12 +1064,7 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
         (child, bases)
     };
     let (mut child, bases) = launch().await;
-    for b in &bases {
-        until(&format!("{b} ready"), 60, async || {
-            matches!(http.get(format!("{b}/readyz")).send().await, Ok(r) if r.status() == StatusCode::OK)
-        })
-        .await;
-    }
+    wait_ready(&http, &bases, &dir, "ready").await;
     let call = async |base: &str, method: Method, path: &str, body: Option<&str>| {
         let mut r = http.request(method, format!("{base}{path}"));
         if let Some(b) = body {
@@ -1092,12 +1118,7 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
     }
     // the same cluster again, with its topic and the unacked message
     let (_child, bases) = launch().await;
-    for b in &bases {
-        until(&format!("{b} ready again"), 60, async || {
-            matches!(http.get(format!("{b}/readyz")).send().await, Ok(r) if r.status() == StatusCode::OK)
-        })
-        .await;
-    }
+    wait_ready(&http, &bases, &dir, "ready again").await;
     let (st, m) = call(&bases[0], Method::GET, "/v1/topics/t/consume?wait=5s", None).await;
     assert_eq!(
         (st, m["payload"].as_str()),
