@@ -60,7 +60,8 @@ const WAIT_SLACK: Duration = Duration::from_secs(2);
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Long-polls this member keeps waiting at one other member at once. Calls to a member
 /// share one connection of 256 streams, Raft's included: waiting readers must leave most
-/// of them free. A reader beyond this waits at the other owners (and here) only.
+/// of them free. A reader beyond this queues here for a slot at that member (and waits in
+/// the other owners' lines meanwhile).
 pub const MAX_WAITS_PER_MEMBER: usize = 64;
 /// Waits other members may have at this one at once (each member keeps at most
 /// [`MAX_WAITS_PER_MEMBER`] here; this bounds the map however many members there are).
@@ -389,7 +390,9 @@ impl Ingress {
         owners.rotate_left(start);
         let mut taken = Taken::default();
         for &o in &owners {
-            if taken.len() >= max {
+            // one reply's worth, as on a single node (each owner stops at its own 4 MiB, so
+            // a reply holds at most one owner's more)
+            if taken.len() >= max || taken.bytes() >= narad_core::broker::MAX_READ_BYTES {
                 break;
             }
             if self.is_down(o) {
@@ -415,7 +418,9 @@ impl Ingress {
             local: None,
             remote: Vec::new(),
             ingress: self.clone(),
+            stop: tokio_util::sync::CancellationToken::new(),
         };
+        let until = tokio::time::Instant::now() + wait;
         for o in owners {
             let (me, topic) = (self.clone(), topic.to_owned());
             if o == self.me() {
@@ -428,14 +433,25 @@ impl Ingress {
             if self.is_down(o) {
                 continue;
             }
-            let Some(permit) = self.wait_permit(o) else {
-                continue;
-            };
+            // a reader beyond the member's waits there queues for a slot (it is woken when
+            // one frees, with what is left of its wait)
+            let slots = self.wait_slots(o);
             let id = narad_core::random_u64() | 1;
             waits.remote.push((o, id));
+            let stop = waits.stop.clone();
             waits.set.spawn(async move {
-                let _permit = permit;
-                me.consume_on(o, &topic, None, max, wait, id).await
+                let slot = tokio::select! {
+                    s = tokio::time::timeout_at(until, slots.acquire_owned()) => s,
+                    () = stop.cancelled() => return Ok(Taken::default()),
+                };
+                let Ok(Ok(_slot)) = slot else {
+                    return Ok(Taken::default());
+                };
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() || stop.is_cancelled() {
+                    return Ok(Taken::default());
+                }
+                me.consume_on(o, &topic, None, max, left, id).await
             });
         }
         let mut first_err = None;
@@ -454,15 +470,13 @@ impl Ingress {
         }
     }
 
-    /// A slot for one more long-poll waiting at member `id`, if it has one free.
-    fn wait_permit(&self, id: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let sem = self
-            .waits
+    /// The slots for long-polls waiting at member `id`.
+    fn wait_slots(&self, id: u64) -> Arc<Semaphore> {
+        self.waits
             .lock()
             .entry(id)
             .or_insert_with(|| Arc::new(Semaphore::new(MAX_WAITS_PER_MEMBER)))
-            .clone();
-        sem.try_acquire_owned().ok()
+            .clone()
     }
 
     /// Consumes on `node`; a remote wait names itself with `wait_id` (non-zero), so it can
@@ -700,10 +714,13 @@ struct Waits {
     local: Option<tokio::task::AbortHandle>,
     remote: Vec<(u64, u64)>,
     ingress: Arc<Ingress>,
+    /// Ends the waits still queueing for a slot (they never start).
+    stop: tokio_util::sync::CancellationToken,
 }
 
 impl Drop for Waits {
     fn drop(&mut self) {
+        self.stop.cancel();
         if let Some(h) = self.local.take() {
             h.abort();
         }
@@ -798,6 +815,11 @@ impl Taken {
 
     pub fn len(&self) -> usize {
         self.messages.len()
+    }
+
+    /// The messages' size as JSON.
+    fn bytes(&self) -> usize {
+        self.messages.iter().map(|m| m.get().len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {

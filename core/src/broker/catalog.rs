@@ -542,10 +542,11 @@ impl Broker {
         for p in topic.partitions().iter() {
             p.close().await;
         }
-        let dir = topic.dir.clone();
+        let (dir, leftovers) = (topic.dir.clone(), self.leftovers.clone());
         tokio::task::spawn_blocking(move || {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
-                tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted topic's data; it will be swept at next start");
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted topic's data yet; retried by the next maintenance pass");
+                leftovers.lock().push(dir);
             }
         });
     }

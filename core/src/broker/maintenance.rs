@@ -46,6 +46,7 @@ impl Broker {
                     last_retention = now;
                     broker.run_retention().await;
                     broker.close_idle().await;
+                    broker.remove_leftovers().await;
                 }
             }
         });
@@ -98,6 +99,8 @@ impl Broker {
                             tracing::error!(dir = %p.dir.display(), error = %e, "could not sync the deliveries journal; the next pass writes a snapshot");
                         }
                     }
+                    // (a topic deleted meanwhile: its directory is going, nothing to keep)
+                    Err(_) if topic.deleted.load(Ordering::Acquire) => {}
                     Err(e) => {
                         tracing::error!(dir = %p.dir.display(), error = %e, "could not persist queue state");
                     }
@@ -245,6 +248,27 @@ impl Broker {
         if let Some(wal) = self.cfg.log.wal.clone() {
             let _ = tokio::task::spawn_blocking(move || wal.abandon()).await;
         }
+    }
+
+    /// Removes the directories of deleted topics whose removal failed (something wrote into
+    /// one as it went: a log reopened by a request that raced the delete), so they do not
+    /// wait for the next start (a cluster member sweeps none at start).
+    pub(super) async fn remove_leftovers(&self) {
+        let dirs = std::mem::take(&mut *self.leftovers.lock());
+        if dirs.is_empty() {
+            return;
+        }
+        let left = tokio::task::spawn_blocking(move || {
+            dirs.into_iter()
+                .filter(|d| match std::fs::remove_dir_all(d) {
+                    Ok(()) => false,
+                    Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        self.leftovers.lock().extend(left);
     }
 
     /// Background tasks still running, per group (empty after [`Broker::shutdown`]).

@@ -383,6 +383,8 @@ pub struct Broker {
     /// Serialises metadata changes (create, alter, delete) on this node, from their checks
     /// to their publication.
     meta_lock: tokio::sync::Mutex<()>,
+    /// Directories of deleted topics still to remove (a first removal failed).
+    leftovers: Arc<Mutex<Vec<PathBuf>>>,
     /// Serialises [`Broker::follow_catalog`] passes (a replicated store).
     follow_lock: tokio::sync::Mutex<()>,
     /// How many commands made the catalog this node's state follows now (watched: a cluster
@@ -485,6 +487,7 @@ impl Broker {
             topics: Arc::default(),
             meta_lock: tokio::sync::Mutex::new(()),
             follow_lock: tokio::sync::Mutex::new(()),
+            leftovers: Arc::default(),
             followed: tokio::sync::watch::Sender::new(0),
             store,
             shutting_down: AtomicBool::new(false),

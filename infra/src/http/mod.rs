@@ -528,8 +528,10 @@ async fn readyz(State(state): State<SharedState>) -> Response {
 async fn cluster_status(
     State(state): State<SharedState>,
     axum::Extension(caller): axum::Extension<access::Caller>,
+    uri: axum::http::Uri,
 ) -> ApiResult {
     caller.require_admin()?;
+    query::Query::parse(uri.query(), &[])?;
     let body = match &state.cluster {
         Some(c) => c.status(),
         // no cluster_members: a cluster of one, which always leads itself
@@ -553,8 +555,10 @@ async fn remove_member(
     State(state): State<SharedState>,
     axum::Extension(caller): axum::Extension<access::Caller>,
     axum::extract::Path(node_id): axum::extract::Path<String>,
+    uri: axum::http::Uri,
 ) -> ApiResult {
     caller.require_admin()?;
+    query::Query::parse(uri.query(), &[])?;
     let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
         ApiError::new(
             ErrorCode::InvalidField,
