@@ -153,6 +153,13 @@ impl Node {
             .0
     }
 
+    /// Settles `handle` on `topic` through this member (`extra`: more query, `&extend=0`).
+    async fn ack(&self, topic: &str, handle: &str, extra: &str) -> (StatusCode, Value) {
+        let path = format!("/v1/topics/{topic}/ack?receipt_handle={handle}{extra}");
+        self.call(("x", "y"), reqwest::Method::POST, &path, None)
+            .await
+    }
+
     async fn metrics(&self) -> String {
         let mut r = self.http.get(format!("{}/metrics", self.base));
         if self.secure {
@@ -531,15 +538,7 @@ async fn users_made_through_any_member_log_in_on_every_member() {
 async fn topics_changed_through_any_member_are_followed_by_every_member() {
     use reqwest::Method;
     let root = tempfile::tempdir().unwrap();
-    let (mut nodes, _) = three(root.path(), false).await;
-    for n in &nodes {
-        until(
-            &format!("node {} ready; log:\n{}", n.id, n.log()),
-            60,
-            async || n.ready().await,
-        )
-        .await;
-    }
+    let mut nodes = three_ready(root.path()).await;
     let anyone = ("x", "y");
     let get = async |n: &Node, name: &str| {
         n.call(anyone, Method::GET, &format!("/v1/topics/{name}"), None)
@@ -675,15 +674,7 @@ async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
     use reqwest::Method;
     use std::collections::{BTreeMap, BTreeSet};
     let root = tempfile::tempdir().unwrap();
-    let (mut nodes, _) = three(root.path(), false).await;
-    for n in &nodes {
-        until(
-            &format!("node {} ready; log:\n{}", n.id, n.log()),
-            60,
-            async || n.ready().await,
-        )
-        .await;
-    }
+    let mut nodes = three_ready(root.path()).await;
     let anyone = ("x", "y");
     let (st, made) = nodes[0]
         .call(
@@ -830,14 +821,7 @@ async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
         .await;
     assert_eq!(st, StatusCode::OK, "{m}");
     let h = m["receipt_handle"].as_str().unwrap().to_owned();
-    let (st, _) = nodes[2]
-        .call(
-            anyone,
-            Method::POST,
-            &format!("/v1/topics/q/ack?receipt_handle={h}&extend=0"),
-            None,
-        )
-        .await;
+    let (st, _) = nodes[2].ack("q", &h, "&extend=0").await;
     assert_eq!(st, StatusCode::NO_CONTENT);
     let (st, m) = nodes[0]
         .call(anyone, Method::GET, "/v1/topics/q/consume", None)
@@ -848,24 +832,10 @@ async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
         "{m}"
     );
     let h = m["receipt_handle"].as_str().unwrap().to_owned();
-    let (st, _) = nodes[1]
-        .call(
-            anyone,
-            Method::POST,
-            &format!("/v1/topics/q/ack?receipt_handle={h}"),
-            None,
-        )
-        .await;
+    let (st, _) = nodes[1].ack("q", &h, "").await;
     assert_eq!(st, StatusCode::NO_CONTENT);
     // acked once, a second ack is 410 wherever it is sent
-    let (st, body) = nodes[2]
-        .call(
-            anyone,
-            Method::POST,
-            &format!("/v1/topics/q/ack?receipt_handle={h}"),
-            None,
-        )
-        .await;
+    let (st, body) = nodes[2].ack("q", &h, "").await;
     assert_eq!(
         (st, body["code"].as_str()),
         (StatusCode::GONE, Some("lease_gone")),
@@ -908,14 +878,7 @@ async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
         "woken by the produce, not the wait's end"
     );
     let h = m["receipt_handle"].as_str().unwrap().to_owned();
-    let (st, _) = nodes[0]
-        .call(
-            anyone,
-            Method::POST,
-            &format!("/v1/topics/q/ack?receipt_handle={h}"),
-            None,
-        )
-        .await;
+    let (st, _) = nodes[0].ack("q", &h, "").await;
     assert_eq!(st, StatusCode::NO_CONTENT);
     // node 3 killed: keyless produces keep getting 202s; one pinned to its partition is told
     // to retry
@@ -1129,6 +1092,30 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
 
 // ── found by an adversarial review of the data plane (each failed on c501b66) ──
 
+/// Creates a topic through the first member (security off) and waits until every member has
+/// it; returns the create's answer.
+async fn topic_everywhere(nodes: &[Node], body: Value) -> Value {
+    let name = body["name"].as_str().unwrap().to_owned();
+    let (st, made) = nodes[0]
+        .call(("x", "y"), reqwest::Method::POST, "/v1/topics", Some(body))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{made}");
+    for n in nodes {
+        until(&format!("{name} on node {}", n.id), 10, async || {
+            n.call(
+                ("x", "y"),
+                reqwest::Method::GET,
+                &format!("/v1/topics/{name}"),
+                None,
+            )
+            .await
+            .0 == StatusCode::OK
+        })
+        .await;
+    }
+    made
+}
+
 /// Three ready members (dev mode) for the review tests.
 async fn three_ready(root: &Path) -> Vec<Node> {
     let (nodes, _) = three(root, false).await;
@@ -1155,26 +1142,11 @@ async fn a_long_poll_served_by_one_owner_leaves_no_message_leased_to_nobody() {
     let anyone = ("x", "y");
     for round in 0..4 {
         let t = format!("lp{round}");
-        let (st, made) = nodes[0]
-            .call(
-                anyone,
-                Method::POST,
-                "/v1/topics",
-                Some(
-                    serde_json::json!({"name": t, "partitions": 3, "visibility_timeout_ms": 60000}),
-                ),
-            )
-            .await;
-        assert_eq!(st, StatusCode::CREATED, "{made}");
-        for n in &nodes {
-            until(&format!("{t} on node {}", n.id), 10, async || {
-                n.call(anyone, Method::GET, &format!("/v1/topics/{t}"), None)
-                    .await
-                    .0
-                    == StatusCode::OK
-            })
-            .await;
-        }
+        topic_everywhere(
+            &nodes,
+            serde_json::json!({"name": t, "partitions": 3, "visibility_timeout_ms": 60000}),
+        )
+        .await;
         let (http, url) = (
             nodes[0].http.clone(),
             format!("{}/v1/topics/{t}/consume?max=10&wait=8s", nodes[0].base),
@@ -1334,21 +1306,7 @@ async fn consumes_do_not_skew_keyless_placement() {
     let root = tempfile::tempdir().unwrap();
     let nodes = three_ready(root.path()).await;
     let anyone = ("x", "y");
-    let (st, made) = nodes[0]
-        .call(
-            anyone,
-            Method::POST,
-            "/v1/topics",
-            Some(serde_json::json!({"name": "skew", "partitions": 2})),
-        )
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{made}");
-    for n in &nodes {
-        until(&format!("skew on node {}", n.id), 10, async || {
-            n.call(anyone, Method::GET, "/v1/topics/skew", None).await.0 == StatusCode::OK
-        })
-        .await;
-    }
+    topic_everywhere(&nodes, serde_json::json!({"name": "skew", "partitions": 2})).await;
     let mut used = BTreeSet::new();
     for i in 0..10 {
         let r = nodes[0]
@@ -1378,21 +1336,7 @@ async fn a_batch_of_small_messages_is_forwarded_to_their_owners() {
     let root = tempfile::tempdir().unwrap();
     let nodes = three_ready(root.path()).await;
     let anyone = ("x", "y");
-    let (st, made) = nodes[0]
-        .call(
-            anyone,
-            Method::POST,
-            "/v1/topics",
-            Some(serde_json::json!({"name": "tiny", "partitions": 3})),
-        )
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{made}");
-    for n in &nodes {
-        until(&format!("tiny on node {}", n.id), 10, async || {
-            n.call(anyone, Method::GET, "/v1/topics/tiny", None).await.0 == StatusCode::OK
-        })
-        .await;
-    }
+    topic_everywhere(&nodes, serde_json::json!({"name": "tiny", "partitions": 3})).await;
     let msgs: Vec<Value> = (0..3)
         .flat_map(|p| (0..10).map(move |_| serde_json::json!({"payload": 1, "partition": p})))
         .collect();
