@@ -47,6 +47,7 @@ pub const SETTLE: Op = Op(102);
 pub const GIVE_BACK: Op = Op(103);
 pub const REPLAY: Op = Op(104);
 pub const CANCEL_WAIT: Op = Op(105);
+pub const STATS: Op = Op(106);
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
@@ -605,6 +606,53 @@ impl Ingress {
         })
     }
 
+    // ── statistics ──
+
+    /// The figures of the partitions of `meta` other members own (or only of `only`), from
+    /// their owners, and the partitions whose owner could not be asked.
+    pub(crate) async fn partition_stats(
+        self: &Arc<Self>,
+        meta: &narad_core::catalog::TopicMeta,
+        only: Option<u32>,
+    ) -> (Vec<crate::http::topics::PartitionStatsJson>, Vec<u32>) {
+        let mut theirs: HashMap<u64, Vec<u32>> = HashMap::new();
+        for (p, &o) in meta.owners.iter().enumerate() {
+            let p = p as u32;
+            if o != self.me() && only.is_none_or(|x| x == p) {
+                theirs.entry(o).or_default().push(p);
+            }
+        }
+        let asks = theirs.into_iter().map(|(node, parts)| async move {
+            let req = StatsRequest {
+                topic: meta.name.clone(),
+                catalog: self.broker.followed(),
+            };
+            let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+            let got = if self.is_down(node) {
+                None
+            } else {
+                self.call(node, STATS, body, CALL_DEADLINE)
+                    .await
+                    .ok()
+                    .and_then(|b| {
+                        serde_json::from_slice::<Vec<crate::http::topics::PartitionStatsJson>>(&b)
+                            .ok()
+                    })
+            };
+            (parts, got)
+        });
+        let mut stats = Vec::new();
+        let mut missing = Vec::new();
+        for (parts, got) in futures_util::future::join_all(asks).await {
+            match got {
+                Some(s) => stats.extend(s.into_iter().filter(|s| parts.contains(&s.partition))),
+                None => missing.extend(parts),
+            }
+        }
+        missing.sort_unstable();
+        (stats, missing)
+    }
+
     // ── ack, extend, nack ──
 
     /// Settles each of `handles` on the member that leased it: one outcome per handle.
@@ -929,6 +977,13 @@ struct ConsumeRequest {
 #[serde(deny_unknown_fields)]
 struct CancelWait {
     wait_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatsRequest {
+    topic: String,
+    catalog: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -1341,6 +1396,18 @@ impl Service for DataService {
                         serde_json::to_vec(&out).expect("outcomes serialise"),
                     ))
                 }
+                STATS => {
+                    let req: StatsRequest =
+                        serde_json::from_slice(&body).map_err(|_| malformed("stats"))?;
+                    caught_up(&broker, req.catalog).await?;
+                    let info = broker
+                        .topic_info(&req.topic)
+                        .map_err(|e| to_fault(&e.into()))?;
+                    let stats = crate::http::topics::local_stats(&broker, &info, None);
+                    Ok(Bytes::from(
+                        serde_json::to_vec(&stats).expect("stats serialise"),
+                    ))
+                }
                 CANCEL_WAIT => {
                     let req: CancelWait =
                         serde_json::from_slice(&body).map_err(|_| malformed("cancel"))?;
@@ -1366,6 +1433,7 @@ impl Service for DataService {
             GIVE_BACK => "give_back",
             REPLAY => "replay",
             CANCEL_WAIT => "cancel_wait",
+            STATS => "stats",
             _ => return None,
         })
     }

@@ -12,7 +12,7 @@ mod consume;
 mod produce;
 pub mod query;
 pub(crate) mod render;
-mod topics;
+pub(crate) mod topics;
 mod users;
 
 use std::sync::Arc;

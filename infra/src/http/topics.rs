@@ -161,9 +161,10 @@ pub async fn detach(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-#[derive(Serialize)]
-struct PartitionStatsJson {
-    partition: u32,
+/// One partition's figures (on a cluster member, gathered from its owner).
+#[derive(Serialize, serde::Deserialize)]
+pub(crate) struct PartitionStatsJson {
+    pub(crate) partition: u32,
     oldest_offset: u64,
     next_offset: u64,
     /// Every offset below this is acked.
@@ -183,6 +184,37 @@ struct TopicDetailsJson<'a> {
     topic: TopicJson<'a>,
     waiters: usize,
     partition_stats: Vec<PartitionStatsJson>,
+    /// In a cluster: partitions whose owner could not be asked now (their figures are left
+    /// out).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    partitions_unavailable: Vec<u32>,
+}
+
+/// The figures of the partitions of `info` this node serves (all of them on a single node,
+/// the ones it owns in a cluster), or only of `only`.
+pub(crate) fn local_stats(
+    broker: &narad_core::broker::Broker,
+    info: &TopicInfo,
+    only: Option<u32>,
+) -> Vec<PartitionStatsJson> {
+    info.partitions
+        .iter()
+        .filter(|p| only.is_none_or(|o| o == p.partition))
+        .filter(|p| broker.is_local(&info.meta, p.partition))
+        .map(|p| PartitionStatsJson {
+            partition: p.partition,
+            oldest_offset: p.log.oldest_offset,
+            next_offset: p.log.next_offset.max(p.queue.frontier),
+            frontier: p.queue.frontier,
+            unacked: p.queue.unacked,
+            in_flight: p.queue.in_flight,
+            delayed: p.queue.delayed,
+            acked_ahead: p.queue.acked_ahead,
+            bytes: p.log.bytes,
+            segments: p.log.segments,
+            open: p.open,
+        })
+        .collect()
 }
 
 pub async fn create(
@@ -366,32 +398,22 @@ pub async fn get(
             ),
         ));
     }
-    let stats = info
-        .partitions
-        .iter()
-        .filter(|p| only.is_none_or(|o| o == p.partition))
-        // (in a cluster, the partitions this node owns: it holds nothing of the others)
-        .filter(|p| broker.is_local(&info.meta, p.partition))
-        .map(|p| PartitionStatsJson {
-            partition: p.partition,
-            oldest_offset: p.log.oldest_offset,
-            next_offset: p.log.next_offset.max(p.queue.frontier),
-            frontier: p.queue.frontier,
-            unacked: p.queue.unacked,
-            in_flight: p.queue.in_flight,
-            delayed: p.queue.delayed,
-            acked_ahead: p.queue.acked_ahead,
-            bytes: p.log.bytes,
-            segments: p.log.segments,
-            open: p.open,
-        })
-        .collect();
+    let mut stats = local_stats(broker, &info, only);
+    // a cluster member: the other partitions' figures from their owners
+    let mut partitions_unavailable = Vec::new();
+    if let Some(ingress) = state.ingress() {
+        let (theirs, missing) = ingress.partition_stats(&info.meta, only).await;
+        stats.extend(theirs);
+        stats.sort_by_key(|s| s.partition);
+        partitions_unavailable = missing;
+    }
     Ok(json_response(
         StatusCode::OK,
         &TopicDetailsJson {
             topic: topic_json(&info.meta, &caller, broker),
             waiters: info.waiters,
             partition_stats: stats,
+            partitions_unavailable,
         },
     ))
 }
