@@ -1416,11 +1416,7 @@ impl Service for DataService {
                     }
                     Ok(Bytes::new())
                 }
-                op => Err(Fault::new(
-                    400,
-                    "unknown_op",
-                    format!("op {} is not served", op.0),
-                )),
+                op => Err(Fault::unknown_op(op)),
             }
         })
     }

@@ -1102,7 +1102,7 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
         );
     }
     // the same cluster again, with its topic and the unacked message
-    let (_child, bases) = launch().await;
+    let (mut child, bases) = launch().await;
     wait_ready(&http, &bases, &dir, "ready again").await;
     let (st, m) = call(&bases[0], Method::GET, "/v1/topics/t/consume?wait=5s", None).await;
     assert_eq!(
@@ -1110,6 +1110,14 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
         (StatusCode::OK, Some("hello")),
         "{m}"
     );
+    // the launcher killed outright: its nodes go with it (none is left holding ports)
+    child.kill().await.unwrap();
+    for b in &bases {
+        until(&format!("{b} gone with its launcher"), 30, async || {
+            http.get(format!("{b}/healthz")).send().await.is_err()
+        })
+        .await;
+    }
 }
 
 // ── found by an adversarial review of the data plane (each failed on c501b66) ──

@@ -253,11 +253,7 @@ impl Service for MetaService {
                     let id: NodeId = decode(&body)?;
                     remove_here(&raft, id).await.map(|()| Bytes::new())
                 }
-                op => Err(Fault::new(
-                    400,
-                    "unknown_op",
-                    format!("op {} is not served", op.0),
-                )),
+                op => Err(Fault::unknown_op(op)),
             }
         })
     }

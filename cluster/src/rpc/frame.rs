@@ -67,6 +67,11 @@ impl Fault {
             message: message.into(),
         }
     }
+
+    /// What a service answers for an op it does not serve.
+    pub fn unknown_op(op: Op) -> Self {
+        Self::new(400, "unknown_op", format!("op {} is not served", op.0))
+    }
 }
 
 pub fn encode_reply(r: &Result<Bytes, Fault>) -> Bytes {

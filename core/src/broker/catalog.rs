@@ -651,11 +651,6 @@ impl Broker {
         }
     }
 
-    /// This node's id in its cluster (`None` on a single node).
-    pub fn node_id(&self) -> Option<u64> {
-        self.store.node_id()
-    }
-
     /// A topic's metadata (incarnation id, settings).
     pub fn topic_meta(&self, name: &str) -> Result<TopicMeta, BrokerError> {
         Ok(self.topic(name)?.meta.read().clone())

@@ -70,10 +70,13 @@ impl Broker {
         }
         // by partition, in request order within each (a stable sort: no map per request)
         placed.sort_by_key(|&(p, _, _)| p);
-        // in a cluster only a partition's owner writes it (the caller routed it here)
+        // in a cluster only a partition's owner writes it (the caller routed it here); a
+        // single node's topics name no owners, and skip the scan
         {
             let meta = topic.meta.read();
-            if let Some(&(p, _, _)) = placed.iter().find(|(p, _, _)| !self.is_local(&meta, *p)) {
+            if !meta.owners.is_empty()
+                && let Some(&(p, _, _)) = placed.iter().find(|(p, _, _)| !self.is_local(&meta, *p))
+            {
                 return Err(BrokerError::NotOwner {
                     topic: topic_name.to_owned(),
                     partition: p,

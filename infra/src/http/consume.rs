@@ -143,42 +143,38 @@ pub async fn consume(
     let limit = Duration::from_millis(state.cfg.max_wait_ms);
     let clamped = wait > limit;
     let wait = wait.min(limit);
-    if let Some(ingress) = state.ingress() {
-        // a cluster member: this member's partitions, then the other owners'
-        let taken = ingress
-            .consume(&topic, partition, max.unwrap_or(1), wait)
-            .await?;
-        let mut resp = if taken.is_empty() {
-            StatusCode::NO_CONTENT.into_response()
-        } else {
-            let text = taken.body(max.is_some());
-            // (not sent: dropping `taken` gives the messages back)
-            let resp = super::budget::reply(&state.body_budget, &held, StatusCode::OK, text)?;
-            taken.sent();
-            resp
-        };
-        if clamped {
-            let v = format!("{}ms", limit.as_millis());
-            resp.headers_mut().insert(
-                WAIT_CLAMPED_HEADER,
-                HeaderValue::from_str(&v).expect("ascii header value"),
-            );
+    let mut resp = match state.ingress() {
+        // a cluster member: every owner's partitions
+        Some(ingress) => {
+            let taken = ingress
+                .consume(&topic, partition, max.unwrap_or(1), wait)
+                .await?;
+            if taken.is_empty() {
+                StatusCode::NO_CONTENT.into_response()
+            } else {
+                let text = taken.body(max.is_some());
+                // (not sent: dropping `taken` gives the messages back)
+                let resp = super::budget::reply(&state.body_budget, &held, StatusCode::OK, text)?;
+                taken.sent();
+                resp
+            }
         }
-        return Ok(resp);
-    }
-    let got = broker
-        .consume(&topic, partition, max.unwrap_or(1), wait)
-        .await?;
-    let mut resp = if got.is_empty() {
-        StatusCode::NO_CONTENT.into_response()
-    } else {
-        let msgs: Vec<_> = got.iter().map(|d| render::delivery(&topic, d)).collect();
-        match reply(&state, &held, &msgs, max.is_some()) {
-            Ok(resp) => resp,
-            Err(e) => {
-                // not handed out: the messages are deliverable again at once
-                broker.give_back(&topic, &got);
-                return Err(e);
+        None => {
+            let got = broker
+                .consume(&topic, partition, max.unwrap_or(1), wait)
+                .await?;
+            if got.is_empty() {
+                StatusCode::NO_CONTENT.into_response()
+            } else {
+                let msgs: Vec<_> = got.iter().map(|d| render::delivery(&topic, d)).collect();
+                match reply(&state, &held, &msgs, max.is_some()) {
+                    Ok(resp) => resp,
+                    Err(e) => {
+                        // not handed out: the messages are deliverable again at once
+                        broker.give_back(&topic, &got);
+                        return Err(e);
+                    }
+                }
             }
         }
     };
