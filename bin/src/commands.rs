@@ -344,6 +344,7 @@ fn settings(s: &TopicSettings) -> wire::TopicSettings {
         max_in_flight_per_partition: s.max_in_flight,
         delay_ms: s.delay_ms,
         max_message_bytes: s.max_message_bytes,
+        key_policy: s.key_policy.clone(),
     }
 }
 

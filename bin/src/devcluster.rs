@@ -25,6 +25,24 @@ const BIND_DEADLINE: Duration = Duration::from_secs(30);
 /// How long stopped nodes get to shut down cleanly before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(15);
 
+/// A line to stdout that cannot fail the launcher: whoever reads its output may stop
+/// reading (`| head -3`, a test that has what it needed), and `println!` would panic on the
+/// closed pipe, taking every node down with the launcher.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// As [`say!`], to stderr.
+macro_rules! esay {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 struct Node {
     id: u8,
     child: Child,
@@ -85,7 +103,7 @@ pub async fn run(n: u8, port: u16, dir: &Path, config: Option<&Path>) -> Result<
         let child = cmd.spawn()?;
         nodes.push(Node { id, child, log });
     }
-    println!("narad dev cluster: {n} nodes, data under {}", dir.display());
+    say!("narad dev cluster: {n} nodes, data under {}", dir.display());
     for node in &mut nodes {
         let addr_file = dir.join(format!("n{}.addr", node.id));
         let addr = match wait_for_addr(&addr_file, &mut node.child).await {
@@ -95,13 +113,13 @@ pub async fn run(n: u8, port: u16, dir: &Path, config: Option<&Path>) -> Result<
                 return Err(e);
             }
         };
-        println!(
+        say!(
             "  node {}: http://{addr}  (log: {})",
             node.id,
             node.log.display()
         );
     }
-    println!(
+    say!(
         "Ctrl-C stops every node. Any node serves every request; `narad cluster status` shows the cluster."
     );
     let stopped = crate::commands::shutdown_signal();
@@ -113,7 +131,7 @@ pub async fn run(n: u8, port: u16, dir: &Path, config: Option<&Path>) -> Result<
             () = &mut stopped => break,
             (id, status) = exits => {
                 running -= 1;
-                eprintln!("node {id} exited ({status}); the others keep running (restart the dev cluster to bring it back)");
+                esay!("node {id} exited ({status}); the others keep running (restart the dev cluster to bring it back)");
             }
         }
     }
@@ -156,7 +174,7 @@ async fn stop(nodes: &mut [Node]) {
             .await
             .is_err()
         {
-            eprintln!("node {} did not stop within {STOP_GRACE:?}: killed", n.id);
+            esay!("node {} did not stop within {STOP_GRACE:?}: killed", n.id);
             let _ = n.child.kill().await;
         }
     }

@@ -232,6 +232,10 @@ struct TopicSettings {
     delay_ms: Option<i64>,
     #[arg(long)]
     max_message_bytes: Option<u64>,
+    /// In a cluster, where a keyed message goes while its partition's owner is down:
+    /// `prefer` (the next live partition) or `strict` (503, retry later).
+    #[arg(long, value_parser = ["prefer", "strict"])]
+    key_policy: Option<String>,
 }
 
 #[derive(Args)]

@@ -29,6 +29,23 @@ pub struct TopicConfig {
     /// Default delay applied to messages produced without their own `delay_ms`.
     pub delay_ms: i64,
     pub max_message_bytes: u64,
+    /// Where a keyed message goes while its partition's owner is down (in a cluster).
+    #[serde(default)]
+    pub key_policy: KeyPolicy,
+}
+
+/// What a cluster member does with a keyed message whose partition's owner cannot be
+/// reached. A single node owns every partition, so there it changes nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyPolicy {
+    /// Availability over stickiness: the message goes to the next partition whose owner
+    /// answers (its key's order with the messages before it is not kept meanwhile).
+    #[default]
+    Prefer,
+    /// Stickiness over availability: the message is not moved; the produce answers
+    /// `503 cluster_unavailable` with `Retry-After` until the owner is back.
+    Strict,
 }
 
 impl Default for TopicConfig {
@@ -41,6 +58,7 @@ impl Default for TopicConfig {
             max_in_flight_per_partition: 1024,
             delay_ms: 0,
             max_message_bytes: 1024 * 1024,
+            key_policy: KeyPolicy::Prefer,
         }
     }
 }
@@ -174,6 +192,7 @@ pub struct TopicPatch {
     pub max_in_flight_per_partition: Option<u32>,
     pub delay_ms: Option<i64>,
     pub max_message_bytes: Option<u64>,
+    pub key_policy: Option<KeyPolicy>,
 }
 
 impl TopicPatch {
@@ -189,7 +208,8 @@ impl TopicPatch {
             retention_bytes,
             max_in_flight_per_partition,
             delay_ms,
-            max_message_bytes
+            max_message_bytes,
+            key_policy
         );
         base
     }
@@ -202,6 +222,7 @@ impl TopicPatch {
             && self.max_in_flight_per_partition.is_none()
             && self.delay_ms.is_none()
             && self.max_message_bytes.is_none()
+            && self.key_policy.is_none()
     }
 }
 
@@ -255,6 +276,25 @@ mod tests {
                 .field,
             "max_in_flight_per_partition"
         );
+    }
+
+    /// Settings kept before `key_policy` existed read as `prefer`; it is written by name,
+    /// set by a change, and an unknown policy is refused.
+    #[test]
+    fn key_policy_defaults_to_prefer_and_is_set_by_name() {
+        let old = r#"{"partitions":3,"visibility_timeout_ms":30000,"retention_ms":0,
+            "retention_bytes":0,"max_in_flight_per_partition":1,"delay_ms":0,
+            "max_message_bytes":1}"#;
+        let c: TopicConfig = serde_json::from_str(old).unwrap();
+        assert_eq!(c.key_policy, KeyPolicy::Prefer);
+        let patch: TopicPatch = serde_json::from_str(r#"{"key_policy":"strict"}"#).unwrap();
+        assert!(!patch.is_empty());
+        let strict = c.patched(&patch).unwrap();
+        assert_eq!(strict.key_policy, KeyPolicy::Strict);
+        let json = serde_json::to_value(&strict).unwrap();
+        assert_eq!(json["key_policy"], "strict");
+        assert_eq!(serde_json::from_value::<TopicConfig>(json).unwrap(), strict);
+        assert!(serde_json::from_str::<TopicPatch>(r#"{"key_policy":"sticky"}"#).is_err());
     }
 
     #[test]

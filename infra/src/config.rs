@@ -607,6 +607,7 @@ impl ServerConfig {
             max_in_flight_per_partition: self.default_max_in_flight_per_partition,
             delay_ms: self.default_delay_ms,
             max_message_bytes: self.default_max_message_bytes,
+            key_policy: narad_core::topic::KeyPolicy::Prefer,
         }
     }
 

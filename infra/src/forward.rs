@@ -6,9 +6,11 @@
 //!   schema) as a single node does, places every message on a partition (pinned, by key, or
 //!   round-robin), and hands each owner its messages in one call; the owner appends them
 //!   (fsync) and answers their offsets. A `202` still means every message is durable. A
-//!   keyless or keyed message whose owner cannot be reached is placed again on a partition
-//!   of another member (once; keys follow the `prefer` policy: the next partition whose
-//!   owner answers); a message pinned to a partition is not moved (`503 cluster_unavailable`).
+//!   keyless message, or a keyed one under the topic's `prefer` key policy, whose owner
+//!   cannot be reached is placed again on a partition of another member (once: the next
+//!   partition whose owner answers); a message pinned to a partition, or keyed under
+//!   `strict`, is not moved (`503 cluster_unavailable`, at once while its owner is known
+//!   to be down).
 //! - **Consume**: every owner of the topic, this member included, in a rotating order, each
 //!   asked not to wait; with nothing anywhere and a wait, the reader waits in the line of
 //!   every owner at once (a call that waits there, in the owner's FIFO line), and the first
@@ -32,6 +34,7 @@ use narad_cluster::rpc::{BoxFuture, Fault, Op, RpcError, Service};
 use narad_core::broker::{
     AckAction, Broker, BrokerError, Delivery, ProduceMessage, Produced, ReplayFrom,
 };
+use narad_core::topic::KeyPolicy;
 use narad_wire::ErrorCode;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -226,26 +229,43 @@ impl Ingress {
                 .into());
             }
         }
-        let pinned: Vec<bool> = msgs.iter().map(|m| m.partition.is_some()).collect();
+        // a message pinned to its partition, or keyed under the `strict` policy, never moves
+        let strict = meta.config.key_policy == KeyPolicy::Strict;
+        let sticky: Vec<bool> = msgs
+            .iter()
+            .map(|m| m.partition.is_some() || (strict && m.key.is_some()))
+            .collect();
         let keyless = msgs
             .iter()
             .filter(|m| m.partition.is_none() && m.key.is_none());
         let mut rr = self.broker.produce_cursor(topic, keyless.count() as u64)?;
         for m in &mut msgs {
             if m.partition.is_none() {
-                let p = match &m.key {
-                    Some(k) => narad_core::topic::partition_for_key(k, n),
+                m.partition = Some(match &m.key {
+                    Some(k) if strict => narad_core::topic::partition_for_key(k, n),
+                    Some(k) => {
+                        let p = narad_core::topic::partition_for_key(k, n);
+                        self.live_partition(p, n, &owner, &[])
+                    }
                     None => {
                         rr = rr.wrapping_add(1);
-                        (rr % u64::from(n)) as u32
+                        self.live_partition((rr % u64::from(n)) as u32, n, &owner, &[])
                     }
-                };
-                m.partition = Some(self.live_partition(p, n, &owner, &[]));
+                });
             }
         }
         let catalog = self.broker.followed();
         let mut out: Vec<Option<Outcome>> = (0..msgs.len()).map(|_| None).collect();
-        let mut todo: Vec<usize> = (0..msgs.len()).collect();
+        // a message that cannot move, whose owner is known to be down, is told so at once
+        let mut todo: Vec<usize> = Vec::with_capacity(msgs.len());
+        for (i, m) in msgs.iter().enumerate() {
+            let p = m.partition.unwrap_or(0);
+            if sticky[i] && self.is_down(owner(p)) {
+                out[i] = Some(Err(owner_down(p, owner(p))));
+            } else {
+                todo.push(i);
+            }
+        }
         let mut failed: Vec<u64> = Vec::new();
         for round in 0..2 {
             let mut groups: HashMap<u64, Vec<usize>> = HashMap::new();
@@ -275,7 +295,7 @@ impl Ingress {
                             // placed by this member (not pinned): placed again, once
                             let p = msgs[i].partition.unwrap_or(0);
                             let again = self.live_partition(p + 1, n, &owner, &failed);
-                            if !pinned[i] && owner(again) != node {
+                            if !sticky[i] && owner(again) != node {
                                 msgs[i].partition = Some(again);
                                 todo.push(i);
                             } else {
@@ -943,6 +963,14 @@ fn action_name(a: AckAction) -> &'static str {
         AckAction::Extend => "extend",
         AckAction::Nack => "nack",
     }
+}
+
+/// A message that may not move (pinned, or keyed under `strict`) whose owner is down.
+fn owner_down(partition: u32, node: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::ClusterUnavailable,
+        format!("partition {partition}'s owner (node {node}) cannot be reached; retry"),
+    )
 }
 
 fn from_fault(f: &Fault) -> ApiError {

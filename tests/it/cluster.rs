@@ -671,7 +671,8 @@ async fn topics_changed_through_any_member_are_followed_by_every_member() {
 /// acknowledged message is consumed through another member and acked through a third; a
 /// reader waiting on one member is woken by a message produced into another member's
 /// partition; an owner killed with SIGKILL costs keyless producers nothing (they are placed
-/// on the live owners) while a producer pinned to its partition is told to retry; back, it
+/// on the live owners, and so are keyed ones under the default `prefer` key policy) while a
+/// producer pinned to its partition, or keyed under `strict`, is told to retry; back, it
 /// serves its partitions with nothing acknowledged lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
@@ -919,6 +920,57 @@ async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
         (StatusCode::SERVICE_UNAVAILABLE, Some("cluster_unavailable")),
         "{r}"
     );
+    // keys: under `prefer` (the default) a key whose partition node 3 owns moves to a live
+    // partition; under `strict` it is told to retry, and a key elsewhere keeps its partition
+    let key_on = |on_3: bool| {
+        (0..)
+            .map(|i| format!("key-{i}"))
+            .find(|k| {
+                let p = narad_core::topic::partition_for_key(k.as_bytes(), 6);
+                (owners[p as usize] == 3) == on_3
+            })
+            .unwrap()
+    };
+    let (k3, k1) = (key_on(true), key_on(false));
+    let (st, r) = produce(&nodes[1], "moved", &format!("?key={k3}")).await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    assert_ne!(owners[r["partition"].as_u64().unwrap() as usize], 3, "{r}");
+    after.insert("moved".into());
+    let (st, t) = nodes[0]
+        .call(
+            anyone,
+            Method::PATCH,
+            "/v1/topics/q",
+            Some(serde_json::json!({"key_policy": "strict"})),
+        )
+        .await;
+    assert_eq!(
+        (st, t["key_policy"].as_str()),
+        (StatusCode::OK, Some("strict")),
+        "{t}"
+    );
+    let r = nodes[0]
+        .http
+        .post(format!("{}/v1/topics/q/produce?key={k3}", nodes[0].base))
+        .body("sticky")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().contains_key("retry-after"), "{:?}", r.headers());
+    let r: Value = r.json().await.unwrap();
+    assert_eq!(r["code"], "cluster_unavailable", "{r}");
+    let (st, r) = produce(&nodes[0], "kept", &format!("?key={k1}")).await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    assert_eq!(
+        r["partition"].as_u64(),
+        Some(u64::from(narad_core::topic::partition_for_key(
+            k1.as_bytes(),
+            6
+        ))),
+        "{r}"
+    );
+    after.insert("kept".into());
     // back: everything acknowledged is there, consumed through the restarted member
     nodes[2].start().await;
     until("node 3 ready again", 60, async || nodes[2].ready().await).await;
@@ -979,25 +1031,33 @@ async fn wait_ready(http: &reqwest::Client, bases: &[String], dir: &Path, what: 
                     Ok(r) => r.text().await.unwrap_or_default(),
                     Err(e) => e.to_string(),
                 };
-                let logs: Vec<String> = (1..=bases.len())
-                    .map(|i| {
-                        let log = std::fs::read_to_string(dir.join(format!("n{i}.log")))
-                            .unwrap_or_default();
-                        let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                        let tail: Vec<&str> = tail.into_iter().rev().collect();
-                        format!("── n{i}.log ──\n{}", tail.join("\n"))
-                    })
-                    .collect();
-                panic!("{b} not {what}: {said}\n{}", logs.join("\n"));
+                panic!("{}\n{b} not {what}: {said}", dev_logs(dir, bases.len()));
             }
             poll_pause().await;
         }
     }
 }
 
+/// The tails of a dev cluster's node logs (for a failure's message: CI shows the end of a
+/// failed test's output, so what failed goes after them).
+fn dev_logs(dir: &Path, n: usize) -> String {
+    let logs: Vec<String> = (1..=n)
+        .map(|i| {
+            let log = std::fs::read_to_string(dir.join(format!("n{i}.log"))).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(25).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!("── n{i}.log ──\n{}", tail.join("\n"))
+        })
+        .collect();
+    logs.join("\n")
+}
+
 /// `narad server start --dev --nodes 3`: three processes forming a cluster on loopback,
 /// their addresses printed; any node serves; SIGTERM to the launcher stops all three; a
-/// restart on the same directory is the same cluster with its data.
+/// restart on the same directory is the same cluster with its data, and a launcher nobody
+/// reads (its stdout closed) keeps it running: `println!` on the closed pipe used to panic
+/// the launcher, and its nodes went down with it (a CI flake, whenever the test dropped its
+/// reader before the launcher's last line).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data() {
     use reqwest::Method;
@@ -1008,7 +1068,12 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let launch = async || {
+    // `deaf`: the launcher's stdout is closed before it writes a line (a reader that went
+    // away, as `| head -1` does); the nodes' addresses come from their address files
+    let launch = async |deaf: bool| {
+        for i in 1..=3 {
+            let _ = std::fs::remove_file(dir.join(format!("n{i}.addr")));
+        }
         let mut child = tokio::process::Command::new(BIN)
             .args([
                 "server",
@@ -1026,8 +1091,22 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let out = child.stdout.take().unwrap();
         let mut bases = Vec::new();
+        if deaf {
+            drop(out);
+            for i in 1..=3 {
+                let file = dir.join(format!("n{i}.addr"));
+                until(&format!("{} written", file.display()), 60, async || {
+                    std::fs::read_to_string(&file).is_ok()
+                })
+                .await;
+                let addr = std::fs::read_to_string(&file).unwrap();
+                bases.push(format!("http://{}", addr.trim()));
+            }
+            return (child, bases);
+        }
+        let mut lines = tokio::io::BufReader::new(out).lines();
         let read = async {
             while bases.len() < 3 {
                 let line = lines
@@ -1048,7 +1127,7 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
             .expect("three nodes listed");
         (child, bases)
     };
-    let (mut child, bases) = launch().await;
+    let (mut child, bases) = launch(false).await;
     wait_ready(&http, &bases, &dir, "ready").await;
     let call = async |base: &str, method: Method, path: &str, body: Option<&str>| {
         let mut r = http.request(method, format!("{base}{path}"));
@@ -1102,7 +1181,7 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
         );
     }
     // the same cluster again, with its topic and the unacked message
-    let (mut child, bases) = launch().await;
+    let (mut child, bases) = launch(true).await;
     wait_ready(&http, &bases, &dir, "ready again").await;
     let (st, m) = call(&bases[0], Method::GET, "/v1/topics/t/consume?wait=5s", None).await;
     assert_eq!(
@@ -1112,11 +1191,17 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
     );
     // the launcher killed outright: its nodes go with it (none is left holding ports)
     child.kill().await.unwrap();
+    let t = Instant::now();
     for b in &bases {
-        until(&format!("{b} gone with its launcher"), 30, async || {
-            http.get(format!("{b}/healthz")).send().await.is_err()
-        })
-        .await;
+        while http.get(format!("{b}/healthz")).send().await.is_ok() {
+            if t.elapsed() > Duration::from_secs(30) {
+                panic!(
+                    "{}\n{b} still up 30 s after its launcher was killed",
+                    dev_logs(&dir, 3)
+                );
+            }
+            poll_pause().await;
+        }
     }
 }
 

@@ -12,6 +12,8 @@ pub struct TopicConfig {
     pub max_in_flight_per_partition: u32,
     pub delay_ms: i64,
     pub max_message_bytes: u64,
+    /// `prefer` or `strict`: where a keyed message goes while its owner is down (cluster).
+    pub key_policy: String,
 }
 
 /// Settings a create or change gives; absent ones take the server defaults (create) or stay
@@ -32,6 +34,8 @@ pub struct TopicSettings {
     pub delay_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_message_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_policy: Option<String>,
 }
 
 /// Where a new fan-out child starts copying its parent.
