@@ -78,6 +78,8 @@ struct History {
     deliveries: Vec<Delivery>,
     acks: Vec<AckOk>,
     ack_failures: u32,
+    /// When the latest settle whose outcome is unknown was sent.
+    unknown_settle_at: Option<Nanos>,
 }
 
 #[derive(Debug, Clone)]
@@ -224,6 +226,32 @@ impl Recorder {
         if let Some(d) = h.deliveries.iter_mut().rev().find(|d| d.handle == handle) {
             d.lease_end_lb = d.lease_end_lb.min(sent_at);
         }
+        h.unknown_settle_at = h.unknown_settle_at.max(Some(sent_at));
+    }
+
+    /// Accepted messages not known to be acked, for a drain to wait on: as
+    /// [`Tally::outstanding`], but leaving out a message whose latest delivery was settled
+    /// with an unknown outcome more than `grace` ago. That settle may have been applied (then
+    /// the message never comes back and no ack will ever be seen); had it not been, the lease
+    /// would have ended within the visibility timeout and the message come back, so `grace`
+    /// is the visibility timeout plus slack.
+    pub fn unsettled(&self, grace: Duration) -> u64 {
+        let now = self.now();
+        let grace = grace.as_nanos() as Nanos;
+        let st = self.state.lock();
+        st.messages
+            .values()
+            .filter(|e| match e {
+                Entry::Done { .. } => false,
+                Entry::Open(h) => {
+                    let settled_unknown = h.unknown_settle_at.is_some_and(|u| {
+                        let latest = h.deliveries.iter().map(|d| d.resp_at).max().unwrap_or(0);
+                        u >= latest && now.saturating_sub(u) > grace
+                    });
+                    h.accepted_at.is_some() && h.acks.is_empty() && !settled_unknown
+                }
+            })
+            .count() as u64
     }
 
     /// Accepted messages with no successful ack: after a drain, each of these is lost (or
@@ -285,10 +313,12 @@ impl Recorder {
                 .for_each(|(id, h)| self.settle_unknown(*id, h, sent_at)),
             Some(st) => {
                 for ((id, h), s) in items.iter().zip(st) {
-                    if *s == 204 {
-                        self.settled(*id, h, sent_at, resp_at, acked);
-                    } else {
-                        self.settle_failed(*id);
+                    match *s {
+                        204 => self.settled(*id, h, sent_at, resp_at, acked),
+                        // the broker could not say: in a cluster, the member did not hear back
+                        // from the owner, which may have applied it
+                        503 => self.settle_unknown(*id, h, sent_at),
+                        _ => self.settle_failed(*id),
                     }
                 }
             }
@@ -755,6 +785,32 @@ mod tests {
         // and accepted-but-unacked messages are reported after a drain
         r.accepted(1, 5);
         assert_eq!(r.unacked().len(), 1);
+    }
+
+    /// A settle answered 503 (a cluster member that did not hear back from the owner) may
+    /// have been applied: a drain stops waiting for it once its lease would have come back.
+    #[test]
+    fn a_settle_of_unknown_outcome_is_waited_for_until_its_lease_would_have_ended() {
+        let r = rec();
+        r.sent(1, 0, Duration::ZERO);
+        r.accepted(1, 1);
+        deliver(&r, 1, 1, 10, 20, "a");
+        assert_eq!(r.unsettled(Duration::ZERO), 1);
+        r.settle_outcome(&[(1, "a".into())], 30, Some(&[503]), true);
+        assert_eq!(r.tally().outstanding, 1, "not known to be acked");
+        assert_eq!(
+            r.unsettled(Duration::from_secs(3600)),
+            1,
+            "may still come back"
+        );
+        assert_eq!(r.unsettled(Duration::ZERO), 0);
+        // delivered again after it: that settle did not take, so the wait is on again
+        deliver(&r, 1, 2, 40, 50, "b");
+        assert_eq!(r.unsettled(Duration::ZERO), 1);
+        // a definite refusal is not an unknown outcome
+        r.settle_outcome(&[(1, "b".into())], 60, Some(&[410]), true);
+        assert_eq!(r.unsettled(Duration::ZERO), 1);
+        assert!(r.check().is_clean(), "{}", r.check());
     }
 
     #[test]

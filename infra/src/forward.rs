@@ -7,8 +7,9 @@
 //!   round-robin), and hands each owner its messages in one call; the owner appends them
 //!   (fsync) and answers their offsets. A `202` still means every message is durable. A
 //!   keyless message, or a keyed one under the topic's `prefer` key policy, whose owner
-//!   cannot be reached is placed again on a partition of another member (once: the next
-//!   partition whose owner answers); a message pinned to a partition, or keyed under
+//!   cannot be reached is placed again on a partition of another member (once: one of this
+//!   member's, else the next one whose owner is not known down); a message pinned to a
+//!   partition, or keyed under
 //!   `strict`, is not moved (`503 cluster_unavailable`, at once while its owner is known
 //!   to be down).
 //! - **Consume**: every owner of the topic, this member included, in a rotating order, each
@@ -292,9 +293,14 @@ impl Ingress {
                     Err(CallError::Unreachable(e)) if round == 0 => {
                         failed.push(node);
                         for i in idx {
-                            // placed by this member (not pinned): placed again, once
+                            // placed by this member (not pinned): placed again, once, on a
+                            // partition of this member if it owns one (it is surely up:
+                            // another guess could meet a second owner that is down too)
                             let p = msgs[i].partition.unwrap_or(0);
-                            let again = self.live_partition(p + 1, n, &owner, &failed);
+                            let again = (1..=n)
+                                .map(|d| (p + d) % n)
+                                .find(|&q| owner(q) == self.me())
+                                .unwrap_or_else(|| self.live_partition(p + 1, n, &owner, &failed));
                             if !sticky[i] && owner(again) != node {
                                 msgs[i].partition = Some(again);
                                 todo.push(i);
