@@ -67,6 +67,10 @@ struct Delivery {
 struct AckOk {
     sent_at: Nanos,
     resp_at: Nanos,
+    /// The record (partition, offset) whose lease the ack ended, when known. A message may
+    /// be stored twice (a producer's retry, or a cluster member placing it again after its
+    /// owner did not answer in time): an ack of one copy says nothing about the other.
+    record: Option<(u32, u64)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -89,6 +93,8 @@ enum Entry {
     Done {
         acked_at: Nanos,
         deliveries: u32,
+        /// The copy acked last (see [`AckOk::record`]).
+        record: Option<(u32, u64)>,
     },
 }
 
@@ -99,6 +105,9 @@ struct State {
     phantoms: Vec<(Nanos, String)>,
     /// Deliveries of compacted messages found later (counted, checked against faults).
     late_after_compact: Vec<(MsgId, Nanos, Nanos)>,
+    /// Deliveries of compacted messages from another copy than the acked one (duplicates,
+    /// not redeliveries).
+    copies_after_compact: u64,
 }
 
 /// The running counts of a history, cheap to compute for a live tally.
@@ -185,9 +194,15 @@ impl Recorder {
             None => st
                 .phantoms
                 .push((resp_at, payload.chars().take(64).collect())),
-            Some(Entry::Done { acked_at, .. }) => {
+            Some(Entry::Done {
+                acked_at, record, ..
+            }) => {
                 let acked_at = *acked_at;
-                st.late_after_compact.push((id, acked_at, req_at));
+                if record.is_none_or(|r| r == (partition, offset)) {
+                    st.late_after_compact.push((id, acked_at, req_at));
+                } else {
+                    st.copies_after_compact += 1;
+                }
             }
             Some(Entry::Open(h)) => h.deliveries.push(Delivery {
                 reader,
@@ -208,11 +223,17 @@ impl Recorder {
         let Some(Entry::Open(h)) = st.messages.get_mut(&id) else {
             return;
         };
+        let mut record = None;
         if let Some(d) = h.deliveries.iter_mut().rev().find(|d| d.handle == handle) {
             d.lease_end_lb = d.lease_end_lb.min(sent_at);
+            record = Some((d.partition, d.offset));
         }
         if acked {
-            h.acks.push(AckOk { sent_at, resp_at });
+            h.acks.push(AckOk {
+                sent_at,
+                resp_at,
+                record,
+            });
         }
     }
 
@@ -344,9 +365,10 @@ impl Recorder {
         let mut out = Vec::new();
         for (id, e) in st.messages.iter_mut() {
             let Entry::Open(h) = e else { continue };
-            let Some(last_ack) = h.acks.iter().map(|a| a.resp_at).max() else {
+            let Some(last) = h.acks.iter().max_by_key(|a| a.resp_at) else {
                 continue;
             };
+            let (last_ack, record) = (last.resp_at, last.record);
             if last_ack > horizon || h.deliveries.iter().any(|d| d.resp_at > horizon) {
                 continue;
             }
@@ -354,6 +376,7 @@ impl Recorder {
             *e = Entry::Done {
                 acked_at: last_ack,
                 deliveries: h.deliveries.len() as u32,
+                record,
             };
         }
         out
@@ -382,7 +405,7 @@ impl Recorder {
                 }
             }
         }
-        t.duplicates += st.late_after_compact.len() as u64;
+        t.duplicates += st.late_after_compact.len() as u64 + st.copies_after_compact;
         t
     }
 
@@ -514,9 +537,11 @@ fn check_one(id: MsgId, h: &History, faults: &[Fault], out: &mut Vec<Violation>)
     ds.sort_by_key(|d| d.resp_at);
     for (i, a) in ds.iter().enumerate() {
         for b in &ds[i + 1..] {
-            // each was answered (so had started) before the other's lease could have ended,
-            // and no fault in between: the two leases overlapped
-            if b.resp_at < a.lease_end_lb
+            // the same record, each answered (so started) before the other's lease could
+            // have ended, and no fault in between: the two leases overlapped (two copies of
+            // a message may be leased at once: they are two records)
+            if (a.partition, a.offset) == (b.partition, b.offset)
+                && b.resp_at < a.lease_end_lb
                 && a.resp_at < b.lease_end_lb
                 && !fault_between(faults, a.req_at, b.resp_at)
             {
@@ -536,7 +561,8 @@ fn check_one(id: MsgId, h: &History, faults: &[Fault], out: &mut Vec<Violation>)
         }
     }
     for ack in &h.acks {
-        for d in ds.iter().filter(|d| d.req_at > ack.resp_at) {
+        let same = |d: &&&Delivery| ack.record.is_none_or(|r| r == (d.partition, d.offset));
+        for d in ds.iter().filter(|d| d.req_at > ack.resp_at).filter(same) {
             if !fault_covers_ack(faults, ack.resp_at, d.req_at) {
                 out.push(Violation {
                     rule: Rule::RedeliveredAfterAck,
@@ -785,6 +811,29 @@ mod tests {
         // and accepted-but-unacked messages are reported after a drain
         r.accepted(1, 5);
         assert_eq!(r.unacked().len(), 1);
+    }
+
+    /// A message stored twice (placed again after its owner did not answer in time, though
+    /// it had written it): the copies are two records, each leased and acked on its own.
+    #[test]
+    fn two_copies_of_a_message_are_duplicates_not_violations() {
+        let r = rec();
+        r.sent(1, 0, Duration::ZERO);
+        r.accepted(1, 1);
+        r.delivered(Some(1), "", 1, 10, 20, 0, 7, "a");
+        r.delivered(Some(1), "", 2, 15, 25, 3, 9, "b"); // the other copy, inside a's lease
+        r.settled(1, "a", 30, 40, true);
+        r.settled(1, "b", 41, 42, false); // b nacked
+        r.delivered(Some(1), "", 1, 50, 60, 3, 9, "c"); // b's copy again after a's ack
+        let rep = r.check();
+        assert!(rep.is_clean(), "{rep}");
+        assert_eq!(rep.tally.duplicates, 2);
+        // the acked copy itself again, or twice at once, still is a violation
+        r.delivered(Some(1), "", 2, 70, 80, 0, 7, "d");
+        r.delivered(Some(1), "", 3, 75, 85, 0, 7, "e");
+        let rep = r.check();
+        assert_eq!(rep.counts.redelivered_after_ack, 2, "{rep}");
+        assert_eq!(rep.counts.double_lease, 1, "{rep}");
     }
 
     /// A settle answered 503 (a cluster member that did not hear back from the owner) may

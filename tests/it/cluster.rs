@@ -31,6 +31,8 @@ struct Node {
     secure: bool,
     base: String,
     http: reqwest::Client,
+    /// Run inside this network namespace (name, the address its HTTP listener binds).
+    netns: Option<(String, String)>,
 }
 
 /// A free UDP port on loopback (bound, then released for the node to take).
@@ -57,6 +59,7 @@ impl Node {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),
+            netns: None,
         }
     }
 
@@ -74,15 +77,29 @@ impl Node {
             .append(true)
             .open(self.dir.with_extension("log"))
             .unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.args(["server", "start"]);
-        if self.secure {
-            cmd.env("NARAD_ADMIN_PASSWORD", ROOT_PW);
-        } else {
-            cmd.arg("--dev");
-        }
+        let mut cmd = match &self.netns {
+            // inside the namespace, listening where the test reaches it, security off
+            Some((ns, ip)) => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", ns, BIN, "serve", "--listen"])
+                    .arg(format!("{ip}:0"))
+                    .env("NARAD_SECURITY_ENABLED", "false");
+                cmd
+            }
+            None => {
+                let mut cmd = Command::new(BIN);
+                cmd.args(["server", "start"]);
+                if self.secure {
+                    cmd.env("NARAD_ADMIN_PASSWORD", ROOT_PW);
+                } else {
+                    cmd.arg("--dev");
+                }
+                cmd.args(["--port", "0"]);
+                cmd
+            }
+        };
         let child = cmd
-            .args(["--port", "0", "--archive-url", "off", "--data-dir"])
+            .args(["--archive-url", "off", "--data-dir"])
             .arg(&self.dir)
             .arg("--addr-file")
             .arg(&addr_file)
@@ -1670,6 +1687,143 @@ async fn produce_through(http: &mut Http, rec: &Recorder, ids: &[MsgId]) -> bool
     }
 }
 
+/// Producers and consumers through every member of a cluster (topic `c`), recorded for the
+/// lifecycle checker: per member a producer of keyed singles, one of keyless batches of 10,
+/// and a consumer that acks what it gets.
+struct Traffic {
+    rec: Arc<Recorder>,
+    addrs: Arc<std::sync::Mutex<Vec<String>>>,
+    producing: Arc<AtomicBool>,
+    consuming: Arc<AtomicBool>,
+    producers: Vec<tokio::task::JoinHandle<()>>,
+    consumers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    /// `visibility`: topic `c`'s visibility timeout.
+    fn start(nodes: &[Node], visibility: Duration) -> Self {
+        let rec = Arc::new(Recorder::new(visibility, Duration::from_secs(1)));
+        let addrs = Arc::new(std::sync::Mutex::new(
+            nodes.iter().map(Self::host).collect::<Vec<_>>(),
+        ));
+        let next = Arc::new(AtomicU64::new(0));
+        let producing = Arc::new(AtomicBool::new(true));
+        let consuming = Arc::new(AtomicBool::new(true));
+        let mut producers = Vec::new();
+        let mut consumers = Vec::new();
+        for member in 0..nodes.len() {
+            for batch in [1, 10] {
+                let (rec, next, producing) = (rec.clone(), next.clone(), producing.clone());
+                let mut to = Through {
+                    addrs: addrs.clone(),
+                    member,
+                    cur: None,
+                };
+                producers.push(tokio::spawn(async move {
+                    while producing.load(Ordering::Relaxed) {
+                        let answered = match to.http().await {
+                            Some(http) => {
+                                let first = next.fetch_add(batch, Ordering::Relaxed);
+                                let ids: Vec<MsgId> = (first..first + batch).collect();
+                                produce_through(http, &rec, &ids).await
+                            }
+                            None => false,
+                        };
+                        if !answered {
+                            poll_pause().await;
+                        }
+                    }
+                }));
+            }
+            let (rec, consuming) = (rec.clone(), consuming.clone());
+            let mut from = Through {
+                addrs: addrs.clone(),
+                member,
+                cur: None,
+            };
+            consumers.push(tokio::spawn(async move {
+                while consuming.load(Ordering::Relaxed) {
+                    let got = match from.http().await {
+                        Some(http) => {
+                            let wait = Duration::from_millis(300);
+                            consume_and_ack(http, "c", &rec, member as u32, wait).await
+                        }
+                        None => 0,
+                    };
+                    if got == 0 {
+                        poll_pause().await;
+                    }
+                }
+            }));
+        }
+        Self {
+            rec,
+            addrs,
+            producing,
+            consuming,
+            producers,
+            consumers,
+        }
+    }
+
+    fn host(n: &Node) -> String {
+        n.base.trim_start_matches("http://").to_owned()
+    }
+
+    /// The member restarted (on a new port): its producer and consumer follow it.
+    fn moved(&self, i: usize, n: &Node) {
+        self.addrs.lock().unwrap()[i] = Self::host(n);
+    }
+
+    /// Waits (60 s at most) until `n` more messages were accepted.
+    async fn more(&self, what: &str, n: u64) {
+        let from = self.rec.tally().accepted;
+        until(what, 60, async || self.rec.tally().accepted >= from + n).await;
+    }
+
+    /// Stops producing, drains (every accepted message consumed and acked, 60 s at most;
+    /// a settle answered 503 may have been applied on its owner, so such a message is waited
+    /// for only until its lease would have ended and it come back), and checks the history.
+    async fn finish(self, nodes: &[Node]) -> narad_bench::lifecycle::Report {
+        self.producing.store(false, Ordering::Relaxed);
+        for p in self.producers {
+            p.await.unwrap();
+        }
+        let grace = Duration::from_secs(5);
+        let t = Instant::now();
+        while self.rec.unsettled(grace) > 0 {
+            if t.elapsed() > Duration::from_secs(60) {
+                let mut seen = String::new();
+                for n in nodes {
+                    let (_, topic) = n
+                        .call(("x", "y"), reqwest::Method::GET, "/v1/topics/c", None)
+                        .await;
+                    seen += &format!("node {}: {topic}\n", n.id);
+                }
+                let lost: Vec<String> = self
+                    .rec
+                    .unacked()
+                    .iter()
+                    .map(|v| format!("{} {}", v.id, v.detail))
+                    .collect();
+                panic!(
+                    "{seen}not drained in 60 s: {:?}\n{}",
+                    self.rec.tally(),
+                    lost.join("\n")
+                );
+            }
+            poll_pause().await;
+        }
+        self.consuming.store(false, Ordering::Relaxed);
+        for c in self.consumers {
+            c.await.unwrap();
+        }
+        let report = self.rec.check();
+        println!("{report}");
+        report
+    }
+}
+
 /// The lifecycle checker over a cluster under faults: producers and consumers through all
 /// three members while a partition owner, then the Raft leader, is killed with SIGKILL and
 /// restarted. Nothing acknowledged is lost, no message is leased to two readers at once
@@ -1684,70 +1838,8 @@ async fn kills_under_traffic_lose_nothing_and_never_lease_twice() {
         serde_json::json!({"name": "c", "partitions": 6, "visibility_timeout_ms": 3000}),
     )
     .await;
-    let rec = Arc::new(Recorder::new(
-        Duration::from_secs(3),
-        Duration::from_secs(1),
-    ));
-    let host = |n: &Node| n.base.trim_start_matches("http://").to_owned();
-    let addrs = Arc::new(std::sync::Mutex::new(
-        nodes.iter().map(host).collect::<Vec<_>>(),
-    ));
-    let next = Arc::new(AtomicU64::new(0));
-    let producing = Arc::new(AtomicBool::new(true));
-    let consuming = Arc::new(AtomicBool::new(true));
-    let mut producers = Vec::new();
-    let mut consumers = Vec::new();
-    for member in 0..3 {
-        for batch in [1, 10] {
-            let (rec, next, producing) = (rec.clone(), next.clone(), producing.clone());
-            let mut to = Through {
-                addrs: addrs.clone(),
-                member,
-                cur: None,
-            };
-            producers.push(tokio::spawn(async move {
-                while producing.load(Ordering::Relaxed) {
-                    let answered = match to.http().await {
-                        Some(http) => {
-                            let first = next.fetch_add(batch, Ordering::Relaxed);
-                            let ids: Vec<MsgId> = (first..first + batch).collect();
-                            produce_through(http, &rec, &ids).await
-                        }
-                        None => false,
-                    };
-                    if !answered {
-                        poll_pause().await;
-                    }
-                }
-            }));
-        }
-        let (rec, consuming) = (rec.clone(), consuming.clone());
-        let mut from = Through {
-            addrs: addrs.clone(),
-            member,
-            cur: None,
-        };
-        consumers.push(tokio::spawn(async move {
-            while consuming.load(Ordering::Relaxed) {
-                let got = match from.http().await {
-                    Some(http) => {
-                        consume_and_ack(http, "c", &rec, member as u32, Duration::from_millis(300))
-                            .await
-                    }
-                    None => 0,
-                };
-                if got == 0 {
-                    poll_pause().await;
-                }
-            }
-        }));
-    }
-    let accepted = || rec.tally().accepted;
-    let more = async |what: &str, n: u64| {
-        let from = accepted();
-        until(what, 60, async || accepted() >= from + n).await;
-    };
-    more("traffic flowing", 300).await;
+    let traffic = Traffic::start(&nodes, Duration::from_secs(3));
+    traffic.more("traffic flowing", 300).await;
     // node 3 (a partition owner) killed, then the Raft leader of the time; traffic goes on
     // without each, and each comes back
     for round in 0..2 {
@@ -1757,54 +1849,24 @@ async fn kills_under_traffic_lose_nothing_and_never_lease_twice() {
             let leader = leader_of(&nodes[0].status().await.unwrap());
             nodes.iter().position(|n| Some(n.id) == leader).unwrap()
         };
-        let start = rec.now();
+        let start = traffic.rec.now();
         nodes[i].kill9();
-        more(&format!("traffic without node {}", nodes[i].id), 200).await;
+        traffic
+            .more(&format!("traffic without node {}", nodes[i].id), 200)
+            .await;
         nodes[i].start().await;
-        addrs.lock().unwrap()[i] = host(&nodes[i]);
+        traffic.moved(i, &nodes[i]);
         let n = &nodes[i];
         until(&format!("node {} ready again", n.id), 60, async || {
             n.ready().await
         })
         .await;
-        rec.fault(FaultKind::Kill, start, rec.now());
-        more(&format!("traffic with node {} back", n.id), 200).await;
+        traffic.rec.fault(FaultKind::Kill, start, traffic.rec.now());
+        traffic
+            .more(&format!("traffic with node {} back", n.id), 200)
+            .await;
     }
-    producing.store(false, Ordering::Relaxed);
-    for p in producers {
-        p.await.unwrap();
-    }
-    // (a settle answered 503 may have been applied on its owner: such a message is waited
-    // for until its lease would have ended, 3 s, and come back)
-    let t = Instant::now();
-    while rec.unsettled(Duration::from_secs(5)) > 0 {
-        if t.elapsed() > Duration::from_secs(60) {
-            let mut seen = String::new();
-            for n in &nodes {
-                let (_, topic) = n
-                    .call(("x", "y"), reqwest::Method::GET, "/v1/topics/c", None)
-                    .await;
-                seen += &format!("node {}: {topic}\n", n.id);
-            }
-            let lost: Vec<String> = rec
-                .unacked()
-                .iter()
-                .map(|v| format!("{} {}", v.id, v.detail))
-                .collect();
-            panic!(
-                "{seen}not drained in 60 s: {:?}\n{}",
-                rec.tally(),
-                lost.join("\n")
-            );
-        }
-        poll_pause().await;
-    }
-    consuming.store(false, Ordering::Relaxed);
-    for c in consumers {
-        c.await.unwrap();
-    }
-    let report = rec.check();
-    println!("{report}");
+    let report = traffic.finish(&nodes).await;
     assert!(report.is_clean(), "{report}");
     assert!(report.tally.accepted >= 1100, "{:?}", report.tally);
 }
@@ -1905,4 +1967,216 @@ async fn without_a_quorum_the_live_owner_serves_and_metadata_writes_wait() {
         (StatusCode::OK, Some("alone-5")),
         "{m}"
     );
+}
+
+// ── network partitions: members in a namespace of the test's own, cut apart by nftables ──
+
+/// A network namespace made for one test and linked to the test's by a veth pair: cluster
+/// members run inside it (their cluster traffic on its loopback, where nftables rules cut
+/// one off), and the test reaches their HTTP listeners at `ip`. Removed on drop.
+struct Netns {
+    name: String,
+    veth: String,
+    ip: String,
+}
+
+impl Netns {
+    /// `None` (the test says it was skipped) where namespaces cannot be made: not root, or no
+    /// `ip` or `nft`. `.ci/run` sets `NARAD_REQUIRE_NETNS=1`, so in CI that fails instead.
+    fn new() -> Option<Self> {
+        let pid = std::process::id();
+        let idx = pid % 16_384;
+        let (a, b) = (idx / 64, (idx % 64) * 4);
+        let ns = Self {
+            name: format!("narad-it-{pid}"),
+            veth: format!("nri{pid}"),
+            ip: format!("10.201.{a}.{}", b + 2),
+        };
+        let peer = format!("nrp{pid}");
+        let host = format!("10.201.{a}.{}/30", b + 1);
+        let inner = format!("{}/30", ns.ip);
+        let n = ns.name.as_str();
+        let steps: [&[&str]; 9] = [
+            &["ip", "netns", "add", n],
+            &[
+                "ip", "link", "add", &ns.veth, "type", "veth", "peer", "name", &peer,
+            ],
+            &["ip", "link", "set", &peer, "netns", n],
+            &["ip", "addr", "add", &host, "dev", &ns.veth],
+            &["ip", "link", "set", &ns.veth, "up"],
+            &["ip", "-n", n, "addr", "add", &inner, "dev", &peer],
+            &["ip", "-n", n, "link", "set", &peer, "up"],
+            &["ip", "-n", n, "link", "set", "lo", "up"],
+            &[
+                "ip", "netns", "exec", n, "nft", "add", "table", "inet", "narad",
+            ],
+        ];
+        let chain = "add chain inet narad out { type filter hook output priority 0 ; }";
+        let made = steps.iter().all(|s| run(s)) && ns.nft(chain);
+        if made {
+            return Some(ns);
+        }
+        drop(ns);
+        let why = "network namespaces and nftables need root, iproute2 and nftables";
+        if std::env::var("NARAD_REQUIRE_NETNS").is_ok_and(|v| v == "1") {
+            panic!("{why} (NARAD_REQUIRE_NETNS=1)");
+        }
+        eprintln!("skipped: {why}");
+        None
+    }
+
+    fn nft(&self, rule: &str) -> bool {
+        let mut args = vec!["ip", "netns", "exec", &self.name, "nft"];
+        args.extend(rule.split(' '));
+        run(&args)
+    }
+
+    /// Cuts the member whose cluster endpoint is on `port` off from the others (both ways);
+    /// HTTP to it still works.
+    fn isolate(&self, port: u16) {
+        for dir in ["sport", "dport"] {
+            let rule = format!("add rule inet narad out udp {dir} {port} drop");
+            assert!(self.nft(&rule), "nft: {rule}");
+        }
+    }
+
+    fn heal(&self) {
+        assert!(self.nft("flush chain inet narad out"), "nft flush");
+    }
+
+    /// Three members (security off) inside the namespace, started.
+    async fn three(&self, root: &Path) -> Vec<Node> {
+        let mut nodes: Vec<Node> = (1..=3).map(|id| Node::new(id, root, "", SECRET)).collect();
+        let members = nodes
+            .iter()
+            .map(|n| format!("{}@{}", n.id, n.rpc))
+            .collect::<Vec<_>>()
+            .join(",");
+        for n in &mut nodes {
+            n.members = members.clone();
+            n.netns = Some((self.name.clone(), self.ip.clone()));
+            n.start().await;
+        }
+        nodes
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // deleting the namespace takes the veth pair with it; the link goes too if it got
+        // made but never moved
+        run(&["ip", "netns", "del", &self.name]);
+        run(&["ip", "link", "del", &self.veth]);
+    }
+}
+
+/// Runs a command quietly: whether it succeeded.
+fn run(args: &[&str]) -> bool {
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The Raft leader cut off from the other two by nftables while producers and consumers go
+/// through every member: the majority elects a new leader and takes metadata writes (one
+/// topic per write, retried or not), the isolated one refuses them with a retryable 503 and
+/// is not ready, and it keeps serving its own partitions meanwhile. Healed, it follows what
+/// it missed, and the lifecycle checker finds nothing lost and no message leased twice,
+/// with no fault to excuse anything: nothing crashed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_gives_way_and_traffic_loses_nothing() {
+    use reqwest::Method;
+    let Some(ns) = Netns::new() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let nodes = ns.three(root.path()).await;
+    for n in &nodes {
+        until(
+            &format!("node {} ready; log:\n{}", n.id, n.log()),
+            60,
+            async || n.ready().await,
+        )
+        .await;
+    }
+    topic_everywhere(
+        &nodes,
+        serde_json::json!({"name": "c", "partitions": 6, "visibility_timeout_ms": 3000}),
+    )
+    .await;
+    let traffic = Traffic::start(&nodes, Duration::from_secs(3));
+    traffic.more("traffic flowing", 300).await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let l = nodes.iter().position(|n| n.id == leader).unwrap();
+    let port: u16 = nodes[l].rpc.rsplit(':').next().unwrap().parse().unwrap();
+    ns.isolate(port);
+    let cut = &nodes[l];
+    let other = &nodes[(l + 1) % 3];
+    // the majority takes a metadata write once it has a new leader
+    until("a create through the majority", 60, async || {
+        let (st, body) = other
+            .call(
+                ("x", "y"),
+                Method::POST,
+                "/v1/topics",
+                Some(serde_json::json!({"name": "during"})),
+            )
+            .await;
+        assert!(
+            [
+                StatusCode::CREATED,
+                StatusCode::CONFLICT,
+                StatusCode::SERVICE_UNAVAILABLE
+            ]
+            .contains(&st),
+            "{st} {body}"
+        );
+        st != StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    // the cut-off one refuses writes (retryable, after its 10 s deadline) and says it is
+    // not ready
+    let r = cut
+        .http
+        .post(format!("{}/v1/topics", cut.base))
+        .json(&serde_json::json!({"name": "nope"}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "cluster_unavailable").await;
+    until("the cut-off member not ready", 30, async || {
+        !cut.ready().await
+    })
+    .await;
+    traffic.more("traffic while cut", 200).await;
+    ns.heal();
+    until("the healed member ready", 60, async || cut.ready().await).await;
+    until(
+        "the healed member has the topic made without it",
+        30,
+        async || {
+            cut.call(("x", "y"), Method::GET, "/v1/topics/during", None)
+                .await
+                .0
+                == StatusCode::OK
+        },
+    )
+    .await;
+    traffic.more("traffic healed", 200).await;
+    let report = traffic.finish(&nodes).await;
+    assert!(report.is_clean(), "{report}");
+    // one topic per write; the refused one was never made
+    for n in &nodes {
+        let (st, list) = n.call(("x", "y"), Method::GET, "/v1/topics", None).await;
+        assert_eq!(st, StatusCode::OK);
+        let names: Vec<&str> = list["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["c", "during"], "node {}", n.id);
+    }
 }
