@@ -561,3 +561,129 @@ async fn detaching_a_child_keeps_a_siblings_cursor() {
     }
     assert_eq!(total(&s, "sib-c.x").await, 11, "the sibling copied again");
 }
+
+/// What a user of the original Narad expects of children: one made in one step gets its
+/// parent's partition count (unless it names one); a child adopts its parent's JSON Schema
+/// and follows it (direct produces are checked against it, it cannot change it itself), keeps
+/// it after a detach, and a topic whose schema history is not the parent's cannot become its
+/// child; every topic shows its role, and a parent its children.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_take_their_parents_partitions_and_schema_and_topics_show_their_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let v1 =
+        json!({"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]});
+    s.create_topic(json!({"name": "p", "partitions": 5, "schema": v1}))
+        .await;
+    let c = s.create_topic(json!({"name": "c", "parent": "p"})).await;
+    assert_eq!(
+        (&c["partitions"], &c["role"], &c["schema_version"]),
+        (&json!(5), &json!("child"), &json!(1)),
+        "{c}"
+    );
+    let two = s
+        .create_topic(json!({"name": "two", "parent": "p", "partitions": 2}))
+        .await;
+    assert_eq!(two["partitions"], 2, "a count given wins: {two}");
+    let alone = s.create_topic(json!({"name": "alone"})).await;
+    assert_eq!(alone["role"], "standalone", "{alone}");
+    assert!(alone.get("children").is_none(), "{alone}");
+    let get = async |t: &str| -> Value {
+        s.get(&format!("/v1/topics/{t}"))
+            .await
+            .json()
+            .await
+            .unwrap()
+    };
+    let p = get("p").await;
+    assert_eq!(
+        (&p["role"], &p["children"]),
+        (&json!("parent"), &json!(["c", "two"])),
+        "{p}"
+    );
+    // direct produces to the child meet the parent's schema
+    let r = s.produce("c", "", r#"{"id": "x"}"#).await;
+    expect_error(r, StatusCode::BAD_REQUEST, "schema_violation").await;
+    assert_eq!(
+        s.produce("c", "", r#"{"id": 1}"#).await.status(),
+        StatusCode::ACCEPTED
+    );
+    // the parent's next version reaches the child; the child cannot change it itself
+    let v2 = json!({"type": "object", "properties": {"id": {"type": "integer"}, "n": {"type": "string"}}, "required": ["id"]});
+    let r = s
+        .http
+        .patch(s.url("/v1/topics/p"))
+        .json(&json!({"schema": v2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(get("c").await["schema_version"], 2);
+    let r = s
+        .http
+        .patch(s.url("/v1/topics/c"))
+        .json(&json!({"schema": {"type": "object"}}))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::CONFLICT, "fanout_conflict").await;
+    let r = s.produce("c", "", r#"{"id": 2, "n": 3}"#).await;
+    expect_error(r, StatusCode::BAD_REQUEST, "schema_violation").await;
+    // a topic with a schema history of its own cannot become the child
+    s.create_topic(json!({"name": "own", "schema": {"type": "object"}}))
+        .await;
+    expect_error(
+        attach(&s, "p", json!({"child": "own"})).await,
+        StatusCode::CONFLICT,
+        "fanout_conflict",
+    )
+    .await;
+    // detached, the child keeps the schema and is standalone again
+    let r = s
+        .http
+        .delete(s.url("/v1/topics/p/children/c"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let c = get("c").await;
+    assert_eq!(
+        (&c["role"], &c["schema_version"]),
+        (&json!("standalone"), &json!(2)),
+        "{c}"
+    );
+    let r = s.produce("c", "", r#"{"id": "y"}"#).await;
+    expect_error(r, StatusCode::BAD_REQUEST, "schema_violation").await;
+    // a list shows the same roles
+    let list: Value = s.get("/v1/topics").await.json().await.unwrap();
+    let roles: Vec<(String, String)> = list["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_owned(),
+                t["role"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("alone", "standalone"),
+        ("c", "standalone"),
+        ("own", "standalone"),
+        ("p", "parent"),
+        ("two", "child"),
+    ]
+    .iter()
+    .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+    .collect();
+    assert_eq!(roles, want);
+    let p = list["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "p")
+        .unwrap()
+        .clone();
+    assert_eq!(p["children"], json!(["two"]));
+}

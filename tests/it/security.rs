@@ -929,7 +929,8 @@ async fn schemas_validate_produce_and_evolve_additively() {
         .as_admin(Method::GET, "/v1/topics/s/schema?version=1", None)
         .await;
     assert_eq!(one["version"], 1);
-    // a child receives its parent's records as they are: it cannot carry its own schema
+    // a child's schema is its parent's: one with a history of its own cannot become a
+    // child (here under a schema-less parent), and an attached child cannot change its own
     ctx.as_admin(
         Method::POST,
         "/v1/topics",

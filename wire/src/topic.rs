@@ -111,6 +111,11 @@ pub struct Topic {
     /// In a cluster: the node id owning each partition (absent on a single node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partition_owners: Vec<u64>,
+    /// `standalone`, `parent` (it has fan-out children) or `child`.
+    pub role: String,
+    /// A parent's children that the caller may see.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<String>,
 }
 
 /// One page of `GET /v1/topics`. `T` is [`Topic`], or a raw value to keep each topic's JSON.

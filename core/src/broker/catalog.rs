@@ -398,7 +398,7 @@ impl Broker {
         let topic = self.topic(name)?;
         if topic.meta.read().parent.is_some() {
             return Err(BrokerError::FanoutConflict(format!(
-                "'{name}' is a fan-out child: it receives its parent's records as they are, so it cannot have its own schema"
+                "'{name}' is a fan-out child: its schema follows its parent's (change the parent's)"
             )));
         }
         let old = topic.meta.read().schemas.clone();
@@ -424,8 +424,15 @@ impl Broker {
         if self.store.replicated() {
             self.propose_replicated(cmd).await?;
         } else {
-            self.commit(cmd, move |_| live.meta.write().schemas.push(added))
-                .await?;
+            // the children follow (as the catalog did)
+            let children = self.child_topics(name);
+            self.commit(cmd, move |_| {
+                for (_, c, _) in &children {
+                    c.meta.write().schemas.push(added.clone());
+                }
+                live.meta.write().schemas.push(added);
+            })
+            .await?;
         }
         tracing::info!(topic = %name, version, "topic schema changed");
         Ok(topic.meta.read().clone())

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Broker, BrokerError, Topic, random_u64};
-use crate::catalog::{CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN};
+use crate::catalog::{Applied, CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN};
 use crate::log::LogError;
 use crate::record::{NewRecord, Record};
 use crate::topic::partition_for_key;
@@ -174,9 +174,11 @@ impl Broker {
         let p = self.topic(parent)?;
         let c = self.topic(child)?;
         let pmeta = p.meta.read().clone();
-        if !c.meta.read().schemas.is_empty() {
+        if !c.meta.read().schemas.is_empty()
+            && !crate::catalog::same_schema_history(&c.meta.read().schemas, &pmeta.schemas)
+        {
             return conflict(format!(
-                "'{child}' has a JSON Schema: a child receives its parent's records as they are, so it cannot have its own"
+                "'{child}' has a JSON Schema history that is not '{parent}''s: a child's schema is its parent's"
             ));
         }
         // (errors never name a parent the caller did not name: it may not see that topic)
@@ -352,10 +354,15 @@ impl Broker {
             link.clone(),
             c.clone(),
         );
-        if let Err(e) = self
-            .commit(cmd, move |_| live.meta.write().parent = Some(linked))
-            .await
-        {
+        let adopt = move |applied: &Applied| {
+            let mut m = live.meta.write();
+            m.parent = Some(linked);
+            // the parent's schema history, adopted (as the catalog did)
+            if let Applied::Topic(t) = applied {
+                m.schemas = t.schemas.clone();
+            }
+        };
+        if let Err(e) = self.commit(cmd, adopt).await {
             // refused: the cursors written above belong to no link
             for part in p.partitions().iter() {
                 let _ = std::fs::remove_file(cursor_path(&part.dir, &child, link.epoch));
@@ -379,6 +386,31 @@ impl Broker {
                 (next != u64::MAX).then(|| (child.clone(), *p, next))
             })
             .collect()
+    }
+
+    /// The names of `parent`'s children, sorted.
+    pub fn child_names(&self, parent: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .child_topics(parent)
+            .into_iter()
+            .map(|(n, _, _)| n)
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Every parent's children by name (sorted), in one pass over the topics (for a list).
+    pub fn children_index(&self) -> std::collections::HashMap<String, Vec<String>> {
+        let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for (name, t) in self.topics.read().iter() {
+            if let Some(l) = &t.meta.read().parent {
+                out.entry(l.parent.clone()).or_default().push(name.clone());
+            }
+        }
+        for names in out.values_mut() {
+            names.sort_unstable();
+        }
+        out
     }
 
     /// The children of `parent` with their lag.

@@ -292,7 +292,7 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             let old = next.by_id(*topic_id)?.clone();
             if old.parent.is_some() {
                 return Err(CatalogError::FanoutConflict(format!(
-                    "'{}' is a fan-out child: it receives its parent's records as they are, so it cannot have its own schema",
+                    "'{}' is a fan-out child: its schema follows its parent's (change the parent's)",
                     old.name
                 )));
             }
@@ -315,6 +315,13 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             t.schemas.push(schema.clone());
             let t = Arc::new(t);
             next.topics.insert(t.name.clone(), t.clone());
+            // a parent's children follow its schema
+            let children: Vec<String> = next.children_of(t.id).map(|c| c.name.clone()).collect();
+            for c in children {
+                if let Some(c) = next.topics.get_mut(&c) {
+                    Arc::make_mut(c).schemas.push(schema.clone());
+                }
+            }
             Applied::Topic(t)
         }
         CatalogCommand::Disown { owner, owner_id } => {
@@ -348,6 +355,11 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             check_attach(&next, &child, link)?;
             let mut t = (*child).clone();
             t.parent = Some(link.clone());
+            // the child adopts its parent's schema history (check_attach made sure it has
+            // none of its own, or that same history), and keeps it after a detach
+            if let Some(p) = next.get(&link.parent) {
+                t.schemas = p.schemas.clone();
+            }
             let t = Arc::new(t);
             next.topics.insert(t.name.clone(), t.clone());
             Applied::Topic(t)
@@ -380,6 +392,15 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
 /// The fan-out rules a link must keep: the parent exists under the incarnation the link
 /// names, one level only, one parent per child, a bounded number of children, no schema on
 /// a child, and a parent that keeps records long enough for a delay child.
+/// Whether two topics have the same schema versions (numbers and schemas; not when each
+/// was added).
+pub fn same_schema_history(a: &[SchemaVersion], b: &[SchemaVersion]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.version == y.version && x.schema == y.schema)
+}
+
 fn check_attach(
     catalog: &Catalog,
     child: &TopicMeta,
@@ -395,10 +416,10 @@ fn check_attach(
             "a topic cannot be its own child".into(),
         ));
     }
-    if !child.schemas.is_empty() {
+    if !child.schemas.is_empty() && !same_schema_history(&child.schemas, &parent.schemas) {
         return conflict(format!(
-            "'{}' has a JSON Schema: a child receives its parent's records as they are, so it cannot have its own",
-            child.name
+            "'{}' has a JSON Schema history that is not '{}''s: a child's schema is its parent's",
+            child.name, parent.name
         ));
     }
     if parent.parent.is_some() {

@@ -57,7 +57,12 @@ fn commands_build_the_catalog_they_describe() {
     assert_eq!(cat.applied(), 4);
     assert_eq!(cat.get("c").unwrap().parent, Some(link(&p, 9)));
     assert_eq!(cat.get("p").unwrap().schemas.len(), 1);
-    // deleting the parent makes the child standalone
+    assert_eq!(
+        cat.get("c").unwrap().schemas,
+        cat_schema(),
+        "the child follows"
+    );
+    // deleting the parent makes the child standalone, with the schema it had
     let (cat, applied) = apply(&cat, &CatalogCommand::DeleteTopic { topic_id: 1 }).unwrap();
     assert_eq!(
         applied,
@@ -71,6 +76,58 @@ fn commands_build_the_catalog_they_describe() {
     );
     assert!(cat.get("p").is_none());
     assert_eq!(cat.get("c").unwrap().parent, None);
+    assert_eq!(cat.get("c").unwrap().schemas, cat_schema());
+}
+
+/// A child adopts its parent's schema history at attach; a child with a schema history of
+/// its own is refused unless it is the parent's.
+#[test]
+fn a_child_adopts_its_parents_schema_or_is_refused() {
+    let with = |t: TopicMeta, schemas: Vec<SchemaVersion>| TopicMeta { schemas, ..t };
+    let p = with(topic(1, "p"), cat_schema());
+    let cat = run(&[
+        CatalogCommand::CreateTopic { topic: p.clone() },
+        CatalogCommand::CreateTopic {
+            topic: topic(2, "bare"),
+        },
+        CatalogCommand::CreateTopic {
+            topic: with(topic(3, "same"), cat_schema()),
+        },
+        CatalogCommand::CreateTopic {
+            topic: with(
+                topic(4, "other"),
+                vec![SchemaVersion {
+                    schema: serde_json::json!({"type": "string"}),
+                    ..cat_schema().remove(0)
+                }],
+            ),
+        },
+    ]);
+    let attach = |id| CatalogCommand::Attach {
+        child_id: id,
+        link: link(&p, 9),
+    };
+    let (cat, _) = apply(&cat, &attach(2)).unwrap();
+    assert_eq!(cat.get("bare").unwrap().schemas, cat_schema());
+    let (cat, _) = apply(&cat, &attach(3)).unwrap();
+    assert_eq!(cat.get("same").unwrap().schemas, cat_schema());
+    assert!(matches!(
+        apply(&cat, &attach(4)),
+        Err(CatalogError::FanoutConflict(_))
+    ));
+    // a schema-less parent cannot take a child with a schema
+    let bare_parent = run(&[
+        CatalogCommand::CreateTopic {
+            topic: topic(1, "p"),
+        },
+        CatalogCommand::CreateTopic {
+            topic: with(topic(3, "same"), cat_schema()),
+        },
+    ]);
+    assert!(matches!(
+        apply(&bare_parent, &attach(3)),
+        Err(CatalogError::FanoutConflict(_))
+    ));
 }
 
 fn cat_schema() -> Vec<SchemaVersion> {
@@ -267,7 +324,10 @@ fn check_invariants(cat: &Catalog) {
             let p = cat.get(&l.parent).expect("a link names an existing parent");
             assert_eq!(p.id, l.parent_id, "a link names the parent's incarnation");
             assert!(p.parent.is_none(), "no grandchildren");
-            assert!(t.schemas.is_empty(), "a child has no schema of its own");
+            assert!(
+                same_schema_history(&t.schemas, &p.schemas),
+                "a child's schema is its parent's"
+            );
         }
         for (i, v) in t.schemas.iter().enumerate() {
             assert_eq!(

@@ -39,11 +39,37 @@ pub struct TopicJson<'a> {
     /// In a cluster: the node owning each partition.
     #[serde(skip_serializing_if = "<[u64]>::is_empty")]
     partition_owners: &'a [u64],
+    /// `standalone`, `parent` (it has fan-out children) or `child`.
+    role: &'static str,
+    /// A parent's children that the caller may see, by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    children: Vec<String>,
 }
 
 /// A topic as the API shows it to `caller`: the parent of a child is shown only to those who
 /// may see the parent too (its name is not the child's business).
 pub fn topic_json<'a>(m: &'a TopicMeta, caller: &Caller, broker: &Broker) -> TopicJson<'a> {
+    topic_json_with(m, caller, broker, broker.child_names(&m.name))
+}
+
+/// [`topic_json`] with the topic's children already known (a list looks them all up once).
+fn topic_json_with<'a>(
+    m: &'a TopicMeta,
+    caller: &Caller,
+    broker: &Broker,
+    mut children: Vec<String>,
+) -> TopicJson<'a> {
+    let role = match (&m.parent, children.is_empty()) {
+        (Some(_), _) => "child",
+        (None, false) => "parent",
+        (None, true) => "standalone",
+    };
+    // children the caller may not use are not named to it
+    children.retain(|c| {
+        broker
+            .with_topic_meta(c, |t| caller.may_see(t))
+            .unwrap_or(false)
+    });
     let parent = m.parent.as_ref().filter(|l| {
         broker
             .with_topic_meta(&l.parent, |p| caller.may_see(p))
@@ -59,6 +85,8 @@ pub fn topic_json<'a>(m: &'a TopicMeta, caller: &Caller, broker: &Broker) -> Top
         owner: m.owner.as_deref(),
         schema_version: m.schemas.last().map(|v| v.version),
         partition_owners: &m.owners,
+        role,
+        children,
     }
 }
 
@@ -279,7 +307,7 @@ pub async fn create(
         ));
     }
     let earliest = from_earliest(from.as_deref())?;
-    let settings: TopicPatch = serde_json::from_value(serde_json::Value::Object(fields))
+    let mut settings: TopicPatch = serde_json::from_value(serde_json::Value::Object(fields))
         .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("invalid JSON body: {e}")))?;
     if let Some(p) = &parent {
         narad_core::topic::validate_name(p)
@@ -291,6 +319,11 @@ pub async fn create(
             ));
         }
         caller.manage_topic(&broker, p)?; // 403/404 before anything is created
+        // a child made in one step gets its parent's partition count unless it says
+        // otherwise, so keys land partition for partition
+        if settings.partitions.is_none() {
+            settings.partitions = Some(broker.topic_meta(p)?.config.partitions);
+        }
     }
     let meta = broker
         .create_topic(CreateTopic {
@@ -366,9 +399,13 @@ pub async fn list(
             break;
         }
     }
+    let index = broker.children_index();
     let items: Vec<_> = visible
         .iter()
-        .map(|t| topic_json(t, &caller, broker))
+        .map(|t| {
+            let children = index.get(&t.name).cloned().unwrap_or_default();
+            topic_json_with(t, &caller, broker, children)
+        })
         .collect();
     Ok(json_response(
         StatusCode::OK,
