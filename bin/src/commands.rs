@@ -10,12 +10,14 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::client::{ApiFailure, BoxError, Client, Connect, Json, Reply, enc};
+use crate::units::{fmt_bytes, fmt_bytes_about, fmt_ms, table};
 use crate::{
-    Cli, ClusterCmd, Command, PubArgs, ReplayArgs, ServeArgs, ServerCmd, StorageArgs, SubArgs,
-    TopicCmd, TopicSettings, UserCmd,
+    Cli, ClusterCmd, Command, Output, PubArgs, ReplayArgs, ServeArgs, ServerCmd, StorageArgs,
+    SubArgs, TopicCmd, TopicSettings, UserCmd,
 };
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
+    let output = cli.output;
     match cli.command {
         Command::Server(ServerCmd::Start(a)) if a.nodes > 1 => {
             let dir = a.data_dir.clone().unwrap_or_else(default_dev_dir);
@@ -75,7 +77,7 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
                 ca_cert: cli.ca_cert.as_deref(),
             })?;
             match command {
-                Command::Topic(t) => topic(&c, t).await,
+                Command::Topic(t) => topic(&c, t, output).await,
                 Command::Pub(a) => publish(&c, a).await,
                 Command::Sub(a) => subscribe(&c, a).await,
                 Command::Replay(a) => replay(&c, a).await,
@@ -338,17 +340,105 @@ pub(crate) async fn shutdown_signal() {
 fn settings(s: &TopicSettings) -> wire::TopicSettings {
     wire::TopicSettings {
         partitions: s.partitions,
-        visibility_timeout_ms: s.visibility_timeout_ms,
-        retention_ms: s.retention_ms,
+        visibility_timeout_ms: s.visibility,
+        retention_ms: s.retention,
         retention_bytes: s.retention_bytes,
         max_in_flight_per_partition: s.max_in_flight,
-        delay_ms: s.delay_ms,
+        delay_ms: s.delay,
         max_message_bytes: s.max_message_bytes,
         key_policy: s.key_policy.clone(),
     }
 }
 
-async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
+/// A topic as the server answered it: its JSON as is, or a table in human units (with its
+/// partitions' figures when the answer has them).
+fn show_topic(r: Reply, output: Output) -> Result<(), BoxError> {
+    let Reply::Json(j) = r else {
+        return Ok(());
+    };
+    if output == Output::Json {
+        return j.print_pretty();
+    }
+    let v: Value = j.parse()?;
+    let t: wire::Topic = serde_json::from_value(v.clone())
+        .map_err(|e| format!("unexpected topic from the broker: {e}"))?;
+    let cfg = &t.config;
+    let mut rows: Vec<(&str, String)> = vec![
+        ("name", t.name.clone()),
+        ("id", t.id.clone()),
+        ("role", t.role.clone()),
+        ("partitions", cfg.partitions.to_string()),
+        ("visibility", fmt_ms(cfg.visibility_timeout_ms)),
+        (
+            "retention",
+            match cfg.retention_ms {
+                0 => "forever".into(),
+                ms => fmt_ms(ms),
+            },
+        ),
+        (
+            "retention bytes",
+            match cfg.retention_bytes {
+                0 => "unlimited".into(),
+                b => fmt_bytes(b),
+            },
+        ),
+        ("max in flight", cfg.max_in_flight_per_partition.to_string()),
+        ("delay", fmt_ms(cfg.delay_ms)),
+        ("max message", fmt_bytes(cfg.max_message_bytes)),
+        ("key policy", cfg.key_policy.clone()),
+    ];
+    if let Some(p) = &t.parent {
+        let delay = t.fanout_delay_ms.unwrap_or(0);
+        rows.push(("parent", format!("{p} (delay {})", fmt_ms(delay))));
+    }
+    if !t.children.is_empty() {
+        rows.push(("children", t.children.join(", ")));
+    }
+    if let Some(o) = &t.owner {
+        rows.push(("owner", o.clone()));
+    }
+    if let Some(v) = t.schema_version {
+        rows.push(("schema version", v.to_string()));
+    }
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, val) in &rows {
+        println!("{k:<width$}  {val}");
+    }
+    if let Ok(d) = serde_json::from_value::<wire::TopicDetails>(v) {
+        let parts: Vec<Vec<String>> = d
+            .partition_stats
+            .iter()
+            .map(|p| {
+                vec![
+                    p.partition.to_string(),
+                    p.oldest_offset.to_string(),
+                    p.next_offset.to_string(),
+                    p.unacked.to_string(),
+                    p.in_flight.to_string(),
+                    p.delayed.to_string(),
+                    fmt_bytes_about(p.bytes),
+                    p.segments.to_string(),
+                ]
+            })
+            .collect();
+        println!();
+        let head = [
+            "PARTITION",
+            "OLDEST",
+            "NEXT",
+            "UNACKED",
+            "IN FLIGHT",
+            "DELAYED",
+            "SIZE",
+            "SEGMENTS",
+        ];
+        println!("{}", table(&head, &parts));
+    }
+    Ok(())
+}
+
+async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError> {
     match cmd {
         TopicCmd::Add(a) => {
             let mut body = wire::CreateTopic::new(a.name);
@@ -356,7 +446,7 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
             if let Some(p) = &a.schema {
                 body.schema = Some(read_schema(p)?);
             }
-            print_reply(c.post_json("/v1/topics", &body).await?)?;
+            show_topic(c.post_json("/v1/topics", &body).await?, output)?;
         }
         TopicCmd::Ls { json } => {
             let mut token = String::new();
@@ -374,31 +464,42 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
                     break;
                 }
             }
-            if json {
+            if json || output == Output::Json {
                 let all = all
                     .iter()
                     .map(|t| serde_json::from_str(t.get()))
                     .collect::<Result<Vec<Value>, _>>()?;
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
-                println!(
-                    "{:<40} {:>10} {:>12} {:>14}",
-                    "NAME", "PARTITIONS", "VISIBILITY", "RETENTION"
-                );
+                let mut rows = Vec::with_capacity(all.len());
                 for t in &all {
                     let t: wire::Topic = serde_json::from_str(t.get())?;
-                    println!(
-                        "{:<40} {:>10} {:>10}ms {:>12}ms",
+                    let retention = match t.config.retention_ms {
+                        0 => "forever".into(),
+                        ms => fmt_ms(ms),
+                    };
+                    rows.push(vec![
                         t.name,
-                        t.config.partitions,
-                        t.config.visibility_timeout_ms,
-                        t.config.retention_ms
-                    );
+                        t.config.partitions.to_string(),
+                        fmt_ms(t.config.visibility_timeout_ms),
+                        retention,
+                        fmt_bytes(t.config.max_message_bytes),
+                        t.role,
+                    ]);
                 }
+                let head = [
+                    "NAME",
+                    "PARTITIONS",
+                    "VISIBILITY",
+                    "RETENTION",
+                    "MAX MESSAGE",
+                    "ROLE",
+                ];
+                println!("{}", table(&head, &rows));
             }
         }
         TopicCmd::Info { name } => {
-            print_reply(c.get(&format!("/v1/topics/{}", enc(&name))).await?)?;
+            show_topic(c.get(&format!("/v1/topics/{}", enc(&name))).await?, output)?;
         }
         TopicCmd::Rm { name } => {
             c.delete(&format!("/v1/topics/{}", enc(&name))).await?;
@@ -407,12 +508,12 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
         TopicCmd::Attach {
             parent,
             child,
-            delay_ms,
+            delay,
             earliest,
         } => {
             let body = wire::AttachChild {
                 child,
-                delay_ms,
+                delay_ms: delay,
                 from: Some(if earliest {
                     wire::StartFrom::Earliest
                 } else {
@@ -448,9 +549,10 @@ async fn topic(c: &Client, cmd: TopicCmd) -> Result<(), BoxError> {
             if let Some(p) = &a.schema {
                 body.schema = Some(read_schema(p)?);
             }
-            print_reply(
+            show_topic(
                 c.patch_json(&format!("/v1/topics/{}", enc(&a.name)), &body)
                     .await?,
+                output,
             )?;
         }
     }

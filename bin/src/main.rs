@@ -9,6 +9,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod client;
 mod commands;
 mod devcluster;
+mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,8 +41,17 @@ struct Cli {
     /// PEM file of a CA to trust for an https:// broker (besides the system roots).
     #[arg(long, global = true, env = "NARAD_CA_CERT")]
     ca_cert: Option<PathBuf>,
+    /// How topic commands print: `table` (human units) or `json` (the server's JSON as is).
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -188,7 +198,8 @@ enum TopicCmd {
     Add(TopicAddArgs),
     /// List topics.
     Ls {
-        #[arg(long)]
+        /// The same as `--output json`.
+        #[arg(long, hide = true)]
         json: bool,
     },
     /// Show a topic's configuration and partition statistics.
@@ -201,9 +212,10 @@ enum TopicCmd {
     Attach {
         parent: String,
         child: String,
-        /// A delay child: records arrive this long after their parent commit.
-        #[arg(long, default_value_t = 0)]
-        delay_ms: i64,
+        /// A delay child: records arrive this long after their parent commit (`30s`, `5m`;
+        /// a plain number is milliseconds).
+        #[arg(long, alias = "delay-ms", default_value = "0", value_parser = units::parse_ms)]
+        delay: i64,
         /// Copy what the parent already holds, not only new records.
         #[arg(long)]
         earliest: bool,
@@ -216,21 +228,28 @@ enum TopicCmd {
     Schema { name: String },
 }
 
+/// Durations take `ms`, `s`, `m`, `h`, `d` (`30s`, `7d`) and sizes `B`, `KiB`, `MiB`, `GiB`
+/// (`1MiB`); a plain number is milliseconds or bytes, as in the API.
 #[derive(Args)]
 struct TopicSettings {
     #[arg(long)]
     partitions: Option<u32>,
-    #[arg(long)]
-    visibility_timeout_ms: Option<i64>,
-    #[arg(long)]
-    retention_ms: Option<i64>,
-    #[arg(long)]
+    /// How long a consumed message stays leased (`30s`).
+    #[arg(long, alias = "visibility-timeout-ms", value_parser = units::parse_ms)]
+    visibility: Option<i64>,
+    /// How long records are kept (`7d`; `forever`).
+    #[arg(long, alias = "retention-ms", value_parser = units::parse_ms)]
+    retention: Option<i64>,
+    /// Most bytes kept per partition (`10GiB`; `unlimited`).
+    #[arg(long, value_parser = units::parse_bytes)]
     retention_bytes: Option<u64>,
     #[arg(long)]
     max_in_flight: Option<u32>,
-    #[arg(long)]
-    delay_ms: Option<i64>,
-    #[arg(long)]
+    /// Default delay of messages produced without their own (`10s`).
+    #[arg(long, alias = "delay-ms", value_parser = units::parse_ms)]
+    delay: Option<i64>,
+    /// Largest message (`1MiB`).
+    #[arg(long, value_parser = units::parse_bytes)]
     max_message_bytes: Option<u64>,
     /// In a cluster, where a keyed message goes while its partition's owner is down:
     /// `prefer` (the next live partition) or `strict` (503, retry later).

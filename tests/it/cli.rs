@@ -1,7 +1,7 @@
 //! The CLI against a live broker: topics, pub (single and batch), sub (--peek and acking),
 //! replay.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::*;
 
@@ -24,9 +24,14 @@ pub async fn narad(s: &Server, args: &[&str]) -> String {
 async fn topic_pub_sub_replay() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path()).await;
-    let t: Value =
-        serde_json::from_str(&narad(&s, &["topic", "add", "demo", "--partitions", "2"]).await)
-            .unwrap();
+    let t: Value = serde_json::from_str(
+        &narad(
+            &s,
+            &["topic", "add", "demo", "--partitions", "2", "-o", "json"],
+        )
+        .await,
+    )
+    .unwrap();
     assert_eq!(t["partitions"], 2);
     assert!(narad(&s, &["topic", "ls"]).await.contains("demo"));
     let one: Value =
@@ -46,7 +51,9 @@ async fn topic_pub_sub_replay() {
     // --peek reads everything and reserves nothing
     let peeked = narad(&s, &["sub", "demo", "--peek", "--from", "0", "--max", "30"]).await;
     assert_eq!(peeked.lines().count(), 30);
-    let info: Value = serde_json::from_str(&narad(&s, &["topic", "info", "demo"]).await).unwrap();
+    let info: Value =
+        serde_json::from_str(&narad(&s, &["topic", "info", "demo", "--output", "json"]).await)
+            .unwrap();
     let stats = info["partition_stats"].as_array().unwrap();
     assert_eq!(
         stats
@@ -71,7 +78,9 @@ async fn topic_pub_sub_replay() {
             .lines()
             .all(|l| serde_json::from_str::<Value>(l).unwrap()["receipt_handle"].is_string())
     );
-    let info: Value = serde_json::from_str(&narad(&s, &["topic", "info", "demo"]).await).unwrap();
+    let info: Value =
+        serde_json::from_str(&narad(&s, &["topic", "info", "demo", "--output", "json"]).await)
+            .unwrap();
     for p in info["partition_stats"].as_array().unwrap() {
         assert_eq!(p["frontier"], p["next_offset"], "everything acked: {p}");
     }
@@ -138,4 +147,113 @@ async fn cluster_status_on_a_single_node_says_so() {
     let s = Server::start(dir.path()).await;
     let out = narad(&s, &["cluster", "status"]).await;
     assert!(out.contains("single node"), "{out}");
+}
+
+/// The CLI reads and prints human units (as the original's did): flags take `30s`, `7d`,
+/// `2MiB` (a plain number is milliseconds or bytes, as in the API), tables print them with
+/// their columns under their headers, and `--output json` is the server's JSON as is.
+#[tokio::test]
+async fn the_cli_speaks_human_units_in_aligned_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let shown = narad(
+        &s,
+        &[
+            "topic",
+            "add",
+            "a-topic-with-a-long-name",
+            "--retention",
+            "12h",
+            "--visibility",
+            "45s",
+            "--max-message-bytes",
+            "2MiB",
+            "--retention-bytes",
+            "1GiB",
+            "--delay",
+            "1500ms",
+        ],
+    )
+    .await;
+    for line in [
+        "visibility       45s",
+        "retention        12h",
+        "max message      2MiB",
+        "delay            1500ms",
+        "retention bytes  1GiB",
+    ] {
+        assert!(shown.contains(line), "{line:?} in:\n{shown}");
+    }
+    let t: Value = s
+        .get("/v1/topics/a-topic-with-a-long-name")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &t["retention_ms"],
+            &t["visibility_timeout_ms"],
+            &t["max_message_bytes"],
+            &t["retention_bytes"],
+            &t["delay_ms"]
+        ),
+        (
+            &json!(43_200_000),
+            &json!(45_000),
+            &json!(2_097_152),
+            &json!(1_073_741_824u64),
+            &json!(1500)
+        )
+    );
+    // the old flag names and plain numbers still work
+    narad(
+        &s,
+        &[
+            "topic",
+            "add",
+            "b",
+            "--retention-ms",
+            "604800000",
+            "--visibility-timeout-ms",
+            "30000",
+        ],
+    )
+    .await;
+    narad(&s, &["topic", "edit", "b", "--retention", "forever"]).await;
+    let ls = narad(&s, &["topic", "ls"]).await;
+    let lines: Vec<&str> = ls.lines().collect();
+    assert_eq!(lines.len(), 3, "{ls}");
+    let at = |l: &str, text: &str| l.find(text).unwrap_or_else(|| panic!("{text:?} in {l:?}"));
+    for col in ["PARTITIONS", "VISIBILITY", "RETENTION", "ROLE"] {
+        let x = at(lines[0], col);
+        for l in &lines[1..] {
+            assert_ne!(l.as_bytes()[x], b' ', "a value under {col}: {ls}");
+            assert_eq!(l.as_bytes()[x - 1], b' ', "starts under {col}: {ls}");
+        }
+    }
+    assert!(
+        lines[1].contains("45s") && lines[1].contains("12h") && lines[1].contains("2MiB"),
+        "{ls}"
+    );
+    assert!(
+        lines[2].contains("30s") && lines[2].contains("forever"),
+        "{ls}"
+    );
+    let json: Value =
+        serde_json::from_str(&narad(&s, &["topic", "ls", "--output", "json"]).await).unwrap();
+    assert_eq!(json[0]["retention_ms"], 43_200_000, "{json}");
+    // a unit it does not know is refused before anything is sent
+    let out = tokio::process::Command::new(BIN)
+        .args(["topic", "add", "c", "--retention", "3 weeks"])
+        .env("NARAD_ADDR", &s.base)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the units are"),
+        "{out:?}"
+    );
+    assert_eq!(s.get("/v1/topics/c").await.status(), StatusCode::NOT_FOUND);
 }
