@@ -70,10 +70,12 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             serve(cfg, false, addr_file).await
         }
         command => {
+            // NARAD_PASS: the original Narad's name for it
+            let password = cli.password.or_else(|| std::env::var("NARAD_PASS").ok());
             let c = Client::new(&Connect {
                 server: &cli.server,
                 user: cli.user.as_deref(),
-                password: cli.password.as_deref(),
+                password: password.as_deref(),
                 ca_cert: cli.ca_cert.as_deref(),
             })?;
             match command {

@@ -35,8 +35,14 @@ struct Cli {
     /// Username for client commands (HTTP Basic).
     #[arg(short = 'u', long, global = true, env = "NARAD_USER")]
     user: Option<String>,
-    /// Password for client commands.
-    #[arg(long, global = true, env = "NARAD_PASSWORD", hide_env_values = true)]
+    /// Password for client commands (also read from NARAD_PASS, the original Narad's name).
+    #[arg(
+        short = 'p',
+        long,
+        global = true,
+        env = "NARAD_PASSWORD",
+        hide_env_values = true
+    )]
     password: Option<String>,
     /// PEM file of a CA to trust for an https:// broker (besides the system roots).
     #[arg(long, global = true, env = "NARAD_CA_CERT")]

@@ -150,6 +150,18 @@ fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>,
     Ok(Some(bytes))
 }
 
+/// `NARAD_*` variables that are not server settings: the CLI's and the dev cluster's.
+const CLIENT_ENV: [&str; 8] = [
+    "NARAD_ADDR",
+    "NARAD_USER",
+    "NARAD_PASSWORD",
+    "NARAD_PASS",
+    "NARAD_CA_CERT",
+    "NARAD_NEW_PASSWORD",
+    "NARAD_DEV_CLUSTER_PARENT",
+    "NARAD_BIN",
+];
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -162,6 +174,11 @@ pub struct ServerConfig {
     /// an address only the scraper reaches). Empty: none; `/metrics` on the API listener
     /// then needs an admin.
     pub metrics_addr: String,
+    /// `NARAD_*` variables in the environment that are no setting here (nor a CLI variable),
+    /// warned about at start: the original Narad's names (`NARAD_HTTP_ADDR`, ...) would
+    /// otherwise be ignored in silence.
+    #[serde(skip)]
+    pub ignored_env: Vec<String>,
     /// Consecutive failed logins allowed for one username from one address before it is
     /// blocked (1 s, doubling per further failure, at most 60 s; answered 429 + Retry-After).
     /// 0 never blocks.
@@ -330,6 +347,7 @@ impl Default for ServerConfig {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 7942)),
             security_enabled: true,
             metrics_addr: String::new(),
+            ignored_env: Vec::new(),
             login_failures_before_block: narad_auth::authn::DEFAULT_FREE_FAILURES,
             cluster_secret: Secret::default(),
             cluster_secret_file: String::new(),
@@ -427,13 +445,20 @@ impl ServerConfig {
                 table.insert(k, v);
             }
         }
+        let mut ignored = Vec::new();
         for (var, raw) in env {
             let Some(key) = var.strip_prefix("NARAD_") else {
                 continue;
             };
             let key = key.to_ascii_lowercase();
             let Some(current) = table.get(&key) else {
-                // Other NARAD_* variables belong to the CLI (NARAD_ADDR, NARAD_USER, ...).
+                // other NARAD_* variables belong to the CLI and the tools; the rest is noted
+                if !CLIENT_ENV.contains(&var.as_str())
+                    && !var.starts_with("NARAD_TEST_")
+                    && !var.starts_with("NARAD_REQUIRE_")
+                {
+                    ignored.push(var);
+                }
                 continue;
             };
             let value = match current {
@@ -457,13 +482,16 @@ impl ServerConfig {
             };
             table.insert(key, value);
         }
-        let cfg: Self = table
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Invalid {
-                key: "(config)".into(),
-                message: e.to_string(),
-            })?;
+        let mut cfg: Self =
+            table
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Invalid {
+                    key: "(config)".into(),
+                    message: e.to_string(),
+                })?;
         cfg.validate()?;
+        ignored.sort();
+        cfg.ignored_env = ignored;
         Ok(cfg)
     }
 
@@ -804,11 +832,18 @@ mod tests {
                 ("NARAD_DEFAULT_PARTITIONS".into(), "7".into()),
                 ("NARAD_ADDR".into(), "ignored by the server".into()),
                 ("HOME".into(), "/root".into()),
+                ("NARAD_HTTP_ADDR".into(), ":7942".into()),
+                ("NARAD_TOPIC_DEFAULT_PARTITIONS".into(), "6".into()),
             ],
         )
         .unwrap();
         assert_eq!(cfg.data_dir, PathBuf::from("/tmp/x"));
         assert_eq!(cfg.default_partitions, 7);
+        // the original Narad's names are no setting here: named, to be warned about at start
+        assert_eq!(
+            cfg.ignored_env,
+            ["NARAD_HTTP_ADDR", "NARAD_TOPIC_DEFAULT_PARTITIONS"]
+        );
     }
 
     #[test]

@@ -491,6 +491,12 @@ pub async fn run_observed(
 ) -> Result<(), ServerError> {
     // before anything reads or writes the data directory; held until this returns
     let _data_dir_lock = lock_data_dir(&config.data_dir)?;
+    for var in &config.ignored_env {
+        tracing::warn!(
+            var = %var,
+            "not a setting of this broker: ignored (the original Narad's names are mapped in docs/migrating.md)"
+        );
+    }
     let nofile = crate::fdlimit::raise_nofile();
     let plan = crate::fdlimit::plan(nofile.soft, config.max_connections, config.max_open_logs)
         .map_err(ServerError::FdLimit)?;

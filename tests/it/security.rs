@@ -1210,6 +1210,18 @@ async fn cli_manages_users_and_schemas() {
     // without credentials the CLI says what to set
     let (ok, _, err) = cli_as(&s, None, &["topic", "ls"]).await;
     assert!(!ok && err.contains("NARAD_USER"), "{err}");
+    // the original's ways of giving the password work too: -p, and NARAD_PASS
+    let (ok, _, err) = cli_as(&s, None, &["-u", "admin", "-p", ROOT_PW, "topic", "ls"]).await;
+    assert!(ok, "{err}");
+    let out = tokio::process::Command::new(BIN)
+        .args(["topic", "ls"])
+        .env("NARAD_ADDR", &s.base)
+        .env("NARAD_USER", "admin")
+        .env("NARAD_PASS", ROOT_PW)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
     let (ok, out, err) = cli_as(
         &s,
         root,

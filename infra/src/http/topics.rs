@@ -128,18 +128,9 @@ pub async fn attach(
     let a: AttachBody = parse_json(&body)?;
     narad_core::topic::validate_name(&a.child)
         .map_err(|e| ApiError::new(ErrorCode::InvalidChild, format!("child: {}", e.reason)))?;
-    // both ends: attaching someone else's topic would change what it receives. The URL's
-    // topic exists; a missing child is a fault of the body, so 400 rather than 404.
-    caller.manage_topic(&broker, &a.child).map_err(|e| {
-        if e.code == ErrorCode::TopicNotFound {
-            ApiError::new(
-                ErrorCode::InvalidChild,
-                format!("child topic '{}' does not exist", a.child),
-            )
-        } else {
-            e
-        }
-    })?;
+    // both ends: attaching someone else's topic would change what it receives (a missing
+    // child is 404, naming it, as in the original Narad)
+    caller.manage_topic(&broker, &a.child)?;
     let earliest = from_earliest(a.from.as_deref())?;
     broker
         .attach_child(&parent, &a.child, a.delay_ms, earliest)
@@ -256,6 +247,9 @@ pub async fn create(
     let body = read_body(body, MAX_JSON_BODY).await?;
     // `name` beside the settings; the settings are parsed strictly (unknown fields are a 400).
     let mut fields: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
+    // the creator is the owner, whatever the body says (a client may echo a topic object
+    // back; the original Narad ignores the field too)
+    fields.remove("owner");
     let name = match fields.remove("name") {
         Some(serde_json::Value::String(n)) => n,
         Some(_) => {
