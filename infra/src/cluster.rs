@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use narad_auth::store::{ROOT_USER, UserCommand, UserStore};
 use narad_cluster::meta::{
-    MetaCmd, MetaConfig, Metastore, NodeInfo, Outcome, ProposeError, Tuning,
+    MetaCmd, MetaConfig, MetaView, Metastore, NodeInfo, Outcome, ProposeError, Tuning,
 };
 use narad_cluster::rpc::{Keys, Limits, RpcConfig, RpcMetrics};
 use narad_core::catalog::store::{MetaStore, Proposal, Publish, Replication, StoreError};
@@ -503,6 +503,7 @@ pub async fn follow_catalog(
     stop: CancellationToken,
 ) {
     let mut view = node.meta.subscribe();
+    let mut swept = false;
     loop {
         let catalog = view.borrow_and_update().catalog.clone();
         let retry = match broker.follow_catalog(&catalog).await {
@@ -514,7 +515,12 @@ pub async fn follow_catalog(
                     }
                     newer
                 });
-                None
+                if !swept {
+                    swept = sweep_once_current(&node, &view, &catalog, &broker).await;
+                }
+                // until the sweep is done, look again every second: readiness can come
+                // without a catalog change
+                (!swept).then_some(READY_CHECK)
             }
             Err(e) => {
                 tracing::error!(error = %e, "could not follow the cluster's catalog; retrying");
@@ -525,6 +531,37 @@ pub async fn follow_catalog(
             () = stop.cancelled() => return,
             r = view.changed() => if r.is_err() { return },
             () = pause(retry) => {}
+        }
+    }
+}
+
+/// Once per start, as soon as this member is ready (its catalog confirmed current by a read
+/// index) and has followed everything its state machine applied: removes directories of
+/// topics deleted while it was stopped ([`narad_core::broker::Broker::sweep_deleted_topics`]).
+/// Whether that is done.
+async fn sweep_once_current(
+    node: &ClusterNode,
+    view: &watch::Receiver<Arc<MetaView>>,
+    followed: &Catalog,
+    broker: &Arc<narad_core::broker::Broker>,
+) -> bool {
+    // ready first, then what was applied: the read index that made it ready is at or below
+    if node.ready().is_err() || followed.applied() < view.borrow().catalog.applied() {
+        return false;
+    }
+    match broker.sweep_deleted_topics().await {
+        Ok(n) => {
+            if n > 0 {
+                tracing::info!(
+                    removed = n,
+                    "removed the data of topics deleted while this member was down"
+                );
+            }
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not sweep deleted topics' data; retrying");
+            false
         }
     }
 }

@@ -2180,3 +2180,53 @@ async fn an_isolated_leader_gives_way_and_traffic_loses_nothing() {
         assert_eq!(names, ["c", "during"], "node {}", n.id);
     }
 }
+
+/// A member restarted with the directory of a topic that is no longer in the catalog (the
+/// delete was applied by its state machine, and it stopped before it removed the data):
+/// once the member is ready (its catalog confirmed current), the directory is removed; the
+/// topics of the catalog keep theirs. A topic deleted while the member was down goes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_removes_the_data_of_topics_deleted_meanwhile() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready(root.path()).await;
+    let keep = topic_everywhere(&nodes, serde_json::json!({"name": "keep", "partitions": 3})).await;
+    let gone = topic_everywhere(&nodes, serde_json::json!({"name": "gone", "partitions": 3})).await;
+    let dir_of = |t: &Value| {
+        nodes[2].dir.join("topics").join(format!(
+            "{}.{}",
+            t["name"].as_str().unwrap(),
+            t["id"].as_str().unwrap()
+        ))
+    };
+    let (keep_dir, gone_dir) = (dir_of(&keep), dir_of(&gone));
+    assert!(keep_dir.is_dir() && gone_dir.is_dir());
+    nodes[2].kill9();
+    let (st, _) = nodes[0]
+        .call(("x", "y"), Method::DELETE, "/v1/topics/gone", None)
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    // what an interrupted delete leaves: a directory no topic names
+    let orphan = nodes[2]
+        .dir
+        .join("topics")
+        .join("was-here.00000000000000ab");
+    std::fs::create_dir_all(orphan.join("0")).unwrap();
+    std::fs::write(
+        orphan.join("0").join("00000000000000000000.log"),
+        b"old bytes",
+    )
+    .unwrap();
+    nodes[2].start().await;
+    let n = &nodes[2];
+    until("node 3 ready again", 60, async || n.ready().await).await;
+    until("the deleted topics' data removed", 30, async || {
+        !orphan.exists() && !gone_dir.exists()
+    })
+    .await;
+    assert!(keep_dir.is_dir(), "a live topic keeps its data");
+    let (st, _) = n
+        .call(("x", "y"), Method::GET, "/v1/topics/keep", None)
+        .await;
+    assert_eq!(st, StatusCode::OK);
+}

@@ -632,6 +632,30 @@ impl Broker {
         Ok(())
     }
 
+    /// In a cluster, once this member's catalog is known to be current (the cluster confirmed
+    /// it with a read index, and this node followed that far): removes every topic directory
+    /// no live topic names. Those are topics deleted while the member was stopped between
+    /// applying the delete and removing the directory (its state machine has the delete, so
+    /// no later pass of [`Broker::follow_catalog`] will see the topic go). Before the catalog
+    /// is known current, a directory it does not name could be a topic made since, so the
+    /// caller must not ask earlier. Holds the follow lock: no pass creates a directory
+    /// meanwhile. Returns how many directories it removed.
+    pub async fn sweep_deleted_topics(self: &Arc<Self>) -> Result<usize, BrokerError> {
+        let _one = self.follow_lock.lock().await;
+        let known: std::collections::HashSet<String> = self
+            .topics
+            .read()
+            .values()
+            .map(|t| t.meta.read().dir_name())
+            .collect();
+        let dir = self.cfg.data_dir.clone();
+        Ok(
+            tokio::task::spawn_blocking(move || layout::sweep_orphans(&dir, known))
+                .await
+                .expect("sweep task"),
+        )
+    }
+
     /// How many catalog commands this node's state has followed.
     pub fn followed(&self) -> u64 {
         *self.followed.borrow()

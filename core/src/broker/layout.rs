@@ -154,17 +154,22 @@ impl Broker {
 
 /// Removes topic directories that no metadata entry names (left by a delete interrupted by a
 /// crash, or a create that failed half-way).
-pub(super) fn sweep_orphans(data_dir: &Path, known: std::collections::HashSet<String>) {
+pub(super) fn sweep_orphans(data_dir: &Path, known: std::collections::HashSet<String>) -> usize {
     let Ok(entries) = std::fs::read_dir(data_dir.join("topics")) else {
-        return;
+        return 0;
     };
+    let mut removed = 0;
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !known.contains(&name) {
             tracing::info!(dir = %e.path().display(), "removing data of a deleted topic");
-            if let Err(err) = std::fs::remove_dir_all(e.path()) {
-                tracing::warn!(dir = %e.path().display(), error = %err, "could not remove orphan topic directory");
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => removed += 1,
+                Err(err) => {
+                    tracing::warn!(dir = %e.path().display(), error = %err, "could not remove orphan topic directory");
+                }
             }
         }
     }
+    removed
 }
