@@ -429,14 +429,7 @@ impl Opening {
                 crate::cluster::follow_catalog(node, store, broker, stop)
             });
         }
-        let archive = match self.archive {
-            Some(a) if self.state.cluster.is_some() => {
-                tracing::warn!(archive = %a.url, "a cluster member does not tier to the archive yet: archive_url is ignored");
-                None
-            }
-            a => a,
-        };
-        if let Some(a) = archive {
+        if let Some(a) = self.archive {
             tracing::info!(archive = %a.url, "tiering sealed segments to the archive");
             let cfg = TieringConfig {
                 interval: Duration::from_millis(self.config.tiering_interval_ms),
@@ -445,9 +438,14 @@ impl Opening {
                 catalog_cursor_interval: Duration::from_millis(self.config.tiering_interval_ms),
                 ..TieringConfig::default()
             };
+            // a cluster's one catalog snapshot is its leader's to write
+            let writer = self.state.cluster.clone().map(|node| {
+                Arc::new(move || node.meta.is_leader()) as Arc<dyn Fn() -> bool + Send + Sync>
+            });
             let catalog = CatalogSource {
                 users: self.security.as_ref().map(|s| s.store.clone()),
                 keys: self.keys,
+                writer,
             };
             let t = Tierer::with_catalog(
                 b.clone(),

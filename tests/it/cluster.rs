@@ -33,6 +33,9 @@ struct Node {
     http: reqwest::Client,
     /// Run inside this network namespace (name, the address its HTTP listener binds).
     netns: Option<(String, String)>,
+    /// `--archive-url` (default `off`) and more environment for the process.
+    archive: Option<String>,
+    env: Vec<(String, String)>,
 }
 
 /// A free UDP port on loopback (bound, then released for the node to take).
@@ -60,6 +63,8 @@ impl Node {
                 .build()
                 .unwrap(),
             netns: None,
+            archive: None,
+            env: Vec::new(),
         }
     }
 
@@ -98,8 +103,10 @@ impl Node {
                 cmd
             }
         };
+        let archive = self.archive.as_deref().unwrap_or("off");
         let child = cmd
-            .args(["--archive-url", "off", "--data-dir"])
+            .args(["--archive-url", archive, "--data-dir"])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg(&self.dir)
             .arg("--addr-file")
             .arg(&addr_file)
@@ -2229,4 +2236,111 @@ async fn a_member_back_removes_the_data_of_topics_deleted_meanwhile() {
         .call(("x", "y"), Method::GET, "/v1/topics/keep", None)
         .await;
     assert_eq!(st, StatusCode::OK);
+}
+
+/// Tiering in a cluster: each partition's owner uploads its sealed segments to the shared
+/// archive (every record once, in its partition's objects), and the catalog snapshot is
+/// written by the Raft leader; with that leader killed, the next one writes it when the
+/// catalog changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_tier_their_partitions_and_the_leader_writes_the_catalog() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let archive = root.path().join("archive");
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|id| Node::new(id, root.path(), "", SECRET))
+        .collect();
+    let members = nodes
+        .iter()
+        .map(|n| format!("{}@{}", n.id, n.rpc))
+        .collect::<Vec<_>>()
+        .join(",");
+    for n in &mut nodes {
+        n.members = members.clone();
+        n.archive = Some(format!("file://{}", archive.display()));
+        n.env = vec![
+            ("NARAD_SEGMENT_MAX_AGE_MS".into(), "1000".into()),
+            ("NARAD_TIERING_INTERVAL_MS".into(), "100".into()),
+        ];
+        n.start().await;
+    }
+    for n in &nodes {
+        until(&format!("node {} ready", n.id), 60, async || {
+            n.ready().await
+        })
+        .await;
+    }
+    let made = topic_everywhere(&nodes, serde_json::json!({"name": "arch", "partitions": 3})).await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    assert_eq!(
+        owners
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        3,
+        "one partition per member: {owners:?}"
+    );
+    for p in 0..3 {
+        for i in 0..10 {
+            let r = nodes[i % 3]
+                .http
+                .post(format!(
+                    "{}/v1/topics/arch/produce?partition={p}",
+                    nodes[i % 3].base
+                ))
+                .body(format!("p{p}-{i}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::ACCEPTED);
+        }
+    }
+    let manifest = |p: u32| -> Option<Value> {
+        let path = archive
+            .join("topic=arch")
+            .join(format!("partition={p}"))
+            .join("_manifest.json");
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    };
+    until("every partition archived by its owner", 60, async || {
+        (0..3).all(|p| manifest(p).is_some_and(|m| m["next_offset"] == 10))
+    })
+    .await;
+    for p in 0..3 {
+        let m = manifest(p).unwrap();
+        let rows: u64 = m["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["rows"].as_u64().unwrap())
+            .sum();
+        assert_eq!(rows, 10, "partition {p}: every record once: {m}");
+    }
+    let snapshot = archive.join("_catalog").join("catalog.bin");
+    until("the catalog snapshot written", 30, async || {
+        snapshot.is_file()
+    })
+    .await;
+    // the leader killed: the next one writes the snapshot when the catalog changes
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let l = nodes.iter().position(|n| n.id == leader).unwrap();
+    let before = std::fs::read(&snapshot).unwrap();
+    nodes[l].kill9();
+    let other = &nodes[(l + 1) % 3];
+    until("a topic made after the leader died", 60, async || {
+        let (st, _) = other
+            .call(
+                ("x", "y"),
+                Method::POST,
+                "/v1/topics",
+                Some(serde_json::json!({"name": "later"})),
+            )
+            .await;
+        st == StatusCode::CREATED || st == StatusCode::CONFLICT
+    })
+    .await;
+    until("the new leader rewrote the snapshot", 30, async || {
+        std::fs::read(&snapshot).is_ok_and(|b| b != before)
+    })
+    .await;
 }

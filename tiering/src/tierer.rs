@@ -162,6 +162,10 @@ pub struct CatalogSource {
     pub users: Option<Arc<UserStore>>,
     /// From the cluster secret. `None`: snapshots are unsealed and hold no users.
     pub keys: Option<Arc<CatalogKeys>>,
+    /// Whether this node writes the snapshot now. A cluster has one catalog and one snapshot
+    /// object: its Raft leader writes it (members behind it would put an older catalog over
+    /// a newer one). `None`: always (a single node).
+    pub writer: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 /// What was last uploaded, and the retry schedule after a failure.
@@ -247,8 +251,11 @@ impl Tierer {
         }
     }
 
-    /// One pass over every partition of every topic. The first error is returned after every
-    /// partition was tried (one unreachable object does not stall the others).
+    /// One pass over every partition of every topic this node owns (all of them on a single
+    /// node; in a cluster, the partitions it is the owner of: only an owner uploads a
+    /// partition's segments, and only it deletes that partition's objects, by retention or
+    /// for an earlier incarnation). The first error is returned after every partition was
+    /// tried (one unreachable object does not stall the others).
     pub async fn pass(self: Arc<Self>) -> Result<(), ArchiveError> {
         let mut work = Vec::new();
         for name in self.broker.topic_names() {
@@ -256,7 +263,9 @@ impl Tierer {
                 continue; // deleted meanwhile
             };
             for p in 0..meta.config.partitions {
-                work.push((name.clone(), p));
+                if self.broker.is_local(&meta, p) {
+                    work.push((name.clone(), p));
+                }
             }
         }
         let sem = Arc::new(tokio::sync::Semaphore::new(self.cfg.concurrency.max(1)));
@@ -340,6 +349,11 @@ impl Tierer {
     /// whether it uploaded.
     pub async fn sync_catalog(&self) -> Result<bool, ArchiveError> {
         let mut st = self.catalog_state.lock().await;
+        if self.catalog.writer.as_ref().is_some_and(|w| !w()) {
+            // not this member's to write; should it lead later, it writes at once
+            *st = CatalogState::default();
+            return Ok(false);
+        }
         let now = self.clock.now_ms();
         if now < st.retry_at_ms {
             return Ok(false);

@@ -491,6 +491,11 @@ impl Metastore {
         m.membership().get_node(&leader).map(|n| n.rpc_addr.clone())
     }
 
+    /// Whether this node is the Raft leader, as far as it knows.
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.me)
+    }
+
     /// Who leads, the term, what is applied here, and the voters.
     pub fn status(&self) -> Status {
         let m = self.raft.metrics().borrow().clone();

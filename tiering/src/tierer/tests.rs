@@ -142,6 +142,7 @@ async fn source_with(secret: Option<&[u8]>) -> Source {
         CatalogSource {
             users: Some(users.clone()),
             keys: secret.map(|s| Arc::new(CatalogKeys::derive(s, None))),
+            writer: None,
         },
     );
     tierer.clone().pass().await.unwrap();
@@ -393,6 +394,7 @@ async fn the_snapshot_goes_up_on_changes_and_cursor_moves_at_most_once_per_inter
     })
     .unwrap();
     let metrics = Arc::new(TieringMetrics::default());
+    let writes = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let t = Tierer::with_catalog(
         src.broker.clone(),
         archive.clone(),
@@ -406,9 +408,25 @@ async fn the_snapshot_goes_up_on_changes_and_cursor_moves_at_most_once_per_inter
         CatalogSource {
             users: Some(src.users.clone()),
             keys: Some(Arc::new(CatalogKeys::derive(SECRET, None))),
+            writer: Some(Arc::new({
+                let w = writes.clone();
+                move || w.load(std::sync::atomic::Ordering::Relaxed)
+            })),
         },
     );
+    // a cluster member that does not lead writes nothing; once it leads, it writes at once
+    writes.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(!t.sync_catalog().await.unwrap(), "not the writer");
+    writes.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(t.sync_catalog().await.unwrap());
+    assert!(!t.sync_catalog().await.unwrap(), "nothing changed");
+    writes.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(!t.sync_catalog().await.unwrap());
+    writes.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        t.sync_catalog().await.unwrap(),
+        "leading again: another may have written meanwhile"
+    );
     assert!(!t.sync_catalog().await.unwrap(), "nothing changed");
     // cursors alone: not before the interval
     produce(&src.broker, "p", 5).await;
@@ -449,7 +467,11 @@ async fn the_snapshot_goes_up_on_changes_and_cursor_moves_at_most_once_per_inter
     std::fs::remove_dir_all(&target).unwrap();
     clock.advance(1_000);
     assert!(t.sync_catalog().await.unwrap());
-    assert_eq!(metrics.catalog_uploads.get(), 4);
+    assert_eq!(
+        metrics.catalog_uploads.get(),
+        5,
+        "with the one on leading again"
+    );
     assert_eq!(metrics.catalog_last_upload.get(), clock.now_ms() / 1000);
     // what went up opens and lists the new topic and password
     let bytes = std::fs::read(&target).unwrap();
