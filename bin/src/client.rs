@@ -74,14 +74,14 @@ impl Json {
     /// Pretty-printed on stdout.
     pub fn print_pretty(&self) -> Result<(), BoxError> {
         let v: Value = self.parse()?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         Ok(())
     }
 
     /// On one line of stdout.
     pub fn print_line(&self) -> Result<(), BoxError> {
         let v: Value = self.parse()?;
-        println!("{v}");
+        outln!("{v}");
         Ok(())
     }
 }

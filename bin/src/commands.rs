@@ -103,22 +103,22 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
     match cmd {
         ClusterCmd::Status => {
             if s["single_node"].as_bool() == Some(true) {
-                println!("single node (no cluster_members configured)");
+                outln!("single node (no cluster_members configured)");
                 return Ok(());
             }
-            println!("node        {}", num(&s["node_id"]));
-            println!("state       {}", s["state"].as_str().unwrap_or("-"));
-            println!("leader      {}", num(&s["leader"]));
-            println!("term        {}", num(&s["term"]));
-            println!("ready       {}", s["ready"].as_bool().unwrap_or(false));
-            println!("applied     {}", num(&s["last_applied"]));
-            println!("log         {}", num(&s["last_log"]));
+            outln!("node        {}", num(&s["node_id"]));
+            outln!("state       {}", s["state"].as_str().unwrap_or("-"));
+            outln!("leader      {}", num(&s["leader"]));
+            outln!("term        {}", num(&s["term"]));
+            outln!("ready       {}", s["ready"].as_bool().unwrap_or(false));
+            outln!("applied     {}", num(&s["last_applied"]));
+            outln!("log         {}", num(&s["last_log"]));
         }
         ClusterCmd::Remove { .. } => unreachable!("handled above"),
         ClusterCmd::Members => {
-            println!("{:<8} {:<32} {:<6} MATCHED", "NODE", "RPC ADDRESS", "VOTER");
+            outln!("{:<8} {:<32} {:<6} MATCHED", "NODE", "RPC ADDRESS", "VOTER");
             for m in s["members"].as_array().into_iter().flatten() {
-                println!(
+                outln!(
                     "{:<8} {:<32} {:<6} {}",
                     num(&m["node_id"]),
                     m["rpc_addr"].as_str().unwrap_or("-"),
@@ -216,10 +216,10 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
         UserCmd::Ls => {
             if let Reply::Json(j) = c.get("/v1/users").await? {
                 let list: wire::UserList = j.parse()?;
-                println!("{:<32} {:<6} GRANTS", "USERNAME", "ROOT");
+                outln!("{:<32} {:<6} GRANTS", "USERNAME", "ROOT");
                 for u in &list.users {
                     let grants: Vec<String> = u.grants.iter().map(grant_text).collect();
-                    println!(
+                    outln!(
                         "{:<32} {:<6} {}",
                         u.username,
                         if u.root { "yes" } else { "" },
@@ -231,7 +231,7 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
         UserCmd::Show { name } => print_reply(c.get(&path(&name)).await?)?,
         UserCmd::Rm { name } => {
             c.delete(&path(&name)).await?;
-            println!("deleted user {name}");
+            outln!("deleted user {name}");
         }
         UserCmd::Grant { name, grants } => {
             let body = wire::SetGrants {
@@ -256,7 +256,7 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
             };
             c.put_json(&format!("{}/password", path(&name)), &body)
                 .await?;
-            println!("password of {name} changed");
+            outln!("password of {name} changed");
         }
     }
     Ok(())
@@ -405,15 +405,22 @@ fn show_topic(r: Reply, output: Output) -> Result<(), BoxError> {
     }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, val) in &rows {
-        println!("{k:<width$}  {val}");
+        outln!("{k:<width$}  {val}");
     }
+    let unavailable: Vec<u64> =
+        serde_json::from_value(v["partitions_unavailable"].clone()).unwrap_or_default();
     if let Ok(d) = serde_json::from_value::<wire::TopicDetails>(v) {
+        let owners = &t.partition_owners;
         let parts: Vec<Vec<String>> = d
             .partition_stats
             .iter()
             .map(|p| {
-                vec![
-                    p.partition.to_string(),
+                let mut row = vec![p.partition.to_string()];
+                if !owners.is_empty() {
+                    let owner = owners.get(p.partition as usize);
+                    row.push(owner.map_or("-".into(), u64::to_string));
+                }
+                row.extend([
                     p.oldest_offset.to_string(),
                     p.next_offset.to_string(),
                     p.unacked.to_string(),
@@ -421,12 +428,16 @@ fn show_topic(r: Reply, output: Output) -> Result<(), BoxError> {
                     p.delayed.to_string(),
                     fmt_bytes_about(p.bytes),
                     p.segments.to_string(),
-                ]
+                ]);
+                row
             })
             .collect();
-        println!();
-        let head = [
-            "PARTITION",
+        outln!();
+        let mut head = vec!["PARTITION"];
+        if !owners.is_empty() {
+            head.push("OWNER");
+        }
+        head.extend([
             "OLDEST",
             "NEXT",
             "UNACKED",
@@ -434,8 +445,15 @@ fn show_topic(r: Reply, output: Output) -> Result<(), BoxError> {
             "DELAYED",
             "SIZE",
             "SEGMENTS",
-        ];
-        println!("{}", table(&head, &parts));
+        ]);
+        outln!("{}", table(&head, &parts));
+        if !unavailable.is_empty() {
+            let list: Vec<String> = unavailable.iter().map(u64::to_string).collect();
+            outln!(
+                "not shown: partition {} (the owner could not be asked)",
+                list.join(", ")
+            );
+        }
     }
     Ok(())
 }
@@ -471,7 +489,7 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
                     .iter()
                     .map(|t| serde_json::from_str(t.get()))
                     .collect::<Result<Vec<Value>, _>>()?;
-                println!("{}", serde_json::to_string_pretty(&all)?);
+                outln!("{}", serde_json::to_string_pretty(&all)?);
             } else {
                 let mut rows = Vec::with_capacity(all.len());
                 for t in &all {
@@ -497,7 +515,7 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
                     "MAX MESSAGE",
                     "ROLE",
                 ];
-                println!("{}", table(&head, &rows));
+                outln!("{}", table(&head, &rows));
             }
         }
         TopicCmd::Info { name } => {
@@ -505,7 +523,7 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
         }
         TopicCmd::Rm { name } => {
             c.delete(&format!("/v1/topics/{}", enc(&name))).await?;
-            println!("deleted {name}");
+            outln!("deleted {name}");
         }
         TopicCmd::Attach {
             parent,
@@ -532,7 +550,7 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
                 enc(&child)
             ))
             .await?;
-            println!("detached {child} from {parent}");
+            outln!("detached {child} from {parent}");
         }
         TopicCmd::Children { parent } => {
             print_reply(

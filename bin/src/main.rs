@@ -6,6 +6,20 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// A line to stdout for a command's output. A reader that stopped reading (`| head`) ends
+/// the command quietly, as it ends other Unix tools, instead of a panic on the closed pipe
+/// (`println!` panics).
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($t)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 mod client;
 mod commands;
 mod devcluster;

@@ -150,16 +150,20 @@ fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>,
     Ok(Some(bytes))
 }
 
-/// `NARAD_*` variables that are not server settings: the CLI's and the dev cluster's.
-const CLIENT_ENV: [&str; 8] = [
+/// `NARAD_*` variables that are no configuration key but are read: the server's root
+/// password, the CLI's, the dev cluster's and the test tools'.
+const CLIENT_ENV: [&str; 11] = [
+    "NARAD_ADMIN_PASSWORD",
     "NARAD_ADDR",
     "NARAD_USER",
     "NARAD_PASSWORD",
     "NARAD_PASS",
     "NARAD_CA_CERT",
     "NARAD_NEW_PASSWORD",
+    "NARAD_CURRENT_PASSWORD",
     "NARAD_DEV_CLUSTER_PARENT",
     "NARAD_BIN",
+    "NARAD_FUZZ_CASES",
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -833,6 +837,7 @@ mod tests {
                 ("NARAD_ADDR".into(), "ignored by the server".into()),
                 ("HOME".into(), "/root".into()),
                 ("NARAD_HTTP_ADDR".into(), ":7942".into()),
+                ("NARAD_ADMIN_PASSWORD".into(), "read by the server".into()),
                 ("NARAD_TOPIC_DEFAULT_PARTITIONS".into(), "6".into()),
             ],
         )

@@ -36,6 +36,7 @@ use narad_core::broker::{
     AckAction, Broker, BrokerError, Delivery, ProduceMessage, Produced, ReplayFrom,
 };
 use narad_core::topic::KeyPolicy;
+use narad_replay::ArchiveReader;
 use narad_wire::ErrorCode;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -80,6 +81,8 @@ const CATCH_UP: Duration = Duration::from_secs(2);
 pub struct Ingress {
     pub broker: Arc<Broker>,
     pub node: Arc<ClusterNode>,
+    /// History older than local data, for replay reads of this member's partitions.
+    archive: Option<Arc<ArchiveReader>>,
     down: Mutex<HashMap<u64, Instant>>,
     waits: Mutex<HashMap<u64, Arc<Semaphore>>>,
 }
@@ -103,10 +106,15 @@ impl CallError {
 }
 
 impl Ingress {
-    pub fn new(broker: Arc<Broker>, node: Arc<ClusterNode>) -> Arc<Self> {
+    pub fn new(
+        broker: Arc<Broker>,
+        node: Arc<ClusterNode>,
+        archive: Option<Arc<ArchiveReader>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             broker,
             node,
+            archive,
             down: Mutex::new(HashMap::new()),
             waits: Mutex::new(HashMap::new()),
         })
@@ -601,7 +609,15 @@ impl Ingress {
             .copied()
             .unwrap_or(self.me());
         if owner == self.me() || partition >= meta.config.partitions {
-            let recs = self.broker.replay(topic, partition, from, max).await?;
+            let recs = history(
+                &self.broker,
+                self.archive.as_deref(),
+                topic,
+                partition,
+                from,
+                max,
+            )
+            .await?;
             return Ok(recs
                 .iter()
                 .map(|r| raw(&render::record(topic, partition, r)))
@@ -971,6 +987,30 @@ fn action_name(a: AckAction) -> &'static str {
     }
 }
 
+/// A replay read on this member (the partition's owner): from the archive when it starts
+/// below local data, else local (as a single node reads).
+async fn history(
+    broker: &Broker,
+    archive: Option<&ArchiveReader>,
+    topic: &str,
+    partition: u32,
+    from: ReplayFrom,
+    max: usize,
+) -> Result<Vec<Arc<narad_core::record::Record>>, ApiError> {
+    if let Some(reader) = archive {
+        let archived = narad_replay::read_archived(broker, reader, topic, partition, from, max)
+            .await
+            .map_err(|e| match e {
+                narad_replay::HistoryError::Broker(e) => ApiError::from(e),
+                narad_replay::HistoryError::Archive(e) => crate::http::consume::archive_error(e),
+            })?;
+        if let Some(recs) = archived {
+            return Ok(recs.into_iter().map(Arc::new).collect());
+        }
+    }
+    Ok(broker.replay(topic, partition, from, max).await?)
+}
+
 /// A message that may not move (pinned, or keyed under `strict`) whose owner is down.
 fn owner_down(partition: u32, node: u64) -> ApiError {
     ApiError::new(
@@ -1271,15 +1311,18 @@ pub type CancellableWaits = Arc<Mutex<HashMap<(u64, u64), tokio::sync::oneshot::
 pub struct DataService {
     pub broker: Arc<Broker>,
     pub me: u64,
+    /// History older than local data, for replay reads of this member's partitions.
+    pub archive: Option<Arc<ArchiveReader>>,
     /// Waits other members may cancel, by (member, wait id).
     pub waits: CancellableWaits,
 }
 
 impl DataService {
-    pub fn new(broker: Arc<Broker>, me: u64) -> Self {
+    pub fn new(broker: Arc<Broker>, me: u64, archive: Option<Arc<ArchiveReader>>) -> Self {
         Self {
             broker,
             me,
+            archive,
             waits: Arc::default(),
         }
     }
@@ -1320,6 +1363,7 @@ async fn caught_up(broker: &Broker, catalog: u64) -> Result<(), Fault> {
 impl Service for DataService {
     fn call(&self, from: u64, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
         let (broker, me, waits) = (self.broker.clone(), self.me, self.waits.clone());
+        let archive = self.archive.clone();
         Box::pin(async move {
             match op {
                 PRODUCE => {
@@ -1388,10 +1432,17 @@ impl Service for DataService {
                         (None, Some(t)) => ReplayFrom::TimeMs(t),
                         (None, None) => return Err(malformed("replay")),
                     };
-                    let recs = broker
-                        .replay(&req.topic, req.partition, from, req.max.clamp(1, 100))
-                        .await
-                        .map_err(|e| to_fault(&e.into()))?;
+                    let max = req.max.clamp(1, 100);
+                    let recs = history(
+                        &broker,
+                        archive.as_deref(),
+                        &req.topic,
+                        req.partition,
+                        from,
+                        max,
+                    )
+                    .await
+                    .map_err(|e| to_fault(&e))?;
                     let msgs: Vec<Box<RawValue>> = recs
                         .iter()
                         .map(|r| raw(&render::record(&req.topic, req.partition, r)))

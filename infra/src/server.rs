@@ -419,11 +419,13 @@ impl Opening {
                 .serve_data(Arc::new(crate::forward::DataService::new(
                     b.clone(),
                     node.node_id(),
+                    self.state.archive.clone(),
                 )));
-            let _ = self
-                .state
-                .ingress
-                .set(crate::forward::Ingress::new(b.clone(), node.clone()));
+            let _ = self.state.ingress.set(crate::forward::Ingress::new(
+                b.clone(),
+                node.clone(),
+                self.state.archive.clone(),
+            ));
             let broker = b.clone();
             self.tasks.spawn(CATALOG_TASK, move |stop| {
                 crate::cluster::follow_catalog(node, store, broker, stop)

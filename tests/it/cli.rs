@@ -257,3 +257,32 @@ async fn the_cli_speaks_human_units_in_aligned_tables() {
     );
     assert_eq!(s.get("/v1/topics/c").await.status(), StatusCode::NOT_FOUND);
 }
+
+/// A reader that stops reading (`narad -o json topic ls | head -c 10`) ends the CLI quietly:
+/// `println!` used to panic on the closed pipe, with a backtrace.
+#[tokio::test]
+async fn a_reader_that_stops_reading_ends_the_cli_quietly() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    // more output than a pipe holds (64 KiB), so the CLI is still writing when it closes
+    for i in 0..250 {
+        s.create_topic(json!({"name": format!("topic-with-a-long-name-{i:04}"), "partitions": 1}))
+            .await;
+    }
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["-o", "json", "topic", "ls"])
+        .env("NARAD_ADDR", &s.base)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 10];
+    out.read_exact(&mut first).await.unwrap();
+    drop(out);
+    let done = child.wait_with_output().await.unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(done.status.success(), "{:?}: {err}", done.status);
+}

@@ -944,6 +944,19 @@ async fn messages_flow_through_any_member_and_survive_an_owner_kill() {
         serde_json::from_value(body["partitions_unavailable"].clone()).unwrap_or_default();
     let of3: Vec<u64> = (0..6u64).filter(|p| owners[*p as usize] == 3).collect();
     assert_eq!(unavailable, of3, "{body}");
+    // the CLI's table says so too, and names each partition's owner
+    let info = std::process::Command::new(BIN)
+        .args(["topic", "info", "q"])
+        .env("NARAD_ADDR", &nodes[0].base)
+        .output()
+        .unwrap();
+    let info = String::from_utf8_lossy(&info.stdout);
+    let list: Vec<String> = of3.iter().map(u64::to_string).collect();
+    assert!(
+        info.contains(&format!("not shown: partition {}", list.join(", "))),
+        "{info}"
+    );
+    assert!(info.contains("OWNER"), "{info}");
     let (st, r) = produce(&nodes[0], "pinned", &format!("?partition={p3}")).await;
     assert_eq!(
         (st, r["code"].as_str()),
@@ -2239,9 +2252,10 @@ async fn a_member_back_removes_the_data_of_topics_deleted_meanwhile() {
 }
 
 /// Tiering in a cluster: each partition's owner uploads its sealed segments to the shared
-/// archive (every record once, in its partition's objects), and the catalog snapshot is
-/// written by the Raft leader; with that leader killed, the next one writes it when the
-/// catalog changes.
+/// archive (every record once, in its partition's objects); once they are gone from the
+/// owners' disks, a replay read through any member gets them from the archive; the catalog
+/// snapshot is written by the Raft leader, and with that leader killed, by the next one
+/// when the catalog changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owners_tier_their_partitions_and_the_leader_writes_the_catalog() {
     use reqwest::Method;
@@ -2261,6 +2275,9 @@ async fn owners_tier_their_partitions_and_the_leader_writes_the_catalog() {
         n.env = vec![
             ("NARAD_SEGMENT_MAX_AGE_MS".into(), "1000".into()),
             ("NARAD_TIERING_INTERVAL_MS".into(), "100".into()),
+            // archived segments leave the disk at once: old history is the archive's
+            ("NARAD_LOCAL_RETENTION_MS".into(), "1".into()),
+            ("NARAD_RETENTION_INTERVAL_MS".into(), "100".into()),
         ];
         n.start().await;
     }
@@ -2315,6 +2332,42 @@ async fn owners_tier_their_partitions_and_the_leader_writes_the_catalog() {
             .map(|s| s["rows"].as_u64().unwrap())
             .sum();
         assert_eq!(rows, 10, "partition {p}: every record once: {m}");
+    }
+    // once the owners' disks no longer hold the first records, a replay read through any
+    // member still gets them: from the archive, on the partition's owner
+    until(
+        "archived segments gone from the owners' disks",
+        60,
+        async || {
+            let (_, t) = nodes[0]
+                .call(("x", "y"), Method::GET, "/v1/topics/arch", None)
+                .await;
+            t["partition_stats"]
+                .as_array()
+                .is_some_and(|ps| ps.len() == 3 && ps.iter().all(|p| p["oldest_offset"] == 10))
+        },
+    )
+    .await;
+    for n in &nodes {
+        for p in 0..3 {
+            let (st, got) = n
+                .call(
+                    ("x", "y"),
+                    Method::GET,
+                    &format!("/v1/topics/arch/consume?partition={p}&offset=0&max=100"),
+                    None,
+                )
+                .await;
+            assert_eq!(st, StatusCode::OK, "node {} p{p}: {got}", n.id);
+            let payloads: Vec<&str> = got["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["payload"].as_str().unwrap())
+                .collect();
+            let want: Vec<String> = (0..10).map(|i| format!("p{p}-{i}")).collect();
+            assert_eq!(payloads, want, "node {} p{p}", n.id);
+        }
     }
     let snapshot = archive.join("_catalog").join("catalog.bin");
     until("the catalog snapshot written", 30, async || {

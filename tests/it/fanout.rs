@@ -98,6 +98,13 @@ async fn attach_rules() {
         "topic_not_found",
     )
     .await;
+    // a body is an object: serde would take an array for the struct, fields by position
+    expect_error(
+        attach(&s, "p", json!(["c", 0, "latest"])).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_json",
+    )
+    .await;
     expect_error(
         attach(&s, "p", json!({"child": "c", "bogus": 1})).await,
         StatusCode::BAD_REQUEST,

@@ -175,10 +175,10 @@ impl Broker {
         let c = self.topic(child)?;
         let pmeta = p.meta.read().clone();
         if !c.meta.read().schemas.is_empty()
-            && !crate::catalog::same_schema_history(&c.meta.read().schemas, &pmeta.schemas)
+            && !crate::catalog::schema_history_starts(&pmeta.schemas, &c.meta.read().schemas)
         {
             return conflict(format!(
-                "'{child}' has a JSON Schema history that is not '{parent}''s: a child's schema is its parent's"
+                "'{child}' has JSON Schema versions that are not the first of '{parent}''s: a child's schema is its parent's"
             ));
         }
         // (errors never name a parent the caller did not name: it may not see that topic)

@@ -395,9 +395,17 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
 /// Whether two topics have the same schema versions (numbers and schemas; not when each
 /// was added).
 pub fn same_schema_history(a: &[SchemaVersion], b: &[SchemaVersion]) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
+    a.len() == b.len() && schema_history_starts(b, a)
+}
+
+/// Whether `history` begins with `start`'s versions. A detached child whose parent added
+/// versions since may come back: what it holds matched the versions it has, and the
+/// parent's later ones are additive changes of them.
+pub fn schema_history_starts(history: &[SchemaVersion], start: &[SchemaVersion]) -> bool {
+    start.len() <= history.len()
+        && start
+            .iter()
+            .zip(history)
             .all(|(x, y)| x.version == y.version && x.schema == y.schema)
 }
 
@@ -416,9 +424,9 @@ fn check_attach(
             "a topic cannot be its own child".into(),
         ));
     }
-    if !child.schemas.is_empty() && !same_schema_history(&child.schemas, &parent.schemas) {
+    if !child.schemas.is_empty() && !schema_history_starts(&parent.schemas, &child.schemas) {
         return conflict(format!(
-            "'{}' has a JSON Schema history that is not '{}''s: a child's schema is its parent's",
+            "'{}' has JSON Schema versions that are not the first of '{}''s: a child's schema is its parent's",
             child.name, parent.name
         ));
     }

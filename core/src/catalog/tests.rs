@@ -115,6 +115,23 @@ fn a_child_adopts_its_parents_schema_or_is_refused() {
         apply(&cat, &attach(4)),
         Err(CatalogError::FanoutConflict(_))
     ));
+    // a child detached before the parent's next version comes back (its versions are the
+    // first of the parent's), and adopts the rest
+    let v2 = SchemaVersion {
+        version: 2,
+        schema: serde_json::json!({"type": "object", "properties": {}}),
+        ..cat_schema().remove(0)
+    };
+    let grown = run(&[
+        CatalogCommand::CreateTopic {
+            topic: with(topic(1, "p"), vec![cat_schema().remove(0), v2.clone()]),
+        },
+        CatalogCommand::CreateTopic {
+            topic: with(topic(3, "same"), cat_schema()),
+        },
+    ]);
+    let (grown, _) = apply(&grown, &attach(3)).unwrap();
+    assert_eq!(grown.get("same").unwrap().schemas.len(), 2);
     // a schema-less parent cannot take a child with a schema
     let bare_parent = run(&[
         CatalogCommand::CreateTopic {

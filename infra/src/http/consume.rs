@@ -11,7 +11,7 @@ use narad_wire::ErrorCode;
 use super::query::{Query, parse_duration, parse_time_ms};
 use super::{ApiError, ApiResult, SharedState, render};
 
-fn archive_error(e: narad_replay::ReplayError) -> ApiError {
+pub(crate) fn archive_error(e: narad_replay::ReplayError) -> ApiError {
     tracing::warn!(error = %e, "archive read failed");
     ApiError::new(
         ErrorCode::ArchiveUnavailable,

@@ -8,7 +8,7 @@
 pub mod access;
 mod ack;
 pub mod budget;
-mod consume;
+pub(crate) mod consume;
 mod produce;
 pub mod query;
 pub(crate) mod render;
@@ -274,6 +274,14 @@ pub fn parse_json_borrowed<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Res
         return Err(ApiError::new(
             ErrorCode::InvalidJson,
             "request body is empty; a JSON object is required",
+        ));
+    }
+    // every body is an object (serde would otherwise take an array for a struct, its
+    // fields by position)
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::new(
+            ErrorCode::InvalidJson,
+            "invalid JSON body: a JSON object is required",
         ));
     }
     serde_json::from_slice(body)

@@ -247,8 +247,8 @@ pub async fn create(
     let body = read_body(body, MAX_JSON_BODY).await?;
     // `name` beside the settings; the settings are parsed strictly (unknown fields are a 400).
     let mut fields: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
-    // the creator is the owner, whatever the body says (a client may echo a topic object
-    // back; the original Narad ignores the field too)
+    // the creator is the owner, whatever the body says (the original Narad ignored the
+    // field too, and its clients may send it)
     fields.remove("owner");
     let name = match fields.remove("name") {
         Some(serde_json::Value::String(n)) => n,
