@@ -698,3 +698,48 @@ async fn children_take_their_parents_partitions_and_schema_and_topics_show_their
         .clone();
     assert_eq!(p["children"], json!(["two"]));
 }
+
+/// A child created in one step is one catalog command: SIGKILL while many are in flight
+/// leaves each either absent or a child with its link and its parent's schema, never a
+/// standalone topic that takes what the parent's schema refuses (create, then attach, then
+/// delete on failure could leave exactly that: an adversarial review found 47 of 135).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_creates_of_children_leaves_no_half_made_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(dir.path()).await;
+    let schema = json!({"type": "object", "required": ["a"]});
+    s.create_topic(json!({"name": "par", "partitions": 2, "schema": schema}))
+        .await;
+    for round in 0..3 {
+        let creates: Vec<_> = (0..8)
+            .map(|i| {
+                let (http, url) = (s.http.clone(), s.url("/v1/topics"));
+                let body = json!({"name": format!("kid{round}-{i}"), "parent": "par"});
+                tokio::spawn(async move { http.post(url).json(&body).send().await })
+            })
+            .collect();
+        // the first answer: the others are in flight
+        let mut creates = creates.into_iter();
+        let _ = creates.next().unwrap().await;
+        s.kill9();
+        for c in creates {
+            let _ = c.await;
+        }
+        s.restart().await;
+        for i in 0..8 {
+            let name = format!("kid{round}-{i}");
+            let r = s.get(&format!("/v1/topics/{name}")).await;
+            if r.status() == StatusCode::NOT_FOUND {
+                continue;
+            }
+            let t: Value = r.json().await.unwrap();
+            assert_eq!(
+                (&t["role"], &t["parent"], &t["schema_version"]),
+                (&json!("child"), &json!("par"), &json!(1)),
+                "{t}"
+            );
+            let r = s.produce(&name, "", "not json").await;
+            expect_error(r, StatusCode::BAD_REQUEST, "schema_violation").await;
+        }
+    }
+}

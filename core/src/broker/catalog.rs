@@ -79,17 +79,38 @@ impl Broker {
         req: CreateTopic,
     ) -> Result<TopicMeta, BrokerError> {
         self.check_running()?;
-        let config = req.resolve(&self.cfg.topic_defaults)?;
         let _guard = self.meta_lock.lock().await;
+        let meta = self.new_topic_meta(&req)?;
+        if self.store.replicated() {
+            let meta = TopicMeta {
+                owners: self.store.place(meta.id, 0, meta.config.partitions),
+                ..meta
+            };
+            let name = meta.name.clone();
+            self.propose_replicated(CatalogCommand::CreateTopic { topic: meta })
+                .await?;
+            tracing::info!(topic = %name, "topic created");
+            return self.topic_meta(&name);
+        }
+        self.install_topic(&meta).await?;
+        tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
+        Ok(meta)
+    }
+
+    /// The metadata of a topic `req` asks for: its settings resolved against the defaults, a
+    /// new incarnation id, version 1 of its schema; refused if the name is taken or a limit
+    /// would be passed. The caller holds `meta_lock`.
+    pub(super) fn new_topic_meta(&self, req: &CreateTopic) -> Result<TopicMeta, BrokerError> {
+        let config = req.resolve(&self.cfg.topic_defaults)?;
         if self.topics.read().contains_key(&req.name) {
-            return Err(BrokerError::TopicExists(req.name));
+            return Err(BrokerError::TopicExists(req.name.clone()));
         }
         self.check_limits(
             1,
             u64::from(config.partitions),
             req.owner.as_ref().filter(|_| req.count_against_owner),
         )?;
-        let meta = TopicMeta {
+        Ok(TopicMeta {
             id: random_u64() | 1,
             name: req.name.clone(),
             created_at_ms: self.clock.now_ms(),
@@ -108,21 +129,7 @@ impl Broker {
                 .into_iter()
                 .collect(),
             owners: Vec::new(),
-        };
-        if self.store.replicated() {
-            let meta = TopicMeta {
-                owners: self.store.place(meta.id, 0, meta.config.partitions),
-                ..meta
-            };
-            let name = meta.name.clone();
-            self.propose_replicated(CatalogCommand::CreateTopic { topic: meta })
-                .await?;
-            tracing::info!(topic = %name, "topic created");
-            return self.topic_meta(&name);
-        }
-        self.install_topic(&meta).await?;
-        tracing::info!(topic = %meta.name, id = meta.id, partitions = meta.config.partitions, "topic created");
-        Ok(meta)
+        })
     }
 
     /// Re-creates a topic from the archive after a disk loss: same incarnation id and settings,

@@ -19,10 +19,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Broker, BrokerError, Topic, random_u64};
-use crate::catalog::{Applied, CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN};
+use crate::catalog::{Applied, CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN, TopicMeta};
 use crate::log::LogError;
 use crate::record::{NewRecord, Record};
-use crate::topic::partition_for_key;
+use crate::topic::{CreateTopic, partition_for_key};
 
 /// Longest delay a child may have (one year).
 pub const MAX_CHILD_DELAY_MS: i64 = 365 * 24 * 3_600_000;
@@ -147,6 +147,83 @@ fn write_cursor(path: &Path, epoch: u64, next_offset: u64) -> std::io::Result<()
     crate::fsutil::write_file_atomic(path, &body)
 }
 
+/// The checks of a link request that need no topic.
+fn check_link_request(parent: &str, child: &str, delay_ms: i64) -> Result<(), BrokerError> {
+    if parent == child {
+        return Err(BrokerError::FanoutInvalid(
+            "a topic cannot be its own child".into(),
+        ));
+    }
+    if !(0..=MAX_CHILD_DELAY_MS).contains(&delay_ms) {
+        return Err(BrokerError::FanoutInvalid(format!(
+            "delay_ms must be between 0 and {MAX_CHILD_DELAY_MS}"
+        )));
+    }
+    Ok(())
+}
+
+/// A new link to parent `p` (a fresh epoch) and where its cursors start: the parent's tail,
+/// or its oldest retained record with `from_earliest`.
+fn new_link(
+    p: &Topic,
+    pmeta: &TopicMeta,
+    delay_ms: i64,
+    from_earliest: bool,
+) -> (ParentLink, Vec<u64>) {
+    let link = ParentLink {
+        parent: pmeta.name.clone(),
+        parent_id: pmeta.id,
+        delay_ms,
+        epoch: random_u64() | 1,
+    };
+    let starts = p
+        .partitions()
+        .iter()
+        .map(|part| {
+            let stats = part.stats();
+            if from_earliest {
+                stats.oldest_offset
+            } else {
+                stats.next_offset
+            }
+        })
+        .collect();
+    (link, starts)
+}
+
+/// Writes child `child`'s cursor file of attachment `epoch` in each partition directory of
+/// parent `p`, at `starts[i]` (removing earlier attachments' files).
+async fn write_cursors(
+    p: &Topic,
+    child: &str,
+    epoch: u64,
+    starts: Vec<u64>,
+) -> Result<(), BrokerError> {
+    for (part, start) in p.partitions().iter().zip(starts) {
+        let path = cursor_path(&part.dir, child, epoch);
+        let (dir, name) = (part.dir.clone(), child.to_owned());
+        tokio::task::spawn_blocking(move || {
+            crate::fsutil::create_dir_private(&dir)?;
+            remove_cursor_files(&dir, &name); // earlier attachments' leftovers
+            write_cursor(&path, epoch, start)
+        })
+        .await
+        .expect("cursor write task")
+        .map_err(|source| LogError::Io {
+            path: part.dir.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Removes the cursor files [`write_cursors`] wrote, for a link that was not made.
+fn remove_cursors(p: &Topic, child: &str, epoch: u64) {
+    for part in p.partitions().iter() {
+        let _ = std::fs::remove_file(cursor_path(&part.dir, child, epoch));
+    }
+}
+
 impl Broker {
     /// Attaches `child` to `parent`. The child starts at the parent's tail (or its oldest
     /// retained record with `from_earliest`); a detached and re-attached child starts fresh.
@@ -159,48 +236,93 @@ impl Broker {
     ) -> Result<(), BrokerError> {
         self.check_running()?;
         self.no_fanout_in_a_cluster()?;
-        let conflict = |m: String| Err(BrokerError::FanoutConflict(m));
-        if parent == child {
-            return Err(BrokerError::FanoutInvalid(
-                "a topic cannot be its own child".into(),
-            ));
-        }
-        if !(0..=MAX_CHILD_DELAY_MS).contains(&delay_ms) {
-            return Err(BrokerError::FanoutInvalid(format!(
-                "delay_ms must be between 0 and {MAX_CHILD_DELAY_MS}"
-            )));
-        }
+        check_link_request(parent, child, delay_ms)?;
         let _guard = self.meta_lock.lock().await;
         let p = self.topic(parent)?;
         let c = self.topic(child)?;
         let pmeta = p.meta.read().clone();
-        if !c.meta.read().schemas.is_empty()
-            && !crate::catalog::schema_history_starts(&pmeta.schemas, &c.meta.read().schemas)
+        let cmeta = c.meta.read().clone();
+        self.check_new_child(&pmeta, &cmeta.name, &cmeta.schemas, delay_ms)?;
+        // (errors never name a parent the caller did not name: it may not see that topic)
+        if let Some(l) = &cmeta.parent {
+            return Err(BrokerError::FanoutConflict(if l.parent == parent {
+                format!("'{child}' is already a child of '{parent}'")
+            } else {
+                format!("'{child}' already has a parent")
+            }));
+        }
+        if !self.child_topics(child).is_empty() {
+            return Err(BrokerError::FanoutConflict(format!(
+                "'{child}' has children of its own: no grandchildren"
+            )));
+        }
+        let (link, starts) = new_link(&p, &pmeta, delay_ms, from_earliest);
+        self.link_child(&p, &c, link, starts).await?;
+        tracing::info!(parent, child, delay_ms, "child attached");
+        Ok(())
+    }
+
+    /// Creates `req` as a child of `parent` in one catalog command, so a crash leaves either
+    /// no topic or the child with its link and its parent's schema, never a standalone topic
+    /// (create, then attach, then delete on a failed attach could). The cursor files are
+    /// written first, then the topic is created with its link, then the cursors start.
+    pub async fn create_child(
+        self: &Arc<Self>,
+        req: CreateTopic,
+        parent: &str,
+        delay_ms: i64,
+        from_earliest: bool,
+    ) -> Result<TopicMeta, BrokerError> {
+        self.check_running()?;
+        self.no_fanout_in_a_cluster()?;
+        check_link_request(parent, &req.name, delay_ms)?;
+        let _guard = self.meta_lock.lock().await;
+        let p = self.topic(parent)?;
+        let pmeta = p.meta.read().clone();
+        let mut meta = self.new_topic_meta(&req)?;
+        self.check_new_child(&pmeta, &meta.name, &meta.schemas, delay_ms)?;
+        let (link, starts) = new_link(&p, &pmeta, delay_ms, from_earliest);
+        meta.parent = Some(link.clone());
+        // the parent's schema history, adopted (as the catalog does)
+        meta.schemas = pmeta.schemas.clone();
+        write_cursors(&p, &meta.name, link.epoch, starts).await?;
+        if let Err(e) = self.install_topic(&meta).await {
+            // refused: the cursors written above belong to no link
+            remove_cursors(&p, &meta.name, link.epoch);
+            return Err(e);
+        }
+        let c = self.topic(&meta.name)?;
+        for i in 0..p.partitions().len() as u32 {
+            self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
+        }
+        tracing::info!(parent, child = %meta.name, delay_ms, "child created");
+        Ok(meta)
+    }
+
+    /// The rules a new link to parent `pmeta` must keep that do not depend on whether the
+    /// child exists yet (the catalog checks them all again when it applies the command).
+    fn check_new_child(
+        &self,
+        pmeta: &TopicMeta,
+        child: &str,
+        child_schemas: &[crate::catalog::SchemaVersion],
+        delay_ms: i64,
+    ) -> Result<(), BrokerError> {
+        let parent = pmeta.name.as_str();
+        let conflict = |m: String| Err(BrokerError::FanoutConflict(m));
+        if !child_schemas.is_empty()
+            && !crate::catalog::schema_history_starts(&pmeta.schemas, child_schemas)
         {
             return conflict(format!(
                 "'{child}' has JSON Schema versions that are not the first of '{parent}''s: a child's schema is its parent's"
             ));
         }
-        // (errors never name a parent the caller did not name: it may not see that topic)
         if pmeta.parent.is_some() {
             return conflict(format!(
                 "'{parent}' is itself a fan-out child: no grandchildren"
             ));
         }
-        if let Some(l) = &c.meta.read().parent {
-            return conflict(if l.parent == parent {
-                format!("'{child}' is already a child of '{parent}'")
-            } else {
-                format!("'{child}' already has a parent")
-            });
-        }
-        let siblings = self.child_topics(parent);
-        if !self.child_topics(child).is_empty() {
-            return conflict(format!(
-                "'{child}' has children of its own: no grandchildren"
-            ));
-        }
-        if siblings.len() >= MAX_CHILDREN {
+        if self.child_topics(parent).len() >= MAX_CHILDREN {
             return conflict(format!("'{parent}' already has {MAX_CHILDREN} children"));
         }
         let retention = pmeta.config.retention_ms;
@@ -210,26 +332,6 @@ impl Broker {
                 delay_ms + DELAY_RETENTION_MARGIN_MS
             )));
         }
-        let link = ParentLink {
-            parent: parent.to_owned(),
-            parent_id: pmeta.id,
-            delay_ms,
-            epoch: random_u64() | 1,
-        };
-        let starts = p
-            .partitions()
-            .iter()
-            .map(|part| {
-                let stats = part.stats();
-                if from_earliest {
-                    stats.oldest_offset
-                } else {
-                    stats.next_offset
-                }
-            })
-            .collect();
-        self.link_child(&p, &c, link, starts).await?;
-        tracing::info!(parent, child, delay_ms, "child attached");
         Ok(())
     }
 
@@ -331,21 +433,7 @@ impl Broker {
         starts: Vec<u64>,
     ) -> Result<(), BrokerError> {
         let child = c.meta.read().name.clone();
-        for (part, start) in p.partitions().iter().zip(starts) {
-            let path = cursor_path(&part.dir, &child, link.epoch);
-            let (epoch, dir, name) = (link.epoch, part.dir.clone(), child.clone());
-            tokio::task::spawn_blocking(move || {
-                crate::fsutil::create_dir_private(&dir)?;
-                remove_cursor_files(&dir, &name); // earlier attachments' leftovers
-                write_cursor(&path, epoch, start)
-            })
-            .await
-            .expect("cursor write task")
-            .map_err(|source| LogError::Io {
-                path: part.dir.clone(),
-                source,
-            })?;
-        }
+        write_cursors(p, &child, link.epoch, starts).await?;
         let (cmd, linked, live) = (
             CatalogCommand::Attach {
                 child_id: c.id(),
@@ -364,9 +452,7 @@ impl Broker {
         };
         if let Err(e) = self.commit(cmd, adopt).await {
             // refused: the cursors written above belong to no link
-            for part in p.partitions().iter() {
-                let _ = std::fs::remove_file(cursor_path(&part.dir, &child, link.epoch));
-            }
+            remove_cursors(p, &child, link.epoch);
             return Err(e);
         }
         for i in 0..p.partitions().len() as u32 {

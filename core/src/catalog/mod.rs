@@ -225,10 +225,15 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                     topic.config.partitions
                 )));
             }
+            let mut t = topic.clone();
             if let Some(link) = &topic.parent {
+                // created as a child: the rules of an attach, and the parent's schema
                 check_attach(&next, topic, link)?;
+                if let Some(p) = next.get(&link.parent) {
+                    t.schemas = p.schemas.clone();
+                }
             }
-            let t = Arc::new(topic.clone());
+            let t = Arc::new(t);
             next.topics.insert(topic.name.clone(), t.clone());
             Applied::Topic(t)
         }

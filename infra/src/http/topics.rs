@@ -319,32 +319,22 @@ pub async fn create(
             settings.partitions = Some(broker.topic_meta(p)?.config.partitions);
         }
     }
-    let meta = broker
-        .create_topic(CreateTopic {
-            name: name.clone(),
-            settings,
-            owner: caller.owner(),
-            schema,
-            count_against_owner: !caller.is_admin(),
-        })
-        .await?;
-    let Some(p) = parent else {
-        return Ok(json_response(
-            StatusCode::CREATED,
-            &topic_json(&meta, &caller, &broker),
-        ));
+    let req = CreateTopic {
+        name,
+        settings,
+        owner: caller.owner(),
+        schema,
+        count_against_owner: !caller.is_admin(),
     };
-    if let Err(e) = broker
-        .attach_child(&p, &name, delay.unwrap_or(0), earliest)
-        .await
-    {
-        // the one-step create is all or nothing
-        if let Err(undo) = broker.delete_topic(&name).await {
-            tracing::error!(topic = %name, error = %undo, "could not roll back a topic whose attach failed");
+    // a child is created with its link in one step: all or nothing, crash included
+    let meta = match parent {
+        None => broker.create_topic(req).await?,
+        Some(p) => {
+            broker
+                .create_child(req, &p, delay.unwrap_or(0), earliest)
+                .await?
         }
-        return Err(e.into());
-    }
-    let meta = broker.topic_meta(&name)?;
+    };
     Ok(json_response(
         StatusCode::CREATED,
         &topic_json(&meta, &caller, &broker),
