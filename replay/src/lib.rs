@@ -143,6 +143,16 @@ impl ArchiveReader {
                 return Ok((m.topic_id == topic_id).then(|| m.clone()));
             }
         }
+        self.fetch_manifest(topic, topic_id, partition).await
+    }
+
+    /// The partition's manifest as the archive has it now (the cache refreshed).
+    async fn fetch_manifest(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+    ) -> Result<Option<Arc<PartitionManifest>>, ReplayError> {
         let Some(m) = self.archive.load_manifest(topic, partition).await? else {
             return Ok(None);
         };
@@ -165,7 +175,14 @@ impl ArchiveReader {
         from: u64,
         max: usize,
     ) -> Result<ArchiveRead, ReplayError> {
-        let Some(m) = self.manifest(topic, topic_id, partition).await? else {
+        let m = match self.manifest(topic, topic_id, partition).await? {
+            Some(m) if from < m.next_offset => Some(m),
+            // not in the manifest as cached: the tierer may have archived it since (and
+            // local retention deleted it), so the archive is asked again before anyone is
+            // told the offset is gone
+            _ => self.fetch_manifest(topic, topic_id, partition).await?,
+        };
+        let Some(m) = m else {
             return Ok(ArchiveRead::Absent);
         };
         if from < m.start_offset {

@@ -323,3 +323,63 @@ async fn large_objects_go_up_in_parts() {
     assert_eq!(back.len(), data.len());
     assert!(back == data);
 }
+
+/// A reader that cached a partition's manifest, asked for an offset archived (and deleted
+/// locally) since, reads it from the archive at once: it does not answer that the offset is
+/// gone until its cached manifest expires (a reviewer saw 410 for about a second, and a
+/// client told an offset is gone skips ahead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_archived_after_the_manifest_was_cached_is_read_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path()).await;
+    fill(&b, 600).await;
+    let archive = Archive::open(&ArchiveSettings {
+        url: "memory://narad".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let t = tierer(&b, archive.clone());
+    t.clone().pass().await.unwrap();
+    b.run_retention().await;
+    let reader = ArchiveReader::new(archive.clone());
+    let read = async |from: u64| {
+        read_archived(&b, &reader, "t", 0, ReplayFrom::Offset(from), 10)
+            .await
+            .unwrap()
+    };
+    assert!(
+        read(0).await.is_some_and(|r| r[0].offset == 0),
+        "cached now"
+    );
+    let cached_end = archive
+        .load_manifest("t", 0)
+        .await
+        .unwrap()
+        .unwrap()
+        .next_offset;
+    // more records, archived, then deleted locally: all within the cache's lifetime
+    for i in 0..400 {
+        b.produce(
+            "t",
+            vec![ProduceMessage {
+                key: None,
+                partition: Some(0),
+                delay_ms: None,
+                headers: Vec::new(),
+                payload: Bytes::from(format!("{{\"more\":{i},\"pad\":\"{}\"}}", "y".repeat(60))),
+            }],
+        )
+        .await
+        .unwrap();
+    }
+    t.clone().pass().await.unwrap();
+    b.run_retention().await;
+    let (oldest_local, _) = b.local_range("t", 0).unwrap();
+    assert!(oldest_local > cached_end, "the new records left the disk");
+    let got = read(cached_end).await;
+    assert!(
+        got.as_ref().is_some_and(|r| r[0].offset == cached_end),
+        "{got:?}"
+    );
+    b.shutdown().await;
+}
