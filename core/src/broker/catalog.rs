@@ -554,7 +554,7 @@ impl Broker {
             let _ = w.tx.send(Vec::new());
         }
         for p in topic.partitions().iter() {
-            p.close().await;
+            p.retire().await;
         }
         let (dir, leftovers) = (topic.dir.clone(), self.leftovers.clone());
         tokio::task::spawn_blocking(move || {

@@ -72,6 +72,9 @@ pub(crate) struct Partition {
     slot: Mutex<Option<LogSlot>>,
     /// Serialises opening and closing the log.
     opening: tokio::sync::Mutex<()>,
+    /// Closed for good (its topic was deleted): never reopened, or a request still holding
+    /// the partition would make its directory again after the delete removed it.
+    retired: AtomicBool,
     pub queue: Mutex<PartitionQueue>,
     pub last_used_ms: AtomicI64,
     /// Offsets below this are in the archive (uploaded and verified); with an archive
@@ -169,6 +172,7 @@ impl Partition {
             log: Mutex::new(Some(Arc::new(log))),
             slot: Mutex::new(None),
             opening: tokio::sync::Mutex::new(()),
+            retired: AtomicBool::new(false),
             queue: Mutex::new(queue),
             last_used_ms: AtomicI64::new(env.clock.now_ms()),
             archived_below: AtomicU64::new(0),
@@ -236,6 +240,9 @@ impl Partition {
         if let Some(log) = self.log.lock().clone() {
             return Ok(log);
         }
+        if self.retired.load(Ordering::Acquire) {
+            return Err(LogError::Closed);
+        }
         let dir = self.dir.clone();
         let (cfg, clock, metrics) = (env.cfg.clone(), env.clock.clone(), env.metrics.clone());
         let (log, _) =
@@ -296,6 +303,13 @@ impl Partition {
             }
             None => false,
         }
+    }
+
+    /// Closes the log for good (its topic was deleted): [`Partition::log`] no longer reopens
+    /// it.
+    pub async fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        self.close().await;
     }
 
     /// Closes the log, waiting for its queued appends.

@@ -1391,3 +1391,28 @@ async fn a_reader_dropped_after_it_was_served_gives_its_messages_back() {
     assert_eq!(got[0].record.payload, Bytes::from("m"));
     b.shutdown().await;
 }
+
+/// A request still holding a partition of a deleted topic cannot reopen its log: that would
+/// make the topic's directory again after the delete removed it (a review found such
+/// directories left on cluster members until their next start).
+#[tokio::test]
+async fn a_deleted_topics_partition_is_never_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("t", 1)).await.unwrap();
+    let msg = ProduceMessage {
+        payload: Bytes::from_static(b"x"),
+        ..Default::default()
+    };
+    b.produce("t", vec![msg]).await.unwrap();
+    let topic = b.topic("t").unwrap();
+    let part = topic.partition(0).unwrap();
+    b.delete_topic("t").await.unwrap();
+    assert!(matches!(
+        b.log_of(&part).await,
+        Err(BrokerError::Storage(crate::log::LogError::Closed))
+    ));
+    eventually("the topic's directory removed", || !topic.dir.exists()).await;
+    assert!(!part.is_open());
+    b.shutdown().await;
+}
