@@ -88,8 +88,8 @@ async fn attach_rules() {
     .await;
     expect_error(
         attach(&s, "p", json!({"child": "nope"})).await,
-        StatusCode::NOT_FOUND,
-        "topic_not_found",
+        StatusCode::BAD_REQUEST,
+        "invalid_child",
     )
     .await;
     expect_error(

@@ -128,9 +128,19 @@ pub async fn attach(
     let a: AttachBody = parse_json(&body)?;
     narad_core::topic::validate_name(&a.child)
         .map_err(|e| ApiError::new(ErrorCode::InvalidChild, format!("child: {}", e.reason)))?;
-    // both ends: attaching someone else's topic would change what it receives (a missing
-    // child is 404, naming it, as in the original Narad)
-    caller.manage_topic(&broker, &a.child)?;
+    // both ends: attaching someone else's topic would change what it receives. The URL's
+    // topic exists; a missing child is a fault of the body, so 400 rather than 404 (a 404
+    // on a path whose topic exists reads as "that topic is gone", to clients and tools).
+    caller.manage_topic(&broker, &a.child).map_err(|e| {
+        if e.code == ErrorCode::TopicNotFound {
+            ApiError::new(
+                ErrorCode::InvalidChild,
+                format!("child topic '{}' does not exist", a.child),
+            )
+        } else {
+            e
+        }
+    })?;
     let earliest = from_earliest(a.from.as_deref())?;
     broker
         .attach_child(&parent, &a.child, a.delay_ms, earliest)
