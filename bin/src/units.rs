@@ -3,7 +3,7 @@
 //! printed in tables. A plain number keeps the unit the API uses: milliseconds or bytes.
 //! `--output json` prints the server's JSON as it is, with no conversion.
 
-const MS_UNITS: [(&str, i64); 5] = [
+const MS_UNITS: [(&str, u64); 5] = [
     ("d", 86_400_000),
     ("h", 3_600_000),
     ("m", 60_000),
@@ -28,58 +28,59 @@ fn split(s: &str) -> (&str, &str) {
     (&s[..at], s[at..].trim())
 }
 
-/// A duration flag in milliseconds: `30s`, `7d`, `250ms`, or a plain number of milliseconds;
-/// `forever` is 0 (for retention).
-pub fn parse_ms(s: &str) -> Result<i64, String> {
-    if s.trim() == "forever" {
+/// `s` as a number with an optional unit from `units` (a plain number has unit 1), or the
+/// word `zero_word` for 0; `what` says what it should look like.
+fn parse_units(s: &str, units: &[(&str, u64)], zero_word: &str, what: &str) -> Result<u64, String> {
+    if s.trim() == zero_word {
         return Ok(0);
     }
     let (n, unit) = split(s);
-    let n: i64 = n
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (like 500ms, 30s, 15m, 12h, 7d)"))?;
+    let n: u64 = n.parse().map_err(|_| format!("'{s}' is not {what}"))?;
     let mult = match unit {
         "" => 1,
-        u => MS_UNITS
+        u => units
             .iter()
             .find(|(name, _)| *name == u)
             .map(|(_, m)| *m)
-            .ok_or_else(|| format!("'{s}': the units are ms, s, m, h and d"))?,
+            .ok_or_else(|| {
+                let names: Vec<&str> = units.iter().map(|(n, _)| *n).collect();
+                format!("'{s}': the units are {}", names.join(", "))
+            })?,
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("'{s}' is too long"))
+        .ok_or_else(|| format!("'{s}' is out of range"))
+}
+
+/// A duration flag in milliseconds: `30s`, `7d`, `250ms`, or a plain number of milliseconds;
+/// `forever` is 0 (for retention).
+pub fn parse_ms(s: &str) -> Result<i64, String> {
+    let what = "a duration (like 500ms, 30s, 15m, 12h, 7d)";
+    let ms = parse_units(s, &MS_UNITS, "forever", what)?;
+    i64::try_from(ms).map_err(|_| format!("'{s}' is out of range"))
 }
 
 /// A size flag in bytes: `1MiB`, `64KiB`, `2GB`, or a plain number of bytes; `unlimited` is 0
 /// (for retention by size).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    if s.trim() == "unlimited" {
-        return Ok(0);
-    }
-    let (n, unit) = split(s);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (like 512B, 64KiB, 1MiB, 2GiB)"))?;
-    let mult = match unit {
-        "" => 1,
-        u => BYTE_UNITS
-            .iter()
-            .find(|(name, _)| *name == u)
-            .map(|(_, m)| *m)
-            .ok_or_else(|| format!("'{s}': the units are B, KiB, MiB, GiB, KB, MB and GB"))?,
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("'{s}' is too large"))
+    parse_units(
+        s,
+        &BYTE_UNITS,
+        "unlimited",
+        "a size (like 512B, 64KiB, 1MiB, 2GiB)",
+    )
 }
 
 /// Milliseconds in the largest unit that says them exactly (`30000` → `30s`).
 pub fn fmt_ms(ms: i64) -> String {
+    let Ok(ms) = u64::try_from(ms) else {
+        return format!("{ms}ms");
+    };
     if ms == 0 {
         return "0s".into();
     }
     let (name, m) = MS_UNITS
         .iter()
-        .find(|(_, m)| ms % m == 0)
+        .find(|(_, m)| ms.is_multiple_of(*m))
         .expect("ms divides everything");
     format!("{}{name}", ms / m)
 }

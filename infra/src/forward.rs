@@ -37,6 +37,8 @@ use narad_core::broker::{
 };
 use narad_core::topic::KeyPolicy;
 use narad_replay::ArchiveReader;
+
+use crate::http::consume::history;
 use narad_wire::ErrorCode;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -985,30 +987,6 @@ fn action_name(a: AckAction) -> &'static str {
         AckAction::Extend => "extend",
         AckAction::Nack => "nack",
     }
-}
-
-/// A replay read on this member (the partition's owner): from the archive when it starts
-/// below local data, else local (as a single node reads).
-async fn history(
-    broker: &Broker,
-    archive: Option<&ArchiveReader>,
-    topic: &str,
-    partition: u32,
-    from: ReplayFrom,
-    max: usize,
-) -> Result<Vec<Arc<narad_core::record::Record>>, ApiError> {
-    if let Some(reader) = archive {
-        let archived = narad_replay::read_archived(broker, reader, topic, partition, from, max)
-            .await
-            .map_err(|e| match e {
-                narad_replay::HistoryError::Broker(e) => ApiError::from(e),
-                narad_replay::HistoryError::Archive(e) => crate::http::consume::archive_error(e),
-            })?;
-        if let Some(recs) = archived {
-            return Ok(recs.into_iter().map(Arc::new).collect());
-        }
-    }
-    Ok(broker.replay(topic, partition, from, max).await?)
 }
 
 /// A message that may not move (pinned, or keyed under `strict`) whose owner is down.

@@ -135,6 +135,11 @@ impl Node {
         self.base = format!("http://{addr}");
     }
 
+    /// The UDP port of its cluster endpoint.
+    fn rpc_port(&self) -> u16 {
+        self.rpc.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
     fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();
@@ -234,6 +239,13 @@ fn voters(s: &Value) -> usize {
 
 /// Three members started (not yet ready), and their `cluster_members` list.
 async fn three(root: &Path, secure: bool) -> (Vec<Node>, String) {
+    let nodes = three_with(root, |n| n.secure = secure).await;
+    let members = nodes[0].members.clone();
+    (nodes, members)
+}
+
+/// Three members listing each other, each set up by `configure`, started (not yet ready).
+async fn three_with(root: &Path, configure: impl Fn(&mut Node)) -> Vec<Node> {
     let mut nodes: Vec<Node> = (1..=3).map(|id| Node::new(id, root, "", SECRET)).collect();
     let members = nodes
         .iter()
@@ -242,10 +254,22 @@ async fn three(root: &Path, secure: bool) -> (Vec<Node>, String) {
         .join(",");
     for n in &mut nodes {
         n.members = members.clone();
-        n.secure = secure;
+        configure(n);
         n.start().await;
     }
-    (nodes, members)
+    nodes
+}
+
+/// Waits (60 s at most each) until every member is ready; a timeout shows its log.
+async fn all_ready(nodes: &[Node]) {
+    for n in nodes {
+        until(
+            &format!("node {} ready; log:\n{}", n.id, n.log()),
+            60,
+            async || n.ready().await,
+        )
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1277,14 +1301,7 @@ async fn topic_everywhere(nodes: &[Node], body: Value) -> Value {
 /// Three ready members (dev mode) for the review tests.
 async fn three_ready(root: &Path) -> Vec<Node> {
     let (nodes, _) = three(root, false).await;
-    for n in &nodes {
-        until(
-            &format!("node {} ready; log:\n{}", n.id, n.log()),
-            60,
-            async || n.ready().await,
-        )
-        .await;
-    }
+    all_ready(&nodes).await;
     nodes
 }
 
@@ -1720,6 +1737,19 @@ struct Traffic {
 }
 
 impl Traffic {
+    /// Topic `c` (6 partitions, 3 s visibility) on every member, and traffic on it through
+    /// all of them, flowing (300 messages accepted).
+    async fn flowing(nodes: &[Node]) -> Self {
+        topic_everywhere(
+            nodes,
+            serde_json::json!({"name": "c", "partitions": 6, "visibility_timeout_ms": 3000}),
+        )
+        .await;
+        let traffic = Self::start(nodes, Duration::from_secs(3));
+        traffic.more("traffic flowing", 300).await;
+        traffic
+    }
+
     /// `visibility`: topic `c`'s visibility timeout.
     fn start(nodes: &[Node], visibility: Duration) -> Self {
         let rec = Arc::new(Recorder::new(visibility, Duration::from_secs(1)));
@@ -1853,13 +1883,7 @@ impl Traffic {
 async fn kills_under_traffic_lose_nothing_and_never_lease_twice() {
     let root = tempfile::tempdir().unwrap();
     let mut nodes = three_ready(root.path()).await;
-    topic_everywhere(
-        &nodes,
-        serde_json::json!({"name": "c", "partitions": 6, "visibility_timeout_ms": 3000}),
-    )
-    .await;
-    let traffic = Traffic::start(&nodes, Duration::from_secs(3));
-    traffic.more("traffic flowing", 300).await;
+    let traffic = Traffic::flowing(&nodes).await;
     // node 3 (a partition owner) killed, then the Raft leader of the time; traffic goes on
     // without each, and each comes back
     for round in 0..2 {
@@ -2064,19 +2088,13 @@ impl Netns {
         assert!(self.nft("flush chain inet narad out"), "nft flush");
     }
 
-    /// Three members (security off) inside the namespace, started.
+    /// Three members (security off) inside the namespace, ready.
     async fn three(&self, root: &Path) -> Vec<Node> {
-        let mut nodes: Vec<Node> = (1..=3).map(|id| Node::new(id, root, "", SECRET)).collect();
-        let members = nodes
-            .iter()
-            .map(|n| format!("{}@{}", n.id, n.rpc))
-            .collect::<Vec<_>>()
-            .join(",");
-        for n in &mut nodes {
-            n.members = members.clone();
-            n.netns = Some((self.name.clone(), self.ip.clone()));
-            n.start().await;
-        }
+        let nodes = three_with(root, |n| {
+            n.netns = Some((self.name.clone(), self.ip.clone()))
+        })
+        .await;
+        all_ready(&nodes).await;
         nodes
     }
 }
@@ -2112,25 +2130,10 @@ async fn an_isolated_leader_gives_way_and_traffic_loses_nothing() {
     let Some(ns) = Netns::new() else { return };
     let root = tempfile::tempdir().unwrap();
     let nodes = ns.three(root.path()).await;
-    for n in &nodes {
-        until(
-            &format!("node {} ready; log:\n{}", n.id, n.log()),
-            60,
-            async || n.ready().await,
-        )
-        .await;
-    }
-    topic_everywhere(
-        &nodes,
-        serde_json::json!({"name": "c", "partitions": 6, "visibility_timeout_ms": 3000}),
-    )
-    .await;
-    let traffic = Traffic::start(&nodes, Duration::from_secs(3));
-    traffic.more("traffic flowing", 300).await;
+    let traffic = Traffic::flowing(&nodes).await;
     let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
     let l = nodes.iter().position(|n| n.id == leader).unwrap();
-    let port: u16 = nodes[l].rpc.rsplit(':').next().unwrap().parse().unwrap();
-    ns.isolate(port);
+    ns.isolate(nodes[l].rpc_port());
     let cut = &nodes[l];
     let other = &nodes[(l + 1) % 3];
     // the majority takes a metadata write once it has a new leader
@@ -2261,16 +2264,7 @@ async fn owners_tier_their_partitions_and_the_leader_writes_the_catalog() {
     use reqwest::Method;
     let root = tempfile::tempdir().unwrap();
     let archive = root.path().join("archive");
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|id| Node::new(id, root.path(), "", SECRET))
-        .collect();
-    let members = nodes
-        .iter()
-        .map(|n| format!("{}@{}", n.id, n.rpc))
-        .collect::<Vec<_>>()
-        .join(",");
-    for n in &mut nodes {
-        n.members = members.clone();
+    let mut nodes = three_with(root.path(), |n| {
         n.archive = Some(format!("file://{}", archive.display()));
         n.env = vec![
             ("NARAD_SEGMENT_MAX_AGE_MS".into(), "1000".into()),
@@ -2279,14 +2273,9 @@ async fn owners_tier_their_partitions_and_the_leader_writes_the_catalog() {
             ("NARAD_LOCAL_RETENTION_MS".into(), "1".into()),
             ("NARAD_RETENTION_INTERVAL_MS".into(), "100".into()),
         ];
-        n.start().await;
-    }
-    for n in &nodes {
-        until(&format!("node {} ready", n.id), 60, async || {
-            n.ready().await
-        })
-        .await;
-    }
+    })
+    .await;
+    all_ready(&nodes).await;
     let made = topic_everywhere(&nodes, serde_json::json!({"name": "arch", "partitions": 3})).await;
     let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
     assert_eq!(
@@ -2414,25 +2403,10 @@ async fn an_owner_cut_off_keeps_serving_its_clients_and_loses_nothing() {
     let Some(ns) = Netns::new() else { return };
     let root = tempfile::tempdir().unwrap();
     let nodes = ns.three(root.path()).await;
-    for n in &nodes {
-        until(
-            &format!("node {} ready; log:\n{}", n.id, n.log()),
-            60,
-            async || n.ready().await,
-        )
-        .await;
-    }
-    topic_everywhere(
-        &nodes,
-        serde_json::json!({"name": "c", "partitions": 6, "visibility_timeout_ms": 3000}),
-    )
-    .await;
-    let traffic = Traffic::start(&nodes, Duration::from_secs(3));
-    traffic.more("traffic flowing", 300).await;
+    let traffic = Traffic::flowing(&nodes).await;
     let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
     let i = nodes.iter().position(|n| n.id != leader).unwrap();
-    let port: u16 = nodes[i].rpc.rsplit(':').next().unwrap().parse().unwrap();
-    ns.isolate(port);
+    ns.isolate(nodes[i].rpc_port());
     let cut = &nodes[i];
     until("the cut-off member not ready", 30, async || {
         !cut.ready().await

@@ -11,12 +11,36 @@ use narad_wire::ErrorCode;
 use super::query::{Query, parse_duration, parse_time_ms};
 use super::{ApiError, ApiResult, SharedState, render};
 
-pub(crate) fn archive_error(e: narad_replay::ReplayError) -> ApiError {
+fn archive_error(e: narad_replay::ReplayError) -> ApiError {
     tracing::warn!(error = %e, "archive read failed");
     ApiError::new(
         ErrorCode::ArchiveUnavailable,
         format!("the archive could not serve this read: {e}"),
     )
+}
+
+/// A replay read of a partition this node holds: from the archive when it starts below local
+/// data, else local. (A cluster member's reads of its own partitions come here too.)
+pub(crate) async fn history(
+    broker: &narad_core::broker::Broker,
+    archive: Option<&narad_replay::ArchiveReader>,
+    topic: &str,
+    partition: u32,
+    from: ReplayFrom,
+    max: usize,
+) -> Result<Vec<std::sync::Arc<narad_core::record::Record>>, ApiError> {
+    if let Some(reader) = archive {
+        let archived = narad_replay::read_archived(broker, reader, topic, partition, from, max)
+            .await
+            .map_err(|e| match e {
+                narad_replay::HistoryError::Broker(e) => ApiError::from(e),
+                narad_replay::HistoryError::Archive(e) => archive_error(e),
+            })?;
+        if let Some(recs) = archived {
+            return Ok(recs.into_iter().map(std::sync::Arc::new).collect());
+        }
+    }
+    Ok(broker.replay(topic, partition, from, max).await?)
 }
 
 /// Most messages one consume may return.
@@ -113,26 +137,7 @@ pub async fn consume(
             let text = crate::forward::Taken::read(msgs).body(max.is_some());
             return super::budget::reply(&state.body_budget, &held, StatusCode::OK, text);
         }
-        let archived = match &state.archive {
-            None => None,
-            Some(reader) => narad_replay::read_archived(&broker, reader, &topic, p, from, n)
-                .await
-                .map_err(|e| match e {
-                    narad_replay::HistoryError::Broker(e) => ApiError::from(e),
-                    narad_replay::HistoryError::Archive(e) => archive_error(e),
-                })?,
-        };
-        if let Some(archived) = archived {
-            if archived.is_empty() {
-                return Ok(StatusCode::NO_CONTENT.into_response());
-            }
-            let msgs: Vec<_> = archived
-                .iter()
-                .map(|r| render::record(&topic, p, r))
-                .collect();
-            return reply(&state, &held, &msgs, max.is_some());
-        }
-        let recs = broker.replay(&topic, p, from, n).await?;
+        let recs = history(&broker, state.archive.as_deref(), &topic, p, from, n).await?;
         if recs.is_empty() {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
