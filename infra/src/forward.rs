@@ -33,8 +33,10 @@ use std::time::{Duration, Instant};
 use bytes::{BufMut, Bytes, BytesMut};
 use narad_cluster::rpc::{BoxFuture, Fault, Op, RpcError, Service};
 use narad_core::broker::{
-    AckAction, Broker, BrokerError, Delivery, ProduceMessage, Produced, ReplayFrom,
+    AckAction, Broker, BrokerError, ChildInfo, CopyForwarder, Delivery, ProduceMessage, Produced,
+    ReplayFrom,
 };
+use narad_core::record::NewRecord;
 use narad_core::topic::KeyPolicy;
 use narad_replay::ArchiveReader;
 
@@ -55,6 +57,8 @@ pub const GIVE_BACK: Op = Op(103);
 pub const REPLAY: Op = Op(104);
 pub const CANCEL_WAIT: Op = Op(105);
 pub const STATS: Op = Op(106);
+pub const FANOUT_APPEND: Op = Op(107);
+pub const CHILDREN: Op = Op(108);
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
@@ -695,6 +699,117 @@ impl Ingress {
         }
         missing.sort_unstable();
         (stats, missing)
+    }
+
+    // ── fan-out ──
+
+    /// The next offset of every partition of `meta`, from their owners (a new fan-out link
+    /// starts there). `503` if an owner cannot be asked: a link must not start past records
+    /// it never saw, nor before records it should not get.
+    pub async fn tails(
+        self: &Arc<Self>,
+        meta: &narad_core::catalog::TopicMeta,
+    ) -> Result<Vec<u64>, ApiError> {
+        let info = self.broker.topic_info(&meta.name)?;
+        let mut stats = crate::http::topics::local_stats(&self.broker, &info, None);
+        let (theirs, missing) = self.partition_stats(meta, None).await;
+        if !missing.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!(
+                    "the owners of partitions {missing:?} of '{}' could not be asked where the link starts; retry",
+                    meta.name
+                ),
+            ));
+        }
+        stats.extend(theirs);
+        let mut tails = vec![None; meta.config.partitions as usize];
+        for s in &stats {
+            if let Some(t) = tails.get_mut(s.partition as usize) {
+                *t = Some(s.next_offset);
+            }
+        }
+        tails
+            .into_iter()
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::ClusterUnavailable,
+                    format!("'{}' changed its partitions meanwhile; retry", meta.name),
+                )
+            })
+    }
+
+    /// The children of `parent` with their lag summed over every owner of its partitions
+    /// (each knows the lag of the cursors it runs), and the members that could not be asked.
+    pub async fn children(
+        self: &Arc<Self>,
+        parent: &narad_core::catalog::TopicMeta,
+    ) -> Result<(Vec<ChildInfo>, Vec<u32>), ApiError> {
+        let mut list = self.broker.children(&parent.name)?;
+        let mut theirs: HashMap<u64, Vec<u32>> = HashMap::new();
+        for (p, &o) in parent.owners.iter().enumerate() {
+            if o != self.me() {
+                theirs.entry(o).or_default().push(p as u32);
+            }
+        }
+        let asks = theirs.into_iter().map(|(node, parts)| async move {
+            let req = StatsRequest {
+                topic: parent.name.clone(),
+                catalog: self.broker.followed(),
+            };
+            let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+            let got = if self.is_down(node) {
+                None
+            } else {
+                self.call(node, CHILDREN, body, CALL_DEADLINE)
+                    .await
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Vec<ChildInfo>>(&b).ok())
+            };
+            (parts, got)
+        });
+        let mut missing = Vec::new();
+        for (parts, got) in futures_util::future::join_all(asks).await {
+            let Some(got) = got else {
+                missing.extend(parts);
+                continue;
+            };
+            for g in got {
+                if let Some(c) = list.iter_mut().find(|c| c.name == g.name) {
+                    c.lag_messages = c.lag_messages.saturating_add(g.lag_messages);
+                    c.due_lag_seconds = c.due_lag_seconds.max(g.due_lag_seconds);
+                }
+            }
+        }
+        missing.sort_unstable();
+        Ok((list, missing))
+    }
+
+    /// Appends fan-out copies to partition `partition` of `topic` on its owner `owner`.
+    async fn append_copies(
+        self: &Arc<Self>,
+        owner: u64,
+        topic: String,
+        topic_id: u64,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> Result<(), BrokerError> {
+        let msgs: Vec<ProduceMessage> = records
+            .into_iter()
+            .map(|r| ProduceMessage {
+                key: r.key,
+                partition: Some(partition),
+                delay_ms: (r.delay_ms > 0).then_some(i64::from(r.delay_ms)),
+                headers: r.headers,
+                payload: r.payload,
+            })
+            .collect();
+        let body = encode_produce(&topic, topic_id, self.broker.followed(), &msgs);
+        self.call(owner, FANOUT_APPEND, body, CALL_DEADLINE)
+            .await
+            .map(|_| ())
+            .map_err(|e| BrokerError::ClusterUnavailable(e.api().message))
     }
 
     // ── ack, extend, nack ──
@@ -1459,6 +1574,45 @@ impl Service for DataService {
                         serde_json::to_vec(&out).expect("outcomes serialise"),
                     ))
                 }
+                FANOUT_APPEND => {
+                    let req = decode_produce(body).ok_or_else(|| malformed("fan-out append"))?;
+                    caught_up(&broker, req.catalog).await?;
+                    // one partition per call (a cursor's group for one child partition)
+                    let Some(partition) = req.msgs.first().and_then(|m| m.partition) else {
+                        return Err(malformed("fan-out append"));
+                    };
+                    let mut records = Vec::with_capacity(req.msgs.len());
+                    for m in req.msgs {
+                        let delay = m.delay_ms.unwrap_or(0);
+                        if m.partition != Some(partition)
+                            || !(0..=i64::from(u32::MAX)).contains(&delay)
+                        {
+                            return Err(malformed("fan-out append"));
+                        }
+                        records.push(NewRecord {
+                            key: m.key,
+                            headers: m.headers,
+                            payload: m.payload,
+                            delay_ms: delay as u32,
+                        });
+                    }
+                    broker
+                        .append_copies(&req.topic, req.topic_id, partition, records)
+                        .await
+                        .map_err(|e| to_fault(&e.into()))?;
+                    Ok(Bytes::new())
+                }
+                CHILDREN => {
+                    let req: StatsRequest =
+                        serde_json::from_slice(&body).map_err(|_| malformed("children"))?;
+                    caught_up(&broker, req.catalog).await?;
+                    let list = broker
+                        .children(&req.topic)
+                        .map_err(|e| to_fault(&e.into()))?;
+                    Ok(Bytes::from(
+                        serde_json::to_vec(&list).expect("children serialise"),
+                    ))
+                }
                 STATS => {
                     let req: StatsRequest =
                         serde_json::from_slice(&body).map_err(|_| malformed("stats"))?;
@@ -1493,6 +1647,8 @@ impl Service for DataService {
             REPLAY => "replay",
             CANCEL_WAIT => "cancel_wait",
             STATS => "stats",
+            FANOUT_APPEND => "fanout_append",
+            CHILDREN => "children",
             _ => return None,
         })
     }
@@ -1518,6 +1674,30 @@ impl Service for DataService {
         for (topic, handles) in by_topic {
             self.broker.give_back_handles(&topic, &handles);
         }
+    }
+}
+
+/// Fan-out copies from this member's cursors to child partitions other members own.
+pub struct Copies(pub std::sync::Weak<Ingress>);
+
+impl CopyForwarder for Copies {
+    fn append(
+        &self,
+        owner: u64,
+        topic: String,
+        topic_id: u64,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BrokerError>> + Send>> {
+        let ingress = self.0.upgrade();
+        Box::pin(async move {
+            let Some(ingress) = ingress else {
+                return Err(BrokerError::ShuttingDown);
+            };
+            ingress
+                .append_copies(owner, topic, topic_id, partition, records)
+                .await
+        })
     }
 }
 

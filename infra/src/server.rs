@@ -421,11 +421,11 @@ impl Opening {
                     node.node_id(),
                     self.state.archive.clone(),
                 )));
-            let _ = self.state.ingress.set(crate::forward::Ingress::new(
-                b.clone(),
-                node.clone(),
-                self.state.archive.clone(),
-            ));
+            let ingress =
+                crate::forward::Ingress::new(b.clone(), node.clone(), self.state.archive.clone());
+            // fan-out cursors here copy to child partitions the others own through it
+            b.set_copy_forwarder(Arc::new(crate::forward::Copies(Arc::downgrade(&ingress))));
+            let _ = self.state.ingress.set(ingress);
             let broker = b.clone();
             self.tasks.spawn(CATALOG_TASK, move |stop| {
                 crate::cluster::follow_catalog(node, store, broker, stop)

@@ -666,20 +666,6 @@ async fn topics_changed_through_any_member_are_followed_by_every_member() {
         get(&nodes[0], "orders").await.1["partitions"] == 8
     })
     .await;
-    // fan-out is not kept by a cluster yet: said
-    let (st, body) = nodes[0]
-        .call(
-            anyone,
-            Method::POST,
-            "/v1/topics",
-            Some(serde_json::json!({"name": "copy", "parent": "orders"})),
-        )
-        .await;
-    assert_eq!(
-        (st, body["code"].as_str()),
-        (StatusCode::NOT_IMPLEMENTED, Some("cluster_unsupported")),
-        "{body}"
-    );
     // a member down while topics change catches up when it is back
     nodes[2].kill9();
     let (st, body) = nodes[0]
@@ -2418,4 +2404,227 @@ async fn an_owner_cut_off_keeps_serving_its_clients_and_loses_nothing() {
     traffic.more("traffic healed", 200).await;
     let report = traffic.finish(&nodes).await;
     assert!(report.is_clean(), "{report}");
+}
+
+/// Produces `range` as one batch through `n` (payloads `m<i>`, keyed `k<i % 5>`), all 202.
+async fn produce_range(n: &Node, topic: &str, range: std::ops::Range<u32>) {
+    let msgs: Vec<Value> = range
+        .map(|i| serde_json::json!({"payload": format!("m{i}"), "payload_encoding": "utf8", "key": format!("k{}", i % 5)}))
+        .collect();
+    let (st, r) = n
+        .call(
+            ("x", "y"),
+            reqwest::Method::POST,
+            &format!("/v1/topics/{topic}/produce/batch"),
+            Some(serde_json::json!({ "messages": msgs })),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "through node {}: {r}", n.id);
+}
+
+/// Consumes and acks through `n` what `topic` has now, counting each payload's copies.
+async fn drain_into(n: &Node, topic: &str, got: &mut std::collections::BTreeMap<u32, u32>) {
+    use reqwest::Method;
+    loop {
+        let (st, body) = n
+            .call(
+                ("x", "y"),
+                Method::GET,
+                &format!("/v1/topics/{topic}/consume?max=100"),
+                None,
+            )
+            .await;
+        if st != StatusCode::OK {
+            return;
+        }
+        let msgs = body["messages"].as_array().unwrap();
+        let mut handles = Vec::new();
+        for m in msgs {
+            let i: u32 = m["payload"]
+                .as_str()
+                .and_then(|p| p.strip_prefix('m')?.parse().ok())
+                .unwrap_or_else(|| panic!("not a test record: {m}"));
+            *got.entry(i).or_default() += 1;
+            handles.push(m["receipt_handle"].as_str().unwrap().to_owned());
+        }
+        let (st, res) = n
+            .call(
+                ("x", "y"),
+                Method::POST,
+                &format!("/v1/topics/{topic}/ack"),
+                Some(serde_json::json!({"receipt_handles": handles})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{res}");
+    }
+}
+
+/// The cursor files of `child` under every member's data directory.
+fn cursor_files(nodes: &[Node], child: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, prefix: &str, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, prefix, out);
+            } else if e.file_name().to_string_lossy().starts_with(prefix) {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for n in nodes {
+        walk(&n.dir.join("topics"), &format!("fanout-{child}."), &mut out);
+    }
+    out
+}
+
+/// Fan-out in a cluster: the cursors run on the parent partitions' owners and copy to child
+/// partitions whichever member owns them. A standalone topic attached from the earliest
+/// record (through one member), a child made in one step from the tail (through another),
+/// and a delay child each get exactly their records; an owner killed and restarted loses
+/// none of them (copies to its partitions wait for it); the children's lag is summed over
+/// the owners from any member; a detach stops the copies everywhere and removes the cursor
+/// files on every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_children_in_a_cluster_get_every_record_whichever_members_own_them() {
+    use reqwest::Method;
+    use std::collections::BTreeMap;
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready(root.path()).await;
+    let anyone = ("x", "y");
+    topic_everywhere(&nodes, serde_json::json!({"name": "p", "partitions": 6})).await;
+    produce_range(&nodes[0], "p", 0..40).await;
+    topic_everywhere(&nodes, serde_json::json!({"name": "all", "partitions": 4})).await;
+    let (st, r) = nodes[2]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics/p/children",
+            Some(serde_json::json!({"child": "all", "from": "earliest"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    let (st, r) = nodes[1]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "new", "parent": "p"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    assert_eq!(
+        (r["role"].as_str(), r["partitions"].as_u64()),
+        (Some("child"), Some(6)),
+        "{r}"
+    );
+    let (st, r) = nodes[0]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "later", "parent": "p", "fanout_delay_ms": 1500})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    for (i, n) in nodes.iter().enumerate() {
+        produce_range(n, "p", 40 + 20 * i as u32..60 + 20 * i as u32).await;
+    }
+    let want = |r: std::ops::Range<u32>| -> Vec<u32> { r.collect() };
+    let (mut all, mut new, mut later) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    until("every record in 'all' and 'new'", 30, async || {
+        drain_into(&nodes[0], "all", &mut all).await;
+        drain_into(&nodes[2], "new", &mut new).await;
+        all.keys().copied().collect::<Vec<_>>() == want(0..100)
+            && new.keys().copied().collect::<Vec<_>>() == want(40..100)
+    })
+    .await;
+    until("every due record in 'later'", 30, async || {
+        drain_into(&nodes[1], "later", &mut later).await;
+        later.keys().copied().collect::<Vec<_>>() == want(40..100)
+    })
+    .await;
+    // no failure: each record exactly once
+    for (name, got) in [("all", &all), ("new", &new), ("later", &later)] {
+        assert!(got.values().all(|&c| c == 1), "{name}: {got:?}");
+    }
+    // the lag, from any member, is every owner's cursors' summed
+    until("no lag seen from node 2", 10, async || {
+        let (st, r) = nodes[1]
+            .call(anyone, Method::GET, "/v1/topics/p/children", None)
+            .await;
+        st == StatusCode::OK
+            && r["children"].as_array().unwrap().len() == 3
+            && r["children"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["lag_messages"] == 0)
+            && r.get("partitions_unavailable").is_none()
+    })
+    .await;
+    // an owner killed: the parent keeps taking keyless records on the others; copies to
+    // the dead member's child partitions wait for it, and nothing is lost
+    nodes[1].kill9();
+    for i in 100..130 {
+        let (st, r) = nodes[i % 2 * 2]
+            .call(
+                anyone,
+                Method::POST,
+                "/v1/topics/p/produce/batch",
+                Some(serde_json::json!({"messages": [
+                    {"payload": format!("m{i}"), "payload_encoding": "utf8"}
+                ]})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    }
+    let (st, r) = nodes[0]
+        .call(anyone, Method::GET, "/v1/topics/p/children", None)
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert!(r["partitions_unavailable"].is_array(), "{r}");
+    nodes[1].start().await;
+    until("node 2 ready again", 60, async || nodes[1].ready().await).await;
+    until(
+        "the records produced meanwhile in 'all' and 'new'",
+        30,
+        async || {
+            drain_into(&nodes[2], "all", &mut all).await;
+            drain_into(&nodes[0], "new", &mut new).await;
+            all.keys().copied().collect::<Vec<_>>() == want(0..130)
+                && new.keys().copied().collect::<Vec<_>>() == want(40..130)
+        },
+    )
+    .await;
+    // detached through node 1: every member stops its cursors and removes their files
+    assert!(!cursor_files(&nodes, "all").is_empty());
+    let (st, r) = nodes[0]
+        .call(anyone, Method::DELETE, "/v1/topics/p/children/all", None)
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT, "{r}");
+    until("no cursor file of 'all' on any member", 10, async || {
+        cursor_files(&nodes, "all").is_empty()
+    })
+    .await;
+    produce_range(&nodes[1], "p", 130..150).await;
+    until("the new records in 'new'", 30, async || {
+        drain_into(&nodes[1], "new", &mut new).await;
+        new.keys().copied().collect::<Vec<_>>() == want(40..150)
+    })
+    .await;
+    drain_into(&nodes[2], "all", &mut all).await;
+    assert_eq!(
+        all.keys().copied().collect::<Vec<_>>(),
+        want(0..130),
+        "a detached child got records"
+    );
+    let (st, r) = nodes[2]
+        .call(anyone, Method::GET, "/v1/topics/all", None)
+        .await;
+    assert_eq!(
+        (st, r["role"].as_str()),
+        (StatusCode::OK, Some("standalone")),
+        "{r}"
+    );
 }

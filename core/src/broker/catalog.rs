@@ -568,7 +568,10 @@ impl Broker {
     /// Proposes `cmd` to the replicated store and, once this node has applied it, makes its
     /// state follow the catalog it made: the change is live here before the caller answers
     /// (no 404 on this node right after a 201).
-    async fn propose_replicated(self: &Arc<Self>, cmd: CatalogCommand) -> Result<(), BrokerError> {
+    pub(super) async fn propose_replicated(
+        self: &Arc<Self>,
+        cmd: CatalogCommand,
+    ) -> Result<(), BrokerError> {
         self.store.replicate(cmd).await?;
         self.follow_catalog(&self.store.catalog()).await
     }
@@ -615,6 +618,11 @@ impl Broker {
                         *t.partitions.write() = Arc::new(all);
                     }
                     *t.meta.write() = (**meta).clone();
+                    if let Some(l) = &old.parent
+                        && meta.parent.as_ref() != Some(l)
+                    {
+                        self.end_link(&meta.name, l);
+                    }
                     self.dispatch(&t).await;
                     t.timer.notify_one();
                 }
@@ -635,6 +643,8 @@ impl Broker {
                 }
             }
         }
+        // the cursors of new links, and of new parent partitions, on their owners
+        self.start_cursors();
         self.followed.send_replace(catalog.applied());
         Ok(())
     }

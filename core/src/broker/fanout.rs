@@ -40,6 +40,41 @@ pub struct ParentLink {
     pub delay_ms: i64,
     /// Changes on every attach: cursors of an earlier attachment are never resumed.
     pub epoch: u64,
+    /// Where each parent partition's cursor starts (the parent's next offset at the attach,
+    /// or 0 for its oldest record), durable with the link itself: in a cluster the cursors
+    /// run on the parent partitions' owners, which learn of the link only from the catalog
+    /// and take their start from here until their own cursor file exists. A partition with
+    /// no entry (added to the parent after the attach) starts at its oldest record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub starts: Vec<u64>,
+}
+
+/// Where a new link's cursors start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkStart {
+    /// At the parent's tail: only records produced from now on.
+    Latest,
+    /// At the parent's oldest retained record.
+    Earliest,
+    /// At these offsets, one per parent partition (the tails a cluster member gathered from
+    /// the partitions' owners: a member cannot read the others' tails itself).
+    At(Vec<u64>),
+}
+
+/// Appends fan-out copies to a child partition another cluster member owns (set on a
+/// cluster member: the cursors run on the parent partitions' owners, the child's partitions
+/// are spread over the members too).
+pub trait CopyForwarder: Send + Sync {
+    /// Appends `records` to partition `partition` of topic `topic` (incarnation `topic_id`)
+    /// on member `owner`; resolves once they are fsynced there.
+    fn append(
+        &self,
+        owner: u64,
+        topic: String,
+        topic_id: u64,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BrokerError>> + Send>>;
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -49,7 +84,7 @@ struct CursorFile {
 }
 
 /// A child as `GET /v1/topics/{parent}/children` lists it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ChildInfo {
     pub name: String,
     pub delay_ms: i64,
@@ -71,17 +106,32 @@ pub trait Sink: Send + Sync {
     fn partitions(&self) -> u32;
 }
 
-/// The local child topic as a sink.
-struct LocalChild {
+/// The child topic as a sink: its partitions on this node are appended to here, those
+/// another cluster member owns through [`CopyForwarder`].
+struct ChildSink {
     broker: Arc<Broker>,
     topic: Arc<Topic>,
 }
 
-impl Sink for LocalChild {
+impl Sink for ChildSink {
     async fn append(&self, partition: u32, records: Vec<NewRecord>) -> Result<(), BrokerError> {
-        self.broker
-            .append_internal(&self.topic, partition, records)
-            .await
+        let remote = {
+            let meta = self.topic.meta.read();
+            (!self.broker.is_local(&meta, partition))
+                .then(|| (meta.owners[partition as usize], meta.name.clone(), meta.id))
+        };
+        let Some((owner, name, id)) = remote else {
+            return self
+                .broker
+                .append_internal(&self.topic, partition, records)
+                .await;
+        };
+        let Some(fwd) = self.broker.copy_forwarder.get() else {
+            return Err(BrokerError::ClusterUnavailable(format!(
+                "partition {partition} of '{name}' is on node {owner}, and this member cannot call the others yet"
+            )));
+        };
+        fwd.append(owner, name, id, partition, records).await
     }
 
     fn partitions(&self) -> u32 {
@@ -90,14 +140,17 @@ impl Sink for LocalChild {
 }
 
 pub(crate) struct CursorState {
+    /// The attachment this cursor copies for.
+    epoch: u64,
     /// `u64::MAX` until the task has loaded its position.
     next: AtomicU64,
     due_lag_ms: AtomicI64,
 }
 
-impl Default for CursorState {
-    fn default() -> Self {
+impl CursorState {
+    fn new(epoch: u64) -> Self {
         Self {
+            epoch,
             next: AtomicU64::new(u64::MAX),
             due_lag_ms: AtomicI64::new(0),
         }
@@ -110,26 +163,39 @@ fn cursor_path(parent_partition_dir: &Path, child: &str, epoch: u64) -> PathBuf 
     parent_partition_dir.join(format!("fanout-{child}.{epoch:016x}.offset"))
 }
 
-/// The child a cursor file (or its temp file) belongs to: the file name is exactly
-/// `fanout-<child>.<16 hex digits>.offset[.tmp]`. Topic names may contain dots, so a name is
-/// matched whole, never by prefix (`a-c` must not claim the cursor of its sibling `a-c.x`).
-fn cursor_file_child(file_name: &str) -> Option<&str> {
+/// The child and attach epoch a cursor file (or its temp file) belongs to: the file name is
+/// exactly `fanout-<child>.<16 hex digits>.offset[.tmp]`. Topic names may contain dots, so a
+/// name is matched whole, never by prefix (`a-c` must not claim the cursor of its sibling
+/// `a-c.x`).
+fn cursor_file_of(file_name: &str) -> Option<(&str, u64)> {
     let rest = file_name.strip_prefix("fanout-")?;
     let rest = rest
         .strip_suffix(".offset.tmp")
         .or_else(|| rest.strip_suffix(".offset"))?;
     let (child, epoch) = rest.rsplit_once('.')?;
-    (epoch.len() == 16 && epoch.bytes().all(|b| b.is_ascii_hexdigit())).then_some(child)
+    if epoch.len() != 16 || !epoch.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some((child, u64::from_str_radix(epoch, 16).ok()?))
 }
 
 /// Removes every cursor file of `child` in a parent partition directory (all epochs).
 pub(crate) fn remove_cursor_files(parent_partition_dir: &Path, child: &str) {
+    remove_cursor_files_but(parent_partition_dir, child, None);
+}
+
+/// Removes the cursor files of `child` in a parent partition directory, except those of
+/// attachment `keep`.
+fn remove_cursor_files_but(parent_partition_dir: &Path, child: &str, keep: Option<u64>) {
     let Ok(entries) = std::fs::read_dir(parent_partition_dir) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        if cursor_file_child(&name.to_string_lossy()) == Some(child) {
+        if let Some((c, epoch)) = cursor_file_of(&name.to_string_lossy())
+            && c == child
+            && Some(epoch) != keep
+        {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -162,33 +228,53 @@ fn check_link_request(parent: &str, child: &str, delay_ms: i64) -> Result<(), Br
     Ok(())
 }
 
-/// A new link to parent `p` (a fresh epoch) and where its cursors start: the parent's tail,
-/// or its oldest retained record with `from_earliest`.
+/// A new link to parent `p` (a fresh epoch), its cursors starting where `from` says. On a
+/// cluster member `Latest` cannot be read here (other members own partitions): the caller
+/// gathers the tails from their owners and passes `At`.
 fn new_link(
+    b: &Broker,
     p: &Topic,
     pmeta: &TopicMeta,
     delay_ms: i64,
-    from_earliest: bool,
-) -> (ParentLink, Vec<u64>) {
-    let link = ParentLink {
+    from: LinkStart,
+) -> Result<ParentLink, BrokerError> {
+    let starts = match from {
+        LinkStart::At(starts) => {
+            if starts.len() != p.partitions().len() {
+                return Err(BrokerError::ClusterUnavailable(format!(
+                    "'{}' changed its partitions meanwhile; retry",
+                    pmeta.name
+                )));
+            }
+            starts
+        }
+        // (0 is clamped to the oldest retained offset where the cursor runs)
+        LinkStart::Earliest if b.store.replicated() => vec![0; p.partitions().len()],
+        LinkStart::Latest if b.store.replicated() => {
+            return Err(BrokerError::ClusterUnavailable(
+                "a cluster member needs the parent's partition tails from their owners".into(),
+            ));
+        }
+        from => p
+            .partitions()
+            .iter()
+            .map(|part| {
+                let stats = part.stats();
+                if from == LinkStart::Earliest {
+                    stats.oldest_offset
+                } else {
+                    stats.next_offset
+                }
+            })
+            .collect(),
+    };
+    Ok(ParentLink {
         parent: pmeta.name.clone(),
         parent_id: pmeta.id,
         delay_ms,
         epoch: random_u64() | 1,
-    };
-    let starts = p
-        .partitions()
-        .iter()
-        .map(|part| {
-            let stats = part.stats();
-            if from_earliest {
-                stats.oldest_offset
-            } else {
-                stats.next_offset
-            }
-        })
-        .collect();
-    (link, starts)
+        starts,
+    })
 }
 
 /// Writes child `child`'s cursor file of attachment `epoch` in each partition directory of
@@ -232,10 +318,9 @@ impl Broker {
         parent: &str,
         child: &str,
         delay_ms: i64,
-        from_earliest: bool,
+        from: LinkStart,
     ) -> Result<(), BrokerError> {
         self.check_running()?;
-        self.no_fanout_in_a_cluster()?;
         check_link_request(parent, child, delay_ms)?;
         let _guard = self.meta_lock.lock().await;
         let p = self.topic(parent)?;
@@ -256,8 +341,19 @@ impl Broker {
                 "'{child}' has children of its own: no grandchildren"
             )));
         }
-        let (link, starts) = new_link(&p, &pmeta, delay_ms, from_earliest);
-        self.link_child(&p, &c, link, starts).await?;
+        let link = new_link(self, &p, &pmeta, delay_ms, from)?;
+        if self.store.replicated() {
+            // the owners start their cursors when they follow the catalog (from the
+            // link's starts); this member follows it before answering
+            self.propose_replicated(CatalogCommand::Attach {
+                child_id: c.id(),
+                link,
+            })
+            .await?;
+        } else {
+            let starts = link.starts.clone();
+            self.link_child(&p, &c, link, starts).await?;
+        }
         tracing::info!(parent, child, delay_ms, "child attached");
         Ok(())
     }
@@ -271,21 +367,30 @@ impl Broker {
         req: CreateTopic,
         parent: &str,
         delay_ms: i64,
-        from_earliest: bool,
+        from: LinkStart,
     ) -> Result<TopicMeta, BrokerError> {
         self.check_running()?;
-        self.no_fanout_in_a_cluster()?;
         check_link_request(parent, &req.name, delay_ms)?;
         let _guard = self.meta_lock.lock().await;
         let p = self.topic(parent)?;
         let pmeta = p.meta.read().clone();
         let mut meta = self.new_topic_meta(&req)?;
         self.check_new_child(&pmeta, &meta.name, &meta.schemas, delay_ms)?;
-        let (link, starts) = new_link(&p, &pmeta, delay_ms, from_earliest);
+        let link = new_link(self, &p, &pmeta, delay_ms, from)?;
         meta.parent = Some(link.clone());
         // the parent's schema history, adopted (as the catalog does)
         meta.schemas = pmeta.schemas.clone();
-        write_cursors(&p, &meta.name, link.epoch, starts).await?;
+        if self.store.replicated() {
+            // one command: the topic with its link (the owners start the cursors when they
+            // follow it)
+            meta.owners = self.store.place(meta.id, 0, meta.config.partitions);
+            let name = meta.name.clone();
+            self.propose_replicated(CatalogCommand::CreateTopic { topic: meta })
+                .await?;
+            tracing::info!(parent, child = %name, delay_ms, "child created");
+            return self.topic_meta(&name);
+        }
+        write_cursors(&p, &meta.name, link.epoch, link.starts.clone()).await?;
         if let Err(e) = self.install_topic(&meta).await {
             // refused: the cursors written above belong to no link
             remove_cursors(&p, &meta.name, link.epoch);
@@ -335,19 +440,23 @@ impl Broker {
         Ok(())
     }
 
-    /// Fan-out links are not (yet) kept in a cluster: a child's cursors live with the
-    /// parent's partitions, which a cluster spreads over owners.
-    fn no_fanout_in_a_cluster(&self) -> Result<(), BrokerError> {
+    /// Restoring links from the archive is a single node's (a cluster member does not
+    /// restore topics from the archive yet).
+    fn no_restore_in_a_cluster(&self) -> Result<(), BrokerError> {
         if self.store.replicated() {
             return Err(BrokerError::ClusterUnsupported(
-                "fan-out links are not available in a cluster yet".into(),
+                "a cluster member does not restore fan-out links from the archive".into(),
             ));
         }
         Ok(())
     }
 
     /// Detaches `child` from `parent`; the child keeps its data and becomes standalone.
-    pub async fn detach_child(&self, parent: &str, child: &str) -> Result<(), BrokerError> {
+    pub async fn detach_child(
+        self: &Arc<Self>,
+        parent: &str,
+        child: &str,
+    ) -> Result<(), BrokerError> {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
         let c = self.topic(child)?;
@@ -366,6 +475,12 @@ impl Broker {
             child_id: c.id(),
             parent_id: p.id(),
         };
+        if self.store.replicated() {
+            // the owners stop the cursors and remove their files when they follow it
+            self.propose_replicated(cmd).await?;
+            tracing::info!(parent, child, "child detached");
+            return Ok(());
+        }
         let live = c.clone();
         self.commit(cmd, move |_| live.meta.write().parent = None)
             .await?;
@@ -389,7 +504,7 @@ impl Broker {
         positions: &[u64],
     ) -> Result<Vec<u64>, BrokerError> {
         self.check_running()?;
-        self.no_fanout_in_a_cluster()?;
+        self.no_restore_in_a_cluster()?;
         if !(0..=MAX_CHILD_DELAY_MS).contains(&link.delay_ms) {
             return Err(BrokerError::FanoutInvalid(format!(
                 "the link of '{child}' has a delay out of bounds"
@@ -549,8 +664,10 @@ impl Broker {
         }
     }
 
-    /// Starts the cursors of every attached child (at open).
-    pub(crate) fn spawn_all_cursors(self: &Arc<Self>) {
+    /// Starts every cursor this node should run and does not: one per attached child and
+    /// parent partition this node serves (all of them on a single node, the ones it owns
+    /// in a cluster). At open, and on a cluster member each time it follows the catalog.
+    pub(crate) fn start_cursors(self: &Arc<Self>) {
         let topics: Vec<Arc<Topic>> = self.topics.read().values().cloned().collect();
         for c in topics {
             let Some(link) = c.meta.read().parent.clone() else {
@@ -562,8 +679,33 @@ impl Broker {
             if p.id() != link.parent_id {
                 continue;
             }
+            let name = c.meta.read().name.clone();
+            let pmeta = p.meta.read().clone();
             for i in 0..p.partitions().len() as u32 {
-                self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
+                let running = self
+                    .fanout
+                    .lock()
+                    .get(&(name.clone(), i))
+                    .is_some_and(|s| s.epoch == link.epoch);
+                if !running && self.is_local(&pmeta, i) {
+                    self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
+                }
+            }
+        }
+    }
+
+    /// A cluster member following the catalog: the link `link` of child `child` is gone
+    /// (detached, or either end deleted): its cursors stop (they see the link gone at their
+    /// next step) and their files go from this member's parent partitions.
+    pub(crate) fn end_link(&self, child: &str, link: &ParentLink) {
+        self.fanout
+            .lock()
+            .retain(|(c, _), s| c != child || s.epoch != link.epoch);
+        if let Ok(p) = self.topic(&link.parent)
+            && p.id() == link.parent_id
+        {
+            for part in p.partitions().iter() {
+                let _ = std::fs::remove_file(cursor_path(&part.dir, child, link.epoch));
             }
         }
     }
@@ -587,7 +729,7 @@ impl Broker {
         child: Arc<Topic>,
         link: ParentLink,
     ) {
-        let state = Arc::new(CursorState::default());
+        let state = Arc::new(CursorState::new(link.epoch));
         let name = child.meta.read().name.clone();
         self.fanout
             .lock()
@@ -597,6 +739,46 @@ impl Broker {
             .spawn(super::maintenance::FANOUT_TASK, move |stop| {
                 run_cursor(weak, parent, pidx, child, name, link, state, stop)
             });
+    }
+
+    /// On a cluster member: sets how fan-out copies reach child partitions other members own
+    /// (once; until then such copies wait and are retried).
+    pub fn set_copy_forwarder(&self, fwd: Arc<dyn CopyForwarder>) {
+        let _ = self.copy_forwarder.set(fwd);
+    }
+
+    /// Appends fan-out copies another cluster member's cursor sends to partition `partition`
+    /// of `topic` (incarnation `topic_id`), which this member must own: durable when this
+    /// returns, as a local copy is.
+    pub async fn append_copies(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let t = self.topic(topic)?;
+        {
+            let meta = t.meta.read();
+            if meta.id != topic_id {
+                return Err(BrokerError::TopicNotFound(topic.to_owned()));
+            }
+            if partition >= meta.config.partitions {
+                return Err(BrokerError::PartitionOutOfRange {
+                    partition,
+                    partitions: meta.config.partitions,
+                });
+            }
+            if !self.is_local(&meta, partition) {
+                return Err(BrokerError::NotOwner {
+                    topic: topic.to_owned(),
+                    partition,
+                    owner: meta.owners[partition as usize],
+                });
+            }
+        }
+        self.append_internal(&t, partition, records).await
     }
 
     /// Appends records to one partition of a topic outside the produce path (fan-out copies):
@@ -639,33 +821,48 @@ async fn run_cursor(
 ) {
     let part = parent.partitions()[pidx as usize].clone();
     let path = cursor_path(&part.dir, &child_name, link.epoch);
+    // earlier attachments' files (a member that was down when they ended)
+    remove_cursor_files_but(&part.dir, &child_name, Some(link.epoch));
     let mut next = match read_cursor(&path, link.epoch) {
         Some(n) => n,
         None => {
-            // the start is written before the link exists, so this is damage: copy again
-            // from the oldest record (duplicates) rather than skip any (a gap)
-            let oldest = part.stats().oldest_offset;
-            tracing::error!(parent = %link.parent, child = %child_name, partition = pidx, oldest, "cursor file missing or unreadable; copying again from the parent's oldest record");
-            oldest
+            // Not copied from yet (a cluster member learns of a link from the catalog), or
+            // the file is damaged: from the link's start, which is durable with the link
+            // and never past what the cursor copied (duplicates, never a gap). A partition
+            // added after the attach has no start: all of it came after the attach.
+            let stats = part.stats();
+            match link.starts.get(pidx as usize) {
+                Some(&s) => s.clamp(stats.oldest_offset, stats.next_offset),
+                None => {
+                    if !weak.upgrade().is_some_and(|b| b.store.replicated()) {
+                        tracing::warn!(parent = %link.parent, child = %child_name, partition = pidx, oldest = stats.oldest_offset, "cursor file missing or unreadable; copying again from the parent's oldest record");
+                    }
+                    stats.oldest_offset
+                }
+            }
         }
     };
     state.next.store(next, Ordering::Release);
     let mut backoff = Duration::from_millis(100);
     loop {
         let Some(b) = weak.upgrade() else { return };
-        let alive = !stop.is_cancelled()
-            && !b.shutting_down.load(Ordering::Acquire)
-            && !parent.deleted.load(Ordering::Acquire)
+        if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
+            return;
+        }
+        let linked = !parent.deleted.load(Ordering::Acquire)
             && !child.deleted.load(Ordering::Acquire)
             && child.meta.read().parent.as_ref() == Some(&link);
-        if !alive {
+        if !linked {
+            // the link ended: its file goes (one this task wrote after whoever ended the
+            // link removed the others would otherwise stay)
+            let _ = std::fs::remove_file(&path);
             return;
         }
         // armed before reading, so an append right after the read still wakes us
         let appended = parent.appended.notified();
         tokio::pin!(appended);
         appended.as_mut().enable();
-        let sink = LocalChild {
+        let sink = ChildSink {
             broker: b.clone(),
             topic: child.clone(),
         };
@@ -839,14 +1036,14 @@ mod tests {
         write_cursor(&cursor_path(dir.path(), sibling, 0x22), 0x22, 7).unwrap();
         std::fs::write(dir.path().join("fanout-a-c.x.tmp"), b"not a cursor").unwrap();
         assert_eq!(
-            cursor_file_child("fanout-a-c.x.0000000000000022.offset"),
-            Some(sibling)
+            cursor_file_of("fanout-a-c.x.0000000000000022.offset"),
+            Some((sibling, 0x22))
         );
         assert_eq!(
-            cursor_file_child("fanout-a-c.0000000000000011.offset.tmp"),
-            Some(a)
+            cursor_file_of("fanout-a-c.0000000000000011.offset.tmp"),
+            Some((a, 0x11))
         );
-        assert_eq!(cursor_file_child("fanout-a-c.x.tmp"), None);
+        assert_eq!(cursor_file_of("fanout-a-c.x.tmp"), None);
         remove_cursor_files(dir.path(), a);
         assert!(!cursor_path(dir.path(), a, 0x11).exists());
         assert_eq!(

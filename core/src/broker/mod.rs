@@ -49,7 +49,7 @@ use crate::supervisor::Supervisor;
 use crate::topic::{
     CreateTopic, InvalidField, MAX_DELAY_MS, TopicConfig, TopicPatch, partition_for_key,
 };
-pub use fanout::{ChildInfo, ParentLink};
+pub use fanout::{ChildInfo, CopyForwarder, LinkStart, ParentLink};
 use partition::{LogEnv, OpenLogs, Partition};
 use waiters::{Waiter, Waiters};
 
@@ -403,6 +403,8 @@ pub struct Broker {
     fresh: AtomicBool,
     /// Fan-out cursor positions, per (child, parent partition), for lag reporting.
     fanout: Mutex<HashMap<(String, u32), Arc<fanout::CursorState>>>,
+    /// On a cluster member: how fan-out copies reach child partitions other members own.
+    copy_forwarder: std::sync::OnceLock<Arc<dyn CopyForwarder>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -496,6 +498,7 @@ impl Broker {
             tasks,
             fresh: AtomicBool::new(false),
             fanout: Mutex::new(HashMap::new()),
+            copy_forwarder: std::sync::OnceLock::new(),
         });
         let data_dir = broker.cfg.data_dir.clone();
         {
@@ -526,7 +529,7 @@ impl Broker {
             broker.spawn_topic_timer(topic);
         }
         broker.spawn_maintenance();
-        broker.spawn_all_cursors();
+        broker.start_cursors();
         Ok(broker)
     }
 

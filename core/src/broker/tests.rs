@@ -397,15 +397,23 @@ async fn replaying_the_command_log_rebuilds_the_catalog() {
     b.add_schema_version("d", serde_json::json!({"type": "object"}), |_| Ok(()))
         .await
         .unwrap();
-    b.attach_child("p", "c", 0, false).await.unwrap();
+    b.attach_child("p", "c", 0, LinkStart::Latest)
+        .await
+        .unwrap();
     b.detach_child("p", "c").await.unwrap();
-    b.attach_child("p", "c", 0, true).await.unwrap();
+    b.attach_child("p", "c", 0, LinkStart::Earliest)
+        .await
+        .unwrap();
     assert_eq!(b.disown("alice", 42).await.unwrap(), 2);
     b.create_topic(create("gone", 1)).await.unwrap();
     b.delete_topic("gone").await.unwrap();
     // refused changes are not in the log
     assert!(b.create_topic(create("p", 1)).await.is_err());
-    assert!(b.attach_child("c", "d", 0, false).await.is_err());
+    assert!(
+        b.attach_child("c", "d", 0, LinkStart::Latest)
+            .await
+            .is_err()
+    );
 
     let log = store.log.lock().clone();
     assert_eq!(log.len(), 11, "{log:#?}");
@@ -974,6 +982,7 @@ async fn restored_link_starts_at_the_parents_restored_tail_and_keeps_copying() {
         parent_id: 0x11,
         delay_ms: 0,
         epoch: 0xabc,
+        starts: Vec::new(),
     };
     let wrong = ParentLink {
         parent_id: 0x99,
@@ -1245,7 +1254,9 @@ async fn shutdown_leaves_no_background_task_running() {
     let b = open(dir.path()).await;
     b.create_topic(create("parent", 2)).await.unwrap();
     b.create_topic(create("child", 1)).await.unwrap();
-    b.attach_child("parent", "child", 0, true).await.unwrap();
+    b.attach_child("parent", "child", 0, LinkStart::Earliest)
+        .await
+        .unwrap();
     b.produce("parent", vec![msg("copied")]).await.unwrap();
     eventually("the cursor never copied", || {
         b.topic_info("child").unwrap().partitions[0].log.next_offset == 1

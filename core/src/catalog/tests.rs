@@ -21,6 +21,7 @@ fn link(parent: &TopicMeta, epoch: u64) -> ParentLink {
         parent_id: parent.id,
         delay_ms: 0,
         epoch,
+        starts: Vec::new(),
     }
 }
 
@@ -322,6 +323,7 @@ fn command() -> impl Strategy<Value = CatalogCommand> {
                     parent_id,
                     delay_ms: 0,
                     epoch,
+                    starts: Vec::new(),
                 },
             }
         ),

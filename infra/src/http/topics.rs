@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
 use narad_auth::Action;
-use narad_core::broker::{Broker, TopicInfo, TopicMeta};
+use narad_core::broker::{Broker, LinkStart, TopicInfo, TopicMeta};
 use narad_core::topic::{CreateTopic, TopicConfig, TopicPatch};
 use narad_wire::ErrorCode;
 use object_store::ObjectStoreExt as _;
@@ -113,6 +113,25 @@ fn from_earliest(from: Option<&str>) -> Result<bool, ApiError> {
     }
 }
 
+/// Where a new link to `parent` starts: on a cluster member, `latest` is the tails its
+/// partitions' owners report (this member cannot read them).
+async fn link_start(
+    state: &SharedState,
+    parent: &str,
+    earliest: bool,
+) -> Result<LinkStart, ApiError> {
+    if earliest {
+        return Ok(LinkStart::Earliest);
+    }
+    match state.ingress() {
+        None => Ok(LinkStart::Latest),
+        Some(ingress) => {
+            let meta = ingress.broker.topic_meta(parent)?;
+            Ok(LinkStart::At(ingress.tails(&meta).await?))
+        }
+    }
+}
+
 /// `POST /v1/topics/{parent}/children`: attach an existing topic as a child.
 pub async fn attach(
     State(state): State<SharedState>,
@@ -142,25 +161,32 @@ pub async fn attach(
         }
     })?;
     let earliest = from_earliest(a.from.as_deref())?;
+    let start = link_start(&state, &parent, earliest).await?;
     broker
-        .attach_child(&parent, &a.child, a.delay_ms, earliest)
+        .attach_child(&parent, &a.child, a.delay_ms, start)
         .await?;
-    children_response(&state, &caller, &parent)
+    children_response(&state, &caller, &parent).await
 }
 
-fn children_response(state: &SharedState, caller: &Caller, parent: &str) -> ApiResult {
+async fn children_response(state: &SharedState, caller: &Caller, parent: &str) -> ApiResult {
     let broker = state.broker()?;
-    let mut list = broker.children(parent)?;
+    // on a cluster member, each owner of the parent's partitions knows its cursors' lag
+    let (mut list, missing) = match state.ingress() {
+        None => (broker.children(parent)?, Vec::new()),
+        Some(ingress) => ingress.children(&broker.topic_meta(parent)?).await?,
+    };
     // children the caller may not use are not named to it
     list.retain(|c| {
         broker
             .with_topic_meta(&c.name, |m| caller.may_see(m))
             .unwrap_or(false)
     });
-    Ok(json_response(
-        StatusCode::OK,
-        &serde_json::json!({"parent": parent, "children": list}),
-    ))
+    let mut body = serde_json::json!({"parent": parent, "children": list});
+    if !missing.is_empty() {
+        // (their cursors' lag is not in the figures)
+        body["partitions_unavailable"] = serde_json::json!(missing);
+    }
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 /// `GET /v1/topics/{parent}/children`: children with their lag.
@@ -172,7 +198,7 @@ pub async fn children(
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     caller.see_topic(state.broker()?, &parent)?;
-    children_response(&state, &caller, &parent)
+    children_response(&state, &caller, &parent).await
 }
 
 /// `DELETE /v1/topics/{parent}/children/{child}`: detach; the child keeps its data.
@@ -195,7 +221,7 @@ pub async fn detach(
 pub(crate) struct PartitionStatsJson {
     pub(crate) partition: u32,
     oldest_offset: u64,
-    next_offset: u64,
+    pub(crate) next_offset: u64,
     /// Every offset below this is acked.
     frontier: u64,
     unacked: u64,
@@ -340,8 +366,9 @@ pub async fn create(
     let meta = match parent {
         None => broker.create_topic(req).await?,
         Some(p) => {
+            let start = link_start(&state, &p, earliest).await?;
             broker
-                .create_child(req, &p, delay.unwrap_or(0), earliest)
+                .create_child(req, &p, delay.unwrap_or(0), start)
                 .await?
         }
     };

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use narad_auth::store::{ROOT_USER, UserRecord};
 use narad_auth::{Action, Grant};
-use narad_core::broker::{BrokerConfig, ProduceMessage};
+use narad_core::broker::{BrokerConfig, LinkStart, ProduceMessage};
 use narad_core::clock::{Clock as _, ManualClock, SystemClock};
 use narad_core::log::LogConfig;
 use narad_core::metrics::CoreMetrics;
@@ -128,8 +128,12 @@ async fn source_with(secret: Option<&[u8]>) -> Source {
     create(&b, "p", 2).await;
     create(&b, "c", 1).await;
     create(&b, "d", 1).await;
-    b.attach_child("p", "c", 0, false).await.unwrap();
-    b.attach_child("p", "d", 3_600_000, false).await.unwrap();
+    b.attach_child("p", "c", 0, LinkStart::Latest)
+        .await
+        .unwrap();
+    b.attach_child("p", "d", 3_600_000, LinkStart::Latest)
+        .await
+        .unwrap();
     produce(&b, "p", 300).await;
     wait_for(&b, "c", 300).await;
     let archive = memory_archive();
