@@ -2070,6 +2070,36 @@ impl Netns {
         }
     }
 
+    /// Drops what the member whose cluster endpoint is on `port` sends to the others: it
+    /// still hears them, they no longer hear it (an asymmetric partition).
+    fn mute(&self, port: u16) {
+        let rule = format!("add rule inet narad out udp sport {port} drop");
+        assert!(self.nft(&rule), "nft: {rule}");
+    }
+
+    /// Drops `percent` % of every cluster datagram at random, between all members.
+    fn lossy(&self, percent: u8) {
+        let rule = format!(
+            "add rule inet narad out meta l4proto udp numgen random mod 100 < {percent} counter drop"
+        );
+        assert!(self.nft(&rule), "nft: {rule}");
+    }
+
+    /// Datagrams the `counter` rules dropped so far.
+    fn dropped(&self) -> u64 {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &self.name, "nft", "list", "chain", "inet", "narad", "out",
+            ])
+            .output()
+            .expect("nft list");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split("packets ")
+            .skip(1)
+            .filter_map(|t| t.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     fn heal(&self) {
         assert!(self.nft("flush chain inet narad out"), "nft flush");
     }
@@ -2402,6 +2432,126 @@ async fn an_owner_cut_off_keeps_serving_its_clients_and_loses_nothing() {
     ns.heal();
     until("the healed member ready", 60, async || cut.ready().await).await;
     traffic.more("traffic healed", 200).await;
+    let report = traffic.finish(&nodes).await;
+    assert!(report.is_clean(), "{report}");
+}
+
+/// The Raft leader made mute (the others stop hearing it; it still hears them) while
+/// producers and consumers go through every member: the others elect a new leader, the
+/// mute one cannot take metadata writes and goes not ready, and healed it rejoins without
+/// unseating anyone for good. Nothing acknowledged is lost and nothing is leased twice,
+/// with no fault to excuse anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_be_heard_gives_way_and_traffic_loses_nothing() {
+    use reqwest::Method;
+    let Some(ns) = Netns::new() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let nodes = ns.three(root.path()).await;
+    let traffic = Traffic::flowing(&nodes).await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let l = nodes.iter().position(|n| n.id == leader).unwrap();
+    ns.mute(nodes[l].rpc_port());
+    let mute = &nodes[l];
+    let other = &nodes[(l + 1) % 3];
+    until("a create through the others", 60, async || {
+        let (st, body) = other
+            .call(
+                ("x", "y"),
+                Method::POST,
+                "/v1/topics",
+                Some(serde_json::json!({"name": "during"})),
+            )
+            .await;
+        assert!(
+            [
+                StatusCode::CREATED,
+                StatusCode::CONFLICT,
+                StatusCode::SERVICE_UNAVAILABLE
+            ]
+            .contains(&st),
+            "{st} {body}"
+        );
+        st != StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    until("the mute member not ready", 30, async || {
+        !mute.ready().await
+    })
+    .await;
+    traffic.more("traffic while the leader is mute", 200).await;
+    ns.heal();
+    until("the healed member ready", 60, async || mute.ready().await).await;
+    until(
+        "every member has the topic made meanwhile",
+        30,
+        async || {
+            for n in &nodes {
+                let (st, _) = n
+                    .call(("x", "y"), Method::GET, "/v1/topics/during", None)
+                    .await;
+                if st != StatusCode::OK {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    // a metadata write goes through (one leader, whoever it is)
+    let (st, body) = mute
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "after"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    traffic.more("traffic healed", 200).await;
+    let report = traffic.finish(&nodes).await;
+    assert!(report.is_clean(), "{report}");
+}
+
+/// A fifth of every cluster datagram lost at random, between all members, the whole time
+/// producers and consumers go through every member: retransmission hides it. Nothing
+/// acknowledged is lost, nothing is leased twice, and metadata writes still go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_loss_between_members_loses_nothing() {
+    use reqwest::Method;
+    let Some(ns) = Netns::new() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let nodes = ns.three(root.path()).await;
+    let traffic = Traffic::flowing(&nodes).await;
+    ns.lossy(20);
+    traffic.more("traffic with 20% loss", 300).await;
+    until("a create with 20% loss", 60, async || {
+        let (st, body) = nodes[1]
+            .call(
+                ("x", "y"),
+                Method::POST,
+                "/v1/topics",
+                Some(serde_json::json!({"name": "lossy"})),
+            )
+            .await;
+        assert!(
+            [
+                StatusCode::CREATED,
+                StatusCode::CONFLICT,
+                StatusCode::SERVICE_UNAVAILABLE
+            ]
+            .contains(&st),
+            "{st} {body}"
+        );
+        st != StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    let dropped = ns.dropped();
+    assert!(
+        dropped > 100,
+        "the loss rule dropped only {dropped} datagrams"
+    );
+    ns.heal();
+    traffic.more("traffic healed", 100).await;
     let report = traffic.finish(&nodes).await;
     assert!(report.is_clean(), "{report}");
 }
