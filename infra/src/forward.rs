@@ -59,6 +59,8 @@ pub const CANCEL_WAIT: Op = Op(105);
 pub const STATS: Op = Op(106);
 pub const FANOUT_APPEND: Op = Op(107);
 pub const CHILDREN: Op = Op(108);
+pub const WAIT_TOKEN: Op = Op(109);
+pub const DELIVER: Op = Op(110);
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
@@ -70,14 +72,17 @@ const CALL_DEADLINE: Duration = Duration::from_secs(3);
 const WAIT_SLACK: Duration = Duration::from_secs(2);
 /// How often a member taken for unreachable is pinged until it answers again.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
-/// Long-polls this member keeps waiting at one other member at once. Calls to a member
-/// share one connection of 256 streams, Raft's included: waiting readers must leave most
-/// of them free. A reader beyond this queues here for a slot at that member (and waits in
-/// the other owners' lines meanwhile).
-pub const MAX_WAITS_PER_MEMBER: usize = 64;
-/// Waits other members may have at this one at once (each member keeps at most
-/// [`MAX_WAITS_PER_MEMBER`] here; this bounds the map however many members there are).
+/// Delivery tokens this member keeps at one other member at once (one per parked reader
+/// and owner). A token holds no call open (the owner pushes what its line hands the token),
+/// so this bounds only the owner's table: a reader beyond it queues here for a slot at that
+/// member (and waits in the other owners' lines meanwhile).
+pub const MAX_WAITS_PER_MEMBER: usize = 1024;
+/// Tokens other members may keep at this one at once (each member at most
+/// [`MAX_WAITS_PER_MEMBER`]; this bounds the table however many members there are).
 const MAX_CANCELLABLE_WAITS: usize = 4096;
+/// An owner ends a token's wait this much before the reader's, so what it pushes at the
+/// last moment still finds the reader.
+const TOKEN_MARGIN: Duration = Duration::from_millis(50);
 /// How long an owner waits to follow the catalog a call names.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
@@ -91,6 +96,9 @@ pub struct Ingress {
     archive: Option<Arc<ArchiveReader>>,
     down: Mutex<HashMap<u64, Instant>>,
     waits: Mutex<HashMap<u64, Arc<Semaphore>>>,
+    /// Delivery tokens this member's parked readers left at other owners: token id → the
+    /// reader, which takes what the owner pushes ([`DELIVER`]).
+    tokens: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Taken>>>,
 }
 
 /// One message's outcome in a forwarded produce.
@@ -123,6 +131,7 @@ impl Ingress {
             archive,
             down: Mutex::new(HashMap::new()),
             waits: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
         })
     }
 
@@ -417,10 +426,23 @@ impl Ingress {
                 .into());
             }
             let owner = meta.owners.get(p as usize).copied().unwrap_or(self.me());
-            return self
-                .consume_on(owner, topic, partition, max, wait, 0)
+            if owner == self.me() || wait.is_zero() {
+                return self
+                    .consume_on(owner, topic, partition, max, wait, 0)
+                    .await
+                    .map_err(CallError::api);
+            }
+            // another member's partition: a look, then a token in its owner's line
+            let taken = self
+                .consume_on(owner, topic, partition, max, Duration::ZERO, 0)
                 .await
-                .map_err(CallError::api);
+                .map_err(CallError::api)?;
+            if !taken.is_empty() {
+                return Ok(taken);
+            }
+            return self
+                .wait_in_lines(vec![owner], topic, partition, max, wait)
+                .await;
         }
         let mut owners: Vec<u64> = meta.owners.clone();
         owners.push(self.me());
@@ -452,8 +474,20 @@ impl Ingress {
         if !taken.is_empty() || wait.is_zero() {
             return Ok(taken);
         }
-        // nothing anywhere: wait in every owner's line; the first to serve wins, and what
-        // the others took is given back as their results drop with the set
+        self.wait_in_lines(owners, topic, None, max, wait).await
+    }
+
+    /// Nothing anywhere: waits up to `wait` in the line of every one of `owners` at once
+    /// (this member's directly, the others' through a delivery token each); the first to
+    /// serve wins, and what the others hand over later is given back.
+    async fn wait_in_lines(
+        self: &Arc<Self>,
+        owners: Vec<u64>,
+        topic: &str,
+        partition: Option<u32>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Taken, ApiError> {
         let mut waits = Waits {
             set: tokio::task::JoinSet::new(),
             local: None,
@@ -467,17 +501,19 @@ impl Ingress {
             if o == self.me() {
                 let h = waits
                     .set
-                    .spawn(async move { me.consume_on(o, &topic, None, max, wait, 0).await });
+                    .spawn(async move { me.consume_on(o, &topic, partition, max, wait, 0).await });
                 waits.local = Some(h);
                 continue;
             }
             if self.is_down(o) {
                 continue;
             }
-            // a reader beyond the member's waits there queues for a slot (it is woken when
+            // a reader beyond the member's tokens there queues for a slot (it is woken when
             // one frees, with what is left of its wait)
             let slots = self.wait_slots(o);
             let id = narad_core::random_u64() | 1;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.tokens.lock().insert(id, tx);
             waits.remote.push((o, id));
             let stop = waits.stop.clone();
             waits.set.spawn(async move {
@@ -489,10 +525,16 @@ impl Ingress {
                     return Ok(Taken::default());
                 };
                 let left = until.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() || stop.is_cancelled() {
+                if left <= TOKEN_MARGIN || stop.is_cancelled() {
                     return Ok(Taken::default());
                 }
-                me.consume_on(o, &topic, None, max, left, id).await
+                // a token in the owner's line: what the line hands it is pushed here
+                me.leave_token(o, &topic, partition, max, left - TOKEN_MARGIN, id)
+                    .await?;
+                match tokio::time::timeout_at(until, rx).await {
+                    Ok(Ok(taken)) => Ok(taken),
+                    _ => Ok(Taken::default()),
+                }
             });
         }
         let mut first_err = None;
@@ -508,6 +550,49 @@ impl Ingress {
         match first_err {
             Some(e) if e.code != ErrorCode::ClusterUnavailable => Err(e),
             _ => Ok(Taken::default()),
+        }
+    }
+
+    /// Leaves delivery token `id` in member `node`'s line for a reader here: the owner
+    /// answers at once, keeps the token for `wait`, and pushes what its line hands the
+    /// token ([`DELIVER`]).
+    async fn leave_token(
+        self: &Arc<Self>,
+        node: u64,
+        topic: &str,
+        partition: Option<u32>,
+        max: usize,
+        wait: Duration,
+        id: u64,
+    ) -> Result<(), CallError> {
+        let req = ConsumeRequest {
+            topic: topic.to_owned(),
+            partition,
+            max,
+            wait_ms: wait.as_millis() as u64,
+            catalog: self.broker.followed(),
+            wait_id: id,
+        };
+        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        self.call(node, WAIT_TOKEN, body, CALL_DEADLINE)
+            .await
+            .map(|_| ())
+    }
+
+    /// What owner `from` pushed for token `id` (its handles name the owner): handed to the
+    /// reader that left the token, or given back at once if that reader is gone.
+    fn delivered(
+        self: &Arc<Self>,
+        from: u64,
+        topic: String,
+        id: u64,
+        messages: Vec<Box<RawValue>>,
+    ) {
+        let mut taken = Taken::from_remote(from, messages);
+        taken.owner = Some((self.clone(), topic));
+        if let Some(tx) = self.tokens.lock().remove(&id) {
+            // (a reader gone meanwhile drops it: given back then)
+            let _ = tx.send(taken);
         }
     }
 
@@ -931,7 +1016,14 @@ impl Drop for Waits {
         if let Some(h) = self.local.take() {
             h.abort();
         }
-        self.set.detach_all();
+        // (a token's task holds its reader's end: what an owner pushes later is given back)
+        self.set.abort_all();
+        {
+            let mut tokens = self.ingress.tokens.lock();
+            for (_, id) in &self.remote {
+                tokens.remove(id);
+            }
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -1406,17 +1498,89 @@ pub struct DataService {
     pub me: u64,
     /// History older than local data, for replay reads of this member's partitions.
     pub archive: Option<Arc<ArchiveReader>>,
-    /// Waits other members may cancel, by (member, wait id).
+    /// Waits (and delivery tokens) other members may cancel, by (member, id).
     pub waits: CancellableWaits,
+    /// This member's ingress: its readers' tokens take what other owners push, and it
+    /// pushes what its line hands the others' tokens.
+    ingress: std::sync::Weak<Ingress>,
 }
 
 impl DataService {
-    pub fn new(broker: Arc<Broker>, me: u64, archive: Option<Arc<ArchiveReader>>) -> Self {
+    pub fn new(ingress: &Arc<Ingress>) -> Self {
         Self {
-            broker,
-            me,
-            archive,
+            broker: ingress.broker.clone(),
+            me: ingress.me(),
+            archive: ingress.archive.clone(),
             waits: Arc::default(),
+            ingress: Arc::downgrade(ingress),
+        }
+    }
+}
+
+/// A delivery token left by another member's reader: what this owner's line hands it.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Delivered {
+    topic: String,
+    token: u64,
+    messages: Vec<Box<RawValue>>,
+}
+
+/// Keeps token `req.wait_id` of member `from` in this owner's line for `req.wait_ms`, then
+/// pushes what the line handed it to `from` ([`DELIVER`]). Once the push reached `from`,
+/// the messages are its to hand on or give back; a push that surely never left gives them
+/// back here; one whose fate is unknown leaves them leased (redelivered after their lease,
+/// never to two readers at once).
+async fn keep_token(
+    broker: Arc<Broker>,
+    ingress: std::sync::Weak<Ingress>,
+    from: u64,
+    req: ConsumeRequest,
+    cancelled: tokio::sync::oneshot::Receiver<()>,
+) {
+    let wait = Duration::from_millis(req.wait_ms.min(3_600_000));
+    let max = req.max.clamp(1, 100);
+    let got = tokio::select! {
+        got = broker.consume(&req.topic, req.partition, max, wait) => got,
+        _ = cancelled => return,
+    };
+    let Ok(got) = got else { return };
+    if got.is_empty() {
+        return;
+    }
+    let Some(ingress) = ingress.upgrade() else {
+        broker.give_back(&req.topic, &got);
+        return;
+    };
+    let me = ingress.me();
+    let mut taken = Taken::local(&req.topic, me, got);
+    let body = Bytes::from(
+        serde_json::to_vec(&Delivered {
+            topic: req.topic.clone(),
+            token: req.wait_id,
+            messages: std::mem::take(&mut taken.messages),
+        })
+        .expect("deliveries serialise"),
+    );
+    let pushed = match ingress.node.meta.addr_of(from) {
+        Some(addr) => {
+            ingress
+                .node
+                .meta
+                .rpc()
+                .call(from, &addr, DELIVER, body, CALL_DEADLINE)
+                .await
+        }
+        None => Err(RpcError::Unreachable {
+            peer: from,
+            reason: "not a member".into(),
+        }),
+    };
+    match pushed {
+        Ok(_) => {}
+        Err(e) if e.not_sent() => broker.give_back(&req.topic, &taken.local),
+        Err(e) => {
+            tracing::warn!(node_id = from, topic = %req.topic, error = %e, "a delivery token's push may not have arrived; its messages are redelivered after their lease");
         }
     }
 }
@@ -1456,7 +1620,7 @@ async fn caught_up(broker: &Broker, catalog: u64) -> Result<(), Fault> {
 impl Service for DataService {
     fn call(&self, from: u64, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
         let (broker, me, waits) = (self.broker.clone(), self.me, self.waits.clone());
-        let archive = self.archive.clone();
+        let (archive, ingress) = (self.archive.clone(), self.ingress.clone());
         Box::pin(async move {
             match op {
                 PRODUCE => {
@@ -1625,6 +1789,47 @@ impl Service for DataService {
                         serde_json::to_vec(&stats).expect("stats serialise"),
                     ))
                 }
+                WAIT_TOKEN => {
+                    let req: ConsumeRequest =
+                        serde_json::from_slice(&body).map_err(|_| malformed("token"))?;
+                    if req.wait_id == 0 {
+                        return Err(malformed("token"));
+                    }
+                    caught_up(&broker, req.catalog).await?;
+                    broker
+                        .topic_meta(&req.topic)
+                        .map_err(|e| to_fault(&e.into()))?;
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let key = (from, req.wait_id);
+                    {
+                        let mut w = waits.lock();
+                        if w.len() >= MAX_CANCELLABLE_WAITS {
+                            return Err(Fault::new(
+                                503,
+                                "server_busy",
+                                "too many delivery tokens from other members",
+                            ));
+                        }
+                        w.insert(key, tx);
+                    }
+                    let ingress = ingress.clone();
+                    tokio::spawn(async move {
+                        let _entry = WaitEntry { waits, key };
+                        keep_token(broker, ingress, from, req, rx).await;
+                    });
+                    Ok(Bytes::new())
+                }
+                DELIVER => {
+                    let req: Delivered =
+                        serde_json::from_slice(&body).map_err(|_| malformed("delivery"))?;
+                    if req.messages.len() > 100 {
+                        return Err(malformed("delivery"));
+                    }
+                    if let Some(ingress) = ingress.upgrade() {
+                        ingress.delivered(from, req.topic, req.token, req.messages);
+                    }
+                    Ok(Bytes::new())
+                }
                 CANCEL_WAIT => {
                     let req: CancelWait =
                         serde_json::from_slice(&body).map_err(|_| malformed("cancel"))?;
@@ -1649,6 +1854,8 @@ impl Service for DataService {
             STATS => "stats",
             FANOUT_APPEND => "fanout_append",
             CHILDREN => "children",
+            WAIT_TOKEN => "wait_token",
+            DELIVER => "deliver",
             _ => return None,
         })
     }

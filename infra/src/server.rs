@@ -415,14 +415,10 @@ impl Opening {
         }
         if let (Some(node), Some(store)) = (self.state.cluster.clone(), replicated) {
             // the other members' calls for this member's partitions, and ours for theirs
-            node.meta
-                .serve_data(Arc::new(crate::forward::DataService::new(
-                    b.clone(),
-                    node.node_id(),
-                    self.state.archive.clone(),
-                )));
             let ingress =
                 crate::forward::Ingress::new(b.clone(), node.clone(), self.state.archive.clone());
+            node.meta
+                .serve_data(Arc::new(crate::forward::DataService::new(&ingress)));
             // fan-out cursors here copy to child partitions the others own through it
             b.set_copy_forwarder(Arc::new(crate::forward::Copies(Arc::downgrade(&ingress))));
             let _ = self.state.ingress.set(ingress);
