@@ -14,9 +14,11 @@
 //!   to be down).
 //! - **Consume**: every owner of the topic, this member included, in a rotating order, each
 //!   asked not to wait; with nothing anywhere and a wait, the reader waits in the line of
-//!   every owner at once (a call that waits there, in the owner's FIFO line), and the first
-//!   owner with messages serves it. Whatever else was taken for the reader and cannot be
-//!   answered is given back ([`Taken`] does it when dropped), and an owner whose answer never
+//!   every owner at once: here directly, at the others through a delivery token
+//!   ([`WAIT_TOKEN`]: a waiter in the owner's FIFO line, no call held open), and the first
+//!   owner with messages serves it (an owner pushes what its line hands a token,
+//!   [`DELIVER`]). Whatever else was taken for the reader and cannot be answered is given
+//!   back ([`Taken`] does it when dropped), and an owner whose answer to a look never
 //!   reached this member takes it back itself ([`DataService::undelivered`]).
 //! - **Ack, extend, nack**: a receipt handle names the member that leased it
 //!   (`<node_id>.<handle>`); the call goes there.
