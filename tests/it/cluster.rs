@@ -2912,6 +2912,50 @@ async fn fanout_children_in_a_cluster_get_every_record_whichever_members_own_the
         },
     )
     .await;
+    // the parent grown through node 3: the new partitions' owners start cursors for them
+    // (from their first record: all of it came after the attach)
+    let (st, r) = nodes[2]
+        .call(
+            anyone,
+            Method::PATCH,
+            "/v1/topics/p",
+            Some(serde_json::json!({"partitions": 9})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    for i in 130..148u32 {
+        // (pinned: a 503 while the member restarted above is still taken for down is
+        // retried, as a client would)
+        until("a pinned produce to a new partition", 30, async || {
+            let (st, r) = nodes[0]
+                .call(
+                    anyone,
+                    Method::POST,
+                    "/v1/topics/p/produce/batch",
+                    Some(serde_json::json!({"messages": [
+                        {"payload": format!("m{i}"), "payload_encoding": "utf8", "partition": 6 + i % 3}
+                    ]})),
+                )
+                .await;
+            assert!(
+                [StatusCode::ACCEPTED, StatusCode::SERVICE_UNAVAILABLE].contains(&st),
+                "{st} {r}"
+            );
+            st == StatusCode::ACCEPTED
+        })
+        .await;
+    }
+    until(
+        "the new partitions' records in 'all' and 'new'",
+        30,
+        async || {
+            drain_into(&nodes[0], "all", &mut all).await;
+            drain_into(&nodes[1], "new", &mut new).await;
+            all.keys().copied().collect::<Vec<_>>() == want(0..148)
+                && new.keys().copied().collect::<Vec<_>>() == want(40..148)
+        },
+    )
+    .await;
     // detached through node 1: every member stops its cursors and removes their files
     assert!(!cursor_files(&nodes, "all").is_empty());
     let (st, r) = nodes[0]
@@ -2922,16 +2966,16 @@ async fn fanout_children_in_a_cluster_get_every_record_whichever_members_own_the
         cursor_files(&nodes, "all").is_empty()
     })
     .await;
-    produce_range(&nodes[1], "p", 130..150).await;
+    produce_range(&nodes[1], "p", 148..170).await;
     until("the new records in 'new'", 30, async || {
         drain_into(&nodes[1], "new", &mut new).await;
-        new.keys().copied().collect::<Vec<_>>() == want(40..150)
+        new.keys().copied().collect::<Vec<_>>() == want(40..170)
     })
     .await;
     drain_into(&nodes[2], "all", &mut all).await;
     assert_eq!(
         all.keys().copied().collect::<Vec<_>>(),
-        want(0..130),
+        want(0..148),
         "a detached child got records"
     );
     let (st, r) = nodes[2]
