@@ -761,6 +761,7 @@ impl Ingress {
             let req = StatsRequest {
                 topic: meta.name.clone(),
                 catalog: self.broker.followed(),
+                topic_id: Some(meta.id),
             };
             let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
             let got = if self.is_down(node) {
@@ -798,6 +799,12 @@ impl Ingress {
         meta: &narad_core::catalog::TopicMeta,
     ) -> Result<Vec<u64>, ApiError> {
         let info = self.broker.topic_info(&meta.name)?;
+        if info.meta.id != meta.id {
+            return Err(ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("'{}' was re-created meanwhile; retry", meta.name),
+            ));
+        }
         let mut stats = crate::http::topics::local_stats(&self.broker, &info, None);
         let (theirs, missing) = self.partition_stats(meta, None).await;
         if !missing.is_empty() {
@@ -844,6 +851,7 @@ impl Ingress {
             let req = StatsRequest {
                 topic: parent.name.clone(),
                 catalog: self.broker.followed(),
+                topic_id: Some(parent.id),
             };
             let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
             let got = if self.is_down(node) {
@@ -1245,6 +1253,10 @@ struct CancelWait {
 struct StatsRequest {
     topic: String,
     catalog: u64,
+    /// The incarnation the caller means: an owner holding another answers `404` (its
+    /// figures would be another topic's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    topic_id: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -1772,6 +1784,16 @@ impl Service for DataService {
                     let req: StatsRequest =
                         serde_json::from_slice(&body).map_err(|_| malformed("children"))?;
                     caught_up(&broker, req.catalog).await?;
+                    let id = broker
+                        .topic_meta(&req.topic)
+                        .map_err(|e| to_fault(&e.into()))?
+                        .id;
+                    if req.topic_id.is_some_and(|want| want != id) {
+                        return Err(to_fault(&ApiError::new(
+                            ErrorCode::TopicNotFound,
+                            format!("topic '{}' not found (it was re-created)", req.topic),
+                        )));
+                    }
                     let list = broker
                         .children(&req.topic)
                         .map_err(|e| to_fault(&e.into()))?;
@@ -1786,6 +1808,12 @@ impl Service for DataService {
                     let info = broker
                         .topic_info(&req.topic)
                         .map_err(|e| to_fault(&e.into()))?;
+                    if req.topic_id.is_some_and(|id| id != info.meta.id) {
+                        return Err(to_fault(&ApiError::new(
+                            ErrorCode::TopicNotFound,
+                            format!("topic '{}' not found (it was re-created)", req.topic),
+                        )));
+                    }
                     let stats = crate::http::topics::local_stats(&broker, &info, None);
                     Ok(Bytes::from(
                         serde_json::to_vec(&stats).expect("stats serialise"),

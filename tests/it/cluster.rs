@@ -2721,6 +2721,71 @@ async fn one_message_on_another_member_wakes_one_parked_reader() {
     assert_eq!(got, [1, 2, 3, 4], "each message to one reader");
 }
 
+/// A child partition's owner down while a cursor copies keyed records: the cursor retries
+/// its slab, and each retry sends only to the child partitions that have not taken their
+/// share yet. With the owner back, the child holds every record exactly once (before, each
+/// retry appended the slab again to the live partitions: 13 copies after a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_partition_owner_down_costs_the_others_no_duplicates() {
+    use reqwest::Method;
+    use std::collections::BTreeMap;
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready(root.path()).await;
+    let made = topic_everywhere(&nodes, serde_json::json!({"name": "p", "partitions": 1})).await;
+    let x = nodes
+        .iter()
+        .position(|n| Some(n.id) == made["partition_owners"][0].as_u64())
+        .unwrap();
+    let child = topic_everywhere(&nodes, serde_json::json!({"name": "c", "partitions": 3})).await;
+    let owners: Vec<u64> = serde_json::from_value(child["partition_owners"].clone()).unwrap();
+    let d = nodes
+        .iter()
+        .position(|n| n.id != nodes[x].id && owners.contains(&n.id))
+        .unwrap();
+    let (st, r) = nodes[x]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/topics/p/children",
+            Some(serde_json::json!({"child": "c"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    nodes[d].kill9();
+    let msgs: Vec<Value> = (0..30)
+        .map(|i| serde_json::json!({"payload": format!("m{i}"), "payload_encoding": "utf8", "key": format!("key-{i}")}))
+        .collect();
+    let (st, r) = nodes[x]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/topics/p/produce/batch",
+            Some(serde_json::json!({ "messages": msgs })),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    // the cursor has failed and retried a few times
+    let errors = async || -> u64 {
+        nodes[x]
+            .metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with("narad_fanout_cursor_errors_total{") && l.contains("\"c\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    until("three failed copies", 60, async || errors().await >= 3).await;
+    nodes[d].start().await;
+    until("the member back ready", 60, async || nodes[d].ready().await).await;
+    let mut got = BTreeMap::new();
+    until("every record in the child", 30, async || {
+        drain_into(&nodes[x], "c", &mut got).await;
+        got.len() == 30
+    })
+    .await;
+    assert!(got.values().all(|&n| n == 1), "copies per record: {got:?}");
+}
+
 /// Produces `range` as one batch through `n` (payloads `m<i>`, keyed `k<i % 5>`), all 202.
 async fn produce_range(n: &Node, topic: &str, range: std::ops::Range<u32>) {
     let msgs: Vec<Value> = range

@@ -29,6 +29,9 @@ pub const MAX_CHILD_DELAY_MS: i64 = 365 * 24 * 3_600_000;
 /// Records and bytes one cursor copies per slab.
 const SLAB_RECORDS: usize = 4096;
 const SLAB_BYTES: usize = 4 << 20;
+/// How long a cursor with nothing to copy sleeps unless an append wakes it. Thousands of
+/// idle cursors (64 children of a parent with hundreds of partitions) must cost nothing.
+const IDLE_WAIT: Duration = Duration::from_secs(10);
 
 /// A child's link to its parent, kept in the child's metadata.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -56,9 +59,11 @@ pub enum LinkStart {
     Latest,
     /// At the parent's oldest retained record.
     Earliest,
-    /// At these offsets, one per parent partition (the tails a cluster member gathered from
-    /// the partitions' owners: a member cannot read the others' tails itself).
-    At(Vec<u64>),
+    /// At these offsets, one per partition of the parent's incarnation `parent_id` (the
+    /// tails a cluster member gathered from the partitions' owners: a member cannot read the
+    /// others' tails itself). Refused if the parent is another incarnation by the time the
+    /// link is made: another incarnation's tails would skip records.
+    At { parent_id: u64, starts: Vec<u64> },
 }
 
 /// Appends fan-out copies to a child partition another cluster member owns (set on a
@@ -239,10 +244,10 @@ fn new_link(
     from: LinkStart,
 ) -> Result<ParentLink, BrokerError> {
     let starts = match from {
-        LinkStart::At(starts) => {
-            if starts.len() != p.partitions().len() {
+        LinkStart::At { parent_id, starts } => {
+            if parent_id != pmeta.id || starts.len() != p.partitions().len() {
                 return Err(BrokerError::ClusterUnavailable(format!(
-                    "'{}' changed its partitions meanwhile; retry",
+                    "'{}' was re-created or changed its partitions meanwhile; retry",
                     pmeta.name
                 )));
             }
@@ -844,6 +849,8 @@ async fn run_cursor(
     };
     state.next.store(next, Ordering::Release);
     let mut backoff = Duration::from_millis(100);
+    // the child partitions a failed slab reached already (not sent again on the retry)
+    let mut partial = None;
     loop {
         let Some(b) = weak.upgrade() else { return };
         if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
@@ -876,6 +883,7 @@ async fn run_cursor(
             &path,
             &state,
             next,
+            &mut partial,
         )
         .await
         {
@@ -910,6 +918,16 @@ async fn run_cursor(
     }
 }
 
+/// A slab whose copy failed part way: the child partitions that took their share already.
+/// The retry reads the same records (`next..end`, immutable once committed) and groups them
+/// the same way (while the child keeps `partitions`), so it sends only the rest: a child
+/// partition whose owner is down costs the others no duplicates however long it lasts.
+struct Partial {
+    end: u64,
+    partitions: u32,
+    done: Vec<bool>,
+}
+
 enum Step {
     /// Copied up to (excluding) this offset.
     Copied(u64),
@@ -928,17 +946,27 @@ async fn copy_slab<S: Sink>(
     path: &Path,
     state: &CursorState,
     next: u64,
+    partial: &mut Option<Partial>,
 ) -> Result<Step, BrokerError> {
     let log = b.log_of(part).await?;
+    // a retry reads exactly the failed slab's records
+    let max_records = match partial {
+        Some(p) if p.end > next => ((p.end - next) as usize).min(SLAB_RECORDS),
+        _ => {
+            *partial = None;
+            SLAB_RECORDS
+        }
+    };
     let read = {
         let log = log.clone();
-        tokio::task::spawn_blocking(move || log.read(next, SLAB_RECORDS, SLAB_BYTES))
+        tokio::task::spawn_blocking(move || log.read(next, max_records, SLAB_BYTES))
             .await
             .expect("fan-out read task")
     };
     let records = match read {
         Ok(r) => r,
         Err(LogError::Truncated { oldest, .. }) => {
+            *partial = None;
             // retention deleted records this child never got: data loss, made visible
             let dropped = oldest - next;
             tracing::error!(parent = %link.parent, child = %child_name, partition = pidx, dropped, "fan-out fell behind the parent's retention; records were never copied");
@@ -977,7 +1005,9 @@ async fn copy_slab<S: Sink>(
             Some(r) => Duration::from_millis(
                 (r.timestamp_ms + link.delay_ms + 1 - now).clamp(1, 1000) as u64,
             ),
-            None => Duration::from_secs(1),
+            // nothing to copy: an append wakes the cursor (it is armed before the read);
+            // this only bounds how long a cursor whose link ended lingers
+            None => IDLE_WAIT,
         };
         return Ok(Step::Idle(wait));
     }
@@ -998,12 +1028,25 @@ async fn copy_slab<S: Sink>(
         });
     }
     let last = due.last().expect("non-empty").offset;
+    let same = partial
+        .as_ref()
+        .is_some_and(|p| p.end == last + 1 && p.partitions == n);
+    if !same {
+        *partial = Some(Partial {
+            end: last + 1,
+            partitions: n,
+            done: vec![false; n as usize],
+        });
+    }
+    let progress = partial.as_mut().expect("set above");
     // one group commit per child partition
     for (p, g) in groups.into_iter().enumerate() {
-        if !g.is_empty() {
+        if !g.is_empty() && !progress.done[p] {
             sink.append(p as u32, g).await?;
+            progress.done[p] = true;
         }
     }
+    *partial = None;
     // only now, with every copy durable, may the cursor move
     persist(path, link.epoch, last + 1).await?;
     state.next.store(last + 1, Ordering::Release);

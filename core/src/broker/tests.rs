@@ -1427,3 +1427,47 @@ async fn a_deleted_topics_partition_is_never_reopened() {
     assert!(!part.is_open());
     b.shutdown().await;
 }
+
+/// A link made at offsets gathered for one incarnation of the parent is refused once the
+/// parent is another incarnation (a re-created parent's records would be skipped up to the
+/// old one's tails), and made with those offsets otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_at_another_incarnations_offsets_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    let old = b.create_topic(create("p", 2)).await.unwrap();
+    b.create_topic(create("c", 1)).await.unwrap();
+    b.delete_topic("p").await.unwrap();
+    let new = b.create_topic(create("p", 2)).await.unwrap();
+    let stale = LinkStart::At {
+        parent_id: old.id,
+        starts: vec![100, 100],
+    };
+    assert!(matches!(
+        b.attach_child("p", "c", 0, stale).await,
+        Err(BrokerError::ClusterUnavailable(_))
+    ));
+    assert!(b.topic_meta("c").unwrap().parent.is_none());
+    let wrong_count = LinkStart::At {
+        parent_id: new.id,
+        starts: vec![0],
+    };
+    assert!(b.attach_child("p", "c", 0, wrong_count).await.is_err());
+    for i in 0..3 {
+        b.produce("p", vec![to_partition(i % 2)]).await.unwrap();
+    }
+    let at = LinkStart::At {
+        parent_id: new.id,
+        starts: vec![1, 0],
+    };
+    b.attach_child("p", "c", 0, at).await.unwrap();
+    assert_eq!(
+        b.topic_meta("c").unwrap().parent.unwrap().starts,
+        vec![1, 0]
+    );
+    // partition 0 from offset 1 (one record), partition 1 from 0 (one record)
+    eventually("two records copied", || {
+        b.topic_info("c").unwrap().partitions[0].log.next_offset == 2
+    })
+    .await;
+}

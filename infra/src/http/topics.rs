@@ -127,7 +127,11 @@ async fn link_start(
         None => Ok(LinkStart::Latest),
         Some(ingress) => {
             let meta = ingress.broker.topic_meta(parent)?;
-            Ok(LinkStart::At(ingress.tails(&meta).await?))
+            let starts = ingress.tails(&meta).await?;
+            Ok(LinkStart::At {
+                parent_id: meta.id,
+                starts,
+            })
         }
     }
 }
