@@ -1,9 +1,11 @@
 //! Remote children: mirroring a topic to another cluster over HTTPS.
 //!
 //! Built so far: [`seal`] (a remote's password sealed under the cluster secret, bound to the
-//! remote's identity) and [`guard`] (what a remote's URL may name and which addresses a
-//! sender may connect to). The remotes registry, the sender (lanes, breaker) and the checks
+//! remote's identity), [`guard`] (what a remote's URL may name and which addresses a sender
+//! may connect to) and [`client`] (the HTTPS client that connects only where the guard
+//! allows, follows no redirect and bounds every answer). The remotes registry, the sender (lanes, breaker) and the checks
 //! come next (issue 15; docs/xregion.md).
 
+pub mod client;
 pub mod guard;
 pub mod seal;
