@@ -2578,6 +2578,42 @@ async fn a_follower_cut_off_from_the_leader_only_loses_nothing() {
     assert!(report.is_clean(), "{report}");
 }
 
+/// A fourth member joins while a fifth of every cluster datagram is lost and traffic goes
+/// through the three: it becomes a voter and ready (the join's calls and the snapshot it
+/// installs are retried through the loss), and the lifecycle checker finds nothing lost or
+/// leased twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joins_through_random_loss() {
+    let Some(ns) = Netns::new() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let nodes = ns.three(root.path()).await;
+    let traffic = Traffic::flowing(&nodes).await;
+    ns.lossy(20);
+    let mut fourth = Node::new(4, root.path(), &nodes[0].members, SECRET);
+    fourth.netns = Some((ns.name.clone(), ns.ip.clone()));
+    fourth.start().await;
+    traffic.more("traffic while a member joins", 200).await;
+    until(
+        &format!("the joiner ready; log:\n{}", fourth.log()),
+        90,
+        async || fourth.ready().await,
+    )
+    .await;
+    until("four voters everywhere", 60, async || {
+        let mut ok = true;
+        for n in nodes.iter().chain([&fourth]) {
+            ok &= n.status().await.is_some_and(|s| voters(&s) == 4);
+        }
+        ok
+    })
+    .await;
+    assert!(ns.dropped() > 50, "the loss rule dropped little");
+    ns.heal();
+    traffic.more("traffic healed", 100).await;
+    let report = traffic.finish(&nodes).await;
+    assert!(report.is_clean(), "{report}");
+}
+
 /// A fifth of every cluster datagram lost at random, between all members, the whole time
 /// producers and consumers go through every member: retransmission hides it. Nothing
 /// acknowledged is lost, nothing is leased twice, and metadata writes still go through.
