@@ -98,9 +98,9 @@ pub struct Ingress {
     archive: Option<Arc<ArchiveReader>>,
     down: Mutex<HashMap<u64, Instant>>,
     waits: Mutex<HashMap<u64, Arc<Semaphore>>>,
-    /// Delivery tokens this member's parked readers left at other owners: token id → the
-    /// reader, which takes what the owner pushes ([`DELIVER`]).
-    tokens: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Taken>>>,
+    /// Delivery tokens this member's parked readers left at other owners: (owner, token id)
+    /// → the reader, which takes what that owner pushes ([`DELIVER`]).
+    tokens: Mutex<HashMap<(u64, u64), tokio::sync::oneshot::Sender<Taken>>>,
 }
 
 /// One message's outcome in a forwarded produce.
@@ -515,7 +515,7 @@ impl Ingress {
             let slots = self.wait_slots(o);
             let id = narad_core::random_u64() | 1;
             let (tx, rx) = tokio::sync::oneshot::channel();
-            self.tokens.lock().insert(id, tx);
+            self.tokens.lock().insert((o, id), tx);
             waits.remote.push((o, id));
             let stop = waits.stop.clone();
             waits.set.spawn(async move {
@@ -592,7 +592,7 @@ impl Ingress {
     ) {
         let mut taken = Taken::from_remote(from, messages);
         taken.owner = Some((self.clone(), topic));
-        if let Some(tx) = self.tokens.lock().remove(&id) {
+        if let Some(tx) = self.tokens.lock().remove(&(from, id)) {
             // (a reader gone meanwhile drops it: given back then)
             let _ = tx.send(taken);
         }
@@ -1030,8 +1030,8 @@ impl Drop for Waits {
         self.set.abort_all();
         {
             let mut tokens = self.ingress.tokens.lock();
-            for (_, id) in &self.remote {
-                tokens.remove(id);
+            for token in &self.remote {
+                tokens.remove(token);
             }
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
