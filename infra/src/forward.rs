@@ -1514,9 +1514,44 @@ pub struct DataService {
     pub archive: Option<Arc<ArchiveReader>>,
     /// Waits (and delivery tokens) other members may cancel, by (member, id).
     pub waits: CancellableWaits,
+    /// Cancels that found nothing to cancel, for a few seconds: a reader that gave up at
+    /// once sends its cancel right behind its token, and the cancel may arrive first; the
+    /// token it overtook is then not kept (it would take messages for nobody).
+    cancelled: Arc<Mutex<HashMap<(u64, u64), Instant>>>,
+    pushes: Arc<Pushes>,
     /// This member's ingress: its readers' tokens take what other owners push, and it
     /// pushes what its line hands the others' tokens.
     ingress: std::sync::Weak<Ingress>,
+}
+
+/// How long a cancel that overtook its token is remembered, and how many are.
+const CANCEL_MEMORY: Duration = Duration::from_secs(10);
+const MAX_CANCEL_MEMORY: usize = 4096;
+
+/// Remembers a cancel that found no wait (bounded: the oldest are forgotten first, and a
+/// full table forgets the new one, which only lets an orphan token live its wait).
+fn remember_cancel(cancelled: &Mutex<HashMap<(u64, u64), Instant>>, key: (u64, u64)) {
+    let mut c = cancelled.lock();
+    if c.len() >= MAX_CANCEL_MEMORY {
+        c.retain(|_, at| at.elapsed() < CANCEL_MEMORY);
+    }
+    if c.len() < MAX_CANCEL_MEMORY {
+        c.insert(key, Instant::now());
+    }
+}
+
+/// Ends every wait and token member `from` has here: a push to it failed, so its readers'
+/// tokens would go on taking messages that cannot reach them (each held until its lease
+/// ends). Its readers, if alive, are served by the other owners or leave new tokens.
+fn drop_tokens_of(waits: &CancellableWaits, from: u64) {
+    let gone: Vec<_> = {
+        let mut w = waits.lock();
+        let keys: Vec<(u64, u64)> = w.keys().filter(|k| k.0 == from).copied().collect();
+        keys.into_iter().filter_map(|k| w.remove(&k)).collect()
+    };
+    for tx in gone {
+        let _ = tx.send(());
+    }
 }
 
 impl DataService {
@@ -1526,6 +1561,8 @@ impl DataService {
             me: ingress.me(),
             archive: ingress.archive.clone(),
             waits: Arc::default(),
+            cancelled: Arc::default(),
+            pushes: Arc::default(),
             ingress: Arc::downgrade(ingress),
         }
     }
@@ -1545,13 +1582,48 @@ struct Delivered {
 /// the messages are its to hand on or give back; a push that surely never left gives them
 /// back here; one whose fate is unknown leaves them leased (redelivered after their lease,
 /// never to two readers at once).
+/// Pushes this owner sends to one member at once. A member that died (or froze) is found
+/// out by the first push to it failing, up to [`CALL_DEADLINE`] later; the pushes already
+/// under way then stay leased until their lease ends (their fate is unknown), so this
+/// bounds what a dead member can hold: this many pushes of at most 100 messages each. The
+/// pushes that wait for a slot meanwhile give their messages back instead.
+const PUSHES_PER_MEMBER: usize = 8;
+
+/// The pushes to each member: their slots, and how many times a push to it failed (a
+/// token left before the latest failure is not pushed to).
+#[derive(Default)]
+pub struct Pushes {
+    slots: Mutex<HashMap<u64, Arc<Semaphore>>>,
+    failures: Mutex<HashMap<u64, u64>>,
+}
+
+impl Pushes {
+    fn failures(&self, member: u64) -> u64 {
+        self.failures.lock().get(&member).copied().unwrap_or(0)
+    }
+
+    fn failed(&self, member: u64) {
+        *self.failures.lock().entry(member).or_default() += 1;
+    }
+
+    fn slots(&self, member: u64) -> Arc<Semaphore> {
+        self.slots
+            .lock()
+            .entry(member)
+            .or_insert_with(|| Arc::new(Semaphore::new(PUSHES_PER_MEMBER)))
+            .clone()
+    }
+}
+
 async fn keep_token(
     broker: Arc<Broker>,
     ingress: std::sync::Weak<Ingress>,
+    (waits, pushes): (CancellableWaits, Arc<Pushes>),
     from: u64,
     req: ConsumeRequest,
     cancelled: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let failures = pushes.failures(from);
     let wait = Duration::from_millis(req.wait_ms.min(3_600_000));
     let max = req.max.clamp(1, 100);
     let got = tokio::select! {
@@ -1566,6 +1638,14 @@ async fn keep_token(
         broker.give_back(&req.topic, &got);
         return;
     };
+    // one of the member's push slots; a push to it that failed meanwhile means the reader
+    // this token was left for is unreachable: the messages go back, never sent
+    let slots = pushes.slots(from);
+    let _slot = slots.acquire().await;
+    if pushes.failures(from) != failures {
+        broker.give_back(&req.topic, &got);
+        return;
+    }
     let me = ingress.me();
     let mut taken = Taken::local(&req.topic, me, got);
     let body = Bytes::from(
@@ -1590,13 +1670,14 @@ async fn keep_token(
             reason: "not a member".into(),
         }),
     };
-    match pushed {
-        Ok(_) => {}
-        Err(e) if e.not_sent() => broker.give_back(&req.topic, &taken.local),
-        Err(e) => {
-            tracing::warn!(node_id = from, topic = %req.topic, error = %e, "a delivery token's push may not have arrived; its messages are redelivered after their lease");
-        }
+    let Err(e) = pushed else { return };
+    pushes.failed(from);
+    if e.not_sent() {
+        broker.give_back(&req.topic, &taken.local);
+    } else {
+        tracing::warn!(node_id = from, topic = %req.topic, error = %e, "a delivery token's push may not have arrived; its messages are redelivered after their lease");
     }
+    drop_tokens_of(&waits, from);
 }
 
 /// A cancellable wait's entry, removed when the wait ends however it ends.
@@ -1635,6 +1716,7 @@ impl Service for DataService {
     fn call(&self, from: u64, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>> {
         let (broker, me, waits) = (self.broker.clone(), self.me, self.waits.clone());
         let (archive, ingress) = (self.archive.clone(), self.ingress.clone());
+        let (cancelled, pushes) = (self.cancelled.clone(), self.pushes.clone());
         Box::pin(async move {
             match op {
                 PRODUCE => {
@@ -1831,6 +1913,10 @@ impl Service for DataService {
                         .map_err(|e| to_fault(&e.into()))?;
                     let (tx, rx) = tokio::sync::oneshot::channel();
                     let key = (from, req.wait_id);
+                    if cancelled.lock().remove(&key).is_some() {
+                        // its reader gave up before the token got here
+                        return Ok(Bytes::new());
+                    }
                     {
                         let mut w = waits.lock();
                         if w.len() >= MAX_CANCELLABLE_WAITS {
@@ -1844,8 +1930,10 @@ impl Service for DataService {
                     }
                     let ingress = ingress.clone();
                     tokio::spawn(async move {
-                        let _entry = WaitEntry { waits, key };
-                        keep_token(broker, ingress, from, req, rx).await;
+                        let entry = WaitEntry { waits, key };
+                        let all = entry.waits.clone();
+                        keep_token(broker, ingress, (all, pushes), from, req, rx).await;
+                        drop(entry);
                     });
                     Ok(Bytes::new())
                 }
@@ -1863,8 +1951,12 @@ impl Service for DataService {
                 CANCEL_WAIT => {
                     let req: CancelWait =
                         serde_json::from_slice(&body).map_err(|_| malformed("cancel"))?;
-                    if let Some(tx) = waits.lock().remove(&(from, req.wait_id)) {
-                        let _ = tx.send(());
+                    let found = waits.lock().remove(&(from, req.wait_id));
+                    match found {
+                        Some(tx) => {
+                            let _ = tx.send(());
+                        }
+                        None => remember_cancel(&cancelled, (from, req.wait_id)),
                     }
                     Ok(Bytes::new())
                 }

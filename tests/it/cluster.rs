@@ -2822,6 +2822,173 @@ async fn a_child_partition_owner_down_costs_the_others_no_duplicates() {
     assert!(got.values().all(|&n| n == 1), "copies per record: {got:?}");
 }
 
+/// A reader parked through `n` on `topic` (`query` added to `wait=20s`): its answer.
+fn park(n: &Node, topic: &str, query: &str) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let (c, url) = (
+        n.http.clone(),
+        format!("{}/v1/topics/{topic}/consume?wait=20s{query}", n.base),
+    );
+    tokio::spawn(async move {
+        // (a member killed under the reader ends its request without an answer)
+        let Ok(r) = c.get(url).send().await else {
+            return (StatusCode::BAD_GATEWAY, Value::Null);
+        };
+        let st = r.status();
+        (st, r.json::<Value>().await.unwrap_or(Value::Null))
+    })
+}
+
+/// How many readers wait in `topic`'s line on `n` (its own and other members' tokens).
+async fn waiting(n: &Node, topic: &str) -> u64 {
+    let path = format!("/v1/topics/{topic}");
+    let (_, t) = n.call(("x", "y"), reqwest::Method::GET, &path, None).await;
+    t["waiters"].as_u64().unwrap_or(0)
+}
+
+/// Two owners push to the same parked reader; it takes one message and the other is given
+/// back to its owner, which must offer it at once to the next reader in its line (before,
+/// nothing dispatched a give-back: that reader waited out its 20 s with the message there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_given_back_goes_to_the_next_parked_reader() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let made = topic_everywhere(&nodes, serde_json::json!({"name": "g", "partitions": 3})).await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let on = |i: usize| owners.iter().position(|&o| o == nodes[i].id).unwrap();
+    let (pb, pc) = (on(1), on(2));
+    let x = park(&nodes[0], "g", "&max=1");
+    until("X's tokens at nodes 2 and 3", 10, async || {
+        waiting(&nodes[1], "g").await >= 1 && waiting(&nodes[2], "g").await >= 1
+    })
+    .await;
+    let y = park(&nodes[1], "g", "&max=1");
+    until("Y behind X at node 3", 10, async || {
+        waiting(&nodes[2], "g").await >= 2 && waiting(&nodes[0], "g").await >= 2
+    })
+    .await;
+    let sent = Instant::now();
+    let (st, r) = nodes[0]
+        .call(
+            ("x", "y"),
+            reqwest::Method::POST,
+            "/v1/topics/g/produce/batch",
+            Some(serde_json::json!({"messages": [
+                {"payload": 1, "partition": pb}, {"payload": 2, "partition": pc}
+            ]})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    let mut got = Vec::new();
+    for reader in [x, y] {
+        let (st, body) = reader.await.unwrap();
+        assert_eq!(st, StatusCode::OK, "{body}");
+        got.extend(
+            body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["payload"].clone()),
+        );
+    }
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "the second reader was served by the message given back, not by the end of its wait: {:?}",
+        sent.elapsed()
+    );
+    got.sort_by_key(|v| v.as_u64());
+    assert_eq!(got, [1, 2]);
+}
+
+/// A hundred readers that give up within milliseconds of parking: each one's cancel may
+/// overtake its token on the way to an owner. The owner remembers such cancels, so no token
+/// outlives its reader there (before, a third of them stayed in the owners' lines for
+/// their whole 20 s wait, taking messages for nobody).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_readers_that_gave_up_at_once_do_not_linger() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    topic_everywhere(&nodes, serde_json::json!({"name": "q", "partitions": 3})).await;
+    let url = format!("{}/v1/topics/q/consume?wait=20s", nodes[0].base);
+    let mut gone = tokio::task::JoinSet::new();
+    for i in 0..100u64 {
+        // each gives up after 1 to 20 ms: some before their tokens are left, some while
+        let c = reqwest::Client::builder()
+            .timeout(Duration::from_millis(1 + i % 20))
+            .build()
+            .unwrap();
+        let url = url.clone();
+        gone.spawn(async move { c.get(url).send().await.is_err() });
+    }
+    while gone.join_next().await.is_some() {}
+    until("no token left in any line", 10, async || {
+        let mut all = 0;
+        for n in &nodes {
+            all += waiting(n, "q").await;
+        }
+        all == 0
+    })
+    .await;
+}
+
+/// The member a hundred parked readers left tokens through is SIGKILLed: the owners' pushes
+/// to it fail, and the owners drop its tokens and give back what waited to be pushed, so
+/// readers parked on the live members get the messages within seconds, not after the
+/// visibility timeout (60 s here). Only what was in flight to the dead member when it died
+/// (at most 8 pushes per owner) waits for its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_members_tokens_stop_taking_messages() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready(root.path()).await;
+    let made = topic_everywhere(
+        &nodes,
+        serde_json::json!({"name": "d", "partitions": 3, "visibility_timeout_ms": 60_000}),
+    )
+    .await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let on = |i: usize| owners.iter().position(|&o| o == nodes[i].id).unwrap();
+    let (pb, pc) = (on(1), on(2));
+    let doomed: Vec<_> = (0..100).map(|_| park(&nodes[0], "d", "&max=1")).collect();
+    until("the doomed readers' tokens", 20, async || {
+        waiting(&nodes[1], "d").await >= 100 && waiting(&nodes[2], "d").await >= 100
+    })
+    .await;
+    let live: Vec<_> = (0..40)
+        .map(|i| park(&nodes[1 + i % 2], "d", "&max=1"))
+        .collect();
+    until("the live readers parked", 20, async || {
+        waiting(&nodes[1], "d").await >= 120 && waiting(&nodes[2], "d").await >= 120
+    })
+    .await;
+    nodes[0].kill9();
+    drop(doomed);
+    let msgs: Vec<Value> = (0..40)
+        .map(|i| serde_json::json!({"payload": i, "partition": if i % 2 == 0 { pb } else { pc }}))
+        .collect();
+    let (st, r) = nodes[1]
+        .call(
+            ("x", "y"),
+            reqwest::Method::POST,
+            "/v1/topics/d/produce/batch",
+            Some(serde_json::json!({ "messages": msgs })),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    let sent = Instant::now();
+    let mut served = 0;
+    for reader in live {
+        let (st, _) = reader.await.unwrap();
+        if st == StatusCode::OK && sent.elapsed() < Duration::from_secs(15) {
+            served += 1;
+        }
+    }
+    // 40 messages, at most 2 × 8 in flight to the dead member when it died (24 served
+    // here; none before the owners dropped a dead member's tokens)
+    assert!(
+        served >= 20,
+        "{served} of 40 live readers served within 15 s"
+    );
+}
+
 /// Produces `range` as one batch through `n` (payloads `m<i>`, keyed `k<i % 5>`), all 202.
 async fn produce_range(n: &Node, topic: &str, range: std::ops::Range<u32>) {
     let msgs: Vec<Value> = range

@@ -277,6 +277,7 @@ impl Broker {
     pub fn give_back(&self, topic_name: &str, deliveries: &[Delivery]) {
         if let Ok(topic) = self.topic(topic_name) {
             self.release(&topic, deliveries);
+            topic.given_back.store(true, Ordering::Release);
             topic.timer.notify_one();
         }
     }
@@ -298,6 +299,7 @@ impl Broker {
                 let _ = part.queue.lock().unlease(h.offset, h.nonce, now);
             }
         }
+        topic.given_back.store(true, Ordering::Release);
         topic.timer.notify_one();
     }
 
@@ -419,7 +421,8 @@ impl Broker {
                 topic.timer_at.store(i64::MAX, Ordering::Release);
                 let now = broker.clock.now_ms();
                 let mut released = 0u64;
-                let mut any_ready = false;
+                // messages given back are offered to the waiting readers at once, as a nack's
+                let mut any_ready = topic.given_back.swap(false, Ordering::AcqRel);
                 for p in topic.partitions().iter() {
                     let mut q = p.queue.lock();
                     let expired = q.expire(now);
@@ -558,6 +561,8 @@ impl Drop for Parked<'_> {
             && !got.is_empty()
         {
             self.broker.release(self.topic, &got);
+            // (offered to the readers still waiting, as any give-back is)
+            self.topic.given_back.store(true, Ordering::Release);
             self.topic.timer.notify_one();
         }
     }

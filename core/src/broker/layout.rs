@@ -22,6 +22,7 @@ impl Broker {
             timer: Notify::new(),
             appended: Notify::new(),
             timer_at: AtomicI64::new(i64::MAX),
+            given_back: std::sync::atomic::AtomicBool::new(false),
             deleted: AtomicBool::new(false),
             #[cfg(test)]
             test_pause: Mutex::new(None),

@@ -331,6 +331,9 @@ pub(crate) struct Topic {
     appended: Notify,
     /// Earliest time the timer task is currently sleeping until.
     timer_at: AtomicI64,
+    /// Set when messages were given back (a reader that could not be answered): the timer
+    /// task then offers them to the waiting readers at once.
+    given_back: AtomicBool,
     deleted: AtomicBool,
     label: TopicLabel,
     /// Tests: the next dispatch pass that finds nothing for a waiter says so on the first
