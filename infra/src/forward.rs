@@ -85,6 +85,10 @@ const MAX_CANCELLABLE_WAITS: usize = 4096;
 /// An owner ends a token's wait this much before the reader's, so what it pushes at the
 /// last moment still finds the reader.
 const TOKEN_MARGIN: Duration = Duration::from_millis(50);
+/// How long one token lives at an owner before the reader leaves it again: what bounds the
+/// time a reader goes unnoticed by an owner that dropped its token (a push to its member
+/// failed) or lost it (a restart).
+const TOKEN_TTL: Duration = Duration::from_secs(5);
 /// How long an owner waits to follow the catalog a call names.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
@@ -526,16 +530,29 @@ impl Ingress {
                 let Ok(Ok(_slot)) = slot else {
                     return Ok(Taken::default());
                 };
-                let left = until.saturating_duration_since(tokio::time::Instant::now());
-                if left <= TOKEN_MARGIN || stop.is_cancelled() {
-                    return Ok(Taken::default());
-                }
-                // a token in the owner's line: what the line hands it is pushed here
-                me.leave_token(o, &topic, partition, max, left - TOKEN_MARGIN, id)
-                    .await?;
-                match tokio::time::timeout_at(until, rx).await {
-                    Ok(Ok(taken)) => Ok(taken),
-                    _ => Ok(Taken::default()),
+                let mut rx = rx;
+                loop {
+                    let now = tokio::time::Instant::now();
+                    let left = until.saturating_duration_since(now);
+                    if left <= TOKEN_MARGIN || stop.is_cancelled() {
+                        return Ok(Taken::default());
+                    }
+                    // a token in the owner's line for at most TOKEN_TTL: what the line hands
+                    // it is pushed here; one that ended (or that the owner dropped, or lost
+                    // in a restart) is left again, so a reader is never forgotten for long
+                    let ttl = left.min(TOKEN_TTL);
+                    match me
+                        .leave_token(o, &topic, partition, max, ttl - TOKEN_MARGIN, id)
+                        .await
+                    {
+                        Ok(()) | Err(CallError::Unreachable(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                    match tokio::time::timeout_at(now + ttl, &mut rx).await {
+                        Ok(Ok(taken)) => return Ok(taken),
+                        Ok(Err(_)) => return Ok(Taken::default()),
+                        Err(_) => {}
+                    }
                 }
             });
         }
@@ -1919,6 +1936,10 @@ impl Service for DataService {
                     }
                     {
                         let mut w = waits.lock();
+                        if w.contains_key(&key) {
+                            // left again while the last one is still here (it was pushing)
+                            return Ok(Bytes::new());
+                        }
                         if w.len() >= MAX_CANCELLABLE_WAITS {
                             return Err(Fault::new(
                                 503,

@@ -2899,6 +2899,54 @@ async fn a_message_given_back_goes_to_the_next_parked_reader() {
     assert_eq!(got, [1, 2]);
 }
 
+/// An owner SIGKILLed and restarted while a reader waits through another member: it lost
+/// the reader's token, which the reader leaves again within seconds, so a message produced
+/// there after the restart still reaches the reader within its 25 s wait (before, the
+/// reader waited it out and the message stayed for the next poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_an_owner_lost_in_a_restart_is_left_again() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready(root.path()).await;
+    let made = topic_everywhere(&nodes, serde_json::json!({"name": "r", "partitions": 3})).await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let pb = owners.iter().position(|&o| o == nodes[1].id).unwrap();
+    let patient = reqwest::Client::builder()
+        .timeout(Duration::from_secs(40))
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/topics/r/consume?wait=25s&max=1", nodes[0].base);
+    let reader = tokio::spawn(async move {
+        let r = patient.get(url).send().await.unwrap();
+        (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+    });
+    until("the reader's token at node 2", 10, async || {
+        waiting(&nodes[1], "r").await >= 1
+    })
+    .await;
+    nodes[1].kill9();
+    nodes[1].start().await;
+    until("node 2 ready again", 60, async || nodes[1].ready().await).await;
+    until("a produce into node 2's partition", 20, async || {
+        let (st, r) = nodes[2]
+            .call(
+                ("x", "y"),
+                reqwest::Method::POST,
+                "/v1/topics/r/produce/batch",
+                Some(serde_json::json!({"messages": [{"payload": 7, "partition": pb}]})),
+            )
+            .await;
+        assert!(
+            [StatusCode::ACCEPTED, StatusCode::SERVICE_UNAVAILABLE].contains(&st),
+            "{st} {r}"
+        );
+        st == StatusCode::ACCEPTED
+    })
+    .await;
+    let (st, body) = reader.await.unwrap();
+    assert_eq!(st, StatusCode::OK, "the reader waited out its wait: {body}");
+    assert_eq!(body["messages"][0]["payload"], 7, "{body}");
+}
+
 /// A hundred readers that give up within milliseconds of parking: each one's cancel may
 /// overtake its token on the way to an owner. The owner remembers such cancels, so no token
 /// outlives its reader there (before, a third of them stayed in the owners' lines for
