@@ -1520,7 +1520,11 @@ fn decode_produced(body: &Bytes) -> Option<Vec<Produced>> {
 // ── this member's side ──
 
 /// Waits other members may cancel: (member, wait id) → what ends the wait.
-pub type CancellableWaits = Arc<Mutex<HashMap<(u64, u64), tokio::sync::oneshot::Sender<()>>>>;
+/// Waits and tokens other members may cancel: (member, id) → (the registration's own
+/// number, its cancel). A token left again under the same id is a new registration: the
+/// old one's end must not remove it.
+pub type CancellableWaits =
+    Arc<Mutex<HashMap<(u64, u64), (u64, tokio::sync::oneshot::Sender<()>)>>>;
 
 /// Serves the other members' produce, consume, replay and ack calls on this member's
 /// broker.
@@ -1566,7 +1570,7 @@ fn drop_tokens_of(waits: &CancellableWaits, from: u64) {
         let keys: Vec<(u64, u64)> = w.keys().filter(|k| k.0 == from).copied().collect();
         keys.into_iter().filter_map(|k| w.remove(&k)).collect()
     };
-    for tx in gone {
+    for (_, tx) in gone {
         let _ = tx.send(());
     }
 }
@@ -1697,15 +1701,39 @@ async fn keep_token(
     drop_tokens_of(&waits, from);
 }
 
-/// A cancellable wait's entry, removed when the wait ends however it ends.
+/// A cancellable wait's entry, removed when the wait ends however it ends (if it is still
+/// this registration's).
 struct WaitEntry {
     waits: CancellableWaits,
     key: (u64, u64),
+    registration: u64,
+}
+
+impl WaitEntry {
+    /// Registers `tx` as the cancel of `key` (the caller checked the table's bound).
+    fn register(
+        waits: CancellableWaits,
+        key: (u64, u64),
+        tx: tokio::sync::oneshot::Sender<()>,
+    ) -> Self {
+        let registration = narad_core::random_u64();
+        waits.lock().insert(key, (registration, tx));
+        Self {
+            waits,
+            key,
+            registration,
+        }
+    }
 }
 
 impl Drop for WaitEntry {
     fn drop(&mut self) {
-        self.waits.lock().remove(&self.key);
+        let mut w = self.waits.lock();
+        if w.get(&self.key)
+            .is_some_and(|(r, _)| *r == self.registration)
+        {
+            w.remove(&self.key);
+        }
     }
 }
 
@@ -1778,8 +1806,7 @@ impl Service for DataService {
                                 "too many waits from other members",
                             ));
                         }
-                        waits.lock().insert(key, tx);
-                        let _entry = WaitEntry { waits, key };
+                        let _entry = WaitEntry::register(waits, key, tx);
                         tokio::select! {
                             got = consume => got,
                             _ = rx => Ok(Vec::new()),
@@ -1935,7 +1962,7 @@ impl Service for DataService {
                         return Ok(Bytes::new());
                     }
                     {
-                        let mut w = waits.lock();
+                        let w = waits.lock();
                         if w.contains_key(&key) {
                             // left again while the last one is still here (it was pushing)
                             return Ok(Bytes::new());
@@ -1947,11 +1974,10 @@ impl Service for DataService {
                                 "too many delivery tokens from other members",
                             ));
                         }
-                        w.insert(key, tx);
                     }
+                    let entry = WaitEntry::register(waits, key, tx);
                     let ingress = ingress.clone();
                     tokio::spawn(async move {
-                        let entry = WaitEntry { waits, key };
                         let all = entry.waits.clone();
                         keep_token(broker, ingress, (all, pushes), from, req, rx).await;
                         drop(entry);
@@ -1974,7 +2000,7 @@ impl Service for DataService {
                         serde_json::from_slice(&body).map_err(|_| malformed("cancel"))?;
                     let found = waits.lock().remove(&(from, req.wait_id));
                     match found {
-                        Some(tx) => {
+                        Some((_, tx)) => {
                             let _ = tx.send(());
                         }
                         None => remember_cancel(&cancelled, (from, req.wait_id)),

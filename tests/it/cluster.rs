@@ -147,6 +147,15 @@ impl Node {
         }
     }
 
+    /// Sends the member's process `signal` (`STOP`, `CONT`).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        assert!(
+            run(&["kill", &format!("-{signal}"), &pid]),
+            "kill -{signal}"
+        );
+    }
+
     async fn ready(&self) -> bool {
         matches!(self.http.get(format!("{}/readyz", self.base)).send().await, Ok(r) if r.status() == StatusCode::OK)
     }
@@ -2945,6 +2954,86 @@ async fn a_token_an_owner_lost_in_a_restart_is_left_again() {
     let (st, body) = reader.await.unwrap();
     assert_eq!(st, StatusCode::OK, "the reader waited out its wait: {body}");
     assert_eq!(body["messages"][0]["payload"], 7, "{body}");
+}
+
+/// A member frozen (SIGSTOP) while readers wait through it: an owner's push to it fails,
+/// and the owner drops its tokens. Resumed, its readers leave their tokens again within
+/// 5 s, so a message produced at that owner after the resume still reaches one of them
+/// within their wait (before, they were starved for the rest of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_of_a_member_that_froze_are_served_again() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let made = topic_everywhere(
+        &nodes,
+        serde_json::json!({"name": "z", "partitions": 3, "visibility_timeout_ms": 60_000}),
+    )
+    .await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let pb = owners.iter().position(|&o| o == nodes[1].id).unwrap();
+    let patient = reqwest::Client::builder()
+        .timeout(Duration::from_secs(40))
+        .build()
+        .unwrap();
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (c, url) = (
+                patient.clone(),
+                format!("{}/v1/topics/z/consume?wait=25s&max=1", nodes[0].base),
+            );
+            tokio::spawn(async move {
+                let r = c.get(url).send().await.unwrap();
+                (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+            })
+        })
+        .collect();
+    until("the readers' tokens at node 2", 10, async || {
+        waiting(&nodes[1], "z").await >= 3
+    })
+    .await;
+    let produce = async |payload: u32| {
+        let (st, r) = nodes[2]
+            .call(
+                ("x", "y"),
+                reqwest::Method::POST,
+                "/v1/topics/z/produce/batch",
+                Some(serde_json::json!({"messages": [{"payload": payload, "partition": pb}]})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    };
+    nodes[0].signal("STOP");
+    produce(1).await;
+    // the push to the frozen member fails (after its 3 s deadline): its tokens are dropped
+    until(
+        "node 2 dropped the frozen member's tokens",
+        15,
+        async || waiting(&nodes[1], "z").await == 0,
+    )
+    .await;
+    nodes[0].signal("CONT");
+    until("the readers' tokens left again", 15, async || {
+        waiting(&nodes[1], "z").await >= 1
+    })
+    .await;
+    produce(2).await;
+    let mut got = Vec::new();
+    for r in readers {
+        let (st, body) = r.await.unwrap();
+        if st == StatusCode::OK {
+            got.extend(
+                body["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["payload"].clone()),
+            );
+        }
+    }
+    assert!(
+        got.contains(&Value::from(2)),
+        "the message produced after the resume: {got:?}"
+    );
 }
 
 /// A hundred readers that give up within milliseconds of parking: each one's cancel may
