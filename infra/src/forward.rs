@@ -760,13 +760,15 @@ impl Ingress {
 
     // ── statistics ──
 
-    /// The figures of the partitions of `meta` other members own (or only of `only`), from
-    /// their owners, and the partitions whose owner could not be asked.
-    pub(crate) async fn partition_stats(
+    /// Asks every other owner of `meta`'s partitions (or only of `only`) `op` about the
+    /// topic, at once: per owner, the partitions it owns and its answer (`None`: it could
+    /// not be asked, or answered something unreadable).
+    async fn ask_owners<T: serde::de::DeserializeOwned>(
         self: &Arc<Self>,
         meta: &narad_core::catalog::TopicMeta,
         only: Option<u32>,
-    ) -> (Vec<crate::http::topics::PartitionStatsJson>, Vec<u32>) {
+        op: Op,
+    ) -> Vec<(Vec<u32>, Option<T>)> {
         let mut theirs: HashMap<u64, Vec<u32>> = HashMap::new();
         for (p, &o) in meta.owners.iter().enumerate() {
             let p = p as u32;
@@ -784,19 +786,29 @@ impl Ingress {
             let got = if self.is_down(node) {
                 None
             } else {
-                self.call(node, STATS, body, CALL_DEADLINE)
+                self.call(node, op, body, CALL_DEADLINE)
                     .await
                     .ok()
-                    .and_then(|b| {
-                        serde_json::from_slice::<Vec<crate::http::topics::PartitionStatsJson>>(&b)
-                            .ok()
-                    })
+                    .and_then(|b| serde_json::from_slice::<T>(&b).ok())
             };
             (parts, got)
         });
+        futures_util::future::join_all(asks).await
+    }
+
+    /// The figures of the partitions of `meta` other members own (or only of `only`), from
+    /// their owners, and the partitions whose owner could not be asked.
+    pub(crate) async fn partition_stats(
+        self: &Arc<Self>,
+        meta: &narad_core::catalog::TopicMeta,
+        only: Option<u32>,
+    ) -> (Vec<crate::http::topics::PartitionStatsJson>, Vec<u32>) {
         let mut stats = Vec::new();
         let mut missing = Vec::new();
-        for (parts, got) in futures_util::future::join_all(asks).await {
+        for (parts, got) in self
+            .ask_owners::<Vec<crate::http::topics::PartitionStatsJson>>(meta, only, STATS)
+            .await
+        {
             match got {
                 Some(s) => stats.extend(s.into_iter().filter(|s| parts.contains(&s.partition))),
                 None => missing.extend(parts),
@@ -858,31 +870,11 @@ impl Ingress {
         parent: &narad_core::catalog::TopicMeta,
     ) -> Result<(Vec<ChildInfo>, Vec<u32>), ApiError> {
         let mut list = self.broker.children(&parent.name)?;
-        let mut theirs: HashMap<u64, Vec<u32>> = HashMap::new();
-        for (p, &o) in parent.owners.iter().enumerate() {
-            if o != self.me() {
-                theirs.entry(o).or_default().push(p as u32);
-            }
-        }
-        let asks = theirs.into_iter().map(|(node, parts)| async move {
-            let req = StatsRequest {
-                topic: parent.name.clone(),
-                catalog: self.broker.followed(),
-                topic_id: Some(parent.id),
-            };
-            let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-            let got = if self.is_down(node) {
-                None
-            } else {
-                self.call(node, CHILDREN, body, CALL_DEADLINE)
-                    .await
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<Vec<ChildInfo>>(&b).ok())
-            };
-            (parts, got)
-        });
         let mut missing = Vec::new();
-        for (parts, got) in futures_util::future::join_all(asks).await {
+        for (parts, got) in self
+            .ask_owners::<Vec<ChildInfo>>(parent, None, CHILDREN)
+            .await
+        {
             let Some(got) = got else {
                 missing.extend(parts);
                 continue;

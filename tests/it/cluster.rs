@@ -2166,27 +2166,7 @@ async fn an_isolated_leader_gives_way_and_traffic_loses_nothing() {
     let cut = &nodes[l];
     let other = &nodes[(l + 1) % 3];
     // the majority takes a metadata write once it has a new leader
-    until("a create through the majority", 60, async || {
-        let (st, body) = other
-            .call(
-                ("x", "y"),
-                Method::POST,
-                "/v1/topics",
-                Some(serde_json::json!({"name": "during"})),
-            )
-            .await;
-        assert!(
-            [
-                StatusCode::CREATED,
-                StatusCode::CONFLICT,
-                StatusCode::SERVICE_UNAVAILABLE
-            ]
-            .contains(&st),
-            "{st} {body}"
-        );
-        st != StatusCode::SERVICE_UNAVAILABLE
-    })
-    .await;
+    create_when_writable(other, "during", "a create through the majority").await;
     // the cut-off one refuses writes (retryable, after its 10 s deadline) and says it is
     // not ready
     let r = cut
@@ -2466,27 +2446,7 @@ async fn a_leader_that_cannot_be_heard_gives_way_and_traffic_loses_nothing() {
     ns.mute(nodes[l].rpc_port());
     let mute = &nodes[l];
     let other = &nodes[(l + 1) % 3];
-    until("a create through the others", 60, async || {
-        let (st, body) = other
-            .call(
-                ("x", "y"),
-                Method::POST,
-                "/v1/topics",
-                Some(serde_json::json!({"name": "during"})),
-            )
-            .await;
-        assert!(
-            [
-                StatusCode::CREATED,
-                StatusCode::CONFLICT,
-                StatusCode::SERVICE_UNAVAILABLE
-            ]
-            .contains(&st),
-            "{st} {body}"
-        );
-        st != StatusCode::SERVICE_UNAVAILABLE
-    })
-    .await;
+    create_when_writable(other, "during", "a create through the others").await;
     until("the mute member not ready", 30, async || {
         !mute.ready().await
     })
@@ -2532,7 +2492,6 @@ async fn a_leader_that_cannot_be_heard_gives_way_and_traffic_loses_nothing() {
 /// leased twice, with no fault window. Healed, every member is ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_cut_off_from_the_leader_only_loses_nothing() {
-    use reqwest::Method;
     let Some(ns) = Netns::new() else { return };
     let root = tempfile::tempdir().unwrap();
     let nodes = ns.three(root.path()).await;
@@ -2546,31 +2505,8 @@ async fn a_follower_cut_off_from_the_leader_only_loses_nothing() {
         .await;
     for (i, name) in ["partial-1", "partial-2"].into_iter().enumerate() {
         let through = &nodes[if i == 0 { bridge } else { l }];
-        until(
-            &format!("a create through node {}", through.id),
-            60,
-            async || {
-                let (st, body) = through
-                    .call(
-                        ("x", "y"),
-                        Method::POST,
-                        "/v1/topics",
-                        Some(serde_json::json!({"name": name})),
-                    )
-                    .await;
-                assert!(
-                    [
-                        StatusCode::CREATED,
-                        StatusCode::CONFLICT,
-                        StatusCode::SERVICE_UNAVAILABLE
-                    ]
-                    .contains(&st),
-                    "{st} {body}"
-                );
-                st != StatusCode::SERVICE_UNAVAILABLE
-            },
-        )
-        .await;
+        let what = format!("a create through node {}", through.id);
+        create_when_writable(through, name, &what).await;
     }
     traffic.more("more traffic while cut", 100).await;
     ns.heal();
@@ -2628,34 +2564,13 @@ async fn a_member_joins_through_random_loss() {
 /// acknowledged is lost, nothing is leased twice, and metadata writes still go through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_loss_between_members_loses_nothing() {
-    use reqwest::Method;
     let Some(ns) = Netns::new() else { return };
     let root = tempfile::tempdir().unwrap();
     let nodes = ns.three(root.path()).await;
     let traffic = Traffic::flowing(&nodes).await;
     ns.lossy(20);
     traffic.more("traffic with 20% loss", 300).await;
-    until("a create with 20% loss", 60, async || {
-        let (st, body) = nodes[1]
-            .call(
-                ("x", "y"),
-                Method::POST,
-                "/v1/topics",
-                Some(serde_json::json!({"name": "lossy"})),
-            )
-            .await;
-        assert!(
-            [
-                StatusCode::CREATED,
-                StatusCode::CONFLICT,
-                StatusCode::SERVICE_UNAVAILABLE
-            ]
-            .contains(&st),
-            "{st} {body}"
-        );
-        st != StatusCode::SERVICE_UNAVAILABLE
-    })
-    .await;
+    create_when_writable(&nodes[1], "lossy", "a create with 20% loss").await;
     let dropped = ns.dropped();
     assert!(
         dropped > 20,
@@ -2680,10 +2595,7 @@ async fn one_message_on_another_member_wakes_one_parked_reader() {
     let made = topic_everywhere(&nodes, serde_json::json!({"name": "w", "partitions": 3})).await;
     let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
     let p = owners.iter().position(|&o| o == nodes[1].id).unwrap();
-    let waiters = async |n: &Node| {
-        let (_, t) = n.call(("x", "y"), Method::GET, "/v1/topics/w", None).await;
-        t["waiters"].as_u64().unwrap_or(0)
-    };
+    let waiters = async |n: &Node| waiting(n, "w").await;
     let produce_one = async |i: u32| {
         let (st, r) = nodes[2]
             .call(
@@ -2695,20 +2607,7 @@ async fn one_message_on_another_member_wakes_one_parked_reader() {
             .await;
         assert_eq!(st, StatusCode::ACCEPTED, "{r}");
     };
-    let park = |query: String| {
-        let (c, url) = (
-            nodes[0].http.clone(),
-            format!(
-                "{}/v1/topics/w/consume?wait=20s&max=10{query}",
-                nodes[0].base
-            ),
-        );
-        tokio::spawn(async move {
-            let r = c.get(url).send().await.unwrap();
-            let st = r.status();
-            (st, r.json::<Value>().await.unwrap_or(Value::Null))
-        })
-    };
+    let park = |query: String| park(&nodes[0], "w", &format!("&max=10{query}"));
     // pinned to another member's partition
     let pinned = park(format!("&partition={p}"));
     until("the pinned reader's token at node 2", 10, async || {
@@ -2833,9 +2732,19 @@ async fn a_child_partition_owner_down_costs_the_others_no_duplicates() {
 
 /// A reader parked through `n` on `topic` (`query` added to `wait=20s`): its answer.
 fn park(n: &Node, topic: &str, query: &str) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    park_with(&n.http, n, topic, &format!("wait=20s{query}"))
+}
+
+/// A reader parked through `n` on `topic` with `client` (`query`: the consume's).
+fn park_with(
+    client: &reqwest::Client,
+    n: &Node,
+    topic: &str,
+    query: &str,
+) -> tokio::task::JoinHandle<(StatusCode, Value)> {
     let (c, url) = (
-        n.http.clone(),
-        format!("{}/v1/topics/{topic}/consume?wait=20s{query}", n.base),
+        client.clone(),
+        format!("{}/v1/topics/{topic}/consume?{query}", n.base),
     );
     tokio::spawn(async move {
         // (a member killed under the reader ends its request without an answer)
@@ -2923,11 +2832,7 @@ async fn a_token_an_owner_lost_in_a_restart_is_left_again() {
         .timeout(Duration::from_secs(40))
         .build()
         .unwrap();
-    let url = format!("{}/v1/topics/r/consume?wait=25s&max=1", nodes[0].base);
-    let reader = tokio::spawn(async move {
-        let r = patient.get(url).send().await.unwrap();
-        (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
-    });
+    let reader = park_with(&patient, &nodes[0], "r", "wait=25s&max=1");
     until("the reader's token at node 2", 10, async || {
         waiting(&nodes[1], "r").await >= 1
     })
@@ -2976,16 +2881,7 @@ async fn readers_of_a_member_that_froze_are_served_again() {
         .build()
         .unwrap();
     let readers: Vec<_> = (0..3)
-        .map(|_| {
-            let (c, url) = (
-                patient.clone(),
-                format!("{}/v1/topics/z/consume?wait=25s&max=1", nodes[0].base),
-            );
-            tokio::spawn(async move {
-                let r = c.get(url).send().await.unwrap();
-                (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
-            })
-        })
+        .map(|_| park_with(&patient, &nodes[0], "z", "wait=25s&max=1"))
         .collect();
     until("the readers' tokens at node 2", 10, async || {
         waiting(&nodes[1], "z").await >= 3
@@ -3124,6 +3020,32 @@ async fn a_dead_members_tokens_stop_taking_messages() {
         served >= 20,
         "{served} of 40 live readers served within 15 s"
     );
+}
+
+/// Creates topic `name` through `n`, retrying while metadata writes answer a retryable
+/// `503` (no leader yet); a `409` means an earlier try was applied after all.
+async fn create_when_writable(n: &Node, name: &str, what: &str) {
+    until(what, 60, async || {
+        let (st, body) = n
+            .call(
+                ("x", "y"),
+                reqwest::Method::POST,
+                "/v1/topics",
+                Some(serde_json::json!({ "name": name })),
+            )
+            .await;
+        assert!(
+            [
+                StatusCode::CREATED,
+                StatusCode::CONFLICT,
+                StatusCode::SERVICE_UNAVAILABLE
+            ]
+            .contains(&st),
+            "{st} {body}"
+        );
+        st != StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
 }
 
 /// Produces `range` as one batch through `n` (payloads `m<i>`, keyed `k<i % 5>`), all 202.
@@ -3284,6 +3206,25 @@ async fn fanout_children_in_a_cluster_get_every_record_whichever_members_own_the
             && r.get("partitions_unavailable").is_none()
     })
     .await;
+    // a child attached from the tail just before node 2 is killed: node 2's cursors for it
+    // have copied nothing, so no cursor file; restarted, they start where the link in the
+    // catalog says (not at the oldest record, not past what comes next)
+    let (st, r) = nodes[0]
+        .call(
+            anyone,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "fresh", "parent": "p"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    until("the link followed on node 2", 10, async || {
+        let (st, r) = nodes[1]
+            .call(anyone, Method::GET, "/v1/topics/fresh", None)
+            .await;
+        st == StatusCode::OK && r["role"] == "child"
+    })
+    .await;
     // an owner killed: the parent keeps taking keyless records on the others; copies to
     // the dead member's child partitions wait for it, and nothing is lost
     nodes[1].kill9();
@@ -3384,6 +3325,12 @@ async fn fanout_children_in_a_cluster_get_every_record_whichever_members_own_the
         want(0..148),
         "a detached child got records"
     );
+    let mut fresh = BTreeMap::new();
+    until("every record since its attach in 'fresh'", 30, async || {
+        drain_into(&nodes[2], "fresh", &mut fresh).await;
+        fresh.keys().copied().collect::<Vec<_>>() == want(100..170)
+    })
+    .await;
     let (st, r) = nodes[2]
         .call(anyone, Method::GET, "/v1/topics/all", None)
         .await;
