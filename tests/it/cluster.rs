@@ -3270,6 +3270,14 @@ async fn fanout_children_in_a_cluster_get_every_record_whichever_members_own_the
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{r}");
+    // (read-your-writes holds on the member that answered; node 1 follows shortly)
+    until("node 1 has the new partitions", 10, async || {
+        let (_, r) = nodes[0]
+            .call(anyone, Method::GET, "/v1/topics/p", None)
+            .await;
+        r["partitions"] == 9
+    })
+    .await;
     for i in 130..148u32 {
         // (pinned: a 503 while the member restarted above is still taken for down is
         // retried, as a client would)

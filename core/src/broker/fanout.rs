@@ -693,6 +693,12 @@ impl Broker {
                     .get(&(name.clone(), i))
                     .is_some_and(|s| s.epoch == link.epoch);
                 if !running && self.is_local(&pmeta, i) {
+                    // earlier attachments' files (a member that was down when they ended);
+                    // here, not in the cursor task: a task of an earlier attachment that
+                    // starts late must never remove the current one's file
+                    if let Some(part) = p.partitions().get(i as usize) {
+                        remove_cursor_files_but(&part.dir, &name, Some(link.epoch));
+                    }
                     self.spawn_cursor(p.clone(), i, c.clone(), link.clone());
                 }
             }
@@ -826,8 +832,6 @@ async fn run_cursor(
 ) {
     let part = parent.partitions()[pidx as usize].clone();
     let path = cursor_path(&part.dir, &child_name, link.epoch);
-    // earlier attachments' files (a member that was down when they ended)
-    remove_cursor_files_but(&part.dir, &child_name, Some(link.epoch));
     let mut next = match read_cursor(&path, link.epoch) {
         Some(n) => n,
         None => {
