@@ -96,6 +96,65 @@ enum Command {
     /// The cluster as the node at --server sees it (needs an admin).
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Other clusters topics are mirrored to (needs an admin; the server needs security on
+    /// and a cluster_secret, under which it seals each remote's password).
+    #[command(subcommand)]
+    Remote(RemoteCmd),
+}
+
+#[derive(Subcommand)]
+enum RemoteCmd {
+    /// Add a remote. Its user's password comes from --remote-password,
+    /// NARAD_REMOTE_PASSWORD, or the first line of stdin.
+    Add {
+        name: String,
+        /// The other cluster's base URL (https://).
+        #[arg(long)]
+        url: String,
+        /// The user this cluster acts as on the other one (give it produce on the target
+        /// topics, not admin).
+        #[arg(long = "remote-user")]
+        remote_user: String,
+        #[arg(long, env = "NARAD_REMOTE_PASSWORD", hide_env_values = true)]
+        remote_password: Option<String>,
+        /// PEM file of the CA the other cluster's certificate is checked against (alone);
+        /// without it, the system's roots.
+        #[arg(long = "remote-ca")]
+        remote_ca: Option<PathBuf>,
+    },
+    /// List remotes.
+    Ls,
+    /// Show one remote.
+    Show { name: String },
+    /// Change a remote's URL, user, CA or password. A new URL, user or CA takes the password
+    /// again (--remote-password, NARAD_REMOTE_PASSWORD, or stdin).
+    Edit {
+        name: String,
+        #[arg(long)]
+        url: Option<String>,
+        #[arg(long = "remote-user")]
+        remote_user: Option<String>,
+        #[arg(long, env = "NARAD_REMOTE_PASSWORD", hide_env_values = true)]
+        remote_password: Option<String>,
+        /// Read the password from stdin (when it is the only change).
+        #[arg(long)]
+        password_stdin: bool,
+        #[arg(long = "remote-ca", conflicts_with = "system_roots")]
+        remote_ca: Option<PathBuf>,
+        /// Check the remote against the system's roots again instead of a CA file.
+        #[arg(long)]
+        system_roots: bool,
+    },
+    /// Check the remote from the node at --server: reachable, a Narad with security on, the
+    /// credential works and is not an admin's, and (with --topic) the topic exists and takes
+    /// produces. Exits non-zero when a check fails.
+    Test {
+        name: String,
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// Delete a remote.
+    Rm { name: String },
 }
 
 #[derive(Subcommand)]
@@ -108,6 +167,9 @@ enum ClusterCmd {
     /// Remove a member for good (a node that is lost or retired). Refused for the leader
     /// and when fewer than three voters would be left.
     Remove { node_id: u64 },
+    /// Seal every remote's password under the current cluster_secret (after a rotation,
+    /// before cluster_secret_previous is dropped).
+    ReencryptRemotes,
 }
 
 #[derive(Subcommand)]

@@ -152,7 +152,7 @@ fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>,
 
 /// `NARAD_*` variables that are no configuration key but are read: the server's root
 /// password, the CLI's, the dev cluster's and the test tools'.
-const CLIENT_ENV: [&str; 11] = [
+const CLIENT_ENV: [&str; 12] = [
     "NARAD_ADMIN_PASSWORD",
     "NARAD_ADDR",
     "NARAD_USER",
@@ -161,6 +161,7 @@ const CLIENT_ENV: [&str; 11] = [
     "NARAD_CA_CERT",
     "NARAD_NEW_PASSWORD",
     "NARAD_CURRENT_PASSWORD",
+    "NARAD_REMOTE_PASSWORD",
     "NARAD_DEV_CLUSTER_PARENT",
     "NARAD_BIN",
     "NARAD_FUZZ_CASES",
@@ -333,6 +334,20 @@ pub struct ServerConfig {
     /// Partitions uploaded at the same time.
     pub tiering_concurrency: usize,
 
+    /// Ports a remote's URL may name (comma-separated); every node dials remotes from inside
+    /// the cluster's network, so this and the next three keep a remote from pointing at an
+    /// internal service.
+    pub remotes_allowed_ports: String,
+    /// Hosts a remote's URL may name (comma-separated; exact names, or `*.suffix` for any
+    /// name below it). Empty: any host.
+    pub remotes_allowed_hosts: String,
+    /// Addresses (CIDR, comma-separated) a remote may resolve to although the guard refuses
+    /// their class (loopback, link-local, metadata, ...); tests list `127.0.0.0/8`.
+    pub remotes_allow_addresses: String,
+    /// Refuse private-use and shared addresses (10/8, 172.16/12, 192.168/16, 100.64/10,
+    /// fc00::/7) too: for clusters whose remotes are only on the public internet.
+    pub remotes_refuse_private: bool,
+
     /// Defaults for topics created without these fields.
     pub default_partitions: u32,
     pub default_visibility_timeout_ms: i64,
@@ -395,6 +410,10 @@ impl Default for ServerConfig {
             local_retention_ms: 0,
             tiering_interval_ms: 1000,
             tiering_concurrency: 2,
+            remotes_allowed_ports: "443".into(),
+            remotes_allowed_hosts: String::new(),
+            remotes_allow_addresses: String::new(),
+            remotes_refuse_private: false,
             default_partitions: topic.partitions,
             default_visibility_timeout_ms: topic.visibility_timeout_ms,
             default_retention_ms: topic.retention_ms,
@@ -622,6 +641,7 @@ impl ServerConfig {
         if !(1..=64).contains(&self.tiering_concurrency) {
             return bad("tiering_concurrency", "must be between 1 and 64");
         }
+        self.remote_guard()?;
         self.topic_defaults()
             .validate()
             .map_err(|e| ConfigError::Invalid {
@@ -683,6 +703,67 @@ impl ServerConfig {
                 max_open_logs,
             },
         }
+    }
+
+    /// The address guard remotes are checked and dialled with.
+    pub fn remote_guard(&self) -> Result<narad_xregion::guard::GuardConfig, ConfigError> {
+        let bad = |key: &str, message: String| ConfigError::Invalid {
+            key: key.into(),
+            message,
+        };
+        let items = |s: &str| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|i| !i.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let allowed_ports = items(&self.remotes_allowed_ports)
+            .iter()
+            .map(|p| match p.parse::<u16>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(bad(
+                    "remotes_allowed_ports",
+                    format!("'{p}' is not a port (1..=65535)"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if allowed_ports.is_empty() {
+            return Err(bad(
+                "remotes_allowed_ports",
+                "must list at least one port (443 by default)".into(),
+            ));
+        }
+        let allowed_hosts = items(&self.remotes_allowed_hosts)
+            .into_iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect::<Vec<_>>();
+        if let Some(h) = allowed_hosts.iter().find(|h| {
+            let name = h.strip_prefix("*.").unwrap_or(h);
+            name.is_empty()
+                || name.contains('*')
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'))
+        }) {
+            return Err(bad(
+                "remotes_allowed_hosts",
+                format!("'{h}' is not a host name or a *.suffix pattern"),
+            ));
+        }
+        let allow_addresses = items(&self.remotes_allow_addresses)
+            .iter()
+            .map(|c| {
+                c.parse::<narad_xregion::guard::Cidr>()
+                    .map_err(|e| bad("remotes_allow_addresses", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(narad_xregion::guard::GuardConfig {
+            allowed_ports,
+            allowed_hosts,
+            allow_addresses,
+            refuse_private: self.remotes_refuse_private,
+        })
     }
 
     /// The cluster secrets (reading their files), or `None` when no `cluster_secret` is set.

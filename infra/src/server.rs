@@ -600,6 +600,11 @@ pub async fn run_observed(
         restore_notice: std::sync::OnceLock::new(),
         cluster: cluster.clone(),
         ingress: std::sync::OnceLock::new(),
+        remotes: http::remotes::RemotesKit::new(
+            config.security_enabled,
+            config.cluster_secrets()?.as_ref(),
+            config.remote_guard()?,
+        ),
     });
     if let Some(node) = cluster.clone() {
         let clock = clock.clone();

@@ -325,6 +325,7 @@ const ROOT_PW: &str = "root-password-1";
 const ROOT_PW_CHANGED: &str = "root-password-2";
 const ALICE_PW: &str = "alice-password-1";
 const CLUSTER_SECRET: &str = "a cluster secret for the restore tests, 32+ bytes";
+const REMOTE_PW: &str = "the password of the mirror user on the remote";
 
 /// An archive for one test: the S3-compatible server when the test command started one,
 /// else a local directory.
@@ -369,6 +370,14 @@ async fn populate(s: &Server, archive: &narad_tiering::archive::Archive) -> u64 
         "/v1/users",
         json!({"username": "alice", "password": ALICE_PW,
                "grants": [{"action": "produce", "patterns": ["par"]}]}),
+    )
+    .await;
+    ok_as(
+        s,
+        root,
+        Method::POST,
+        "/v1/remotes",
+        json!({"name": "dr", "url": "https://b.example.com", "username": "mirror", "password": REMOTE_PW}),
     )
     .await;
     for t in ["par", "kid"] {
@@ -424,7 +433,8 @@ async fn populate(s: &Server, archive: &narad_tiering::archive::Archive) -> u64 
             let alice = s
                 .users
                 .is_some_and(|u| u.iter().any(|u| u.username == "alice"));
-            linked && alice && copied
+            let remote = s.remotes.iter().any(|r| r.name == "dr");
+            linked && alice && copied && remote
         });
         if let Some(m) = &m
             && m.next_offset >= 200
@@ -486,6 +496,25 @@ async fn disk_loss_with_the_cluster_secret_restores_users_and_fanout_links() {
     let kid: Value = r.json().await.unwrap();
     assert_eq!(kid["parent"], "par", "{kid}");
     let kid_next = kid["partition_stats"][0]["next_offset"].as_u64().unwrap();
+    // the remote came back with its password, which opens under the same secret
+    let r = call_as(&s, root, Method::GET, "/v1/remotes/dr", None).await;
+    let dr: Value = r.json().await.unwrap();
+    assert_eq!(
+        (
+            dr["username"].as_str(),
+            dr["credential"]["sealed_with"].as_str()
+        ),
+        (Some("mirror"), Some("current")),
+        "{dr}"
+    );
+    for f in crate::cluster::files_under(dir.path()) {
+        let bytes = std::fs::read(&f).unwrap_or_default();
+        assert!(
+            !crate::cluster::contains(&bytes, REMOTE_PW.as_bytes()),
+            "the remote's password in clear in {}",
+            f.display()
+        );
+    }
     // alice logs in with her old password and produces where her grant says
     let r = call_as(
         &s,
@@ -559,7 +588,7 @@ async fn disk_loss_without_the_cluster_secret_restores_topics_only_and_says_so()
     let detail = ready["detail"].as_str().unwrap_or_default();
     assert!(
         detail.contains("users were not restored")
-            && detail.contains("fan-out links were not restored"),
+            && detail.contains("fan-out links and remotes were not restored"),
         "{ready}"
     );
     let log = s.log();
@@ -590,6 +619,8 @@ async fn disk_loss_without_the_cluster_secret_restores_topics_only_and_says_so()
     assert_eq!(r.status(), StatusCode::OK);
     let kid: Value = r.json().await.unwrap();
     assert!(kid["parent"].is_null(), "{kid}");
+    let r = call_as(&s, root, Method::GET, "/v1/remotes", None).await;
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"remotes": []}));
     let r = call_as(&s, root, Method::GET, "/v1/topics/par", None).await;
     let par: Value = r.json().await.unwrap();
     assert_eq!(

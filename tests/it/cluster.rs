@@ -542,6 +542,57 @@ async fn users_made_through_any_member_log_in_on_every_member() {
         })
         .await;
     }
+    // a remote added through node 1 is on every member, its password sealed in the
+    // replicated log and snapshots
+    let remote_pw = "the password of the mirror user on the other cluster";
+    let r = serde_json::json!({"name": "dr", "url": "https://mirror.example.com/", "username": "mirror", "password": remote_pw});
+    let (st, body) = nodes[0]
+        .call(admin, Method::POST, "/v1/remotes", Some(r.clone()))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    assert_eq!(body["credential"]["sealed_with"], "current", "{body}");
+    for n in &nodes {
+        until("the remote on every member", 10, async || {
+            let (st, b) = n.call(admin, Method::GET, "/v1/remotes/dr", None).await;
+            st == StatusCode::OK && b["credential"]["sealed_with"] == "current"
+        })
+        .await;
+    }
+    let (st, body) = nodes[1]
+        .call(admin, Method::POST, "/v1/remotes", Some(r))
+        .await;
+    assert_eq!(
+        (st, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("remote_exists")),
+        "{body}"
+    );
+    // changed through node 3 (a new user takes the password again)
+    let (st, body) = nodes[2]
+        .call(
+            admin,
+            Method::PATCH,
+            "/v1/remotes/dr",
+            Some(serde_json::json!({"username": "mirror2", "password": remote_pw, "version": 1})),
+        )
+        .await;
+    assert_eq!(
+        (st, body["version"].as_u64()),
+        (StatusCode::OK, Some(2)),
+        "{body}"
+    );
+    let (st, body) = nodes[0]
+        .call(
+            admin,
+            Method::PATCH,
+            "/v1/remotes/dr",
+            Some(serde_json::json!({"password": remote_pw, "version": 1})),
+        )
+        .await;
+    assert_eq!(
+        (st, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("remote_changed")),
+        "{body}"
+    );
     // users acknowledged by the leader just before it is killed with SIGKILL: each 201 means
     // committed on a quorum, so every one must be on the survivors and, restarted, on it
     let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap() as usize - 1;
@@ -583,7 +634,7 @@ async fn users_made_through_any_member_log_in_on_every_member() {
     let mut want = vec!["admin".to_owned(), "bob".to_owned()];
     want.extend((0..8).map(|i| format!("k{i}")));
     assert_eq!(names, want, "{body}");
-    // and the survivors hold them too
+    // and the survivors hold them too, and the remote
     for n in &nodes {
         let (_, body) = n.call(admin, Method::GET, "/v1/users", None).await;
         assert_eq!(
@@ -591,7 +642,62 @@ async fn users_made_through_any_member_log_in_on_every_member() {
             Some(want.len()),
             "{body}"
         );
+        let (st, body) = n.call(admin, Method::GET, "/v1/remotes/dr", None).await;
+        assert_eq!(
+            (st, body["username"].as_str()),
+            (StatusCode::OK, Some("mirror2")),
+            "{body}"
+        );
     }
+    // the password is in no file of any member (log, snapshots, catalog) nor in any log
+    for n in &nodes {
+        for f in files_under(&n.dir) {
+            let bytes = std::fs::read(&f).unwrap_or_default();
+            assert!(
+                !contains(&bytes, remote_pw.as_bytes()),
+                "the remote's password is in clear in {}",
+                f.display()
+            );
+        }
+        assert!(
+            !n.log().contains(remote_pw),
+            "the password is in node {}'s log",
+            n.id
+        );
+    }
+    // deleted through one member: gone on every one
+    let (st, _) = nodes[other]
+        .call(admin, Method::DELETE, "/v1/remotes/dr", None)
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    for n in &nodes {
+        until("the remote gone everywhere", 10, async || {
+            n.call(admin, Method::GET, "/v1/remotes/dr", None).await.0 == StatusCode::NOT_FOUND
+        })
+        .await;
+    }
+}
+
+/// Every file below `dir`.
+pub(crate) fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Whether `needle` occurs in `hay`.
+pub(crate) fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Topics made, changed and deleted through any member are there on every member (at once

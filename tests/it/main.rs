@@ -13,6 +13,7 @@ mod lifecycle;
 mod limits;
 mod openapi;
 mod queue;
+mod remotes;
 mod security;
 mod support;
 mod wire;

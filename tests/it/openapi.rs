@@ -79,6 +79,7 @@ fn router_serves_every_listed_route() {
             restore_notice: Default::default(),
             cluster: None,
             ingress: std::sync::OnceLock::new(),
+            remotes: Default::default(),
         });
         let app = narad_infra::http::router(state);
         for (m, p) in narad_infra::http::ROUTES {

@@ -189,6 +189,14 @@ impl Server {
         self.launch().await;
     }
 
+    /// Sets (or with `None` removes) an environment variable for the next start.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_owned(), v.to_owned()));
+        }
+    }
+
     pub async fn create_topic(&self, body: Value) -> Value {
         let r = self
             .http

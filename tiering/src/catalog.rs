@@ -24,6 +24,7 @@ use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use aws_lc_rs::hkdf::{HKDF_SHA256, KeyType, Salt};
 use narad_auth::UserRecord;
 use narad_core::broker::TopicMeta;
+use narad_core::catalog::RemoteMeta;
 use serde::{Deserialize, Serialize};
 
 /// The one object, `<prefix>/_catalog/catalog.bin`, replaced whole by each upload (an S3 PUT
@@ -60,6 +61,10 @@ pub struct CatalogSnapshot {
     /// Every user; `None` when the snapshot is unsealed or security is off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub users: Option<Vec<UserRecord>>,
+    /// Every remote (their passwords sealed under the cluster secret); only in a sealed
+    /// snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remotes: Vec<RemoteMeta>,
 }
 
 /// Where one fan-out cursor was: the next parent offset to copy to `child`.
@@ -233,6 +238,7 @@ pub fn seal(snapshot: &CatalogSnapshot, keys: Option<&CatalogKeys>, written_at_m
         None => {
             let unsealed = CatalogSnapshot {
                 users: None,
+                remotes: Vec::new(),
                 ..snapshot.clone()
             };
             let mut out = header(MODE_UNSEALED, [0; 8], written_at_ms, [0; NONCE_LEN]);
@@ -307,6 +313,11 @@ pub fn open(bytes: &[u8], keys: Option<&CatalogKeys>) -> Result<Opened, OpenErro
                     "an unsealed catalog snapshot lists users; they are ignored (users are only restored from a sealed snapshot)"
                 );
             }
+            if !std::mem::take(&mut snapshot.remotes).is_empty() {
+                tracing::warn!(
+                    "an unsealed catalog snapshot lists remotes; they are ignored (remotes are only restored from a sealed snapshot)"
+                );
+            }
             Ok(Opened {
                 snapshot,
                 written_at_ms,
@@ -361,6 +372,21 @@ mod tests {
                 created_at_ms: 1,
                 updated_at_ms: 2,
             }]),
+            remotes: vec![RemoteMeta {
+                id: 11,
+                name: "dr".into(),
+                url: "https://b.example.com/".into(),
+                username: "mirror".into(),
+                ca_pem: None,
+                credential: narad_core::catalog::SealedCredential {
+                    key_id: "k".into(),
+                    nonce: "n".into(),
+                    ciphertext: "c".into(),
+                },
+                version: 1,
+                created_at_ms: 1,
+                updated_at_ms: 1,
+            }],
         }
     }
 
@@ -481,7 +507,13 @@ mod tests {
         planted.extend_from_slice(&serde_json::to_vec(&snapshot()).unwrap());
         let crc = crc32c::crc32c(&planted);
         planted.extend_from_slice(&crc.to_be_bytes());
-        assert_eq!(open(&planted, None).unwrap().snapshot.users, None);
+        let planted = open(&planted, None).unwrap().snapshot;
+        assert_eq!(planted.users, None);
+        assert!(
+            planted.remotes.is_empty(),
+            "remotes from an unsealed snapshot"
+        );
+        assert!(o.snapshot.remotes.is_empty());
     }
 
     #[test]

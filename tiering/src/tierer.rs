@@ -303,6 +303,7 @@ impl Tierer {
             topics: catalog.topics().map(|t| (**t).clone()).collect(),
             cursors: self.catalog_cursors(&catalog),
             users: self.catalog_users(),
+            remotes: catalog.remotes().map(|r| (**r).clone()).collect(),
         }
     }
 
@@ -378,6 +379,7 @@ impl Tierer {
             topics: catalog.topics().map(|t| (**t).clone()).collect(),
             cursors,
             users,
+            remotes: catalog.remotes().map(|r| (**r).clone()).collect(),
         };
         match self.upload_catalog(&snap, now).await {
             Ok(bytes) => {
@@ -761,6 +763,9 @@ pub struct RestoreReport {
     pub users_restored: Option<usize>,
     /// Why users were not restored, when that matters (security on and no users came back).
     pub users_missing: Option<String>,
+    /// Remotes restored from the snapshot (their passwords still sealed: they open only
+    /// under the cluster secret that sealed them).
+    pub remotes_restored: usize,
     /// Children linked to their parent again.
     pub links_restored: Vec<String>,
     /// Children that came back standalone, with the reason.
@@ -783,11 +788,11 @@ impl RestoreReport {
         let mut parts = Vec::new();
         match &self.catalog {
             CatalogOutcome::Missing if !self.restored.is_empty() => parts.push(
-                "the archive holds no catalog snapshot: fan-out links were not restored"
+                "the archive holds no catalog snapshot: fan-out links and remotes were not restored"
                     .to_owned(),
             ),
             CatalogOutcome::Unopened { reason, kept_at } => parts.push(format!(
-                "the catalog snapshot could not be opened ({reason}; kept at {kept_at}): fan-out links were not restored"
+                "the catalog snapshot could not be opened ({reason}; kept at {kept_at}): fan-out links and remotes were not restored"
             )),
             _ => {}
         }
@@ -917,9 +922,37 @@ pub async fn restore(
         report.restored.push((name, starts));
     }
     if let Some(snap) = &snapshot {
+        restore_remotes(broker, snap, &mut report).await?;
         restore_links(broker, snap, &mut report).await?;
     }
     Ok(report)
+}
+
+/// The snapshot's remotes the broker does not have (by name), with their ids and sealed
+/// passwords as they were; one the catalog refuses is skipped with a warning.
+async fn restore_remotes(
+    broker: &Arc<Broker>,
+    snap: &CatalogSnapshot,
+    report: &mut RestoreReport,
+) -> Result<(), ArchiveError> {
+    for r in &snap.remotes {
+        if broker.remote(&r.name).is_ok() {
+            continue;
+        }
+        match broker.put_remote(r.clone(), None).await {
+            Ok(_) => report.remotes_restored += 1,
+            Err(e @ (BrokerError::Meta(_) | BrokerError::ShuttingDown)) => {
+                return Err(ArchiveError::Restore {
+                    what: format!("remote '{}'", r.name),
+                    source: e,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(remote = %r.name, error = %e, "the catalog snapshot's remote was not restored");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The topic's metadata as restored, without its link (links come back last, once every

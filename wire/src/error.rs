@@ -218,6 +218,26 @@ error_codes! {
     /// The member cannot be removed: it leads, it would leave fewer than 3 voters, or the
     /// node is not in a cluster.
     MemberNotRemovable = 2004, "member_not_removable", 409;
+
+    // ── 2100: remotes (other clusters topics are mirrored to) ──
+    /// No remote of that name.
+    RemoteNotFound = 2101, "remote_not_found", 404;
+    /// A remote of that name (in any case) exists.
+    RemoteExists = 2102, "remote_exists", 409;
+    /// The remote changed since the version the request names (or read): read it again.
+    RemoteChanged = 2103, "remote_changed", 409;
+    /// The cluster keeps 64 remotes.
+    TooManyRemotes = 2104, "too_many_remotes", 409;
+    /// Remotes need security on and a `cluster_secret` of at least 32 bytes (their
+    /// passwords are sealed under it); this node has neither or not both.
+    RemotesUnavailable = 2105, "remotes_unavailable", 409;
+    /// The remote's URL or addresses are refused by the address guard
+    /// (`remotes_allowed_ports`, `remotes_allowed_hosts`, `remotes_allow_addresses`).
+    DestinationRefused = 2106, "destination_refused", 400;
+    /// The remote's stored password does not open with this node's cluster secrets (sealed
+    /// under a secret this node does not have): set `cluster_secret_previous`, or give the
+    /// password again.
+    CredentialUnavailable = 2107, "credential_unavailable", 409;
 }
 
 impl ErrorCode {

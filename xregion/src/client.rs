@@ -27,7 +27,7 @@ use crate::guard::{self, GuardConfig, GuardError, RemoteUrl};
 /// Largest reply read from a remote (its error bodies and check answers are small).
 pub const MAX_REPLY_BYTES: usize = 1 << 20;
 /// Largest CA bundle a remote may carry.
-pub const MAX_CA_BYTES: usize = 256 << 10;
+pub use narad_core::catalog::remote::MAX_CA_BYTES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -86,6 +86,12 @@ impl std::fmt::Debug for RemoteClient {
             .field("url", &self.url.canonical)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `pem` is a usable CA bundle (at most [`MAX_CA_BYTES`], at least one certificate,
+/// each one parsable).
+pub fn check_ca(pem: &str) -> Result<(), ClientError> {
+    tls_config(Some(pem)).map(|_| ())
 }
 
 fn tls_config(ca_pem: Option<&str>) -> Result<rustls::ClientConfig, ClientError> {
@@ -172,7 +178,19 @@ impl RemoteClient {
         path: &str,
         json: Option<Bytes>,
     ) -> Result<Reply, ClientError> {
-        tokio::time::timeout(self.timeout, self.exchange(method, path, json))
+        tokio::time::timeout(self.timeout, self.exchange(method, path, json, true))
+            .await
+            .map_err(|_| ClientError::Timeout(self.timeout))?
+    }
+
+    /// [`RemoteClient::request`] without the credential: for checking that the remote asks
+    /// for one.
+    pub async fn request_anonymous(
+        &self,
+        method: Method,
+        path: &str,
+    ) -> Result<Reply, ClientError> {
+        tokio::time::timeout(self.timeout, self.exchange(method, path, None, false))
             .await
             .map_err(|_| ClientError::Timeout(self.timeout))?
     }
@@ -182,6 +200,7 @@ impl RemoteClient {
         method: Method,
         path: &str,
         json: Option<Bytes>,
+        authenticated: bool,
     ) -> Result<Reply, ClientError> {
         let addrs = guard::resolve(&self.url, &self.guard).await?;
         let mut last = String::from("no address");
@@ -216,8 +235,10 @@ impl RemoteClient {
             .method(method)
             .uri(format!("{base}{}", path.trim_start_matches('/')))
             .header(HOST, self.host_header.clone())
-            .header(AUTHORIZATION, self.authorization.clone())
             .header(USER_AGENT, "narad-xregion");
+        if authenticated {
+            req = req.header(AUTHORIZATION, self.authorization.clone());
+        }
         if json.is_some() {
             req = req.header(CONTENT_TYPE, "application/json");
         }

@@ -16,7 +16,7 @@ use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use aws_lc_rs::hkdf::{HKDF_SHA256, KeyType, Salt};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use serde::{Deserialize, Serialize};
+pub use narad_core::catalog::SealedCredential;
 
 /// Shortest cluster secret that may seal: 256 bits if it is random bytes.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -65,17 +65,6 @@ impl RemoteIdentity<'_> {
         out.extend_from_slice(key_id);
         out
     }
-}
-
-/// A sealed credential as the catalog keeps it (base64 fields in JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SealedCredential {
-    /// Which key sealed it (hex): the current or the previous cluster secret's.
-    pub key_id: String,
-    pub nonce: String,
-    /// The password encrypted, with the GCM tag.
-    pub ciphertext: String,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -161,6 +150,11 @@ impl CredentialKeys {
     /// The current key's id (hex), as sealed credentials name it.
     pub fn current_id(&self) -> String {
         hex(&self.current.id)
+    }
+
+    /// The previous key's id (hex), when there is a previous secret.
+    pub fn previous_id(&self) -> Option<String> {
+        self.previous.as_ref().map(|k| hex(&k.id))
     }
 
     /// Seals `password` for `identity` under the current key.

@@ -101,6 +101,13 @@ pub enum CatalogDone {
         name: String,
         unlinked: Vec<u64>,
     },
+    Remote {
+        id: u64,
+        version: u64,
+    },
+    RemoteDeleted {
+        id: u64,
+    },
 }
 
 openraft::declare_raft_types!(

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use narad_auth::store::{UserRecord, Users};
-use narad_core::catalog::{self, Applied, Catalog, TopicMeta};
+use narad_core::catalog::{self, Applied, Catalog, RemoteMeta, TopicMeta};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError,
@@ -82,6 +82,11 @@ impl Data {
                             name: topic.name.clone(),
                             unlinked,
                         },
+                        Applied::Remote(r) => CatalogDone::Remote {
+                            id: r.id,
+                            version: r.version,
+                        },
+                        Applied::RemoteDeleted(r) => CatalogDone::RemoteDeleted { id: r.id },
                     })
                 }
                 Err(e) => Err(e),
@@ -124,6 +129,7 @@ impl Data {
             membership: self.membership.clone(),
             catalog_applied: self.catalog.applied(),
             topics: self.catalog.topics().map(|t| (**t).clone()).collect(),
+            remotes: self.catalog.remotes().map(|r| (**r).clone()).collect(),
             users: self.users.values().map(|u| UserRecord::clone(u)).collect(),
             dedupe: self
                 .dedupe_order
@@ -142,6 +148,9 @@ impl Data {
         if catalog.len() != n {
             return Err("a topic name appears twice".into());
         }
+        let catalog = catalog
+            .with_remotes(f.remotes)
+            .ok_or("a remote name appears twice")?;
         if f.dedupe.len() > DEDUPE_ENTRIES {
             return Err("too many remembered requests".into());
         }
@@ -171,6 +180,9 @@ struct StateFile {
     membership: StoredMembership<NodeId, NodeInfo>,
     catalog_applied: u64,
     topics: Vec<TopicMeta>,
+    /// Remotes, their passwords sealed.
+    #[serde(default)]
+    remotes: Vec<RemoteMeta>,
     #[serde(default)]
     users: Vec<UserRecord>,
     dedupe: Vec<(u128, MetaResponse)>,

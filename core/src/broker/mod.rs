@@ -24,6 +24,7 @@ mod layout;
 mod maintenance;
 mod partition;
 mod produce;
+mod remotes;
 mod waiters;
 
 use std::collections::{BTreeMap, HashMap};
@@ -205,6 +206,15 @@ pub enum BrokerError {
     /// Not available on a cluster member (yet).
     #[error("{0}")]
     ClusterUnsupported(String),
+    #[error("remote '{0}' already exists")]
+    RemoteExists(String),
+    #[error("remote '{0}' not found")]
+    RemoteNotFound(String),
+    /// A change named a version the remote is no longer at: read it again.
+    #[error("{0}")]
+    RemoteChanged(String),
+    #[error("the cluster already has {max} remotes, the most it keeps; delete one first")]
+    TooManyRemotes { max: usize },
     /// A partition another node owns: the caller routes the request to that owner.
     #[error("partition {partition} of '{topic}' is owned by node {owner}, not this one; retry")]
     NotOwner {
@@ -227,6 +237,10 @@ impl From<CatalogError> for BrokerError {
             CatalogError::FanoutConflict(m) => Self::FanoutConflict(m),
             CatalogError::NotChild(m) => Self::FanoutNotChild(m),
             CatalogError::SchemaIncompatible(m) => Self::SchemaIncompatible(m),
+            CatalogError::RemoteExists(name) => Self::RemoteExists(name),
+            CatalogError::RemoteNotFound(name) => Self::RemoteNotFound(name),
+            CatalogError::RemoteChanged(m) => Self::RemoteChanged(m),
+            CatalogError::TooManyRemotes(max) => Self::TooManyRemotes { max },
         }
     }
 }

@@ -10,6 +10,7 @@
 //! The broker proposes commands through a [`MetaStore`](store::MetaStore), which makes each
 //! one durable before it is applied and published (see [`store`]).
 
+pub mod remote;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::broker::ParentLink;
 use crate::topic::TopicConfig;
+pub use remote::{RemoteMeta, SealedCredential};
 
 /// Most children one parent may have.
 pub const MAX_CHILDREN: usize = 64;
@@ -99,6 +101,15 @@ pub enum CatalogCommand {
     Attach { child_id: u64, link: ParentLink },
     /// Makes `child_id` standalone again; it must be a child of `parent_id`.
     Detach { child_id: u64, parent_id: u64 },
+    /// A new remote (`expect_version` absent), or a change of the remote of that name and
+    /// id, refused unless it is still at `expect_version`.
+    PutRemote {
+        remote: RemoteMeta,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expect_version: Option<u64>,
+    },
+    /// Removes the remote of id `remote_id`.
+    DeleteRemote { remote_id: u64 },
 }
 
 /// What applying a command did.
@@ -113,6 +124,10 @@ pub enum Applied {
         topic: Arc<TopicMeta>,
         unlinked: Vec<u64>,
     },
+    /// The remote as created or changed.
+    Remote(Arc<RemoteMeta>),
+    /// The remote removed.
+    RemoteDeleted(Arc<RemoteMeta>),
 }
 
 /// Why a command does not apply. Each maps to the error a client sees for the same refusal.
@@ -136,13 +151,23 @@ pub enum CatalogError {
     NotChild(String),
     #[error("{0}")]
     SchemaIncompatible(String),
+    #[error("remote '{0}' already exists")]
+    RemoteExists(String),
+    #[error("remote '{0}' not found")]
+    RemoteNotFound(String),
+    /// A change named a version the remote is no longer at.
+    #[error("{0}")]
+    RemoteChanged(String),
+    #[error("the cluster already has {0} remotes, the most it keeps; delete one first")]
+    TooManyRemotes(usize),
 }
 
-/// Every topic's metadata, by name, and how many commands made it.
+/// Every topic's metadata and every remote, by name, and how many commands made them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Catalog {
     applied: u64,
     topics: BTreeMap<String, Arc<TopicMeta>>,
+    remotes: BTreeMap<String, Arc<RemoteMeta>>,
 }
 
 impl Catalog {
@@ -154,7 +179,27 @@ impl Catalog {
                 .into_iter()
                 .map(|t| (t.name.clone(), Arc::new(t)))
                 .collect(),
+            remotes: BTreeMap::new(),
         }
+    }
+
+    /// This catalog with `remotes` (as loaded from disk); `None` if a name appears twice.
+    pub fn with_remotes(mut self, remotes: impl IntoIterator<Item = RemoteMeta>) -> Option<Self> {
+        for r in remotes {
+            if self.remotes.insert(r.name.clone(), Arc::new(r)).is_some() {
+                return None;
+            }
+        }
+        Some(self)
+    }
+
+    /// Every remote, by name.
+    pub fn remotes(&self) -> impl Iterator<Item = &Arc<RemoteMeta>> {
+        self.remotes.values()
+    }
+
+    pub fn remote(&self, name: &str) -> Option<&Arc<RemoteMeta>> {
+        self.remotes.get(name)
     }
 
     /// How many commands have been applied to make this catalog.
@@ -390,6 +435,11 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             next.topics.insert(t.name.clone(), t.clone());
             Applied::Topic(t)
         }
+        CatalogCommand::PutRemote {
+            remote,
+            expect_version,
+        } => remote::apply_put(&mut next, remote, *expect_version)?,
+        CatalogCommand::DeleteRemote { remote_id } => remote::apply_delete(&mut next, *remote_id)?,
     };
     Ok((next, applied))
 }

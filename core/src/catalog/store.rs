@@ -21,11 +21,12 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::{Applied, Catalog, CatalogCommand, CatalogError, TopicMeta, apply};
+use super::{Applied, Catalog, CatalogCommand, CatalogError, RemoteMeta, TopicMeta, apply};
 
 pub const META_FILE: &str = "topics.json";
-/// Version 1 held the topics only; version 2 adds how many commands made them.
-const META_VERSION: u32 = 2;
+/// Version 1 held the topics only; version 2 adds how many commands made them; version 3
+/// the remotes.
+const META_VERSION: u32 = 3;
 
 /// Runs once a command is durable and applied, before any later command is applied: the
 /// proposer's way to make its in-memory state follow. It gets the new catalog and what the
@@ -153,6 +154,9 @@ struct MetaFile {
     #[serde(default)]
     applied: u64,
     topics: Vec<TopicMeta>,
+    /// Remotes, their passwords sealed (absent before version 3).
+    #[serde(default)]
+    remotes: Vec<RemoteMeta>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,7 +181,7 @@ impl MetaError {
     }
 }
 
-/// Reads `<data_dir>/topics.json` (versions 1 and 2); no file is an empty catalog.
+/// Reads `<data_dir>/topics.json` (versions 1 to 3); no file is an empty catalog.
 pub fn load(data_dir: &Path) -> Result<Catalog, MetaError> {
     let path = data_dir.join(META_FILE);
     let bytes = match std::fs::read(&path) {
@@ -198,7 +202,9 @@ pub fn load(data_dir: &Path) -> Result<Catalog, MetaError> {
     if catalog.len() != n {
         return Err(invalid("a topic name appears twice".into()));
     }
-    Ok(catalog)
+    catalog
+        .with_remotes(file.remotes)
+        .ok_or_else(|| invalid("a remote name appears twice".into()))
 }
 
 /// Replaces `<data_dir>/topics.json` with `catalog`, durably.
@@ -208,6 +214,7 @@ pub fn store(data_dir: &Path, catalog: &Catalog) -> Result<(), MetaError> {
         version: META_VERSION,
         applied: catalog.applied(),
         topics: catalog.topics().map(|t| (**t).clone()).collect(),
+        remotes: catalog.remotes().map(|r| (**r).clone()).collect(),
     })
     .expect("metadata serialises");
     crate::fsutil::write_file_atomic(&path, &body).map_err(|source| MetaError::Io { path, source })

@@ -25,6 +25,24 @@ fn link(parent: &TopicMeta, epoch: u64) -> ParentLink {
     }
 }
 
+fn remote(id: u64, name: &str) -> RemoteMeta {
+    RemoteMeta {
+        id,
+        name: name.into(),
+        url: "https://b.example.com/".into(),
+        username: "mirror".into(),
+        ca_pem: None,
+        credential: SealedCredential {
+            key_id: "00112233".into(),
+            nonce: "bm9uY2U=".into(),
+            ciphertext: "c2VhbGVk".into(),
+        },
+        version: 1,
+        created_at_ms: 10,
+        updated_at_ms: 10,
+    }
+}
+
 fn run(cmds: &[CatalogCommand]) -> Catalog {
     let mut c = Catalog::default();
     for cmd in cmds {
@@ -145,6 +163,99 @@ fn a_child_adopts_its_parents_schema_or_is_refused() {
     assert!(matches!(
         apply(&bare_parent, &attach(3)),
         Err(CatalogError::FanoutConflict(_))
+    ));
+}
+
+#[test]
+fn remotes_are_created_changed_only_from_the_version_read_and_deleted() {
+    let put = |r: RemoteMeta, expect_version| CatalogCommand::PutRemote {
+        remote: r,
+        expect_version,
+    };
+    let (cat, applied) = apply(&Catalog::default(), &put(remote(5, "dr"), None)).unwrap();
+    assert!(matches!(applied, Applied::Remote(r) if r.version == 1));
+    // the name in another case, or the id again, is taken
+    assert_eq!(
+        apply(&cat, &put(remote(6, "DR"), None)).unwrap_err(),
+        CatalogError::RemoteExists("dr".into())
+    );
+    assert!(matches!(
+        apply(&cat, &put(remote(5, "other"), None)),
+        Err(CatalogError::Invalid(_))
+    ));
+    // a change names the version it read; the creation time stays
+    let changed = RemoteMeta {
+        username: "mirror2".into(),
+        created_at_ms: 99,
+        ..remote(5, "dr")
+    };
+    let (cat, _) = apply(&cat, &put(changed.clone(), Some(1))).unwrap();
+    let r = cat.remote("dr").unwrap();
+    assert_eq!(
+        (r.version, r.created_at_ms, r.username.as_str()),
+        (2, 10, "mirror2")
+    );
+    assert!(matches!(
+        apply(&cat, &put(changed.clone(), Some(1))),
+        Err(CatalogError::RemoteChanged(_))
+    ));
+    // a change of another incarnation of the name, or of a name not there
+    assert_eq!(
+        apply(&cat, &put(remote(7, "dr"), Some(2))).unwrap_err(),
+        CatalogError::RemoteNotFound("dr".into())
+    );
+    // what no node would accept is refused whoever proposed it
+    for bad in [
+        RemoteMeta {
+            url: "http://b.example.com/".into(),
+            ..remote(8, "x")
+        },
+        RemoteMeta {
+            username: "a:b".into(),
+            ..remote(8, "x")
+        },
+        RemoteMeta {
+            name: "../x".into(),
+            ..remote(8, "x")
+        },
+        RemoteMeta {
+            ca_pem: Some("x".repeat(remote::MAX_CA_BYTES + 1)),
+            ..remote(8, "x")
+        },
+        RemoteMeta {
+            credential: SealedCredential {
+                ciphertext: String::new(),
+                ..remote(8, "x").credential
+            },
+            ..remote(8, "x")
+        },
+    ] {
+        assert!(
+            matches!(
+                apply(&cat, &put(bad, None)),
+                Err(CatalogError::InvalidConfig(_))
+            ),
+            "accepted"
+        );
+    }
+    // at most MAX_REMOTES
+    let mut full = cat.clone();
+    for i in 1..remote::MAX_REMOTES as u64 {
+        full = apply(&full, &put(remote(100 + i, &format!("r{i}")), None))
+            .unwrap()
+            .0;
+    }
+    assert_eq!(
+        apply(&full, &put(remote(999, "one-more"), None)).unwrap_err(),
+        CatalogError::TooManyRemotes(remote::MAX_REMOTES)
+    );
+    // deleted by id
+    let (cat, applied) = apply(&cat, &CatalogCommand::DeleteRemote { remote_id: 5 }).unwrap();
+    assert!(matches!(applied, Applied::RemoteDeleted(r) if r.name == "dr"));
+    assert!(cat.remote("dr").is_none());
+    assert!(matches!(
+        apply(&cat, &CatalogCommand::DeleteRemote { remote_id: 5 }),
+        Err(CatalogError::RemoteNotFound(_))
     ));
 }
 
@@ -327,15 +438,36 @@ fn command() -> impl Strategy<Value = CatalogCommand> {
                 },
             }
         ),
-        (id.clone(), id).prop_map(|(child_id, parent_id)| CatalogCommand::Detach {
+        (id.clone(), id.clone()).prop_map(|(child_id, parent_id)| CatalogCommand::Detach {
             child_id,
             parent_id
         }),
+        (
+            id.clone(),
+            prop::sample::select(vec!["r", "R", "s"]),
+            prop::option::of(1u64..4)
+        )
+            .prop_map(|(id, name, expect_version)| CatalogCommand::PutRemote {
+                remote: remote(id, name),
+                expect_version,
+            }),
+        id.prop_map(|remote_id| CatalogCommand::DeleteRemote { remote_id }),
     ]
 }
 
 /// The invariants every catalog keeps, whatever commands made it.
 fn check_invariants(cat: &Catalog) {
+    let mut names = std::collections::HashSet::new();
+    let mut remote_ids = std::collections::HashSet::new();
+    for r in cat.remotes() {
+        assert!(
+            names.insert(r.name.to_ascii_lowercase()),
+            "remote {} twice",
+            r.name
+        );
+        assert!(remote_ids.insert(r.id), "remote id {} twice", r.id);
+        assert!(r.version >= 1);
+    }
     let mut ids = std::collections::HashSet::new();
     for t in cat.topics() {
         assert!(ids.insert(t.id), "id {} twice", t.id);
@@ -436,6 +568,20 @@ async fn the_store_publishes_only_what_is_durable() {
         .await
         .unwrap();
     assert_eq!(watch.borrow_and_update().len(), 2);
+    // remotes are kept in the same file
+    s.propose(
+        CatalogCommand::PutRemote {
+            remote: remote(9, "dr"),
+            expect_version: None,
+        },
+        Box::new(|_, _| {}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        store::load(dir.path()).unwrap().remote("dr").map(|r| r.id),
+        Some(9)
+    );
     let reopened = LocalMetaStore::open(dir.path()).unwrap();
     assert_eq!(reopened.catalog(), s.catalog());
 }

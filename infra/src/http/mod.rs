@@ -11,6 +11,7 @@ pub mod budget;
 pub(crate) mod consume;
 mod produce;
 pub mod query;
+pub mod remotes;
 pub(crate) mod render;
 pub(crate) mod topics;
 mod users;
@@ -61,6 +62,8 @@ pub struct AppState {
     /// A cluster member's way to the partitions other members own (set once the broker is
     /// open).
     pub ingress: std::sync::OnceLock<Arc<crate::forward::Ingress>>,
+    /// Remotes' keys and address guard.
+    pub remotes: remotes::RemotesKit,
 }
 
 impl AppState {
@@ -203,6 +206,10 @@ pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
             ErrorCode::ClusterUnavailable
         }
         BrokerError::ClusterUnsupported(_) => ErrorCode::ClusterUnsupported,
+        BrokerError::RemoteExists(_) => ErrorCode::RemoteExists,
+        BrokerError::RemoteNotFound(_) => ErrorCode::RemoteNotFound,
+        BrokerError::RemoteChanged(_) => ErrorCode::RemoteChanged,
+        BrokerError::TooManyRemotes { .. } => ErrorCode::TooManyRemotes,
     }
 }
 
@@ -332,6 +339,13 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/users/{username}"),
     ("PUT", "/v1/users/{username}/grants"),
     ("PUT", "/v1/users/{username}/password"),
+    ("POST", "/v1/remotes"),
+    ("GET", "/v1/remotes"),
+    ("GET", "/v1/remotes/{name}"),
+    ("PATCH", "/v1/remotes/{name}"),
+    ("DELETE", "/v1/remotes/{name}"),
+    ("POST", "/v1/remotes/{name}/test"),
+    ("POST", "/v1/cluster/reencrypt-remotes"),
 ];
 
 pub fn router(state: SharedState) -> Router {
@@ -369,6 +383,15 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/users/{username}/grants", put(users::set_grants))
         .route("/v1/users/{username}/password", put(users::set_password))
+        .route("/v1/remotes", post(remotes::create).get(remotes::list))
+        .route(
+            "/v1/remotes/{name}",
+            get(remotes::get)
+                .patch(remotes::patch)
+                .delete(remotes::delete),
+        )
+        .route("/v1/remotes/{name}/test", post(remotes::test))
+        .route("/v1/cluster/reencrypt-remotes", post(remotes::reencrypt))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), front))

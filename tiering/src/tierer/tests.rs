@@ -271,7 +271,7 @@ async fn without_a_usable_secret_topics_come_back_and_the_report_says_what_did_n
             "{case}: {notice}"
         );
         assert!(
-            notice.contains("fan-out links were not restored"),
+            notice.contains("fan-out links and remotes were not restored"),
             "{case}: {notice}"
         );
         b.shutdown().await;

@@ -1,0 +1,177 @@
+//! Remotes: other clusters a topic may be mirrored to, as the catalog keeps them.
+//!
+//! A remote is a name, an `https://` base URL (canonical form, checked by the address guard
+//! before it is proposed), the user this cluster acts as there, an optional CA bundle, and
+//! that user's password **sealed** under the cluster secret (`narad-xregion`'s `seal`): the
+//! catalog, and so the Raft log, its snapshots and every response, only ever holds the
+//! ciphertext. [`apply_put`] and [`apply_delete`] are pure, like the rest of [`super::apply`];
+//! they check the shape of what they store (a replica must never hold what no node would
+//! have accepted), while the proposer checked the URL and sealed the password.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Applied, Catalog, CatalogError};
+
+/// Most remotes one cluster keeps.
+pub const MAX_REMOTES: usize = 64;
+/// Longest remote name.
+pub const MAX_REMOTE_NAME: usize = 64;
+/// Longest base URL.
+pub const MAX_URL_BYTES: usize = 2048;
+/// Longest user name on the remote.
+pub const MAX_USERNAME_BYTES: usize = 256;
+/// Largest CA bundle.
+pub const MAX_CA_BYTES: usize = 64 << 10;
+/// Longest sealed field (base64 of at most 1 KiB of password and its tag).
+const MAX_SEALED_FIELD: usize = 2048;
+
+/// A password sealed under the cluster secret (base64 fields; see `narad-xregion`'s `seal`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SealedCredential {
+    /// Which key sealed it (hex): the current or the previous cluster secret's.
+    pub key_id: String,
+    pub nonce: String,
+    /// The password encrypted, with the GCM tag.
+    pub ciphertext: String,
+}
+
+/// One remote as the catalog keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteMeta {
+    /// Incarnation: a remote deleted and added again under its name gets a new one, and a
+    /// credential sealed for one does not open for the other.
+    pub id: u64,
+    pub name: String,
+    /// The canonical base URL (`https://host[:port]/path/`).
+    pub url: String,
+    pub username: String,
+    /// PEM CA bundle the remote's certificate is checked against alone; `None`: the
+    /// system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+    pub credential: SealedCredential,
+    /// 1 at creation, one more at every change: a sender rebuilds its client when it moves,
+    /// and a change names the version it read (a concurrent change is refused).
+    pub version: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// Remote names: like topic names but shorter (`A-Z a-z 0-9 . _ -`, starting with a letter
+/// or digit).
+pub fn validate_remote_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_REMOTE_NAME {
+        return Err(format!("name: must be 1 to {MAX_REMOTE_NAME} characters"));
+    }
+    if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err("name: must start with a letter or a digit".into());
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err("name: may contain only A-Z a-z 0-9 . _ -".into());
+    }
+    Ok(())
+}
+
+fn check_shape(r: &RemoteMeta) -> Result<(), CatalogError> {
+    let bad = |m: String| Err(CatalogError::InvalidConfig(m));
+    validate_remote_name(&r.name).or_else(bad)?;
+    if !r.url.starts_with("https://") || r.url.len() > MAX_URL_BYTES {
+        return bad(format!(
+            "url: must be an https:// URL of at most {MAX_URL_BYTES} bytes"
+        ));
+    }
+    if r.username.is_empty()
+        || r.username.len() > MAX_USERNAME_BYTES
+        || r.username.contains(':')
+        || r.username.chars().any(char::is_control)
+    {
+        return bad(format!(
+            "username: must be 1 to {MAX_USERNAME_BYTES} bytes, without ':' or control characters"
+        ));
+    }
+    if r.ca_pem.as_ref().is_some_and(|c| c.len() > MAX_CA_BYTES) {
+        return bad(format!("ca_pem: must be at most {MAX_CA_BYTES} bytes"));
+    }
+    let c = &r.credential;
+    if [&c.key_id, &c.nonce, &c.ciphertext]
+        .iter()
+        .any(|f| f.is_empty() || f.len() > MAX_SEALED_FIELD)
+    {
+        return bad("credential: malformed".into());
+    }
+    Ok(())
+}
+
+/// A new remote (`expect_version: None`), or a change of the remote of that name and id
+/// which must still be at `expect_version`.
+pub(super) fn apply_put(
+    next: &mut Catalog,
+    remote: &RemoteMeta,
+    expect_version: Option<u64>,
+) -> Result<Applied, CatalogError> {
+    check_shape(remote)?;
+    let stored = match expect_version {
+        None => {
+            if let Some(taken) = next
+                .remotes
+                .values()
+                .find(|r| r.name.eq_ignore_ascii_case(&remote.name))
+            {
+                return Err(CatalogError::RemoteExists(taken.name.clone()));
+            }
+            if next.remotes.values().any(|r| r.id == remote.id) {
+                return Err(CatalogError::Invalid(format!(
+                    "remote id {:016x} is taken",
+                    remote.id
+                )));
+            }
+            if next.remotes.len() >= MAX_REMOTES {
+                return Err(CatalogError::TooManyRemotes(MAX_REMOTES));
+            }
+            RemoteMeta {
+                version: 1,
+                ..remote.clone()
+            }
+        }
+        Some(v) => {
+            let old = next
+                .remotes
+                .get(&remote.name)
+                .filter(|r| r.id == remote.id)
+                .ok_or_else(|| CatalogError::RemoteNotFound(remote.name.clone()))?;
+            if old.version != v {
+                return Err(CatalogError::RemoteChanged(format!(
+                    "remote '{}' changed meanwhile (version {} is now {}): read it again and retry",
+                    remote.name, v, old.version
+                )));
+            }
+            RemoteMeta {
+                version: v + 1,
+                created_at_ms: old.created_at_ms,
+                ..remote.clone()
+            }
+        }
+    };
+    let stored = Arc::new(stored);
+    next.remotes.insert(stored.name.clone(), stored.clone());
+    Ok(Applied::Remote(stored))
+}
+
+/// Removes the remote of id `remote_id`.
+pub(super) fn apply_delete(next: &mut Catalog, remote_id: u64) -> Result<Applied, CatalogError> {
+    let gone = next
+        .remotes
+        .values()
+        .find(|r| r.id == remote_id)
+        .cloned()
+        .ok_or_else(|| CatalogError::RemoteNotFound(format!("#{remote_id:016x}")))?;
+    next.remotes.remove(&gone.name);
+    Ok(Applied::RemoteDeleted(gone))
+}

@@ -1,0 +1,271 @@
+//! The checks a remote passes before anything is sent to it (`POST /v1/remotes/{name}/test`,
+//! and later at attach and resume): that it is a Narad with security on, that the credential
+//! works and is not an admin's, and, for a target topic, that the topic exists, is not the
+//! parent itself and takes produces from this credential.
+//!
+//! Each check is one request; the first failure ends the run (the later ones depend on it)
+//! and names the link state it would put a remote child in. Nothing the remote answers is
+//! echoed beyond its status and error code: a remote is not trusted to write into our
+//! responses or logs.
+
+use std::time::Duration;
+
+use hyper::{Method, StatusCode};
+use serde::Serialize;
+
+use crate::client::{RemoteClient, Reply};
+
+/// Longest a whole check run takes.
+pub const CHECK_DEADLINE: Duration = Duration::from_secs(20);
+
+/// One check's outcome.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// What a check run found.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Every check passed.
+    pub ok: bool,
+    /// `running` when every check passed, else the link state the failure means
+    /// (`unavailable`, `tls_failed`, `auth_failed`, `forbidden`, `target_missing`, ...).
+    pub state: &'static str,
+    pub checks: Vec<Check>,
+    /// The target topic's incarnation id (hex), when one was checked and found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<String>,
+}
+
+/// What to check beyond the remote itself.
+#[derive(Debug, Clone, Default)]
+pub struct Target<'a> {
+    /// The topic records would be sent to.
+    pub topic: Option<&'a str>,
+    /// The incarnation id of the topic that would be mirrored: the target must not be it.
+    pub parent_id: Option<u64>,
+}
+
+struct Run {
+    checks: Vec<Check>,
+    topic_id: Option<String>,
+}
+
+impl Run {
+    fn pass(&mut self, name: &'static str, detail: impl Into<String>) {
+        self.checks.push(Check {
+            name,
+            ok: true,
+            detail: detail.into(),
+        });
+    }
+
+    fn fail(mut self, name: &'static str, state: &'static str, detail: String) -> CheckReport {
+        self.checks.push(Check {
+            name,
+            ok: false,
+            detail,
+        });
+        CheckReport {
+            ok: false,
+            state,
+            checks: self.checks,
+            topic_id: self.topic_id,
+        }
+    }
+}
+
+/// The error code of a Narad error body, if the body is one.
+fn code(reply: &Reply) -> Option<String> {
+    serde_json::from_slice::<serde_json::Value>(&reply.body)
+        .ok()?
+        .get("code")?
+        .as_str()
+        .filter(|c| c.len() <= 64 && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        .map(str::to_owned)
+}
+
+/// The link state an unexpected answer means.
+fn state_of(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "auth_failed",
+        403 => "forbidden",
+        404 => "target_missing",
+        429 => "throttled",
+        _ => "unavailable",
+    }
+}
+
+fn answered(reply: &Reply) -> String {
+    match code(reply) {
+        Some(c) => format!("answered {} {c}", reply.status.as_u16()),
+        None => format!("answered {}", reply.status.as_u16()),
+    }
+}
+
+/// Runs the checks against `client`'s remote for `target`, within [`CHECK_DEADLINE`].
+pub async fn check(client: &RemoteClient, target: Target<'_>) -> CheckReport {
+    let run = Run {
+        checks: Vec::new(),
+        topic_id: None,
+    };
+    match tokio::time::timeout(CHECK_DEADLINE, checks(client, target, run)).await {
+        Ok(report) => report,
+        Err(_) => CheckReport {
+            ok: false,
+            state: "unavailable",
+            checks: vec![Check {
+                name: "deadline",
+                ok: false,
+                detail: format!("the checks did not finish within {CHECK_DEADLINE:?}"),
+            }],
+            topic_id: None,
+        },
+    }
+}
+
+async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> CheckReport {
+    // 1. reachable, and a Narad asking for credentials
+    let reply = match client.request_anonymous(Method::GET, "v1/topics").await {
+        Ok(r) => r,
+        Err(e) => return run.fail("reachable", e.state(), e.to_string()),
+    };
+    run.pass("reachable", format!("{} answered", client.url().canonical));
+    match (reply.status.as_u16(), code(&reply).as_deref()) {
+        (401, Some("unauthorized")) => run.pass("security_on", "the remote asks for credentials"),
+        (200, _) => {
+            return run.fail(
+                "security_on",
+                "destination_refused",
+                "the remote answers without credentials: its security is off, and a remote must be a Narad with security on".into(),
+            );
+        }
+        _ => {
+            return run.fail(
+                "security_on",
+                "destination_refused",
+                format!("not a Narad API: {}", answered(&reply)),
+            );
+        }
+    }
+    // 2. the credential works
+    let reply = match client.request(Method::GET, "v1/topics?limit=1", None).await {
+        Ok(r) => r,
+        Err(e) => return run.fail("credential", e.state(), e.to_string()),
+    };
+    if reply.status != StatusCode::OK {
+        return run.fail(
+            "credential",
+            state_of(reply.status),
+            format!("the remote refused the credential: {}", answered(&reply)),
+        );
+    }
+    run.pass("credential", "the remote took the credential");
+    // 3. ... and is not an admin's
+    let reply = match client.request(Method::GET, "v1/users", None).await {
+        Ok(r) => r,
+        Err(e) => return run.fail("not_admin", e.state(), e.to_string()),
+    };
+    match reply.status.as_u16() {
+        403 => run.pass("not_admin", "the user is not an admin of the remote"),
+        200 => {
+            return run.fail(
+                "not_admin",
+                "forbidden",
+                "the user is an admin of the remote: give the remote a user with only produce on the target topics".into(),
+            );
+        }
+        _ => {
+            return run.fail(
+                "not_admin",
+                state_of(reply.status),
+                format!("asking whether the user is an admin: {}", answered(&reply)),
+            );
+        }
+    }
+    let Some(topic) = target.topic else {
+        return CheckReport {
+            ok: true,
+            state: "running",
+            checks: run.checks,
+            topic_id: None,
+        };
+    };
+    // 4. the target topic exists and is not the parent itself
+    let reply = match client
+        .request(Method::GET, &format!("v1/topics/{topic}"), None)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return run.fail("topic", e.state(), e.to_string()),
+    };
+    if reply.status != StatusCode::OK {
+        return run.fail(
+            "topic",
+            state_of(reply.status),
+            format!("topic '{topic}' on the remote: {}", answered(&reply)),
+        );
+    }
+    let id = serde_json::from_slice::<serde_json::Value>(&reply.body)
+        .ok()
+        .and_then(|v| v.get("id")?.as_str().map(str::to_owned))
+        .filter(|id| id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()));
+    let Some(id) = id else {
+        return run.fail(
+            "topic",
+            "destination_refused",
+            format!("topic '{topic}' on the remote: the answer names no incarnation id"),
+        );
+    };
+    run.topic_id = Some(id.clone());
+    if target
+        .parent_id
+        .is_some_and(|p| u64::from_str_radix(&id, 16) == Ok(p))
+    {
+        return run.fail(
+            "topic",
+            "loop_detected",
+            format!(
+                "topic '{topic}' on the remote is the mirrored topic itself (incarnation {id}): the remote is this cluster"
+            ),
+        );
+    }
+    run.pass(
+        "topic",
+        format!("topic '{topic}' exists (incarnation {id})"),
+    );
+    // 5. the credential may produce to it (an empty batch is refused for its emptiness only
+    //    when the caller may produce: nothing is written)
+    let reply = match client
+        .request(
+            Method::POST,
+            &format!("v1/topics/{topic}/produce/batch"),
+            Some(bytes::Bytes::from_static(b"{\"messages\":[]}")),
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return run.fail("produce", e.state(), e.to_string()),
+    };
+    match (reply.status.as_u16(), code(&reply).as_deref()) {
+        (400, Some("invalid_batch")) => {
+            run.pass("produce", format!("the user may produce to '{topic}'"));
+        }
+        _ => {
+            return run.fail(
+                "produce",
+                state_of(reply.status),
+                format!("producing to '{topic}' on the remote: {}", answered(&reply)),
+            );
+        }
+    }
+    CheckReport {
+        ok: true,
+        state: "running",
+        checks: run.checks,
+        topic_id: run.topic_id,
+    }
+}
