@@ -17,6 +17,10 @@ pub enum Action {
     Consume,
     /// Create topics whose name matches; the creator owns the topic.
     Create,
+    /// Produce records carrying an origin (`narad-origin`): what another cluster's remote
+    /// child sends when it mirrors a topic here. Give it to that cluster's user, beside
+    /// `produce`; nobody else may write origins (they say where a record came from).
+    Replicate,
     /// Everything, on every topic and user. Only the root user grants it.
     Admin,
 }
@@ -27,6 +31,7 @@ impl Action {
             Self::Produce => "produce",
             Self::Consume => "consume",
             Self::Create => "create",
+            Self::Replicate => "replicate",
             Self::Admin => "admin",
         }
     }

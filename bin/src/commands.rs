@@ -145,10 +145,11 @@ fn parse_grant(spec: &str) -> Result<wire::Grant, BoxError> {
         "produce" => wire::GrantAction::Produce,
         "consume" => wire::GrantAction::Consume,
         "create" => wire::GrantAction::Create,
+        "replicate" => wire::GrantAction::Replicate,
         "admin" => wire::GrantAction::Admin,
         _ => {
             return Err(format!(
-                "grant '{spec}': the action must be produce, consume, create or admin"
+                "grant '{spec}': the action must be produce, consume, create, replicate or admin"
             )
             .into());
         }
@@ -166,6 +167,7 @@ fn grant_text(g: &wire::Grant) -> String {
         wire::GrantAction::Produce => "produce",
         wire::GrantAction::Consume => "consume",
         wire::GrantAction::Create => "create",
+        wire::GrantAction::Replicate => "replicate",
         wire::GrantAction::Admin => "admin",
     };
     if g.patterns.is_empty() {

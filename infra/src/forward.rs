@@ -827,6 +827,16 @@ impl Ingress {
         self: &Arc<Self>,
         meta: &narad_core::catalog::TopicMeta,
     ) -> Result<Vec<u64>, ApiError> {
+        self.positions(meta, false).await
+    }
+
+    /// Every partition's next offset (`frontier` false) or ack frontier (true), from their
+    /// owners; `503` if an owner cannot be asked.
+    pub async fn positions(
+        self: &Arc<Self>,
+        meta: &narad_core::catalog::TopicMeta,
+        frontier: bool,
+    ) -> Result<Vec<u64>, ApiError> {
         let info = self.broker.topic_info(&meta.name)?;
         if info.meta.id != meta.id {
             return Err(ApiError::new(
@@ -849,7 +859,7 @@ impl Ingress {
         let mut tails = vec![None; meta.config.partitions as usize];
         for s in &stats {
             if let Some(t) = tails.get_mut(s.partition as usize) {
-                *t = Some(s.next_offset);
+                *t = Some(if frontier { s.frontier } else { s.next_offset });
             }
         }
         tails
@@ -883,6 +893,16 @@ impl Ingress {
                 if let Some(c) = list.iter_mut().find(|c| c.name == g.name) {
                     c.lag_messages = c.lag_messages.saturating_add(g.lag_messages);
                     c.due_lag_seconds = c.due_lag_seconds.max(g.due_lag_seconds);
+                    if let (Some(mine), Some(theirs)) = (c.remote.as_mut(), g.remote) {
+                        // the worst state of any owner's cursors, the oldest unshipped record
+                        if narad_core::broker::state_rank(&theirs.state)
+                            > narad_core::broker::state_rank(&mine.state)
+                        {
+                            mine.state = theirs.state;
+                            mine.last_error = theirs.last_error.or(mine.last_error.take());
+                        }
+                        mine.lag_seconds = mine.lag_seconds.max(theirs.lag_seconds);
+                    }
                 }
             }
         }

@@ -413,6 +413,14 @@ impl Opening {
                 return;
             }
         }
+        // remote children's cursors here ship through the sender
+        b.set_remote_shipper(Arc::new(narad_xregion::sender::Shipper(
+            narad_xregion::sender::Sender::new(
+                Arc::downgrade(&b),
+                self.state.remotes.keys.clone(),
+                self.state.remotes.guard.clone(),
+            ),
+        )));
         if let (Some(node), Some(store)) = (self.state.cluster.clone(), replicated) {
             // the other members' calls for this member's partitions, and ours for theirs
             let ingress =

@@ -1,6 +1,8 @@
 //! Remotes (`/v1/remotes`): kept with their passwords sealed, checked against a real second
 //! broker over TLS, refused where the address guard says, carried across a secret rotation.
 
+use std::sync::Arc;
+
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -36,7 +38,10 @@ async fn target(dir: &std::path::Path) -> (Server, String) {
     for (body, path) in [
         (json!({"name": "orders", "partitions": 2}), "/v1/topics"),
         (
-            json!({"username": "mirror", "password": MIRROR_PW, "grants": [{"action": "produce", "patterns": ["orders"]}]}),
+            json!({"username": "mirror", "password": MIRROR_PW, "grants": [
+                {"action": "produce", "patterns": ["orders"]},
+                {"action": "replicate", "patterns": ["orders"]},
+            ]}),
             "/v1/users",
         ),
         (
@@ -663,4 +668,390 @@ async fn the_cli_adds_lists_tests_and_removes_remotes() {
     assert!(!ok, "{err}");
     let (ok, out, err) = cli(&["remote", "rm", "b"], "");
     assert!(ok && out.contains("deleted remote b"), "{out}{err}");
+}
+
+/// A TCP relay from a port of the test's to `target`, which the test can cut: cut, it accepts
+/// and drops every connection (counting them), as a target that is down but whose address
+/// still answers would.
+struct Relay {
+    port: u16,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Relay {
+    async fn start(target: u16) -> Self {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (c, n) = (cut.clone(), accepted.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = l.accept().await {
+                n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if c.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                tokio::spawn(async move {
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            cut,
+            accepted,
+        }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn accepted(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Every record of `topic` on `s` (replayed from each of its `partitions`): (partition,
+/// key, seq, origin) in offset order per partition.
+async fn replay_all(s: &Server, topic: &str, partitions: u32) -> Vec<(u32, String, u64, String)> {
+    let mut out = Vec::new();
+    for p in 0..partitions {
+        let mut offset = 0u64;
+        loop {
+            let r = call(
+                s,
+                Method::GET,
+                &format!("/v1/topics/{topic}/consume?partition={p}&offset={offset}&max=100"),
+                None,
+            )
+            .await;
+            if r.status() == StatusCode::NO_CONTENT {
+                break;
+            }
+            let v = json_of(r, StatusCode::OK).await;
+            let msgs = v["messages"].as_array().unwrap();
+            for m in msgs {
+                out.push((
+                    p,
+                    m["key"].as_str().unwrap_or("").to_owned(),
+                    m["payload"]["seq"].as_u64().unwrap(),
+                    m["headers"]["narad-origin"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                ));
+                offset = m["offset"].as_u64().unwrap() + 1;
+            }
+        }
+    }
+    out
+}
+
+/// Produces `seqs` to `topic` on `s` in batches of 100, keyed `k<seq % 20>`; returns the
+/// seqs of the batches answered 202 (the ones that must arrive).
+async fn produce_seqs(s: &Server, topic: &str, seqs: std::ops::Range<u64>) -> Vec<u64> {
+    let mut acked = Vec::new();
+    let all: Vec<u64> = seqs.collect();
+    for chunk in all.chunks(100) {
+        let msgs: Vec<Value> = chunk
+            .iter()
+            .map(|n| json!({"key": format!("k{}", n % 20), "payload": {"seq": n}}))
+            .collect();
+        let path = format!("/v1/topics/{topic}/produce/batch");
+        let r = call_as(
+            s,
+            ("admin", ROOT_PW),
+            Method::POST,
+            &path,
+            Some(json!({ "messages": msgs })),
+        );
+        match tokio::time::timeout(std::time::Duration::from_secs(10), r).await {
+            Ok(r) if r.status() == StatusCode::ACCEPTED => acked.extend_from_slice(chunk),
+            _ => break,
+        }
+    }
+    acked
+}
+
+async fn children_of(s: &Server, parent: &str) -> Value {
+    json_of(
+        call(
+            s,
+            Method::GET,
+            &format!("/v1/topics/{parent}/children"),
+            None,
+        )
+        .await,
+        StatusCode::OK,
+    )
+    .await
+}
+
+/// Polls (60 s at most) until `f` holds.
+async fn until<F: AsyncFnMut() -> bool>(what: &str, mut f: F) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !f().await {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        crate::support::poll_pause().await;
+    }
+}
+
+/// The per-key order on the target: for each key, the first copies of its records come in
+/// the order they were produced (later duplicates of a resent chunk are allowed).
+fn check_key_order(got: &[(u32, String, u64, String)]) {
+    let mut seen = std::collections::HashSet::new();
+    let mut last: std::collections::HashMap<&str, u64> = Default::default();
+    for (_, k, seq, _) in got {
+        if !seen.insert(*seq) {
+            continue;
+        }
+        if let Some(prev) = last.insert(k.as_str(), *seq) {
+            assert!(prev < *seq, "key {k}: {seq} arrived after {prev}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, ca) = target(dir.path()).await;
+    let relay = Relay::start(port_of(&b)).await;
+    let mut a = source(dir.path(), relay.port).await;
+    let url = format!("https://127.0.0.1:{}", relay.port);
+    let r = call(&a, Method::POST, "/v1/remotes", Some(json!({"name": "b", "url": url, "username": "mirror", "password": MIRROR_PW, "ca_pem": ca}))).await;
+    json_of(r, StatusCode::CREATED).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "src", "partitions": 2})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    // only an admin attaches a remote child, and only to a target that passes the checks
+    let attach = json!({"child": "to-b", "remote": "b", "remote_topic": "orders", "lanes": 4});
+    let bad = json!({"child": "to-b", "remote": "b", "remote_topic": "other-topic"});
+    let r = call(&a, Method::POST, "/v1/topics/src/children", Some(bad)).await;
+    expect_error(r, StatusCode::CONFLICT, "remote_check_failed").await;
+    let r = call(&a, Method::POST, "/v1/topics/src/children", Some(attach)).await;
+    let list = json_of(r, StatusCode::OK).await;
+    assert_eq!(
+        list["children"][0]["remote"]["remote_topic"], "orders",
+        "{list}"
+    );
+    // the remote is in use
+    let r = call(&a, Method::DELETE, "/v1/remotes/b", None).await;
+    expect_error(r, StatusCode::CONFLICT, "remote_in_use").await;
+
+    // 1000 keyed records arrive, each key's in order, each with its origin
+    assert_eq!(produce_seqs(&a, "src", 0..1000).await.len(), 1000);
+    until("1000 records on the target", async || {
+        replay_all(&b, "orders", 2).await.len() >= 1000
+    })
+    .await;
+    let got = replay_all(&b, "orders", 2).await;
+    assert_eq!(got.len(), 1000, "no duplicates without a failure");
+    check_key_order(&got);
+    let origin = &got[0].3;
+    let parts: Vec<&str> = origin.split('/').collect();
+    assert_eq!(parts.len(), 4, "{origin}");
+    let a_cluster = parts[0].to_owned();
+    until("lag 0 and running", async || {
+        let c = children_of(&a, "src").await;
+        c["children"][0]["lag_messages"] == 0 && c["children"][0]["remote"]["state"] == "running"
+    })
+    .await;
+
+    // kill -9 of the source while it ships: after the restart every record it acked is on
+    // the target (duplicates allowed, no gap)
+    let producer = {
+        let (base, http) = (a.base.clone(), a.http.clone());
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for start in (1000..4000).step_by(100) {
+                let msgs: Vec<Value> = (start..start + 100)
+                    .map(|n: u64| json!({"key": format!("k{}", n % 20), "payload": {"seq": n}}))
+                    .collect();
+                let r = http
+                    .post(format!("{base}/v1/topics/src/produce/batch"))
+                    .basic_auth("admin", Some(ROOT_PW))
+                    .json(&json!({ "messages": msgs }))
+                    .timeout(std::time::Duration::from_secs(5))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == StatusCode::ACCEPTED => acked.extend(start..start + 100),
+                    _ => break,
+                }
+            }
+            acked
+        })
+    };
+    until("some of the second wave shipped", async || {
+        replay_all(&b, "orders", 2).await.len() >= 1500
+    })
+    .await;
+    a.kill9();
+    let acked = producer.await.unwrap();
+    assert!(acked.len() >= 500, "{}", acked.len());
+    a.restart().await;
+    until("every acked record on the target", async || {
+        let have: std::collections::HashSet<u64> = replay_all(&b, "orders", 2)
+            .await
+            .iter()
+            .map(|r| r.2)
+            .collect();
+        acked.iter().all(|s| have.contains(s))
+    })
+    .await;
+    check_key_order(&replay_all(&b, "orders", 2).await);
+
+    // the target goes away: the gate opens and then lets one probe through per step
+    relay.set_cut(true);
+    assert_eq!(produce_seqs(&a, "src", 4000..4010).await.len(), 10);
+    until("the child unavailable", async || {
+        let st = children_of(&a, "src").await["children"][0]["remote"]["state"].clone();
+        st != "running"
+    })
+    .await;
+    let from = relay.accepted();
+    let t0 = std::time::Instant::now();
+    until("4 s pass", async || {
+        t0.elapsed() >= std::time::Duration::from_secs(4)
+    })
+    .await;
+    let during = relay.accepted() - from;
+    // without the gate 2 cursors × 4 lanes would retry every ≤ 2 s (≥ 16 connections in
+    // 4 s); with it, one probe per step (0.25 s doubling, jittered): a handful
+    assert!(
+        during <= 8,
+        "{during} connections in 4 s with the gate open"
+    );
+    let c = children_of(&a, "src").await;
+    assert_eq!(c["children"][0]["lag_messages"], 10, "{c}");
+    // it comes back: the records drain
+    relay.set_cut(false);
+    until("drained after the target came back", async || {
+        let have: std::collections::HashSet<u64> = replay_all(&b, "orders", 2)
+            .await
+            .iter()
+            .map(|r| r.2)
+            .collect();
+        (4000..4010).all(|s| have.contains(&s))
+    })
+    .await;
+
+    // pause: nothing ships, the lag shows; a parent delete is refused while records wait
+    let r = call(&a, Method::POST, "/v1/topics/src/children/to-b/pause", None).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(produce_seqs(&a, "src", 5000..5005).await.len(), 5);
+    until("paused with lag 5", async || {
+        let c = children_of(&a, "src").await;
+        c["children"][0]["lag_messages"] == 5 && c["children"][0]["remote"]["state"] == "paused"
+    })
+    .await;
+    let r = call(&a, Method::DELETE, "/v1/topics/src", None).await;
+    expect_error(r, StatusCode::CONFLICT, "unshipped").await;
+    let r = call(&a, Method::DELETE, "/v1/topics/src/children/to-b", None).await;
+    expect_error(r, StatusCode::CONFLICT, "unshipped").await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics/src/children/to-b/resume",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    until("resumed and shipped", async || {
+        let have: std::collections::HashSet<u64> = replay_all(&b, "orders", 2)
+            .await
+            .iter()
+            .map(|r| r.2)
+            .collect();
+        (5000..5005).all(|s| have.contains(&s))
+    })
+    .await;
+
+    // origins: only a replicate grant may write one, and never naming the cluster it is
+    // written to
+    let forged = json!({"messages": [{"payload": {"seq": 1}, "headers": {"narad-origin": format!("{a_cluster}/0000000000000001/0/0")}}]});
+    let r = call_as(
+        &b,
+        ("mirror", MIRROR_PW),
+        Method::POST,
+        "/v1/topics/orders/produce/batch",
+        Some(forged.clone()),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "a replicator may");
+    let r = call(&b, Method::POST, "/v1/users", Some(json!({"username": "plain", "password": "plain's password", "grants": [{"action": "produce", "patterns": ["orders"]}]}))).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = call_as(
+        &b,
+        ("plain", "plain's password"),
+        Method::POST,
+        "/v1/topics/orders/produce/batch",
+        Some(forged.clone()),
+    )
+    .await;
+    expect_error(r, StatusCode::FORBIDDEN, "forbidden").await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics/src/produce/batch",
+        Some(forged),
+    )
+    .await;
+    expect_error(r, StatusCode::CONFLICT, "loop_detected").await;
+    let bad = json!({"messages": [{"payload": 1, "headers": {"narad-origin": "nonsense"}}]});
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/produce/batch",
+        Some(bad),
+    )
+    .await;
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_headers").await;
+
+    // the target topic deleted and created again: the link stops at the next request
+    let r = call(&b, Method::DELETE, "/v1/topics/orders", None).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "orders", "partitions": 2})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(produce_seqs(&a, "src", 6000..6001).await.len(), 1);
+    until("target_replaced", async || {
+        children_of(&a, "src").await["children"][0]["remote"]["state"] == "target_replaced"
+    })
+    .await;
+    let r = call(&b, Method::GET, "/v1/topics/orders", None).await;
+    let v = json_of(r, StatusCode::OK).await;
+    assert_eq!(
+        v["partition_stats"][0]["next_offset"].as_u64().unwrap()
+            + v["partition_stats"][1]["next_offset"].as_u64().unwrap(),
+        0,
+        "nothing went to the new incarnation"
+    );
+    // detached with force: the record it could not ship is abandoned
+    let r = call(
+        &a,
+        Method::DELETE,
+        "/v1/topics/src/children/to-b?force=true",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = call(&a, Method::DELETE, "/v1/remotes/b", None).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
 }

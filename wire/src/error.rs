@@ -114,6 +114,9 @@ error_codes! {
     TooManyPartitions = 1206, "too_many_partitions", 409;
     /// The caller owns `max_topics_per_user` topics.
     TooManyOwnedTopics = 1207, "too_many_owned_topics", 409;
+    /// The request names (`Narad-Topic-Id`) another incarnation of the topic than the one
+    /// of that name now: it was deleted and created again. Nothing was written.
+    TopicReplaced = 1208, "topic_replaced", 409;
 
     // ── 1300: produce ──
     /// A batch with no message or more than `max_batch_messages`, or an ack batch with no
@@ -238,6 +241,17 @@ error_codes! {
     /// under a secret this node does not have): set `cluster_secret_previous`, or give the
     /// password again.
     CredentialUnavailable = 2107, "credential_unavailable", 409;
+    /// A remote child uses the remote: detach it first.
+    RemoteInUse = 2108, "remote_in_use", 409;
+    /// The parent or remote child still has records not shipped to the remote: wait for
+    /// its lag to reach 0, or delete with `force=true` (what was abandoned is logged).
+    Unshipped = 2109, "unshipped", 409;
+    /// The remote child's target is this cluster, or a record's origin names the cluster it
+    /// is sent to: a mirroring loop.
+    LoopDetected = 2110, "loop_detected", 409;
+    /// The remote failed a check at attach or resume (unreachable, security off, the
+    /// credential refused or an admin's, the target topic missing or not writable).
+    RemoteCheckFailed = 2111, "remote_check_failed", 409;
 }
 
 impl ErrorCode {

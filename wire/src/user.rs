@@ -9,6 +9,8 @@ pub enum GrantAction {
     Produce,
     Consume,
     Create,
+    /// Produce records carrying an origin (a remote child of another cluster).
+    Replicate,
     /// Everything; global (no patterns). Only the root user grants it.
     Admin,
 }

@@ -65,6 +65,7 @@ impl ClientError {
 #[derive(Debug)]
 pub struct Reply {
     pub status: StatusCode,
+    pub headers: hyper::HeaderMap,
     pub body: Bytes,
 }
 
@@ -178,9 +179,25 @@ impl RemoteClient {
         path: &str,
         json: Option<Bytes>,
     ) -> Result<Reply, ClientError> {
-        tokio::time::timeout(self.timeout, self.exchange(method, path, json, true))
+        tokio::time::timeout(self.timeout, self.exchange(method, path, json, None, true))
             .await
             .map_err(|_| ClientError::Timeout(self.timeout))?
+    }
+
+    /// A POST of a zstd-compressed JSON body, with `Narad-Topic-Id: <topic_id>` (the target
+    /// refuses it unless its topic is that incarnation).
+    pub async fn post_zstd(
+        &self,
+        path: &str,
+        body: Bytes,
+        topic_id: u64,
+    ) -> Result<Reply, ClientError> {
+        tokio::time::timeout(
+            self.timeout,
+            self.exchange(Method::POST, path, Some(body), Some(topic_id), true),
+        )
+        .await
+        .map_err(|_| ClientError::Timeout(self.timeout))?
     }
 
     /// [`RemoteClient::request`] without the credential: for checking that the remote asks
@@ -190,7 +207,7 @@ impl RemoteClient {
         method: Method,
         path: &str,
     ) -> Result<Reply, ClientError> {
-        tokio::time::timeout(self.timeout, self.exchange(method, path, None, false))
+        tokio::time::timeout(self.timeout, self.exchange(method, path, None, None, false))
             .await
             .map_err(|_| ClientError::Timeout(self.timeout))?
     }
@@ -200,6 +217,7 @@ impl RemoteClient {
         method: Method,
         path: &str,
         json: Option<Bytes>,
+        zstd_for_topic: Option<u64>,
         authenticated: bool,
     ) -> Result<Reply, ClientError> {
         let addrs = guard::resolve(&self.url, &self.guard).await?;
@@ -242,6 +260,11 @@ impl RemoteClient {
         if json.is_some() {
             req = req.header(CONTENT_TYPE, "application/json");
         }
+        if let Some(id) = zstd_for_topic {
+            req = req
+                .header(hyper::header::CONTENT_ENCODING, "zstd")
+                .header("narad-topic-id", format!("{id:016x}"));
+        }
         let req = req
             .body(Full::new(json.unwrap_or_default()))
             .map_err(|e| ClientError::Http(e.to_string()))?;
@@ -254,6 +277,7 @@ impl RemoteClient {
             }
         };
         let status = resp.status();
+        let headers = resp.headers().clone();
         if status.is_redirection() {
             driver.abort();
             return Err(ClientError::Redirect(status.as_u16()));
@@ -272,7 +296,11 @@ impl RemoteClient {
             })?
             .to_bytes();
         driver.abort();
-        Ok(Reply { status, body })
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
     }
 }
 

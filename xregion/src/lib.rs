@@ -13,3 +13,4 @@ pub mod client;
 pub mod guard;
 pub mod remote;
 pub mod seal;
+pub mod sender;

@@ -108,6 +108,10 @@ pub enum CatalogDone {
     RemoteDeleted {
         id: u64,
     },
+    RemoteChild {
+        epoch: u64,
+    },
+    ClusterId(u64),
 }
 
 openraft::declare_raft_types!(

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use narad_auth::store::{UserRecord, Users};
-use narad_core::catalog::{self, Applied, Catalog, RemoteMeta, TopicMeta};
+use narad_core::catalog::{self, Applied, Catalog, RemoteChild, RemoteMeta, TopicMeta};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError,
@@ -87,6 +87,10 @@ impl Data {
                             version: r.version,
                         },
                         Applied::RemoteDeleted(r) => CatalogDone::RemoteDeleted { id: r.id },
+                        Applied::RemoteChild(c) | Applied::RemoteChildGone(c) => {
+                            CatalogDone::RemoteChild { epoch: c.epoch }
+                        }
+                        Applied::ClusterId(id) => CatalogDone::ClusterId(id),
                     })
                 }
                 Err(e) => Err(e),
@@ -130,6 +134,12 @@ impl Data {
             catalog_applied: self.catalog.applied(),
             topics: self.catalog.topics().map(|t| (**t).clone()).collect(),
             remotes: self.catalog.remotes().map(|r| (**r).clone()).collect(),
+            remote_children: self
+                .catalog
+                .remote_children()
+                .map(|c| (**c).clone())
+                .collect(),
+            cluster_id: self.catalog.cluster_id(),
             users: self.users.values().map(|u| UserRecord::clone(u)).collect(),
             dedupe: self
                 .dedupe_order
@@ -150,7 +160,8 @@ impl Data {
         }
         let catalog = catalog
             .with_remotes(f.remotes)
-            .ok_or("a remote name appears twice")?;
+            .and_then(|c| c.with_remote_children(f.remote_children, f.cluster_id))
+            .ok_or("a remote or remote child name appears twice")?;
         if f.dedupe.len() > DEDUPE_ENTRIES {
             return Err("too many remembered requests".into());
         }
@@ -183,6 +194,10 @@ struct StateFile {
     /// Remotes, their passwords sealed.
     #[serde(default)]
     remotes: Vec<RemoteMeta>,
+    #[serde(default)]
+    remote_children: Vec<RemoteChild>,
+    #[serde(default)]
+    cluster_id: Option<u64>,
     #[serde(default)]
     users: Vec<UserRecord>,
     dedupe: Vec<(u128, MetaResponse)>,

@@ -28,10 +28,10 @@ use crate::topic::{CreateTopic, partition_for_key};
 pub const MAX_CHILD_DELAY_MS: i64 = 365 * 24 * 3_600_000;
 /// Records and bytes one cursor copies per slab.
 const SLAB_RECORDS: usize = 4096;
-const SLAB_BYTES: usize = 4 << 20;
+pub(super) const SLAB_BYTES: usize = 4 << 20;
 /// How long a cursor with nothing to copy sleeps unless an append wakes it. Thousands of
 /// idle cursors (64 children of a parent with hundreds of partitions) must cost nothing.
-const IDLE_WAIT: Duration = Duration::from_secs(10);
+pub(super) const IDLE_WAIT: Duration = Duration::from_secs(10);
 
 /// A child's link to its parent, kept in the child's metadata.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -97,6 +97,9 @@ pub struct ChildInfo {
     pub lag_messages: u64,
     /// Delay children: how far behind its due time the oldest uncopied due record is.
     pub due_lag_seconds: f64,
+    /// Set for a remote child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<super::RemoteChildInfo>,
 }
 
 /// Where a cursor's records go.
@@ -164,7 +167,7 @@ impl CursorState {
 
 /// The cursor file of one attachment. The epoch is in the name: a cursor task of an earlier
 /// attachment that is still finishing its last slab can only ever write its own file.
-fn cursor_path(parent_partition_dir: &Path, child: &str, epoch: u64) -> PathBuf {
+pub(super) fn cursor_path(parent_partition_dir: &Path, child: &str, epoch: u64) -> PathBuf {
     parent_partition_dir.join(format!("fanout-{child}.{epoch:016x}.offset"))
 }
 
@@ -191,7 +194,7 @@ pub(crate) fn remove_cursor_files(parent_partition_dir: &Path, child: &str) {
 
 /// Removes the cursor files of `child` in a parent partition directory, except those of
 /// attachment `keep`.
-fn remove_cursor_files_but(parent_partition_dir: &Path, child: &str, keep: Option<u64>) {
+pub(super) fn remove_cursor_files_but(parent_partition_dir: &Path, child: &str, keep: Option<u64>) {
     let Ok(entries) = std::fs::read_dir(parent_partition_dir) else {
         return;
     };
@@ -206,7 +209,7 @@ fn remove_cursor_files_but(parent_partition_dir: &Path, child: &str, keep: Optio
     }
 }
 
-fn read_cursor(path: &Path, epoch: u64) -> Option<u64> {
+pub(super) fn read_cursor(path: &Path, epoch: u64) -> Option<u64> {
     let text = std::fs::read(path).ok()?;
     let c: CursorFile = serde_json::from_slice(&text).ok()?;
     (c.epoch == epoch).then_some(c.next_offset)
@@ -643,8 +646,10 @@ impl Broker {
                 delay_ms: link.delay_ms,
                 lag_messages: lag,
                 due_lag_seconds: due_lag as f64 / 1000.0,
+                remote: None,
             });
         }
+        out.extend(self.remote_child_infos(parent));
         Ok(out)
     }
 
@@ -703,6 +708,7 @@ impl Broker {
                 }
             }
         }
+        self.start_remote_cursors();
     }
 
     /// A cluster member following the catalog: the link `link` of child `child` is gone
@@ -1057,7 +1063,7 @@ async fn copy_slab<S: Sink>(
     Ok(Step::Copied(last + 1))
 }
 
-async fn persist(path: &Path, epoch: u64, next: u64) -> Result<(), BrokerError> {
+pub(super) async fn persist(path: &Path, epoch: u64, next: u64) -> Result<(), BrokerError> {
     let p = path.to_owned();
     tokio::task::spawn_blocking(move || write_cursor(&p, epoch, next))
         .await

@@ -52,6 +52,9 @@ use crate::topic::{
 };
 pub use fanout::{ChildInfo, CopyForwarder, LinkStart, ParentLink};
 use partition::{LogEnv, OpenLogs, Partition};
+pub use remotes::{
+    LinkStatus, ORIGIN_HEADER, RemoteChildInfo, RemoteShipper, ShipBatch, ShipFailure, state_rank,
+};
 use waiters::{Waiter, Waiters};
 
 /// Present in the data directory while a restore from the archive is unfinished.
@@ -215,6 +218,12 @@ pub enum BrokerError {
     RemoteChanged(String),
     #[error("the cluster already has {max} remotes, the most it keeps; delete one first")]
     TooManyRemotes { max: usize },
+    /// A remote child uses the remote.
+    #[error("{0}")]
+    RemoteInUse(String),
+    /// A parent or remote child with records not shipped yet, deleted without `force`.
+    #[error("{0}")]
+    Unshipped(String),
     /// A partition another node owns: the caller routes the request to that owner.
     #[error("partition {partition} of '{topic}' is owned by node {owner}, not this one; retry")]
     NotOwner {
@@ -241,6 +250,7 @@ impl From<CatalogError> for BrokerError {
             CatalogError::RemoteNotFound(name) => Self::RemoteNotFound(name),
             CatalogError::RemoteChanged(m) => Self::RemoteChanged(m),
             CatalogError::TooManyRemotes(max) => Self::TooManyRemotes { max },
+            CatalogError::RemoteInUse(m) => Self::RemoteInUse(m),
         }
     }
 }
@@ -422,6 +432,10 @@ pub struct Broker {
     fanout: Mutex<HashMap<(String, u32), Arc<fanout::CursorState>>>,
     /// On a cluster member: how fan-out copies reach child partitions other members own.
     copy_forwarder: std::sync::OnceLock<Arc<dyn CopyForwarder>>,
+    /// Remote children's cursors, per (child, parent partition).
+    remote_cursors: Mutex<HashMap<(String, u32), Arc<remotes::RemoteCursor>>>,
+    /// How remote children's records reach their remotes.
+    shipper: std::sync::OnceLock<Arc<dyn RemoteShipper>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -516,6 +530,8 @@ impl Broker {
             fresh: AtomicBool::new(false),
             fanout: Mutex::new(HashMap::new()),
             copy_forwarder: std::sync::OnceLock::new(),
+            remote_cursors: Mutex::new(HashMap::new()),
+            shipper: std::sync::OnceLock::new(),
         });
         let data_dir = broker.cfg.data_dir.clone();
         {

@@ -1,11 +1,19 @@
 //! Remotes in the broker: read from the catalog, changed through the metadata store like
 //! topics (durable before they are visible; on a cluster member through the replicated log).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use crate::catalog::{Applied, CatalogCommand, RemoteMeta};
+use serde::{Deserialize, Serialize};
 
-use super::{Broker, BrokerError};
+use crate::catalog::{Applied, CatalogCommand, RemoteChild, RemoteMeta};
+use crate::log::LogError;
+use crate::record::Record;
+
+use super::{Broker, BrokerError, Topic, fanout};
 
 impl Broker {
     /// Every remote, by name.
@@ -62,5 +70,500 @@ impl Broker {
             return self.propose_replicated(cmd).await;
         }
         self.commit(cmd, |_| {}).await.map(|_| ())
+    }
+}
+
+/// The header a mirrored record carries on the target: `<cluster>/<topic>/<partition>/<offset>`
+/// of where it was first written (the cluster and topic ids in 16 hex digits). A record that
+/// carries one is never mirrored again (one hop), and a target refuses one naming itself.
+pub const ORIGIN_HEADER: &str = "narad-origin";
+
+/// Most records one slab of a remote cursor holds.
+const REMOTE_SLAB_RECORDS: usize = 4096;
+/// A paused cursor (or one with no shipper yet) looks again this often.
+const PAUSED_POLL: Duration = Duration::from_millis(250);
+
+/// One slab for a [`RemoteShipper`]: records of one parent partition, in offset order.
+pub struct ShipBatch {
+    pub child: Arc<RemoteChild>,
+    /// This cluster's id, which every mirrored record names as its origin.
+    pub cluster_id: u64,
+    pub parent_partition: u32,
+    pub records: Vec<Arc<Record>>,
+    /// The lanes that took their share of this same slab in an earlier attempt: a retry
+    /// sends only the others. Empty on a first attempt.
+    pub done: Vec<bool>,
+}
+
+/// Why a slab was not shipped whole.
+#[derive(Debug, Clone)]
+pub struct ShipFailure {
+    /// The link state this means (`unavailable`, `throttled`, `auth_failed`, ...).
+    pub state: &'static str,
+    pub message: String,
+    /// When to try again.
+    pub retry_in: Duration,
+    /// The lanes that took their share (kept for the retry).
+    pub done: Vec<bool>,
+}
+
+/// Ships remote children's records to their remotes (set by the server: the sender lives in
+/// `narad-xregion`). Resolves `Ok` only once every record of the batch was accepted by the
+/// target (each lane answered 202): the cursor moves only then.
+pub trait RemoteShipper: Send + Sync {
+    fn ship(
+        &self,
+        batch: ShipBatch,
+    ) -> Pin<Box<dyn Future<Output = Result<(), ShipFailure>> + Send>>;
+}
+
+/// What a remote child's cursor reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkStatus {
+    pub state: &'static str,
+    pub last_error: Option<String>,
+    /// Commit time of the oldest record not shipped yet (0: none waiting).
+    pub oldest_unshipped_ms: i64,
+}
+
+pub(crate) struct RemoteCursor {
+    epoch: u64,
+    /// `u64::MAX` until the task has loaded its position.
+    next: AtomicU64,
+    status: parking_lot::Mutex<LinkStatus>,
+}
+
+impl RemoteCursor {
+    fn set(&self, state: &'static str, error: Option<String>) {
+        let mut s = self.status.lock();
+        s.state = state;
+        if error.is_some() || state == "running" {
+            s.last_error = error;
+        }
+    }
+}
+
+/// A remote child as `GET /v1/topics/{parent}/children` shows it, beside the local ones.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RemoteChildInfo {
+    pub remote: String,
+    pub remote_topic: String,
+    pub lanes: u8,
+    pub paused: bool,
+    /// `running`, `paused`, or what stops it (the worst over the parent's partitions).
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// How old the oldest record not shipped yet is.
+    pub lag_seconds: f64,
+}
+
+/// How bad a state is, to report the worst of several cursors.
+pub fn state_rank(state: &str) -> u8 {
+    match state {
+        "running" => 0,
+        "paused" => 1,
+        "throttled" | "unavailable" => 2,
+        _ => 3,
+    }
+}
+
+impl Broker {
+    /// Sets how remote children's records reach their remotes (once).
+    pub fn set_remote_shipper(&self, shipper: Arc<dyn RemoteShipper>) {
+        let _ = self.shipper.set(shipper);
+    }
+
+    /// This cluster's id, named now if it has none yet (durably, through the catalog).
+    pub async fn ensure_cluster_id(self: &Arc<Self>) -> Result<u64, BrokerError> {
+        if let Some(id) = self.store.catalog().cluster_id() {
+            return Ok(id);
+        }
+        let cmd = CatalogCommand::InitCluster {
+            cluster_id: crate::random_u64() | 1,
+        };
+        if self.store.replicated() {
+            self.propose_replicated(cmd).await?;
+        } else {
+            let _guard = self.meta_lock.lock().await;
+            self.commit(cmd, |_| {}).await?;
+        }
+        self.store
+            .catalog()
+            .cluster_id()
+            .ok_or_else(|| BrokerError::ClusterUnavailable("the cluster has no id yet".into()))
+    }
+
+    /// The cluster's id, if it has one.
+    pub fn cluster_id(&self) -> Option<u64> {
+        self.store.catalog().cluster_id()
+    }
+
+    /// Every remote child of `parent`, by name.
+    pub fn remote_children(&self, parent: &str) -> Vec<Arc<RemoteChild>> {
+        let catalog = self.store.catalog();
+        let Some(p) = catalog.get(parent) else {
+            return Vec::new();
+        };
+        catalog.remote_children_of(p.id).cloned().collect()
+    }
+
+    /// Makes `child` a remote child (its cursors start where `child.starts` says).
+    pub async fn attach_remote(self: &Arc<Self>, child: RemoteChild) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let cmd = CatalogCommand::AttachRemote { child };
+        if self.store.replicated() {
+            return self.propose_replicated(cmd).await;
+        }
+        self.commit(cmd, |_| {}).await?;
+        self.start_remote_cursors();
+        Ok(())
+    }
+
+    /// Pauses or resumes remote child `name` of attachment `epoch`.
+    pub async fn pause_remote(
+        self: &Arc<Self>,
+        name: &str,
+        epoch: u64,
+        paused: bool,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let cmd = CatalogCommand::PauseRemote {
+            name: name.to_owned(),
+            epoch,
+            paused,
+        };
+        if self.store.replicated() {
+            return self.propose_replicated(cmd).await;
+        }
+        self.commit(cmd, |_| {}).await.map(|_| ())
+    }
+
+    /// Removes remote child `name` of attachment `epoch`; its cursors stop and their files go.
+    pub async fn detach_remote(
+        self: &Arc<Self>,
+        name: &str,
+        epoch: u64,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let cmd = CatalogCommand::DetachRemote {
+            name: name.to_owned(),
+            epoch,
+        };
+        if self.store.replicated() {
+            return self.propose_replicated(cmd).await;
+        }
+        self.commit(cmd, |_| {}).await.map(|_| ())
+    }
+
+    /// Records of `parent` not yet shipped to `child`'s remote from this node's partitions.
+    pub fn remote_lag(&self, parent: &str, child: &str) -> u64 {
+        let Ok(p) = self.topic(parent) else { return 0 };
+        let cursors = self.remote_cursors.lock();
+        p.partitions()
+            .iter()
+            .filter_map(|part| {
+                let s = cursors.get(&(child.to_owned(), part.index))?;
+                let next = s.next.load(Ordering::Acquire);
+                (next != u64::MAX).then(|| part.stats().next_offset.saturating_sub(next))
+            })
+            .sum()
+    }
+
+    /// `parent`'s remote children with what this node's cursors report.
+    pub(crate) fn remote_child_infos(&self, parent: &str) -> Vec<super::ChildInfo> {
+        let now = self.clock.now_ms();
+        let mut out = Vec::new();
+        for c in self.remote_children(parent) {
+            let (mut state, mut last_error, mut oldest) = ("running", None, 0i64);
+            if c.paused {
+                state = "paused";
+            }
+            for ((name, _), s) in self.remote_cursors.lock().iter() {
+                if *name != c.name || s.epoch != c.epoch {
+                    continue;
+                }
+                let st = s.status.lock().clone();
+                if state_rank(st.state) > state_rank(state) {
+                    state = st.state;
+                }
+                if last_error.is_none() {
+                    last_error = st.last_error;
+                }
+                if st.oldest_unshipped_ms > 0 && (oldest == 0 || st.oldest_unshipped_ms < oldest) {
+                    oldest = st.oldest_unshipped_ms;
+                }
+            }
+            out.push(super::ChildInfo {
+                name: c.name.clone(),
+                delay_ms: 0,
+                lag_messages: self.remote_lag(parent, &c.name),
+                due_lag_seconds: 0.0,
+                remote: Some(RemoteChildInfo {
+                    remote: c.remote.clone(),
+                    remote_topic: c.remote_topic.clone(),
+                    lanes: c.lanes,
+                    paused: c.paused,
+                    state: state.to_owned(),
+                    last_error,
+                    lag_seconds: if oldest > 0 {
+                        (now - oldest).max(0) as f64 / 1000.0
+                    } else {
+                        0.0
+                    },
+                }),
+            });
+        }
+        out
+    }
+
+    /// Starts every remote cursor this node should run and does not: one per remote child
+    /// and parent partition this node serves.
+    pub(crate) fn start_remote_cursors(self: &Arc<Self>) {
+        let catalog = self.store.catalog();
+        for c in catalog.remote_children() {
+            let Ok(p) = self.topic(&c.parent) else {
+                continue;
+            };
+            if p.id() != c.parent_id {
+                continue;
+            }
+            let pmeta = p.meta.read().clone();
+            for i in 0..p.partitions().len() as u32 {
+                let running = self
+                    .remote_cursors
+                    .lock()
+                    .get(&(c.name.clone(), i))
+                    .is_some_and(|s| s.epoch == c.epoch);
+                if running || !self.is_local(&pmeta, i) {
+                    continue;
+                }
+                let key = format!("@{}", c.name);
+                if let Some(part) = p.partitions().get(i as usize) {
+                    fanout::remove_cursor_files_but(&part.dir, &key, Some(c.epoch));
+                }
+                let state = Arc::new(RemoteCursor {
+                    epoch: c.epoch,
+                    next: AtomicU64::new(u64::MAX),
+                    status: parking_lot::Mutex::new(LinkStatus {
+                        state: "running",
+                        last_error: None,
+                        oldest_unshipped_ms: 0,
+                    }),
+                });
+                self.remote_cursors
+                    .lock()
+                    .insert((c.name.clone(), i), state.clone());
+                let weak = Arc::downgrade(self);
+                let (parent, child) = (p.clone(), c.clone());
+                self.tasks
+                    .spawn(super::maintenance::FANOUT_TASK, move |stop| {
+                        run_remote_cursor(weak, parent, i, child, state, stop)
+                    });
+            }
+        }
+    }
+}
+
+/// One remote cursor: ships parent partition `pidx` to `child`'s remote until the link ends
+/// or `stop`. The cursor file moves only after a whole slab was accepted by the target, so a
+/// crash means duplicates on the target, never a gap.
+async fn run_remote_cursor(
+    weak: std::sync::Weak<Broker>,
+    parent: Arc<Topic>,
+    pidx: u32,
+    child: Arc<RemoteChild>,
+    cursor: Arc<RemoteCursor>,
+    stop: crate::supervisor::CancellationToken,
+) {
+    let part = parent.partitions()[pidx as usize].clone();
+    let key = format!("@{}", child.name);
+    let path = fanout::cursor_path(&part.dir, &key, child.epoch);
+    let mut next = match fanout::read_cursor(&path, child.epoch) {
+        Some(n) => n,
+        None => {
+            let stats = part.stats();
+            child
+                .starts
+                .get(pidx as usize)
+                .map_or(stats.oldest_offset, |&s| {
+                    s.clamp(stats.oldest_offset, stats.next_offset)
+                })
+        }
+    };
+    cursor.next.store(next, Ordering::Release);
+    // the lanes that took their share of the slab ending at `.0` already
+    let mut done: Option<(u64, Vec<bool>)> = None;
+    loop {
+        let Some(b) = weak.upgrade() else { return };
+        if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
+            return;
+        }
+        let current = b
+            .store
+            .catalog()
+            .remote_children()
+            .find(|c| c.name == child.name && c.epoch == child.epoch)
+            .cloned();
+        let Some(current) = current.filter(|_| !parent.deleted.load(Ordering::Acquire)) else {
+            // the link ended: this cursor and its file go
+            b.remote_cursors
+                .lock()
+                .retain(|(c, _), s| *c != child.name || s.epoch != child.epoch);
+            let _ = std::fs::remove_file(&path);
+            return;
+        };
+        let clock = b.clock.clone();
+        let shipper = b.shipper.get().cloned();
+        let (paused, shipper) = match shipper {
+            _ if current.paused => (Some(("paused", None)), None),
+            None => (
+                Some((
+                    "unavailable",
+                    Some("this node cannot reach remotes (no sender)".to_owned()),
+                )),
+                None,
+            ),
+            Some(s) => (None, Some(s)),
+        };
+        if let Some((state, error)) = paused {
+            cursor.set(state, error);
+            drop(b);
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = clock.sleep(PAUSED_POLL) => {}
+            }
+            continue;
+        }
+        let shipper = shipper.expect("set above");
+        let appended = parent.appended.notified();
+        tokio::pin!(appended);
+        appended.as_mut().enable();
+        let read = match b.log_of(&part).await {
+            Ok(log) => {
+                let max = match &done {
+                    Some((end, _)) if *end > next => {
+                        ((end - next) as usize).min(REMOTE_SLAB_RECORDS)
+                    }
+                    _ => REMOTE_SLAB_RECORDS,
+                };
+                tokio::task::spawn_blocking(move || log.read(next, max, fanout::SLAB_BYTES))
+                    .await
+                    .expect("remote cursor read task")
+            }
+            Err(e) => Err(LogError::Io {
+                path: part.dir.clone(),
+                source: std::io::Error::other(e.to_string()),
+            }),
+        };
+        let records = match read {
+            Ok(r) => r,
+            Err(LogError::Truncated { oldest, .. }) => {
+                let dropped = oldest - next;
+                tracing::error!(parent = %child.parent, child = %child.name, partition = pidx, dropped, "a remote child fell behind the parent's retention; records were never shipped");
+                b.metrics
+                    .fanout_dropped
+                    .get_or_create(&crate::metrics::TopicLabel {
+                        topic: child.name.clone(),
+                    })
+                    .inc_by(dropped);
+                if fanout::persist(&path, child.epoch, oldest).await.is_ok() {
+                    next = oldest;
+                    cursor.next.store(next, Ordering::Release);
+                }
+                done = None;
+                continue;
+            }
+            Err(e) => {
+                cursor.set("unavailable", Some(format!("reading the parent: {e}")));
+                drop(b);
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = clock.sleep(Duration::from_secs(1)) => {}
+                }
+                continue;
+            }
+        };
+        let Some(last) = records.last().map(|r| r.offset) else {
+            cursor.status.lock().oldest_unshipped_ms = 0;
+            if cursor.status.lock().state != "running" {
+                cursor.set("running", None);
+            }
+            drop(b);
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = &mut appended => {}
+                () = clock.sleep(fanout::IDLE_WAIT) => {}
+            }
+            continue;
+        };
+        cursor.status.lock().oldest_unshipped_ms = records[0].timestamp_ms;
+        // one hop: a record that came from another cluster is not sent on
+        let records: Vec<Arc<Record>> = records
+            .into_iter()
+            .filter(|r| !r.headers.iter().any(|(h, _)| h == ORIGIN_HEADER))
+            .collect();
+        let cluster_id = match b.ensure_cluster_id().await {
+            Ok(id) => id,
+            Err(e) => {
+                cursor.set("unavailable", Some(format!("naming this cluster: {e}")));
+                drop(b);
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = clock.sleep(Duration::from_secs(1)) => {}
+                }
+                continue;
+            }
+        };
+        let lanes_done = match done.take() {
+            Some((end, d)) if end == last + 1 => d,
+            _ => Vec::new(),
+        };
+        drop(b);
+        let outcome = if records.is_empty() {
+            Ok(())
+        } else {
+            shipper
+                .ship(ShipBatch {
+                    child: current.clone(),
+                    cluster_id,
+                    parent_partition: pidx,
+                    records,
+                    done: lanes_done,
+                })
+                .await
+        };
+        match outcome {
+            Ok(()) => {
+                if let Err(e) = fanout::persist(&path, child.epoch, last + 1).await {
+                    cursor.set("unavailable", Some(format!("writing the cursor: {e}")));
+                    tokio::select! {
+                        biased;
+                        () = stop.cancelled() => return,
+                        () = clock.sleep(Duration::from_secs(1)) => {}
+                    }
+                    continue;
+                }
+                next = last + 1;
+                cursor.next.store(next, Ordering::Release);
+                cursor.set("running", None);
+            }
+            Err(f) => {
+                cursor.set(f.state, Some(f.message));
+                done = Some((last + 1, f.done));
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = clock.sleep(f.retry_in) => {}
+                }
+            }
+        }
     }
 }

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::broker::ParentLink;
 use crate::topic::TopicConfig;
-pub use remote::{RemoteMeta, SealedCredential};
+pub use remote::{RemoteChild, RemoteMeta, SealedCredential};
 
 /// Most children one parent may have.
 pub const MAX_CHILDREN: usize = 64;
@@ -108,8 +108,21 @@ pub enum CatalogCommand {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expect_version: Option<u64>,
     },
-    /// Removes the remote of id `remote_id`.
+    /// Removes the remote of id `remote_id` (refused while a remote child uses it).
     DeleteRemote { remote_id: u64 },
+    /// A new remote child.
+    AttachRemote { child: RemoteChild },
+    /// Removes remote child `name` of attachment `epoch`.
+    DetachRemote { name: String, epoch: u64 },
+    /// Pauses or resumes remote child `name` of attachment `epoch`.
+    PauseRemote {
+        name: String,
+        epoch: u64,
+        paused: bool,
+    },
+    /// Names the cluster (once: a later one changes nothing). Mirrored records carry it as
+    /// their origin.
+    InitCluster { cluster_id: u64 },
 }
 
 /// What applying a command did.
@@ -128,6 +141,12 @@ pub enum Applied {
     Remote(Arc<RemoteMeta>),
     /// The remote removed.
     RemoteDeleted(Arc<RemoteMeta>),
+    /// The remote child as attached, paused or resumed.
+    RemoteChild(Arc<RemoteChild>),
+    /// The remote child detached.
+    RemoteChildGone(Arc<RemoteChild>),
+    /// The cluster's id (the one it had already, if it had one).
+    ClusterId(u64),
 }
 
 /// Why a command does not apply. Each maps to the error a client sees for the same refusal.
@@ -160,6 +179,8 @@ pub enum CatalogError {
     RemoteChanged(String),
     #[error("the cluster already has {0} remotes, the most it keeps; delete one first")]
     TooManyRemotes(usize),
+    #[error("{0}")]
+    RemoteInUse(String),
 }
 
 /// Every topic's metadata and every remote, by name, and how many commands made them.
@@ -168,6 +189,8 @@ pub struct Catalog {
     applied: u64,
     topics: BTreeMap<String, Arc<TopicMeta>>,
     remotes: BTreeMap<String, Arc<RemoteMeta>>,
+    remote_children: BTreeMap<String, Arc<RemoteChild>>,
+    cluster_id: Option<u64>,
 }
 
 impl Catalog {
@@ -180,7 +203,46 @@ impl Catalog {
                 .map(|t| (t.name.clone(), Arc::new(t)))
                 .collect(),
             remotes: BTreeMap::new(),
+            remote_children: BTreeMap::new(),
+            cluster_id: None,
         }
+    }
+
+    /// This catalog with `children` and `cluster_id` (as loaded from disk); `None` if a name
+    /// appears twice.
+    pub fn with_remote_children(
+        mut self,
+        children: impl IntoIterator<Item = RemoteChild>,
+        cluster_id: Option<u64>,
+    ) -> Option<Self> {
+        for c in children {
+            if self
+                .remote_children
+                .insert(c.name.clone(), Arc::new(c))
+                .is_some()
+            {
+                return None;
+            }
+        }
+        self.cluster_id = cluster_id;
+        Some(self)
+    }
+
+    /// Every remote child, by name.
+    pub fn remote_children(&self) -> impl Iterator<Item = &Arc<RemoteChild>> {
+        self.remote_children.values()
+    }
+
+    /// The remote children of the topic of incarnation `parent_id`.
+    pub fn remote_children_of(&self, parent_id: u64) -> impl Iterator<Item = &Arc<RemoteChild>> {
+        self.remote_children
+            .values()
+            .filter(move |c| c.parent_id == parent_id)
+    }
+
+    /// The cluster's id, once named ([`CatalogCommand::InitCluster`]).
+    pub fn cluster_id(&self) -> Option<u64> {
+        self.cluster_id
     }
 
     /// This catalog with `remotes` (as loaded from disk); `None` if a name appears twice.
@@ -388,6 +450,9 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
         CatalogCommand::DeleteTopic { topic_id } => {
             let gone = next.by_id(*topic_id)?.clone();
             next.topics.remove(&gone.name);
+            // its remote children go with it (the proposer refused while they had records
+            // to ship, unless forced)
+            next.remote_children.retain(|_, c| c.parent_id != gone.id);
             let mut unlinked = Vec::new();
             for t in next.topics.values_mut() {
                 if t.parent.as_ref().is_some_and(|l| l.parent_id == gone.id) {
@@ -440,6 +505,19 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             expect_version,
         } => remote::apply_put(&mut next, remote, *expect_version)?,
         CatalogCommand::DeleteRemote { remote_id } => remote::apply_delete(&mut next, *remote_id)?,
+        CatalogCommand::AttachRemote { child } => remote::apply_attach_remote(&mut next, child)?,
+        CatalogCommand::DetachRemote { name, epoch } => {
+            remote::apply_detach_remote(&mut next, name, *epoch)?
+        }
+        CatalogCommand::PauseRemote {
+            name,
+            epoch,
+            paused,
+        } => remote::apply_pause_remote(&mut next, name, *epoch, *paused)?,
+        CatalogCommand::InitCluster { cluster_id } => {
+            let id = *next.cluster_id.get_or_insert(*cluster_id);
+            Applied::ClusterId(id)
+        }
     };
     Ok((next, applied))
 }

@@ -172,6 +172,141 @@ pub(super) fn apply_delete(next: &mut Catalog, remote_id: u64) -> Result<Applied
         .find(|r| r.id == remote_id)
         .cloned()
         .ok_or_else(|| CatalogError::RemoteNotFound(format!("#{remote_id:016x}")))?;
+    if let Some(c) = next
+        .remote_children
+        .values()
+        .find(|c| c.remote_id == remote_id)
+    {
+        return Err(CatalogError::RemoteInUse(format!(
+            "remote '{}' is in use by remote child '{}' of '{}': detach it first",
+            gone.name, c.name, c.parent
+        )));
+    }
     next.remotes.remove(&gone.name);
     Ok(Applied::RemoteDeleted(gone))
+}
+
+/// Most lanes (requests in flight at once) one remote child's cursor uses per parent
+/// partition.
+pub const MAX_LANES: u8 = 8;
+
+/// A remote child: parent `parent`'s records mirrored to topic `remote_topic` on remote
+/// `remote`. Its cursors run where the parent's partitions are served and ship to the
+/// remote instead of appending locally.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteChild {
+    /// Unique among the parent's children, local and remote.
+    pub name: String,
+    pub parent: String,
+    /// The parent's incarnation: a re-created parent has no remote children.
+    pub parent_id: u64,
+    pub remote: String,
+    pub remote_id: u64,
+    pub remote_topic: String,
+    /// The target topic's incarnation when the link was made: a target deleted and
+    /// re-created stops the link (`target_replaced`).
+    pub target_id: u64,
+    /// 1..=[`MAX_LANES`].
+    pub lanes: u8,
+    /// Changes on every attach: cursors of an earlier attachment are never resumed.
+    pub epoch: u64,
+    /// Where each parent partition's cursor starts, as for a local child's link.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub starts: Vec<u64>,
+    /// Paused: its cursors ship nothing until resumed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    pub created_at_ms: i64,
+}
+
+pub(super) fn apply_attach_remote(
+    next: &mut Catalog,
+    child: &RemoteChild,
+) -> Result<Applied, CatalogError> {
+    let invalid = |m: String| Err(CatalogError::InvalidConfig(m));
+    crate::topic::validate_name(&child.name)
+        .map_err(|e| CatalogError::InvalidConfig(format!("child: {}", e.reason)))?;
+    crate::topic::validate_name(&child.remote_topic)
+        .map_err(|e| CatalogError::InvalidConfig(format!("remote_topic: {}", e.reason)))?;
+    if !(1..=MAX_LANES).contains(&child.lanes) {
+        return invalid(format!("lanes: must be between 1 and {MAX_LANES}"));
+    }
+    let parent = next
+        .get(&child.parent)
+        .filter(|p| p.id == child.parent_id)
+        .ok_or_else(|| CatalogError::NotFound(child.parent.clone()))?;
+    if parent.parent.is_some() {
+        return Err(CatalogError::FanoutConflict(format!(
+            "'{}' is itself a fan-out child: no grandchildren",
+            parent.name
+        )));
+    }
+    if next
+        .remotes
+        .get(&child.remote)
+        .is_none_or(|r| r.id != child.remote_id)
+    {
+        return Err(CatalogError::RemoteNotFound(child.remote.clone()));
+    }
+    let taken = next.remote_children.contains_key(&child.name)
+        || next
+            .children_of(parent.id)
+            .any(|c| c.name.eq_ignore_ascii_case(&child.name));
+    if taken {
+        return Err(CatalogError::FanoutConflict(format!(
+            "a child named '{}' exists already",
+            child.name
+        )));
+    }
+    let children = next.children_of(parent.id).count()
+        + next
+            .remote_children
+            .values()
+            .filter(|c| c.parent_id == parent.id)
+            .count();
+    if children >= super::MAX_CHILDREN {
+        return Err(CatalogError::FanoutConflict(format!(
+            "'{}' already has {} children",
+            parent.name,
+            super::MAX_CHILDREN
+        )));
+    }
+    let c = Arc::new(child.clone());
+    next.remote_children.insert(c.name.clone(), c.clone());
+    Ok(Applied::RemoteChild(c))
+}
+
+/// The remote child `name` of attachment `epoch`, if it is still that one.
+fn remote_child(next: &Catalog, name: &str, epoch: u64) -> Result<Arc<RemoteChild>, CatalogError> {
+    next.remote_children
+        .get(name)
+        .filter(|c| c.epoch == epoch)
+        .cloned()
+        .ok_or_else(|| CatalogError::NotChild(format!("'{name}' is not a remote child")))
+}
+
+pub(super) fn apply_detach_remote(
+    next: &mut Catalog,
+    name: &str,
+    epoch: u64,
+) -> Result<Applied, CatalogError> {
+    let gone = remote_child(next, name, epoch)?;
+    next.remote_children.remove(name);
+    Ok(Applied::RemoteChildGone(gone))
+}
+
+pub(super) fn apply_pause_remote(
+    next: &mut Catalog,
+    name: &str,
+    epoch: u64,
+    paused: bool,
+) -> Result<Applied, CatalogError> {
+    let old = remote_child(next, name, epoch)?;
+    let c = Arc::new(RemoteChild {
+        paused,
+        ..(*old).clone()
+    });
+    next.remote_children.insert(c.name.clone(), c.clone());
+    Ok(Applied::RemoteChild(c))
 }

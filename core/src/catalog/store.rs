@@ -21,7 +21,9 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::{Applied, Catalog, CatalogCommand, CatalogError, RemoteMeta, TopicMeta, apply};
+use super::{
+    Applied, Catalog, CatalogCommand, CatalogError, RemoteChild, RemoteMeta, TopicMeta, apply,
+};
 
 pub const META_FILE: &str = "topics.json";
 /// Version 1 held the topics only; version 2 adds how many commands made them; version 3
@@ -157,6 +159,10 @@ struct MetaFile {
     /// Remotes, their passwords sealed (absent before version 3).
     #[serde(default)]
     remotes: Vec<RemoteMeta>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    remote_children: Vec<RemoteChild>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster_id: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -204,7 +210,8 @@ pub fn load(data_dir: &Path) -> Result<Catalog, MetaError> {
     }
     catalog
         .with_remotes(file.remotes)
-        .ok_or_else(|| invalid("a remote name appears twice".into()))
+        .and_then(|c| c.with_remote_children(file.remote_children, file.cluster_id))
+        .ok_or_else(|| invalid("a remote or remote child name appears twice".into()))
 }
 
 /// Replaces `<data_dir>/topics.json` with `catalog`, durably.
@@ -215,6 +222,8 @@ pub fn store(data_dir: &Path, catalog: &Catalog) -> Result<(), MetaError> {
         applied: catalog.applied(),
         topics: catalog.topics().map(|t| (**t).clone()).collect(),
         remotes: catalog.remotes().map(|r| (**r).clone()).collect(),
+        remote_children: catalog.remote_children().map(|c| (**c).clone()).collect(),
+        cluster_id: catalog.cluster_id(),
     })
     .expect("metadata serialises");
     crate::fsutil::write_file_atomic(&path, &body).map_err(|source| MetaError::Io { path, source })

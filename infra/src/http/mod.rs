@@ -11,6 +11,7 @@ pub mod budget;
 pub(crate) mod consume;
 mod produce;
 pub mod query;
+mod remote_children;
 pub mod remotes;
 pub(crate) mod render;
 pub(crate) mod topics;
@@ -210,6 +211,8 @@ pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
         BrokerError::RemoteNotFound(_) => ErrorCode::RemoteNotFound,
         BrokerError::RemoteChanged(_) => ErrorCode::RemoteChanged,
         BrokerError::TooManyRemotes { .. } => ErrorCode::TooManyRemotes,
+        BrokerError::RemoteInUse(_) => ErrorCode::RemoteInUse,
+        BrokerError::Unshipped(_) => ErrorCode::Unshipped,
     }
 }
 
@@ -332,6 +335,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/topics/{topic}/children"),
     ("GET", "/v1/topics/{topic}/children"),
     ("DELETE", "/v1/topics/{topic}/children/{child}"),
+    ("POST", "/v1/topics/{topic}/children/{child}/pause"),
+    ("POST", "/v1/topics/{topic}/children/{child}/resume"),
     ("GET", "/v1/topics/{topic}/schema"),
     ("POST", "/v1/users"),
     ("GET", "/v1/users"),
@@ -374,6 +379,14 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/topics/{topic}/children/{child}",
             axum::routing::delete(topics::detach),
+        )
+        .route(
+            "/v1/topics/{topic}/children/{child}/pause",
+            post(remote_children::pause),
+        )
+        .route(
+            "/v1/topics/{topic}/children/{child}/resume",
+            post(remote_children::resume),
         )
         .route("/v1/topics/{topic}/schema", get(topics::schema))
         .route("/v1/users", post(users::create).get(users::list))

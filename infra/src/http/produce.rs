@@ -212,6 +212,7 @@ pub async fn single(
         headers: msg_headers,
         payload,
     };
+    check_origins(&caller, &broker, &topic, std::slice::from_ref(&msg))?;
     check_schema(&state, &broker, &topic, std::slice::from_ref(&msg)).await?;
     if let Some(ingress) = state.ingress() {
         // a cluster member: on the partition's owner
@@ -425,7 +426,42 @@ pub async fn batch(
         .enumerate()
         .map(|(i, m)| message(i, m, &body))
         .collect::<Result<Vec<_>, _>>()?;
+    check_origins(&caller, &broker, &topic, &msgs)?;
+    // which incarnation takes them: a remote child mirroring here names the one it was
+    // attached to, and nothing is written to another (deleted and created again)
+    let topic_id = broker.with_topic_meta(&topic, |m| m.id).ok();
+    if let Some(want) = headers.get("narad-topic-id") {
+        let want = want
+            .to_str()
+            .ok()
+            .filter(|v| v.len() == 16)
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    "Narad-Topic-Id must be a topic incarnation id (16 hex digits)",
+                )
+            })?;
+        if let Some(id) = topic_id
+            && id != want
+        {
+            return Err(ApiError::new(
+                ErrorCode::TopicReplaced,
+                format!(
+                    "topic '{topic}' is incarnation {id:016x}, not {want:016x}: it was deleted and created again; nothing was written"
+                ),
+            ));
+        }
+    }
     check_schema(&state, &broker, &topic, &msgs).await?;
+    let with_id = |mut resp: axum::response::Response| {
+        if let Some(id) = topic_id
+            && let Ok(v) = axum::http::HeaderValue::from_str(&format!("{id:016x}"))
+        {
+            resp.headers_mut().insert("narad-topic-id", v);
+        }
+        resp
+    };
     if let Some(ingress) = state.ingress() {
         // a cluster member: each owner's messages all-or-none; one outcome per message
         let outcomes = ingress.produce(&topic, msgs).await?;
@@ -435,7 +471,7 @@ pub async fn batch(
             return Err(e.clone());
         }
         let (status, text) = crate::forward::batch_reply(&outcomes);
-        return Ok(json_text_response(status, text));
+        return Ok(with_id(json_text_response(status, text)));
     }
     let results = broker.produce(&topic, msgs).await?;
     // written by hand: one allocation instead of a JSON map per message
@@ -450,5 +486,62 @@ pub async fn batch(
         );
     }
     out.push_str("]}");
-    Ok(json_text_response(StatusCode::ACCEPTED, out))
+    Ok(with_id(json_text_response(StatusCode::ACCEPTED, out)))
+}
+
+/// Records carrying an origin (`narad-origin`: another cluster's remote child mirrors them
+/// here) need the `replicate` grant, name their origin in the one form the sender writes,
+/// and never name this cluster (a loop).
+fn check_origins(
+    caller: &Caller,
+    broker: &narad_core::broker::Broker,
+    topic: &str,
+    msgs: &[ProduceMessage],
+) -> Result<(), ApiError> {
+    use narad_core::broker::ORIGIN_HEADER;
+    let mut own = None;
+    for (i, m) in msgs.iter().enumerate() {
+        let Some((_, v)) = m.headers.iter().find(|(h, _)| h == ORIGIN_HEADER) else {
+            continue;
+        };
+        if !caller.allows(narad_auth::Action::Replicate, topic) {
+            return Err(super::access::forbidden(format!(
+                "message {i}: only a user granted replicate on '{topic}' may send the {ORIGIN_HEADER} header (it says which cluster a record came from)"
+            )));
+        }
+        let cluster = std::str::from_utf8(v)
+            .ok()
+            .and_then(parse_origin)
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InvalidHeaders,
+                    format!(
+                        "message {i}: {ORIGIN_HEADER} must be <cluster>/<topic>/<partition>/<offset> (ids in 16 hex digits)"
+                    ),
+                )
+            })?;
+        let own = *own.get_or_insert_with(|| broker.cluster_id());
+        if own == Some(cluster) {
+            return Err(ApiError::new(
+                ErrorCode::LoopDetected,
+                format!(
+                    "message {i}: its origin is this cluster ({cluster:016x}): a remote child here mirrors to a topic that mirrors back"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The cluster id of an origin value `<cluster>/<topic>/<partition>/<offset>`.
+fn parse_origin(v: &str) -> Option<u64> {
+    let mut parts = v.split('/');
+    let (c, t, p, o) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || c.len() != 16 || t.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(t, 16).ok()?;
+    p.parse::<u32>().ok()?;
+    o.parse::<u64>().ok()?;
+    u64::from_str_radix(c, 16).ok()
 }

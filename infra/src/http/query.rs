@@ -92,6 +92,19 @@ impl Query {
             .transpose()
     }
 
+    /// A `true`/`false` parameter.
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.str(name) {
+            None => Ok(None),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(v) => Err(ApiError::new(
+                ErrorCode::InvalidParameter,
+                format!("query parameter '{name}' must be true or false, got '{v}'"),
+            )),
+        }
+    }
+
     pub fn u32(&self, name: &str) -> Result<Option<u32>, ApiError> {
         match self.u64(name)? {
             None => Ok(None),

@@ -148,6 +148,12 @@ pub async fn attach(
     let broker = state.broker()?.clone();
     caller.manage_topic(&broker, &parent)?;
     let body = read_body(body, MAX_JSON_BODY).await?;
+    let fields: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
+    if fields.contains_key("remote") {
+        let a: super::remote_children::RemoteAttach = parse_json(&body)?;
+        super::remote_children::attach(&state, &caller, &parent, a).await?;
+        return children_response(&state, &caller, &parent).await;
+    }
     let a: AttachBody = parse_json(&body)?;
     narad_core::topic::validate_name(&a.child)
         .map_err(|e| ApiError::new(ErrorCode::InvalidChild, format!("child: {}", e.reason)))?;
@@ -179,11 +185,13 @@ async fn children_response(state: &SharedState, caller: &Caller, parent: &str) -
         None => (broker.children(parent)?, Vec::new()),
         Some(ingress) => ingress.children(&broker.topic_meta(parent)?).await?,
     };
-    // children the caller may not use are not named to it
+    // children the caller may not use are not named to it (a remote child is the
+    // parent's: whoever sees the parent sees it)
     list.retain(|c| {
-        broker
-            .with_topic_meta(&c.name, |m| caller.may_see(m))
-            .unwrap_or(false)
+        c.remote.is_some()
+            || broker
+                .with_topic_meta(&c.name, |m| caller.may_see(m))
+                .unwrap_or(false)
     });
     let mut body = serde_json::json!({"parent": parent, "children": list});
     if !missing.is_empty() {
@@ -212,9 +220,16 @@ pub async fn detach(
     Path((parent, child)): Path<(String, String)>,
     uri: Uri,
 ) -> ApiResult {
-    Query::parse(uri.query(), &[])?;
+    let q = Query::parse(uri.query(), &["force"])?;
+    let force = q.bool("force")?.unwrap_or(false);
     let broker = state.broker()?.clone();
     caller.manage_topic(&broker, &parent)?;
+    if super::remote_children::detach(&state, &caller, &parent, &child, force)
+        .await?
+        .is_some()
+    {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     caller.see_topic(&broker, &child)?;
     broker.detach_child(&parent, &child).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -227,7 +242,7 @@ pub(crate) struct PartitionStatsJson {
     oldest_offset: u64,
     pub(crate) next_offset: u64,
     /// Every offset below this is acked.
-    frontier: u64,
+    pub(crate) frontier: u64,
     unacked: u64,
     in_flight: usize,
     delayed: usize,
@@ -602,9 +617,11 @@ pub async fn delete(
     Path(topic): Path<String>,
     uri: Uri,
 ) -> ApiResult {
-    Query::parse(uri.query(), &[])?;
+    let q = Query::parse(uri.query(), &["force"])?;
+    let force = q.bool("force")?.unwrap_or(false);
     let broker = state.broker()?.clone();
     caller.manage_topic(&broker, &topic)?;
+    super::remote_children::check_parent_delete(&state, &caller, &topic, force).await?;
     broker.delete_topic(&topic).await?;
     if let Some(reader) = &state.archive {
         // A node restored from the archive must not bring the topic back. Its objects stay

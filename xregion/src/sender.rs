@@ -1,0 +1,552 @@
+//! The sender: ships remote children's records to their remotes (the broker's
+//! [`RemoteShipper`]).
+//!
+//! - **Lanes**: a slab is split into the child's lanes (1..=8) by FNV-1a-32 of the key, keyless
+//!   records by parent offset. Within a lane records keep their order and one request is in
+//!   flight; lanes go at once. So records of one key reach the target in the order they were
+//!   written (one lane, sequential requests, and the target puts a key in one partition).
+//! - **Chunks**: each request is the target's batch produce, at most [`CHUNK_RECORDS`] records
+//!   and [`CHUNK_BYTES`] of JSON (a larger record goes alone), zstd-compressed. Payloads go as
+//!   base64 (exact bytes); every record carries its origin in the [`ORIGIN_HEADER`] header.
+//! - **Commit-before-advance**: `ship` resolves `Ok` only when every lane's every chunk was
+//!   answered `202`; the cursor moves only then. A failure reports which lanes were done, so
+//!   the retry sends only the others; a crash in between means duplicates on the target,
+//!   never a gap.
+//! - **Answers** map to the link states (`auth_failed`, `forbidden`, `target_missing`,
+//!   `rejected_record`, `record_too_large`, `throttled`, `unavailable`, `loop_detected`,
+//!   `target_replaced` when the target topic's incarnation is not the one attached to, ...);
+//!   nothing the target writes is logged beyond its status and error code.
+//! - **Gate** (circuit breaker), one per remote on each node: see [`Gate`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use bytes::Bytes;
+use narad_core::broker::{Broker, ORIGIN_HEADER, RemoteShipper, ShipBatch, ShipFailure};
+use narad_core::catalog::{RemoteChild, RemoteMeta};
+use narad_core::record::Record;
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::client::{ClientError, RemoteClient, Reply};
+use crate::guard::GuardConfig;
+use crate::seal::CredentialKeys;
+
+/// Most records in one request.
+pub const CHUNK_RECORDS: usize = 1000;
+/// Most JSON bytes in one request (before compression); a larger record goes alone.
+pub const CHUNK_BYTES: usize = 960 << 10;
+/// One request's deadline, connection included.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Transient failures in a row (over a remote's lanes) that open its gate.
+pub const FAILURES_TO_OPEN: u32 = 3;
+/// First and largest wait of an open gate.
+pub const GATE_MIN: Duration = Duration::from_millis(250);
+pub const GATE_MAX: Duration = Duration::from_secs(30);
+/// How long a refused credential keeps the gate shut, and the longest `Retry-After` honoured.
+pub const AUTH_WAIT: Duration = Duration::from_secs(30);
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// The wait after an answer that needs someone to act (a refused record, a missing topic,
+/// a refused destination): the link stays stopped, looking again this often.
+pub const STOPPED_WAIT: Duration = Duration::from_secs(30);
+
+/// FNV-1a, 32 bits.
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in bytes {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// The lane of `record` among `lanes`.
+pub fn lane_of(record: &Record, lanes: u8) -> usize {
+    let n = u32::from(lanes.max(1));
+    match &record.key {
+        Some(k) if !k.is_empty() => (fnv1a32(k) % n) as usize,
+        _ => (record.offset % u64::from(n)) as usize,
+    }
+}
+
+/// A uniformly random duration in `0..=max` (full jitter).
+fn jitter(max: Duration) -> Duration {
+    let mut b = [0u8; 8];
+    aws_lc_rs::rand::fill(&mut b).expect("the OS random source works");
+    let ms = max.as_millis().max(1) as u64;
+    Duration::from_millis(u64::from_le_bytes(b) % (ms + 1))
+}
+
+/// How a failure weighs on the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Weight {
+    /// The remote as a whole refuses (401, 429, TLS): the gate opens at once.
+    RemoteWide,
+    /// One request failed (timeout, 5xx, reset): three in a row open the gate.
+    Transient,
+    /// The answer is about this link or record (403, 404, a refused record): the gate is
+    /// not concerned; the link stops until someone acts.
+    Link,
+}
+
+/// One request's failure.
+#[derive(Debug, Clone)]
+struct Failed {
+    state: &'static str,
+    message: String,
+    weight: Weight,
+    retry_after: Option<Duration>,
+}
+
+/// A remote's gate on this node: a circuit breaker. Closed, requests flow. A remote-wide
+/// failure, or [`FAILURES_TO_OPEN`] transient ones in a row, open it; while open, cursors
+/// read nothing and exactly one probe goes out per backoff step (0.25 s doubling to 30 s,
+/// full jitter; 30 s after a refused credential; the target's `Retry-After`, at most 60 s,
+/// after a 429). The first accepted request closes it.
+#[derive(Debug, Default)]
+pub struct Gate {
+    inner: Mutex<GateState>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// Set while open: no request before this.
+    open_until: Option<Instant>,
+    /// Backoff steps taken since it opened.
+    step: u32,
+    consecutive: u32,
+    /// A probe is out: no other request until it answers.
+    probing: bool,
+    state: &'static str,
+    message: String,
+    /// Requests sent since the gate last opened (for the breaker tests and metrics).
+    opened_total: u64,
+}
+
+/// What the gate lets a ship do.
+enum Admit {
+    /// Closed: every lane may go.
+    Open,
+    /// Open, and this caller holds the step's single probe: one request only.
+    Probe,
+}
+
+impl Gate {
+    fn admit(&self) -> Result<Admit, (Duration, &'static str, String)> {
+        let mut g = self.inner.lock();
+        let Some(until) = g.open_until else {
+            return Ok(Admit::Open);
+        };
+        let now = Instant::now();
+        if now < until || g.probing {
+            let wait = until.saturating_duration_since(now).max(GATE_MIN);
+            return Err((wait, g.state, g.message.clone()));
+        }
+        g.probing = true;
+        Ok(Admit::Probe)
+    }
+
+    fn success(&self) {
+        let mut g = self.inner.lock();
+        if g.open_until.is_some() {
+            tracing::info!(target: "narad_xregion", "remote reachable again: gate closed");
+        }
+        *g = GateState {
+            opened_total: g.opened_total,
+            ..GateState::default()
+        };
+    }
+
+    /// Records `f`; returns how long the caller waits before its retry.
+    fn failure(&self, f: &Failed, probe: bool) -> Duration {
+        let mut g = self.inner.lock();
+        if probe {
+            g.probing = false;
+        }
+        if f.weight == Weight::Link {
+            return STOPPED_WAIT;
+        }
+        g.consecutive += 1;
+        let opens = f.weight == Weight::RemoteWide || g.consecutive >= FAILURES_TO_OPEN;
+        if !opens {
+            // a lane's own backoff, 250 ms to 2 s
+            let cap = GATE_MIN * 2u32.saturating_pow(g.consecutive.saturating_sub(1));
+            return jitter(cap.min(Duration::from_secs(2))).max(Duration::from_millis(50));
+        }
+        if g.open_until.is_some() {
+            g.step = g.step.saturating_add(1);
+        } else {
+            g.opened_total += 1;
+        }
+        let backoff = match f.retry_after {
+            Some(d) => d.min(MAX_RETRY_AFTER),
+            None if f.state == "auth_failed" => AUTH_WAIT,
+            None => jitter(
+                GATE_MIN
+                    .saturating_mul(2u32.saturating_pow(g.step.min(16)))
+                    .min(GATE_MAX),
+            )
+            .max(Duration::from_millis(50)),
+        };
+        g.open_until = Some(Instant::now() + backoff);
+        g.state = f.state;
+        g.message = f.message.clone();
+        backoff
+    }
+
+    /// Whether the gate is open (requests held back).
+    pub fn is_open(&self) -> bool {
+        self.inner.lock().open_until.is_some()
+    }
+}
+
+/// The sender: one per node, for every remote child whose parent partitions the node serves.
+pub struct Sender {
+    broker: Weak<Broker>,
+    keys: Option<Arc<CredentialKeys>>,
+    guard: GuardConfig,
+    /// A client per remote (id), rebuilt when the remote's version changes.
+    clients: Mutex<HashMap<u64, (u64, Arc<RemoteClient>)>>,
+    gates: Mutex<HashMap<u64, Arc<Gate>>>,
+}
+
+impl std::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+impl Sender {
+    pub fn new(
+        broker: Weak<Broker>,
+        keys: Option<Arc<CredentialKeys>>,
+        guard: GuardConfig,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            broker,
+            keys,
+            guard,
+            clients: Mutex::new(HashMap::new()),
+            gates: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The gate of remote `remote_id` on this node.
+    pub fn gate(&self, remote_id: u64) -> Arc<Gate> {
+        self.gates.lock().entry(remote_id).or_default().clone()
+    }
+
+    fn client(&self, remote: &RemoteMeta) -> Result<Arc<RemoteClient>, Failed> {
+        if let Some((v, c)) = self.clients.lock().get(&remote.id)
+            && *v == remote.version
+        {
+            return Ok(c.clone());
+        }
+        let Some(keys) = &self.keys else {
+            return Err(Failed {
+                state: "auth_failed",
+                message: "this node has no cluster_secret to open the remote's password".into(),
+                weight: Weight::Link,
+                retry_after: None,
+            });
+        };
+        let c = crate::remote::client(remote, keys, &self.guard, REQUEST_TIMEOUT)
+            .map(Arc::new)
+            .map_err(|e| Failed {
+                state: e.state(),
+                message: e.to_string(),
+                weight: Weight::Link,
+                retry_after: None,
+            })?;
+        self.clients
+            .lock()
+            .insert(remote.id, (remote.version, c.clone()));
+        Ok(c)
+    }
+
+    async fn ship_batch(self: Arc<Self>, batch: ShipBatch) -> Result<(), ShipFailure> {
+        let child = batch.child.clone();
+        let lanes = usize::from(child.lanes.max(1));
+        let mut done = if batch.done.len() == lanes {
+            batch.done.clone()
+        } else {
+            vec![false; lanes]
+        };
+        let fail = |f: Failed, wait: Duration, done: Vec<bool>| ShipFailure {
+            state: f.state,
+            message: f.message,
+            retry_in: wait,
+            done,
+        };
+        let remote = self
+            .broker
+            .upgrade()
+            .and_then(|b| b.remote(&child.remote).ok())
+            .filter(|r| r.id == child.remote_id);
+        let Some(remote) = remote else {
+            let f = Failed {
+                state: "destination_refused",
+                message: format!("remote '{}' is gone", child.remote),
+                weight: Weight::Link,
+                retry_after: None,
+            };
+            return Err(fail(f, STOPPED_WAIT, done));
+        };
+        let client = match self.client(&remote) {
+            Ok(c) => c,
+            Err(f) => return Err(fail(f, STOPPED_WAIT, done)),
+        };
+        let gate = self.gate(remote.id);
+        let probe = match gate.admit() {
+            Ok(Admit::Open) => false,
+            Ok(Admit::Probe) => true,
+            Err((wait, state, message)) => {
+                return Err(ShipFailure {
+                    state,
+                    message,
+                    retry_in: wait,
+                    done,
+                });
+            }
+        };
+        let mut by_lane: Vec<Vec<&Arc<Record>>> = vec![Vec::new(); lanes];
+        for r in &batch.records {
+            by_lane[lane_of(r, child.lanes)].push(r);
+        }
+        let origin = |r: &Record| {
+            format!(
+                "{:016x}/{:016x}/{}/{}",
+                batch.cluster_id, child.parent_id, batch.parent_partition, r.offset
+            )
+        };
+        let path = format!("v1/topics/{}/produce/batch", child.remote_topic);
+        let chunks: Vec<(usize, Vec<Bytes>)> = by_lane
+            .iter()
+            .enumerate()
+            .filter(|(i, recs)| !done[*i] && !recs.is_empty())
+            .map(|(i, recs)| (i, encode_chunks(recs, &origin)))
+            .collect();
+        // lanes with nothing to send are done
+        for (i, recs) in by_lane.iter().enumerate() {
+            if recs.is_empty() {
+                done[i] = true;
+            }
+        }
+        let mut pending = chunks;
+        if probe && !pending.is_empty() {
+            // one request while the gate is open: the first chunk of the first lane
+            let head = pending[0].1.remove(0);
+            match send_chunk(&client, &path, &child, head).await {
+                Ok(()) => gate.success(),
+                Err(f) => {
+                    let wait = gate.failure(&f, true);
+                    return Err(fail(f, wait, done));
+                }
+            }
+        }
+        let results = futures_util::future::join_all(pending.into_iter().map(|(lane, bodies)| {
+            let (client, path, child) = (client.clone(), path.clone(), child.clone());
+            async move {
+                for body in bodies {
+                    if let Err(f) = send_chunk(&client, &path, &child, body).await {
+                        return (lane, Err(f));
+                    }
+                }
+                (lane, Ok(()))
+            }
+        }))
+        .await;
+        let mut worst: Option<Failed> = None;
+        for (lane, r) in results {
+            match r {
+                Ok(()) => done[lane] = true,
+                Err(f) => {
+                    let worse = worst.as_ref().is_none_or(|w| {
+                        narad_core::broker::state_rank(f.state)
+                            > narad_core::broker::state_rank(w.state)
+                    });
+                    if worse {
+                        worst = Some(f);
+                    }
+                }
+            }
+        }
+        match worst {
+            None => {
+                gate.success();
+                Ok(())
+            }
+            Some(f) => {
+                let wait = gate.failure(&f, false);
+                Err(fail(f, wait, done))
+            }
+        }
+    }
+}
+
+/// The broker's handle on the [`Sender`].
+pub struct Shipper(pub Arc<Sender>);
+
+impl RemoteShipper for Shipper {
+    fn ship(
+        &self,
+        batch: ShipBatch,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ShipFailure>> + Send>> {
+        Box::pin(self.0.clone().ship_batch(batch))
+    }
+}
+
+/// The records of one lane as request bodies (zstd-compressed JSON), in order.
+fn encode_chunks(records: &[&Arc<Record>], origin: &dyn Fn(&Record) -> String) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut body = String::with_capacity(64 << 10);
+    let mut count = 0;
+    let start = |body: &mut String| {
+        body.clear();
+        body.push_str("{\"messages\":[");
+    };
+    start(&mut body);
+    for r in records {
+        let msg = encode_record(r, &origin(r));
+        if count > 0 && (count == CHUNK_RECORDS || body.len() + msg.len() + 2 > CHUNK_BYTES) {
+            body.push_str("]}");
+            out.push(compress(&body));
+            start(&mut body);
+            count = 0;
+        }
+        if count > 0 {
+            body.push(',');
+        }
+        body.push_str(&msg);
+        count += 1;
+    }
+    if count > 0 {
+        body.push_str("]}");
+        out.push(compress(&body));
+    }
+    out
+}
+
+fn compress(json: &str) -> Bytes {
+    Bytes::from(zstd::bulk::compress(json.as_bytes(), 1).expect("zstd compresses in memory"))
+}
+
+/// One record as a batch produce message: the payload in base64, its key and headers, its
+/// own delay, and its origin.
+fn encode_record(r: &Record, origin: &str) -> String {
+    let mut headers = serde_json::Map::new();
+    for (k, v) in &r.headers {
+        headers.insert(
+            k.clone(),
+            serde_json::Value::String(String::from_utf8_lossy(v).into_owned()),
+        );
+    }
+    headers.insert(
+        ORIGIN_HEADER.to_owned(),
+        serde_json::Value::String(origin.to_owned()),
+    );
+    let mut m = serde_json::Map::new();
+    m.insert("payload".into(), B64.encode(&r.payload).into());
+    m.insert("payload_encoding".into(), "base64".into());
+    if let Some(k) = r.key.as_ref().filter(|k| !k.is_empty()) {
+        m.insert("key".into(), String::from_utf8_lossy(k).into_owned().into());
+    }
+    if r.delay_ms > 0 {
+        m.insert("delay_ms".into(), r.delay_ms.into());
+    }
+    m.insert("headers".into(), serde_json::Value::Object(headers));
+    serde_json::Value::Object(m).to_string()
+}
+
+/// The Narad error code of an answer, if its body is one (checked to look like a code: the
+/// target is not trusted to write into our state or logs).
+fn code_of(reply: &Reply) -> Option<String> {
+    serde_json::from_slice::<serde_json::Value>(&reply.body)
+        .ok()?
+        .get("code")?
+        .as_str()
+        .filter(|c| c.len() <= 64 && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        .map(str::to_owned)
+}
+
+/// Sends one chunk; `Ok` on `202` from the attached incarnation of the target topic.
+async fn send_chunk(
+    client: &RemoteClient,
+    path: &str,
+    child: &RemoteChild,
+    body: Bytes,
+) -> Result<(), Failed> {
+    let reply = client
+        .post_zstd(path, body, child.target_id)
+        .await
+        .map_err(|e| {
+            let weight = match e {
+                ClientError::Tls(_) | ClientError::Ca(_) => Weight::RemoteWide,
+                ClientError::Guard(_) | ClientError::Redirect(_) => Weight::Link,
+                _ => Weight::Transient,
+            };
+            Failed {
+                state: e.state(),
+                message: e.to_string(),
+                weight,
+                retry_after: None,
+            }
+        })?;
+    let status = reply.status.as_u16();
+    if status == 202 {
+        let id = reply
+            .headers
+            .get("narad-topic-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| u64::from_str_radix(v, 16).ok());
+        if id.is_some_and(|id| id != child.target_id) {
+            return Err(Failed {
+                state: "target_replaced",
+                message: format!(
+                    "topic '{}' on the remote was deleted and created again (incarnation {:016x}, attached to {:016x}): detach and attach again",
+                    child.remote_topic,
+                    id.unwrap_or(0),
+                    child.target_id
+                ),
+                weight: Weight::Link,
+                retry_after: None,
+            });
+        }
+        return Ok(());
+    }
+    let code = code_of(&reply);
+    let said = match &code {
+        Some(c) => format!("the remote answered {status} {c}"),
+        None => format!("the remote answered {status}"),
+    };
+    let (state, weight) = match (status, code.as_deref()) {
+        (401, _) => ("auth_failed", Weight::RemoteWide),
+        (429, _) => ("throttled", Weight::RemoteWide),
+        (403, _) => ("forbidden", Weight::Link),
+        (404, _) => ("target_missing", Weight::Link),
+        (409, Some("loop_detected")) => ("loop_detected", Weight::Link),
+        (409, Some("topic_replaced")) => ("target_replaced", Weight::Link),
+        (413, Some("message_too_large")) => ("record_too_large", Weight::Link),
+        (400 | 409 | 413, _) => ("rejected_record", Weight::Link),
+        _ => ("unavailable", Weight::Transient),
+    };
+    let retry_after = (status == 429)
+        .then(|| {
+            reply
+                .headers
+                .get(hyper::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs)
+        })
+        .flatten();
+    Err(Failed {
+        state,
+        message: said,
+        weight,
+        retry_after,
+    })
+}
