@@ -676,15 +676,45 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
         TopicCmd::Info { name } => {
             show_topic(c.get(&format!("/v1/topics/{}", enc(&name))).await?, output)?;
         }
-        TopicCmd::Rm { name } => {
-            c.delete(&format!("/v1/topics/{}", enc(&name))).await?;
+        TopicCmd::Rm { name, force } => {
+            let force = if force { "?force=true" } else { "" };
+            c.delete(&format!("/v1/topics/{}{force}", enc(&name)))
+                .await?;
             outln!("deleted {name}");
+        }
+        TopicCmd::Attach {
+            parent,
+            child,
+            remote: Some(remote),
+            remote_topic,
+            lanes,
+            earliest,
+            unconsumed,
+            ..
+        } => {
+            let from = if earliest {
+                "earliest"
+            } else if unconsumed {
+                "unconsumed"
+            } else {
+                "attach"
+            };
+            let body = serde_json::json!({
+                "child": child,
+                "remote": remote,
+                "remote_topic": remote_topic,
+                "lanes": lanes,
+                "from": from,
+            });
+            let path = format!("/v1/topics/{}/children", enc(&parent));
+            print_reply(c.post_json(&path, &body).await?)?;
         }
         TopicCmd::Attach {
             parent,
             child,
             delay,
             earliest,
+            ..
         } => {
             let body = wire::AttachChild {
                 child,
@@ -698,14 +728,33 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
             let path = format!("/v1/topics/{}/children", enc(&parent));
             print_reply(c.post_json(&path, &body).await?)?;
         }
-        TopicCmd::Detach { parent, child } => {
+        TopicCmd::Detach {
+            parent,
+            child,
+            force,
+        } => {
+            let force = if force { "?force=true" } else { "" };
             c.delete(&format!(
-                "/v1/topics/{}/children/{}",
+                "/v1/topics/{}/children/{}{force}",
                 enc(&parent),
                 enc(&child)
             ))
             .await?;
             outln!("detached {child} from {parent}");
+        }
+        TopicCmd::Pause { parent, child } => {
+            let path = format!("/v1/topics/{}/children/{}/pause", enc(&parent), enc(&child));
+            c.post_json(&path, &serde_json::json!({})).await?;
+            outln!("paused {child} of {parent}");
+        }
+        TopicCmd::Resume { parent, child } => {
+            let path = format!(
+                "/v1/topics/{}/children/{}/resume",
+                enc(&parent),
+                enc(&child)
+            );
+            c.post_json(&path, &serde_json::json!({})).await?;
+            outln!("resumed {child} of {parent}");
         }
         TopicCmd::Children { parent } => {
             print_reply(

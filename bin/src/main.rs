@@ -287,7 +287,12 @@ enum TopicCmd {
     /// Show a topic's configuration and partition statistics.
     Info { name: String },
     /// Delete a topic and its data.
-    Rm { name: String },
+    Rm {
+        name: String,
+        /// With remote children that have records not shipped yet: abandon them.
+        #[arg(long)]
+        force: bool,
+    },
     /// Change a topic's settings.
     Edit(TopicEditArgs),
     /// Attach CHILD as a fan-out child of PARENT (every parent record is copied to it).
@@ -301,9 +306,32 @@ enum TopicCmd {
         /// Copy what the parent already holds, not only new records.
         #[arg(long)]
         earliest: bool,
+        /// A remote child (admin): mirror PARENT to --remote-topic on this remote
+        /// (`narad remote`); CHILD names the link.
+        #[arg(long, requires = "remote_topic", conflicts_with = "delay")]
+        remote: Option<String>,
+        #[arg(long)]
+        remote_topic: Option<String>,
+        /// Requests in flight at once per parent partition (1..=8); a key's records keep
+        /// their order whatever the count.
+        #[arg(long, requires = "remote")]
+        lanes: Option<u8>,
+        /// With --remote: also what consumers of PARENT have not acked yet.
+        #[arg(long, requires = "remote", conflicts_with = "earliest")]
+        unconsumed: bool,
     },
-    /// Detach CHILD from PARENT (the child keeps its data).
-    Detach { parent: String, child: String },
+    /// Detach CHILD from PARENT (the child keeps its data; a remote child is removed).
+    Detach {
+        parent: String,
+        child: String,
+        /// A remote child with records not shipped yet: abandon them.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Pause a remote child: it ships nothing until resumed.
+    Pause { parent: String, child: String },
+    /// Resume a remote child (the remote is checked again first).
+    Resume { parent: String, child: String },
     /// List PARENT's children with their lag.
     Children { parent: String },
     /// Show a topic's JSON Schema versions.

@@ -419,6 +419,7 @@ impl Opening {
                 Arc::downgrade(&b),
                 self.state.remotes.keys.clone(),
                 self.state.remotes.guard.clone(),
+                self.state.remotes.metrics.clone(),
             ),
         )));
         if let (Some(node), Some(store)) = (self.state.cluster.clone(), replicated) {
@@ -614,6 +615,7 @@ pub async fn run_observed(
             config.remote_guard()?,
         ),
     });
+    metrics.register_with(|r| state.remotes.metrics.register(r));
     if let Some(node) = cluster.clone() {
         let clock = clock.clone();
         let follower = node.clone();

@@ -24,7 +24,7 @@ use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use aws_lc_rs::hkdf::{HKDF_SHA256, KeyType, Salt};
 use narad_auth::UserRecord;
 use narad_core::broker::TopicMeta;
-use narad_core::catalog::RemoteMeta;
+use narad_core::catalog::{RemoteChild, RemoteMeta};
 use serde::{Deserialize, Serialize};
 
 /// The one object, `<prefix>/_catalog/catalog.bin`, replaced whole by each upload (an S3 PUT
@@ -65,6 +65,9 @@ pub struct CatalogSnapshot {
     /// snapshot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remotes: Vec<RemoteMeta>,
+    /// Every remote child; only in a sealed snapshot (they name remotes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote_children: Vec<RemoteChild>,
 }
 
 /// Where one fan-out cursor was: the next parent offset to copy to `child`.
@@ -239,6 +242,7 @@ pub fn seal(snapshot: &CatalogSnapshot, keys: Option<&CatalogKeys>, written_at_m
             let unsealed = CatalogSnapshot {
                 users: None,
                 remotes: Vec::new(),
+                remote_children: Vec::new(),
                 ..snapshot.clone()
             };
             let mut out = header(MODE_UNSEALED, [0; 8], written_at_ms, [0; NONCE_LEN]);
@@ -313,6 +317,7 @@ pub fn open(bytes: &[u8], keys: Option<&CatalogKeys>) -> Result<Opened, OpenErro
                     "an unsealed catalog snapshot lists users; they are ignored (users are only restored from a sealed snapshot)"
                 );
             }
+            snapshot.remote_children.clear();
             if !std::mem::take(&mut snapshot.remotes).is_empty() {
                 tracing::warn!(
                     "an unsealed catalog snapshot lists remotes; they are ignored (remotes are only restored from a sealed snapshot)"
@@ -387,6 +392,7 @@ mod tests {
                 created_at_ms: 1,
                 updated_at_ms: 1,
             }],
+            remote_children: Vec::new(),
         }
     }
 

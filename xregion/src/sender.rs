@@ -29,6 +29,11 @@ use narad_core::broker::{Broker, ORIGIN_HEADER, RemoteShipper, ShipBatch, ShipFa
 use narad_core::catalog::{RemoteChild, RemoteMeta};
 use narad_core::record::Record;
 use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use crate::client::{ClientError, RemoteClient, Reply};
@@ -52,6 +57,42 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// The wait after an answer that needs someone to act (a refused record, a missing topic,
 /// a refused destination): the link stays stopped, looking again this often.
 pub const STOPPED_WAIT: Duration = Duration::from_secs(30);
+
+/// The sender's metrics (labels from a fixed set: bounded whatever the remotes).
+#[derive(Debug, Default)]
+pub struct SenderMetrics {
+    /// Requests to remotes by outcome: `accepted`, or the link state a failure means.
+    pub requests: Family<OutcomeLabel, Counter>,
+    /// Records remotes accepted.
+    pub records: Counter,
+    /// Remotes whose gate is open on this node.
+    pub gates_open: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+impl SenderMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "narad_remote_requests",
+            "requests to remotes (batch produce), by outcome: accepted or the link state a failure means",
+            self.requests.clone(),
+        );
+        r.register(
+            "narad_remote_records",
+            "records remote children shipped and their remotes accepted",
+            self.records.clone(),
+        );
+        r.register(
+            "narad_remote_gates_open",
+            "remotes whose gate (circuit breaker) is open on this node: one probe per backoff step goes out",
+            self.gates_open.clone(),
+        );
+    }
+}
 
 /// FNV-1a, 32 bits.
 pub fn fnv1a32(bytes: &[u8]) -> u32 {
@@ -211,6 +252,7 @@ pub struct Sender {
     /// A client per remote (id), rebuilt when the remote's version changes.
     clients: Mutex<HashMap<u64, (u64, Arc<RemoteClient>)>>,
     gates: Mutex<HashMap<u64, Arc<Gate>>>,
+    metrics: Arc<SenderMetrics>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -224,6 +266,7 @@ impl Sender {
         broker: Weak<Broker>,
         keys: Option<Arc<CredentialKeys>>,
         guard: GuardConfig,
+        metrics: Arc<SenderMetrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
             broker,
@@ -231,7 +274,21 @@ impl Sender {
             guard,
             clients: Mutex::new(HashMap::new()),
             gates: Mutex::new(HashMap::new()),
+            metrics,
         })
+    }
+
+    /// Counts one request's outcome, and the gates open now.
+    fn count(&self, outcome: &'static str) {
+        self.metrics
+            .requests
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    fn count_gates(&self) {
+        let open = self.gates.lock().values().filter(|g| g.is_open()).count();
+        self.metrics.gates_open.set(open as i64);
     }
 
     /// The gate of remote `remote_id` on this node.
@@ -323,7 +380,7 @@ impl Sender {
             )
         };
         let path = format!("v1/topics/{}/produce/batch", child.remote_topic);
-        let chunks: Vec<(usize, Vec<Bytes>)> = by_lane
+        let chunks: Vec<(usize, Vec<(Bytes, usize)>)> = by_lane
             .iter()
             .enumerate()
             .filter(|(i, recs)| !done[*i] && !recs.is_empty())
@@ -339,20 +396,37 @@ impl Sender {
         if probe && !pending.is_empty() {
             // one request while the gate is open: the first chunk of the first lane
             let head = pending[0].1.remove(0);
-            match send_chunk(&client, &path, &child, head).await {
+            let sent = send_chunk(&client, &path, &child, head).await;
+            self.count(sent.as_ref().map_or_else(
+                |f| f.state,
+                |n| {
+                    self.metrics.records.inc_by(*n as u64);
+                    "accepted"
+                },
+            ));
+            match sent.map(|_| ()) {
                 Ok(()) => gate.success(),
                 Err(f) => {
                     let wait = gate.failure(&f, true);
+                    self.count_gates();
                     return Err(fail(f, wait, done));
                 }
             }
         }
         let results = futures_util::future::join_all(pending.into_iter().map(|(lane, bodies)| {
-            let (client, path, child) = (client.clone(), path.clone(), child.clone());
+            let (client, path, child, this) =
+                (client.clone(), path.clone(), child.clone(), self.clone());
             async move {
                 for body in bodies {
-                    if let Err(f) = send_chunk(&client, &path, &child, body).await {
-                        return (lane, Err(f));
+                    match send_chunk(&client, &path, &child, body).await {
+                        Ok(n) => {
+                            this.count("accepted");
+                            this.metrics.records.inc_by(n as u64);
+                        }
+                        Err(f) => {
+                            this.count(f.state);
+                            return (lane, Err(f));
+                        }
                     }
                 }
                 (lane, Ok(()))
@@ -374,7 +448,7 @@ impl Sender {
                 }
             }
         }
-        match worst {
+        let outcome = match worst {
             None => {
                 gate.success();
                 Ok(())
@@ -383,7 +457,9 @@ impl Sender {
                 let wait = gate.failure(&f, false);
                 Err(fail(f, wait, done))
             }
-        }
+        };
+        self.count_gates();
+        outcome
     }
 }
 
@@ -400,7 +476,10 @@ impl RemoteShipper for Shipper {
 }
 
 /// The records of one lane as request bodies (zstd-compressed JSON), in order.
-fn encode_chunks(records: &[&Arc<Record>], origin: &dyn Fn(&Record) -> String) -> Vec<Bytes> {
+fn encode_chunks(
+    records: &[&Arc<Record>],
+    origin: &dyn Fn(&Record) -> String,
+) -> Vec<(Bytes, usize)> {
     let mut out = Vec::new();
     let mut body = String::with_capacity(64 << 10);
     let mut count = 0;
@@ -413,7 +492,7 @@ fn encode_chunks(records: &[&Arc<Record>], origin: &dyn Fn(&Record) -> String) -
         let msg = encode_record(r, &origin(r));
         if count > 0 && (count == CHUNK_RECORDS || body.len() + msg.len() + 2 > CHUNK_BYTES) {
             body.push_str("]}");
-            out.push(compress(&body));
+            out.push((compress(&body), count));
             start(&mut body);
             count = 0;
         }
@@ -425,7 +504,7 @@ fn encode_chunks(records: &[&Arc<Record>], origin: &dyn Fn(&Record) -> String) -
     }
     if count > 0 {
         body.push_str("]}");
-        out.push(compress(&body));
+        out.push((compress(&body), count));
     }
     out
 }
@@ -477,8 +556,8 @@ async fn send_chunk(
     client: &RemoteClient,
     path: &str,
     child: &RemoteChild,
-    body: Bytes,
-) -> Result<(), Failed> {
+    (body, count): (Bytes, usize),
+) -> Result<usize, Failed> {
     let reply = client
         .post_zstd(path, body, child.target_id)
         .await
@@ -515,7 +594,7 @@ async fn send_chunk(
                 retry_after: None,
             });
         }
-        return Ok(());
+        return Ok(count);
     }
     let code = code_of(&reply);
     let said = match &code {

@@ -38,6 +38,8 @@ pub struct RemotesKit {
     /// Why `keys` is `None`.
     pub unavailable: String,
     pub guard: GuardConfig,
+    /// The sender's metrics (registered with the server's).
+    pub metrics: Arc<narad_xregion::sender::SenderMetrics>,
 }
 
 impl RemotesKit {
@@ -65,6 +67,7 @@ impl RemotesKit {
             keys,
             unavailable,
             guard,
+            metrics: Arc::default(),
         }
     }
 
