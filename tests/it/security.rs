@@ -10,7 +10,21 @@ const ROOT_PW: &str = "root-password-1";
 const PW: &str = "user-password-1";
 
 async fn secure(dir: &std::path::Path) -> Server {
-    Server::start_opts(dir, false, &[("NARAD_ADMIN_PASSWORD", ROOT_PW)], None).await
+    Server::start_opts(
+        dir,
+        false,
+        &[
+            ("NARAD_ADMIN_PASSWORD", ROOT_PW),
+            // (remotes need one; the matrix's remotes name only localhost, which the address
+            // guard refuses to dial: no traffic leaves)
+            (
+                "NARAD_CLUSTER_SECRET",
+                "the auth matrix's cluster secret, 32+ bytes",
+            ),
+        ],
+        None,
+    )
+    .await
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -85,6 +99,20 @@ impl Ctx {
             Some(json!({"username": name, "password": PW, "grants": grants})),
         )
         .await;
+    }
+
+    /// A remote made by the admin (naming localhost: never dialled).
+    async fn remote(&self) -> String {
+        let name = format!("rm{}", self.next());
+        self.as_admin(
+            Method::POST,
+            "/v1/remotes",
+            Some(
+                json!({"name": name, "url": "https://localhost", "username": "u", "password": "p"}),
+            ),
+        )
+        .await;
+        name
     }
 
     /// A topic owned by alice, with one message in it.
@@ -225,6 +253,47 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
             Some(json!({"username": format!("new{i}"), "password": PW})),
         ),
         "GET /v1/users" => (Method::GET, "/v1/users".into(), None),
+        "POST /v1/remotes" => (
+            Method::POST,
+            "/v1/remotes".into(),
+            Some(
+                json!({"name": format!("r{i}"), "url": "https://localhost", "username": "u", "password": "p"}),
+            ),
+        ),
+        "GET /v1/remotes" => (Method::GET, "/v1/remotes".into(), None),
+        "GET /v1/remotes/{name}" => (
+            Method::GET,
+            format!("/v1/remotes/{}", ctx.remote().await),
+            None,
+        ),
+        "PATCH /v1/remotes/{name}" => (
+            Method::PATCH,
+            format!("/v1/remotes/{}", ctx.remote().await),
+            Some(json!({"password": "another"})),
+        ),
+        "DELETE /v1/remotes/{name}" => (
+            Method::DELETE,
+            format!("/v1/remotes/{}", ctx.remote().await),
+            None,
+        ),
+        "POST /v1/remotes/{name}/test" => (
+            Method::POST,
+            format!("/v1/remotes/{}/test", ctx.remote().await),
+            None,
+        ),
+        "POST /v1/cluster/reencrypt-remotes" => {
+            (Method::POST, "/v1/cluster/reencrypt-remotes".into(), None)
+        }
+        "POST /v1/topics/{topic}/children/{child}/pause" => (
+            Method::POST,
+            format!("/v1/topics/{}/children/nothere/pause", ctx.topic().await),
+            None,
+        ),
+        "POST /v1/topics/{topic}/children/{child}/resume" => (
+            Method::POST,
+            format!("/v1/topics/{}/children/nothere/resume", ctx.topic().await),
+            None,
+        ),
         "GET /v1/users/{username}" => (Method::GET, "/v1/users/bob".into(), None),
         "DELETE /v1/users/{username}" => {
             let u = format!("del{i}");
@@ -289,6 +358,23 @@ fn rows() -> Vec<Row> {
         r("DELETE /v1/users/{username}", [U, U, F, F, 204]),
         r("PUT /v1/users/{username}/grants", [U, U, F, F, 200]),
         r("PUT /v1/users/{username}/password", [U, U, F, F, 204]),
+        // remotes and remote children are for admins (an admin pausing a child that is not
+        // there is told so)
+        r("POST /v1/remotes", [U, U, F, F, 201]),
+        r("GET /v1/remotes", [U, U, F, F, 200]),
+        r("GET /v1/remotes/{name}", [U, U, F, F, 200]),
+        r("PATCH /v1/remotes/{name}", [U, U, F, F, 200]),
+        r("DELETE /v1/remotes/{name}", [U, U, F, F, 204]),
+        r("POST /v1/remotes/{name}/test", [U, U, F, F, 200]),
+        r("POST /v1/cluster/reencrypt-remotes", [U, U, F, F, 200]),
+        r(
+            "POST /v1/topics/{topic}/children/{child}/pause",
+            [U, U, F, F, 404],
+        ),
+        r(
+            "POST /v1/topics/{topic}/children/{child}/resume",
+            [U, U, F, F, 404],
+        ),
     ]
 }
 

@@ -159,8 +159,9 @@ struct GateState {
     /// Backoff steps taken since it opened.
     step: u32,
     consecutive: u32,
-    /// A probe is out: no other request until it answers.
-    probing: bool,
+    /// A probe is out (since then): no other request until it answers, or until it is
+    /// surely lost (its request's deadline passed well ago).
+    probing: Option<Instant>,
     state: &'static str,
     message: String,
     /// Requests sent since the gate last opened (for the breaker tests and metrics).
@@ -182,11 +183,14 @@ impl Gate {
             return Ok(Admit::Open);
         };
         let now = Instant::now();
-        if now < until || g.probing {
+        let probe_out = g
+            .probing
+            .is_some_and(|since| now < since + REQUEST_TIMEOUT * 2);
+        if now < until || probe_out {
             let wait = until.saturating_duration_since(now).max(GATE_MIN);
             return Err((wait, g.state, g.message.clone()));
         }
-        g.probing = true;
+        g.probing = Some(now);
         Ok(Admit::Probe)
     }
 
@@ -205,7 +209,7 @@ impl Gate {
     fn failure(&self, f: &Failed, probe: bool) -> Duration {
         let mut g = self.inner.lock();
         if probe {
-            g.probing = false;
+            g.probing = None;
         }
         if f.weight == Weight::Link {
             return STOPPED_WAIT;

@@ -471,11 +471,22 @@ async fn run_remote_cursor(
                         topic: child.name.clone(),
                     })
                     .inc_by(dropped);
-                if fanout::persist(&path, child.epoch, oldest).await.is_ok() {
-                    next = oldest;
-                    cursor.next.store(next, Ordering::Release);
-                }
                 done = None;
+                match fanout::persist(&path, child.epoch, oldest).await {
+                    Ok(()) => {
+                        next = oldest;
+                        cursor.next.store(next, Ordering::Release);
+                    }
+                    Err(e) => {
+                        cursor.set("unavailable", Some(format!("writing the cursor: {e}")));
+                        drop(b);
+                        tokio::select! {
+                            biased;
+                            () = stop.cancelled() => return,
+                            () = clock.sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                }
                 continue;
             }
             Err(e) => {
