@@ -12,6 +12,7 @@ mod hardening;
 mod lifecycle;
 mod limits;
 mod openapi;
+mod playbooks;
 mod queue;
 mod remotes;
 mod security;

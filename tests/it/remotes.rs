@@ -10,30 +10,31 @@ use crate::cluster::{contains, files_under};
 use crate::security::make_cert;
 use crate::support::{BIN, Server, call_as, expect_error};
 
-const ROOT_PW: &str = "root-password-1";
-const SECRET: &str = "the source cluster's secret, 32 bytes or more";
+pub(crate) const ROOT_PW: &str = "root-password-1";
+pub(crate) const SECRET: &str = "the source cluster's secret, 32 bytes or more";
 const NEW_SECRET: &str = "the source cluster's next secret, also 32+ bytes";
-const MIRROR_PW: &str = "the mirror user's password on the target";
+pub(crate) const MIRROR_PW: &str = "the mirror user's password on the target";
 const OPS_PW: &str = "an admin of the target, not for remotes";
 
 /// The target: security on, HTTPS from a test CA, a topic `orders`, a user `mirror` that may
 /// produce to it and an admin `ops`. Returns it and its CA.
-async fn target(dir: &std::path::Path) -> (Server, String) {
+pub(crate) async fn target(dir: &std::path::Path) -> (Server, String) {
+    target_with(dir, &[]).await
+}
+
+/// [`target`] with more environment.
+pub(crate) async fn target_with(dir: &std::path::Path, extra: &[(&str, &str)]) -> (Server, String) {
     let (ca, chain, key) = make_cert();
     let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
     std::fs::write(&cert_file, &chain).unwrap();
     std::fs::write(&key_file, &key).unwrap();
-    let b = Server::start_opts(
-        &sub(dir, "b"),
-        false,
-        &[
-            ("NARAD_ADMIN_PASSWORD", ROOT_PW),
-            ("NARAD_TLS_CERT_FILE", cert_file.to_str().unwrap()),
-            ("NARAD_TLS_KEY_FILE", key_file.to_str().unwrap()),
-        ],
-        Some(ca.as_bytes()),
-    )
-    .await;
+    let mut env = vec![
+        ("NARAD_ADMIN_PASSWORD", ROOT_PW),
+        ("NARAD_TLS_CERT_FILE", cert_file.to_str().unwrap()),
+        ("NARAD_TLS_KEY_FILE", key_file.to_str().unwrap()),
+    ];
+    env.extend_from_slice(extra);
+    let b = Server::start_opts(&sub(dir, "b"), false, &env, Some(ca.as_bytes())).await;
     let root = ("admin", ROOT_PW);
     for (body, path) in [
         (json!({"name": "orders", "partitions": 2}), "/v1/topics"),
@@ -56,7 +57,7 @@ async fn target(dir: &std::path::Path) -> (Server, String) {
 }
 
 /// The source: security on, a cluster secret, remotes allowed on loopback at `port`.
-async fn source(dir: &std::path::Path, port: u16) -> Server {
+pub(crate) async fn source(dir: &std::path::Path, port: u16) -> Server {
     let port = port.to_string();
     Server::start_opts(
         &sub(dir, "a"),
@@ -73,24 +74,29 @@ async fn source(dir: &std::path::Path, port: u16) -> Server {
 }
 
 /// A new directory `name` in `dir`.
-fn sub(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+pub(crate) fn sub(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
     let d = dir.join(name);
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
-async fn call(s: &Server, method: Method, path: &str, body: Option<Value>) -> reqwest::Response {
+pub(crate) async fn call(
+    s: &Server,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
     call_as(s, ("admin", ROOT_PW), method, path, body).await
 }
 
-async fn json_of(r: reqwest::Response, want: StatusCode) -> Value {
+pub(crate) async fn json_of(r: reqwest::Response, want: StatusCode) -> Value {
     let st = r.status();
     let text = r.text().await.unwrap();
     assert_eq!(st, want, "{text}");
     serde_json::from_str(&text).unwrap()
 }
 
-fn port_of(s: &Server) -> u16 {
+pub(crate) fn port_of(s: &Server) -> u16 {
     s.base.rsplit(':').next().unwrap().parse().unwrap()
 }
 
@@ -673,19 +679,21 @@ async fn the_cli_adds_lists_tests_and_removes_remotes() {
 /// A TCP relay from a port of the test's to `target`, which the test can cut: cut, it accepts
 /// and drops every connection (counting them), as a target that is down but whose address
 /// still answers would.
-struct Relay {
-    port: u16,
+pub(crate) struct Relay {
+    pub(crate) port: u16,
+    target: Arc<std::sync::atomic::AtomicU16>,
     cut: Arc<std::sync::atomic::AtomicBool>,
     accepted: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Relay {
-    async fn start(target: u16) -> Self {
+    pub(crate) async fn start(target: u16) -> Self {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (c, n) = (cut.clone(), accepted.clone());
+        let to = Arc::new(std::sync::atomic::AtomicU16::new(target));
+        let (c, n, t) = (cut.clone(), accepted.clone(), to.clone());
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = l.accept().await {
                 n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -693,6 +701,7 @@ impl Relay {
                     drop(inbound);
                     continue;
                 }
+                let target = t.load(std::sync::atomic::Ordering::SeqCst);
                 tokio::spawn(async move {
                     if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                     {
@@ -703,23 +712,33 @@ impl Relay {
         });
         Self {
             port,
+            target: to,
             cut,
             accepted,
         }
     }
 
-    fn set_cut(&self, cut: bool) {
+    /// Relays to `port` from now on.
+    pub(crate) fn set_target(&self, port: u16) {
+        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn set_cut(&self, cut: bool) {
         self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
     }
 
-    fn accepted(&self) -> u64 {
+    pub(crate) fn accepted(&self) -> u64 {
         self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
 /// Every record of `topic` on `s` (replayed from each of its `partitions`): (partition,
 /// key, seq, origin) in offset order per partition.
-async fn replay_all(s: &Server, topic: &str, partitions: u32) -> Vec<(u32, String, u64, String)> {
+pub(crate) async fn replay_all(
+    s: &Server,
+    topic: &str,
+    partitions: u32,
+) -> Vec<(u32, String, u64, String)> {
     let mut out = Vec::new();
     for p in 0..partitions {
         let mut offset = 0u64;
@@ -755,7 +774,7 @@ async fn replay_all(s: &Server, topic: &str, partitions: u32) -> Vec<(u32, Strin
 
 /// Produces `seqs` to `topic` on `s` in batches of 100, keyed `k<seq % 20>`; returns the
 /// seqs of the batches answered 202 (the ones that must arrive).
-async fn produce_seqs(s: &Server, topic: &str, seqs: std::ops::Range<u64>) -> Vec<u64> {
+pub(crate) async fn produce_seqs(s: &Server, topic: &str, seqs: std::ops::Range<u64>) -> Vec<u64> {
     let mut acked = Vec::new();
     let all: Vec<u64> = seqs.collect();
     for chunk in all.chunks(100) {
@@ -779,7 +798,7 @@ async fn produce_seqs(s: &Server, topic: &str, seqs: std::ops::Range<u64>) -> Ve
     acked
 }
 
-async fn children_of(s: &Server, parent: &str) -> Value {
+pub(crate) async fn children_of(s: &Server, parent: &str) -> Value {
     json_of(
         call(
             s,
@@ -794,7 +813,7 @@ async fn children_of(s: &Server, parent: &str) -> Value {
 }
 
 /// Polls (60 s at most) until `f` holds.
-async fn until<F: AsyncFnMut() -> bool>(what: &str, mut f: F) {
+pub(crate) async fn until<F: AsyncFnMut() -> bool>(what: &str, mut f: F) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !f().await {
         assert!(std::time::Instant::now() < deadline, "timed out: {what}");
@@ -804,7 +823,7 @@ async fn until<F: AsyncFnMut() -> bool>(what: &str, mut f: F) {
 
 /// The per-key order on the target: for each key, the first copies of its records come in
 /// the order they were produced (later duplicates of a resent chunk are allowed).
-fn check_key_order(got: &[(u32, String, u64, String)]) {
+pub(crate) fn check_key_order(got: &[(u32, String, u64, String)]) {
     let mut seen = std::collections::HashSet::new();
     let mut last: std::collections::HashMap<&str, u64> = Default::default();
     for (_, k, seq, _) in got {
