@@ -3454,3 +3454,115 @@ async fn fanout_children_in_a_cluster_get_every_record_whichever_members_own_the
         "{r}"
     );
 }
+
+/// A remote child on a three-member source: each parent partition's owner ships its own
+/// partition to the target; every record arrives (per-key order kept) and a SIGKILLed owner,
+/// restarted, ships what it had not (duplicates allowed, no gap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_member_source_mirrors_every_partition_from_its_owner() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let (b, ca) = crate::remotes::target(root.path()).await;
+    let b_port = crate::remotes::port_of(&b);
+    let mut nodes = three_with(root.path(), |n| {
+        n.secure = true;
+        n.env
+            .push(("NARAD_REMOTES_ALLOWED_PORTS".into(), b_port.to_string()));
+        n.env
+            .push(("NARAD_REMOTES_ALLOW_ADDRESSES".into(), "127.0.0.0/8".into()));
+    })
+    .await;
+    all_ready(&nodes).await;
+    let admin = ("admin", ROOT_PW);
+    let (st, body) = nodes[0]
+        .call(
+            admin,
+            Method::POST,
+            "/v1/remotes",
+            Some(serde_json::json!({"name": "b", "url": format!("https://127.0.0.1:{b_port}"), "username": "mirror", "password": crate::remotes::MIRROR_PW, "ca_pem": ca})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let (st, body) = nodes[0]
+        .call(
+            admin,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "src", "partitions": 6})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{body}");
+    let owners: std::collections::BTreeSet<u64> = body["partition_owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert_eq!(owners.len(), 3, "partitions on every member: {body}");
+    let (st, body) = nodes[1]
+        .call(
+            admin,
+            Method::POST,
+            "/v1/topics/src/children",
+            Some(serde_json::json!({"child": "to-b", "remote": "b", "remote_topic": "orders", "lanes": 2})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let produce = async |n: &Node, seqs: std::ops::Range<u64>| {
+        let msgs: Vec<Value> = seqs
+            .map(|s| serde_json::json!({"key": format!("k{}", s % 30), "payload": {"seq": s}}))
+            .collect();
+        n.call(
+            admin,
+            Method::POST,
+            "/v1/topics/src/produce/batch",
+            Some(serde_json::json!({ "messages": msgs })),
+        )
+        .await
+        .0
+    };
+    for (i, start) in (0..600).step_by(100).enumerate() {
+        let st = produce(&nodes[i % 3], start..start + 100).await;
+        assert_eq!(st, StatusCode::ACCEPTED);
+    }
+    let have = async || -> std::collections::HashSet<u64> {
+        crate::remotes::replay_all(&b, "orders", 2)
+            .await
+            .iter()
+            .map(|r| r.2)
+            .collect()
+    };
+    until("600 records on the target", 60, async || {
+        have().await.len() >= 600
+    })
+    .await;
+    crate::remotes::check_key_order(&crate::remotes::replay_all(&b, "orders", 2).await);
+    // the lag, summed over the owners, reaches 0 and every owner's cursors run
+    until("lag 0 everywhere", 30, async || {
+        let (st, c) = nodes[2]
+            .call(admin, Method::GET, "/v1/topics/src/children", None)
+            .await;
+        st == StatusCode::OK
+            && c["children"][0]["lag_messages"] == 0
+            && c["children"][0]["remote"]["state"] == "running"
+            && c.get("partitions_unavailable").is_none()
+    })
+    .await;
+    // an owner killed while records it owns wait to be shipped: after its restart they are
+    // on the target
+    nodes[2].kill9();
+    let mut acked = Vec::new();
+    for start in (600..900).step_by(100) {
+        if produce(&nodes[0], start..start + 100).await == StatusCode::ACCEPTED {
+            acked.extend(start..start + 100);
+        }
+    }
+    nodes[2].start().await;
+    all_ready(&nodes).await;
+    until("every acked record on the target", 60, async || {
+        let h = have().await;
+        acked.iter().all(|s| h.contains(s))
+    })
+    .await;
+    assert!(!acked.is_empty());
+}
