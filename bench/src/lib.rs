@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod fanout;
 pub mod lifecycle;
+pub mod mirror;
 pub mod narad;
 pub mod noop;
 pub mod peers;

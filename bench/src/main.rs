@@ -37,6 +37,9 @@ enum Cmd {
     Soak(SoakArgs),
     /// Fan-out copy rate with N children and the produce-rate cost of adding them.
     Fanout(FanoutArgs),
+    /// A remote child's mirroring rate with 1, 4 and 8 lanes, its lag at a steady rate, and
+    /// the produce rate's cost on the source (scripts/bench-mirror sets up both clusters).
+    Mirror(MirrorArgs),
     /// Archive costs and speeds: Parquet conversion, compression, replay from the archive vs
     /// local segments, time lookups in a large archived partition.
     Tiering(TieringArgs),
@@ -157,6 +160,40 @@ struct FanoutArgs {
     batch: usize,
     #[arg(long, short = 's', default_value_t = 256)]
     size: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct MirrorArgs {
+    /// The source's host:port (security on: NARAD_USER, NARAD_PASSWORD).
+    #[arg(long, default_value = "127.0.0.1:7942")]
+    url: String,
+    /// The source's remote to mirror to, and the topic there.
+    #[arg(long, default_value = "target")]
+    remote: String,
+    #[arg(long, default_value = "bench-mirror")]
+    remote_topic: String,
+    /// Lane counts to measure (0: no remote child, the baseline), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,4,8")]
+    lanes: Vec<u8>,
+    #[arg(long, default_value_t = 4)]
+    partitions: u32,
+    #[arg(long, short = 'n', default_value_t = 200_000)]
+    count: u64,
+    #[arg(long, short = 'c', default_value_t = 4)]
+    connections: usize,
+    #[arg(long, short = 'b', default_value_t = 100)]
+    batch: usize,
+    #[arg(long, short = 's', default_value_t = 256)]
+    size: usize,
+    /// The steady run: messages per second (0: none), for this long, with --steady-lanes.
+    #[arg(long, default_value_t = 5000)]
+    rate: u64,
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    #[arg(long, default_value_t = 4)]
+    steady_lanes: u8,
     #[arg(long)]
     json: bool,
 }
@@ -346,6 +383,43 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     println!(
                         "{n:>3} children: produce {:.0} msg/s, copy {:.0} records/s, caught up {:.2}s after the last produce",
                         r.produce_msgs_per_s, r.copy_records_per_s, r.catch_up_s
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Mirror(a) => {
+            let cfg = narad_bench::mirror::MirrorConfig {
+                addr: a.url.trim_start_matches("http://").to_owned(),
+                remote: a.remote,
+                remote_topic: a.remote_topic,
+                partitions: a.partitions,
+            };
+            let size = a.size.max(34);
+            for lanes in a.lanes {
+                let r =
+                    narad_bench::mirror::run(&cfg, lanes, a.count, a.connections, a.batch, size)
+                        .await?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else if lanes == 0 {
+                    println!("no remote child: produce {:.0} msg/s", r.produce_msgs_per_s);
+                } else {
+                    println!(
+                        "{lanes} lanes: produce {:.0} msg/s, mirrored {:.0} msg/s ({:.1} MB/s of payload), caught up {:.2}s after the last produce",
+                        r.produce_msgs_per_s, r.mirror_msgs_per_s, r.mirror_mb_per_s, r.catch_up_s
+                    );
+                }
+            }
+            if a.rate > 0 {
+                let r = narad_bench::mirror::steady(&cfg, a.steady_lanes, a.rate, a.seconds, size)
+                    .await?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    println!(
+                        "steady {} msg/s for {}s with {} lanes: lag p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                        r.rate, r.seconds, r.lanes, r.lag_p50_ms, r.lag_p99_ms, r.lag_max_ms
                     );
                 }
             }
