@@ -328,10 +328,18 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     assert!((3000..3030).all(|s| back.contains(&s)));
     let processed_a: HashSet<u64> = processed_on_a.iter().copied().collect();
     let again: BTreeSet<u64> = back.iter().filter(|s| **s < 3000).copied().collect();
-    assert_eq!(
-        again,
-        (0..600).filter(|s| !processed_a.contains(s)).collect(),
-        "exactly what A's consumers had not acked before the loss comes again"
+    let unacked: BTreeSet<u64> = (0..600).filter(|s| !processed_a.contains(s)).collect();
+    assert!(
+        unacked.is_subset(&again),
+        "what A's consumers had not acked before the loss comes again"
+    );
+    // and beyond it only acks the SIGKILL cut off before they were flushed (redelivered,
+    // as after any crash: ack_flush_interval_ms)
+    assert!(
+        again
+            .iter()
+            .all(|s| unacked.contains(s) || processed_a.contains(s)),
+        "{again:?}"
     );
     // producers back on A; the B→A link drained, it goes
     let r = call(&b, Method::DELETE, "/v1/topics/orders/children/back", None).await;

@@ -682,7 +682,8 @@ async fn the_cli_adds_lists_tests_and_removes_remotes() {
 pub(crate) struct Relay {
     pub(crate) port: u16,
     target: Arc<std::sync::atomic::AtomicU16>,
-    cut: Arc<std::sync::atomic::AtomicBool>,
+    /// `true` while cut: new connections are dropped, and so are the ones relayed before.
+    cut: tokio::sync::watch::Sender<bool>,
     accepted: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -690,22 +691,26 @@ impl Relay {
     pub(crate) async fn start(target: u16) -> Self {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
-        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (cut, cut_rx) = tokio::sync::watch::channel(false);
         let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let to = Arc::new(std::sync::atomic::AtomicU16::new(target));
-        let (c, n, t) = (cut.clone(), accepted.clone(), to.clone());
+        let (n, t) = (accepted.clone(), to.clone());
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = l.accept().await {
                 n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if c.load(std::sync::atomic::Ordering::SeqCst) {
+                if *cut_rx.borrow() {
                     drop(inbound);
                     continue;
                 }
                 let target = t.load(std::sync::atomic::Ordering::SeqCst);
+                let mut rx = cut_rx.clone();
                 tokio::spawn(async move {
                     if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                     {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
+                            _ = rx.wait_for(|cut| *cut) => {}
+                        }
                     }
                 });
             }
@@ -724,7 +729,7 @@ impl Relay {
     }
 
     pub(crate) fn set_cut(&self, cut: bool) {
-        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+        self.cut.send_replace(cut);
     }
 
     pub(crate) fn accepted(&self) -> u64 {
@@ -1020,23 +1025,41 @@ async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_t
     )
     .await;
     expect_error(r, StatusCode::FORBIDDEN, "forbidden").await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics/src/produce/batch",
-        Some(forged),
-    )
-    .await;
-    expect_error(r, StatusCode::CONFLICT, "loop_detected").await;
-    let bad = json!({"messages": [{"payload": 1, "headers": {"narad-origin": "nonsense"}}]});
-    let r = call(
+    // the header's name in any case is the same header
+    let shouted = forged.to_string().replace("narad-origin", "Narad-Origin");
+    let shouted: Value = serde_json::from_str(&shouted).unwrap();
+    let r = call_as(
         &b,
+        ("plain", "plain's password"),
         Method::POST,
         "/v1/topics/orders/produce/batch",
-        Some(bad),
+        Some(shouted.clone()),
     )
     .await;
-    expect_error(r, StatusCode::BAD_REQUEST, "invalid_headers").await;
+    expect_error(r, StatusCode::FORBIDDEN, "forbidden").await;
+    for body in [forged, shouted] {
+        let r = call(&a, Method::POST, "/v1/topics/src/produce/batch", Some(body)).await;
+        expect_error(r, StatusCode::CONFLICT, "loop_detected").await;
+    }
+    // only the one form the sender writes: lowercase ids, plain decimal numbers
+    for v in [
+        "nonsense".to_owned(),
+        format!("{}/0000000000000001/0/0", a_cluster.to_uppercase()),
+        format!("{a_cluster}/0000000000000001/+0/0"),
+        format!("{a_cluster}/0000000000000001/0/00"),
+        format!("{a_cluster}/0000000000000001/0/0/"),
+        format!("{a_cluster}/000000000000001/0/0"),
+    ] {
+        let bad = json!({"messages": [{"payload": 1, "headers": {"narad-origin": v}}]});
+        let r = call(
+            &b,
+            Method::POST,
+            "/v1/topics/orders/produce/batch",
+            Some(bad),
+        )
+        .await;
+        expect_error(r, StatusCode::BAD_REQUEST, "invalid_headers").await;
+    }
 
     // the target topic deleted and created again: the link stops at the next request
     let r = call(&b, Method::DELETE, "/v1/topics/orders", None).await;
@@ -1071,6 +1094,12 @@ async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_t
     )
     .await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // its cursor files go with it
+    let left: Vec<_> = crate::cluster::files_under(&a.data_dir)
+        .into_iter()
+        .filter(|f| f.to_string_lossy().contains("fanout-@to-b"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     let r = call(&a, Method::DELETE, "/v1/remotes/b", None).await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
 }

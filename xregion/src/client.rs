@@ -78,6 +78,8 @@ pub struct RemoteClient {
     authorization: HeaderValue,
     host_header: HeaderValue,
     timeout: Duration,
+    /// Kept-alive connections (no new TLS handshake per request).
+    idle: parking_lot::Mutex<Vec<Idle>>,
 }
 
 impl std::fmt::Debug for RemoteClient {
@@ -165,6 +167,7 @@ impl RemoteClient {
             authorization,
             host_header,
             timeout,
+            idle: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -212,14 +215,20 @@ impl RemoteClient {
             .map_err(|_| ClientError::Timeout(self.timeout))?
     }
 
-    async fn exchange(
-        &self,
-        method: Method,
-        path: &str,
-        json: Option<Bytes>,
-        zstd_for_topic: Option<u64>,
-        authenticated: bool,
-    ) -> Result<Reply, ClientError> {
+    /// A connection to the remote: a pooled idle one, else a new one (resolved and vetted
+    /// now, TLS checked). `Ok((sender, driver, reused))`.
+    async fn connection(&self) -> Result<(Sender, tokio::task::JoinHandle<()>, bool), ClientError> {
+        loop {
+            let idle = self.idle.lock().pop();
+            match idle {
+                Some(c) if c.since.elapsed() < IDLE_KEEP && !c.sender.is_closed() => {
+                    return Ok((c.sender, c.driver, true));
+                }
+                // (dropping the sender ends the connection's task)
+                Some(_) => {}
+                None => break,
+            }
+        }
         let addrs = guard::resolve(&self.url, &self.guard).await?;
         let mut last = String::from("no address");
         let mut tcp = None;
@@ -239,41 +248,66 @@ impl RemoteClient {
             .connect(self.server_name.clone(), tcp)
             .await
             .map_err(|e| ClientError::Tls(e.to_string()))?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|e| ClientError::Http(e.to_string()))?;
         let driver = tokio::spawn(async move {
             let _ = conn.await;
         });
+        Ok((send, driver, false))
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        json: Option<Bytes>,
+        zstd_for_topic: Option<u64>,
+        authenticated: bool,
+    ) -> Result<Reply, ClientError> {
         let base = self.url.canonical.find("://").map_or("/", |i| {
             let rest = &self.url.canonical[i + 3..];
             rest.find('/').map_or("/", |j| &rest[j..])
         });
-        let mut req = Request::builder()
-            .method(method)
-            .uri(format!("{base}{}", path.trim_start_matches('/')))
-            .header(HOST, self.host_header.clone())
-            .header(USER_AGENT, "narad-xregion");
-        if authenticated {
-            req = req.header(AUTHORIZATION, self.authorization.clone());
-        }
-        if json.is_some() {
-            req = req.header(CONTENT_TYPE, "application/json");
-        }
-        if let Some(id) = zstd_for_topic {
-            req = req
-                .header(hyper::header::CONTENT_ENCODING, "zstd")
-                .header("narad-topic-id", format!("{id:016x}"));
-        }
-        let req = req
-            .body(Full::new(json.unwrap_or_default()))
-            .map_err(|e| ClientError::Http(e.to_string()))?;
-        let answered = send.send_request(req).await;
-        let resp = match answered {
-            Ok(r) => r,
-            Err(e) => {
-                driver.abort();
-                return Err(ClientError::Http(e.to_string()));
+        let uri = format!("{base}{}", path.trim_start_matches('/'));
+        let build = || {
+            let mut req = Request::builder()
+                .method(method.clone())
+                .uri(&uri)
+                .header(HOST, self.host_header.clone())
+                .header(USER_AGENT, "narad-xregion");
+            if authenticated {
+                req = req.header(AUTHORIZATION, self.authorization.clone());
+            }
+            if json.is_some() {
+                req = req.header(CONTENT_TYPE, "application/json");
+            }
+            if let Some(id) = zstd_for_topic {
+                req = req
+                    .header(hyper::header::CONTENT_ENCODING, "zstd")
+                    .header("narad-topic-id", format!("{id:016x}"));
+            }
+            req.body(Full::new(json.clone().unwrap_or_default()))
+                .map_err(|e| ClientError::Http(e.to_string()))
+        };
+        let (mut send, mut driver, mut reused) = self.connection().await?;
+        let resp = loop {
+            let sent = match send.ready().await {
+                Ok(()) => send.send_request(build()?).await,
+                Err(e) => Err(e),
+            };
+            match sent {
+                Ok(r) => break r,
+                // a pooled connection the remote closed meanwhile: once more on a new one
+                Err(_) if reused => {
+                    driver.abort();
+                    // (another pooled one may be stale too: at most MAX_IDLE of them)
+                    (send, driver, reused) = self.connection().await?;
+                }
+                Err(e) => {
+                    driver.abort();
+                    return Err(ClientError::Http(e.to_string()));
+                }
             }
         };
         let status = resp.status();
@@ -282,20 +316,35 @@ impl RemoteClient {
             driver.abort();
             return Err(ClientError::Redirect(status.as_u16()));
         }
-        let body = Limited::new(resp.into_body(), MAX_REPLY_BYTES)
+        let body = match Limited::new(resp.into_body(), MAX_REPLY_BYTES)
             .collect()
             .await
-            .map_err(|e| {
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    ClientError::TooLarge
-                } else {
-                    ClientError::Http(e.to_string())
-                }
-            })?
-            .to_bytes();
-        driver.abort();
+        {
+            Ok(b) => b.to_bytes(),
+            Err(e) => {
+                driver.abort();
+                return Err(
+                    if e.downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some()
+                    {
+                        ClientError::TooLarge
+                    } else {
+                        ClientError::Http(e.to_string())
+                    },
+                );
+            }
+        };
+        // whole answer read: the connection may serve the next request
+        let mut idle = self.idle.lock();
+        if idle.len() < MAX_IDLE && !send.is_closed() {
+            idle.push(Idle {
+                sender: send,
+                driver,
+                since: std::time::Instant::now(),
+            });
+        } else {
+            driver.abort();
+        }
         Ok(Reply {
             status,
             headers,
@@ -303,6 +352,19 @@ impl RemoteClient {
         })
     }
 }
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// A kept-alive connection waiting for the next request (dropping `sender` closes it).
+struct Idle {
+    sender: Sender,
+    driver: tokio::task::JoinHandle<()>,
+    since: std::time::Instant,
+}
+
+/// Most idle connections kept per remote (lanes of every cursor share them), and how long.
+const MAX_IDLE: usize = 16;
+const IDLE_KEEP: Duration = Duration::from_secs(20);
 
 #[cfg(test)]
 mod tests {

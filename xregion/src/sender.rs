@@ -46,6 +46,8 @@ pub const CHUNK_RECORDS: usize = 1000;
 pub const CHUNK_BYTES: usize = 960 << 10;
 /// One request's deadline, connection included.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most requests in flight to one remote from one node.
+pub const MAX_IN_FLIGHT: usize = 16;
 /// Transient failures in a row (over a remote's lanes) that open its gate.
 pub const FAILURES_TO_OPEN: u32 = 3;
 /// First and largest wait of an open gate.
@@ -147,9 +149,21 @@ struct Failed {
 /// read nothing and exactly one probe goes out per backoff step (0.25 s doubling to 30 s,
 /// full jitter; 30 s after a refused credential; the target's `Retry-After`, at most 60 s,
 /// after a 429). The first accepted request closes it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Gate {
     inner: Mutex<GateState>,
+    /// Requests in flight to the remote from this node, over every lane of every cursor:
+    /// at most [`MAX_IN_FLIGHT`] (so the first failure of an outage costs a bounded burst).
+    slots: tokio::sync::Semaphore,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            slots: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -400,7 +414,10 @@ impl Sender {
         if probe && !pending.is_empty() {
             // one request while the gate is open: the first chunk of the first lane
             let head = pending[0].1.remove(0);
-            let sent = send_chunk(&client, &path, &child, head).await;
+            let sent = {
+                let _slot = gate.slots.acquire().await;
+                send_chunk(&client, &path, &child, head).await
+            };
             self.count(sent.as_ref().map_or_else(
                 |f| f.state,
                 |n| {
@@ -418,11 +435,22 @@ impl Sender {
             }
         }
         let results = futures_util::future::join_all(pending.into_iter().map(|(lane, bodies)| {
-            let (client, path, child, this) =
-                (client.clone(), path.clone(), child.clone(), self.clone());
+            let (client, path, child, this, gate) = (
+                client.clone(),
+                path.clone(),
+                child.clone(),
+                self.clone(),
+                gate.clone(),
+            );
             async move {
                 for body in bodies {
-                    match send_chunk(&client, &path, &child, body).await {
+                    // a lane whose earlier chunk failed has returned already; while the
+                    // gate is open, no lane gets this far (admit refused the ship)
+                    let sent = {
+                        let _slot = gate.slots.acquire().await;
+                        send_chunk(&client, &path, &child, body).await
+                    };
+                    match sent {
                         Ok(n) => {
                             this.count("accepted");
                             this.metrics.records.inc_by(n as u64);

@@ -249,14 +249,35 @@ impl Broker {
     ) -> Result<(), BrokerError> {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;
+        let parent = self
+            .store
+            .catalog()
+            .remote_children()
+            .find(|c| c.name == name && c.epoch == epoch)
+            .map(|c| c.parent.clone());
         let cmd = CatalogCommand::DetachRemote {
             name: name.to_owned(),
             epoch,
         };
         if self.store.replicated() {
-            return self.propose_replicated(cmd).await;
+            self.propose_replicated(cmd).await?;
+        } else {
+            self.commit(cmd, |_| {}).await?;
         }
-        self.commit(cmd, |_| {}).await.map(|_| ())
+        // this node's cursors stop at their next step; their files go now
+        self.remote_cursors
+            .lock()
+            .retain(|(c, _), s| c != name || s.epoch != epoch);
+        if let Some(p) = parent.and_then(|p| self.topic(&p).ok()) {
+            for part in p.partitions().iter() {
+                let _ = std::fs::remove_file(fanout::cursor_path(
+                    &part.dir,
+                    &format!("@{name}"),
+                    epoch,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Records of `parent` not yet shipped to `child`'s remote from this node's partitions.
@@ -518,7 +539,11 @@ async fn run_remote_cursor(
         // one hop: a record that came from another cluster is not sent on
         let records: Vec<Arc<Record>> = records
             .into_iter()
-            .filter(|r| !r.headers.iter().any(|(h, _)| h == ORIGIN_HEADER))
+            .filter(|r| {
+                !r.headers
+                    .iter()
+                    .any(|(h, _)| h.eq_ignore_ascii_case(ORIGIN_HEADER))
+            })
             .collect();
         let cluster_id = match b.ensure_cluster_id().await {
             Ok(id) => id,

@@ -271,6 +271,15 @@ fn share(body: &Bytes, s: &str) -> Bytes {
     }
 }
 
+/// The content size a body of exactly one zstd frame declares, if it does.
+fn zstd_declared_size(body: &[u8]) -> Option<usize> {
+    use zstd::zstd_safe;
+    (zstd_safe::find_frame_compressed_size(body).ok()? == body.len())
+        .then(|| zstd_safe::get_frame_content_size(body).ok().flatten())
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
+}
+
 fn decompress(encoding: Option<&str>, body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
     let mut out = Vec::new();
     let read = match encoding.map(str::trim) {
@@ -390,11 +399,17 @@ pub async fn batch(
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("(invalid)"));
-    if encoding.is_some_and(|e| !matches!(e.trim(), "" | "identity")) {
-        // the inflated copy is request memory too
-        state.body_budget.reserve(&held, limit)?;
+    // a compressed body's inflated copy is request memory too: as much as one zstd frame
+    // says it holds (and may then hold no more), else the whole limit
+    let inflated = match encoding.map(str::trim) {
+        None | Some("" | "identity") => None,
+        Some("zstd") => Some(zstd_declared_size(&body).unwrap_or(limit).min(limit)),
+        Some(_) => Some(limit),
+    };
+    if let Some(n) = inflated {
+        state.body_budget.reserve(&held, n)?;
     }
-    let body = decompress(encoding, body, limit)?;
+    let body = decompress(encoding, body, inflated.unwrap_or(limit))?;
     let max = state.cfg.max_batch_messages;
     let check_count = |n: usize| {
         if n == 0 || n > max {
@@ -501,7 +516,12 @@ fn check_origins(
     use narad_core::broker::ORIGIN_HEADER;
     let mut own = None;
     for (i, m) in msgs.iter().enumerate() {
-        let Some((_, v)) = m.headers.iter().find(|(h, _)| h == ORIGIN_HEADER) else {
+        // (any case: header names are kept as sent, and a later hop must not miss one)
+        let Some((_, v)) = m
+            .headers
+            .iter()
+            .find(|(h, _)| h.eq_ignore_ascii_case(ORIGIN_HEADER))
+        else {
             continue;
         };
         if !caller.allows(narad_auth::Action::Replicate, topic) {
@@ -533,15 +553,28 @@ fn check_origins(
     Ok(())
 }
 
-/// The cluster id of an origin value `<cluster>/<topic>/<partition>/<offset>`.
+/// The cluster id of an origin value `<cluster>/<topic>/<partition>/<offset>`, in the one
+/// form the sender writes: ids in 16 lowercase hex digits, numbers in plain decimal.
 fn parse_origin(v: &str) -> Option<u64> {
+    let hex16 = |s: &str| {
+        (s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| u64::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    let decimal = |s: &str| {
+        (!s.is_empty()
+            && s.bytes().all(|b| b.is_ascii_digit())
+            && (s == "0" || !s.starts_with('0')))
+        .then(|| s.parse::<u64>().ok())
+        .flatten()
+    };
     let mut parts = v.split('/');
     let (c, t, p, o) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || c.len() != 16 || t.len() != 16 {
+    if parts.next().is_some() {
         return None;
     }
-    u64::from_str_radix(t, 16).ok()?;
-    p.parse::<u32>().ok()?;
-    o.parse::<u64>().ok()?;
-    u64::from_str_radix(c, 16).ok()
+    hex16(t)?;
+    u32::try_from(decimal(p)?).ok()?;
+    decimal(o)?;
+    hex16(c)
 }
