@@ -1041,6 +1041,34 @@ async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_t
         let r = call(&a, Method::POST, "/v1/topics/src/produce/batch", Some(body)).await;
         expect_error(r, StatusCode::CONFLICT, "loop_detected").await;
     }
+    // a single produce naming the header twice (the last value is the one stored): every
+    // value is checked
+    for (first, second, status, code) in [
+        (
+            "aaaaaaaaaaaaaaaa/bbbbbbbbbbbbbbbb/0/1".to_owned(),
+            format!("{a_cluster}/bbbbbbbbbbbbbbbb/0/2"),
+            StatusCode::CONFLICT,
+            "loop_detected",
+        ),
+        (
+            "aaaaaaaaaaaaaaaa/bbbbbbbbbbbbbbbb/0/1".to_owned(),
+            "garbage".to_owned(),
+            StatusCode::BAD_REQUEST,
+            "invalid_headers",
+        ),
+    ] {
+        let r = a
+            .http
+            .post(a.url("/v1/topics/src/produce"))
+            .basic_auth("admin", Some(ROOT_PW))
+            .header("X-Narad-Header-narad-origin", first)
+            .header("X-Narad-Header-Narad-Origin", second)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        expect_error(r, status, code).await;
+    }
     // only the one form the sender writes: lowercase ids, plain decimal numbers
     for v in [
         "nonsense".to_owned(),

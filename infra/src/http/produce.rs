@@ -516,20 +516,19 @@ fn check_origins(
     use narad_core::broker::ORIGIN_HEADER;
     let mut own = None;
     for (i, m) in msgs.iter().enumerate() {
-        // (any case: header names are kept as sent, and a later hop must not miss one)
-        let Some((_, v)) = m
+        // every one, in any case: header names are kept as sent (a later hop must not miss
+        // one), and a name given twice keeps its last value
+        for (_, v) in m
             .headers
             .iter()
-            .find(|(h, _)| h.eq_ignore_ascii_case(ORIGIN_HEADER))
-        else {
-            continue;
-        };
-        if !caller.allows(narad_auth::Action::Replicate, topic) {
-            return Err(super::access::forbidden(format!(
-                "message {i}: only a user granted replicate on '{topic}' may send the {ORIGIN_HEADER} header (it says which cluster a record came from)"
-            )));
-        }
-        let cluster = std::str::from_utf8(v)
+            .filter(|(h, _)| h.eq_ignore_ascii_case(ORIGIN_HEADER))
+        {
+            if !caller.allows(narad_auth::Action::Replicate, topic) {
+                return Err(super::access::forbidden(format!(
+                    "message {i}: only a user granted replicate on '{topic}' may send the {ORIGIN_HEADER} header (it says which cluster a record came from)"
+                )));
+            }
+            let cluster = std::str::from_utf8(v)
             .ok()
             .and_then(parse_origin)
             .ok_or_else(|| {
@@ -540,14 +539,15 @@ fn check_origins(
                     ),
                 )
             })?;
-        let own = *own.get_or_insert_with(|| broker.cluster_id());
-        if own == Some(cluster) {
-            return Err(ApiError::new(
-                ErrorCode::LoopDetected,
-                format!(
-                    "message {i}: its origin is this cluster ({cluster:016x}): a remote child here mirrors to a topic that mirrors back"
-                ),
-            ));
+            let own = *own.get_or_insert_with(|| broker.cluster_id());
+            if own == Some(cluster) {
+                return Err(ApiError::new(
+                    ErrorCode::LoopDetected,
+                    format!(
+                        "message {i}: its origin is this cluster ({cluster:016x}): a remote child here mirrors to a topic that mirrors back"
+                    ),
+                ));
+            }
         }
     }
     Ok(())
