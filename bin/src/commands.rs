@@ -747,6 +747,18 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
             c.post_json(&path, &serde_json::json!({})).await?;
             outln!("paused {child} of {parent}");
         }
+        TopicCmd::Skip {
+            parent,
+            child,
+            partition,
+            offset,
+        } => {
+            let mut path = format!("/v1/topics/{}/children/{}/skip", enc(&parent), enc(&child));
+            if let (Some(p), Some(o)) = (partition, offset) {
+                path.push_str(&format!("?partition={p}&offset={o}"));
+            }
+            print_reply(c.post_json(&path, &serde_json::json!({})).await?)?;
+        }
         TopicCmd::Resume { parent, child } => {
             let path = format!(
                 "/v1/topics/{}/children/{}/resume",

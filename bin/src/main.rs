@@ -332,6 +332,16 @@ enum TopicCmd {
     Pause { parent: String, child: String },
     /// Resume a remote child (the remote is checked again first).
     Resume { parent: String, child: String },
+    /// Skip the records a remote refused (`rejected_record`, `record_too_large`) that block a
+    /// remote child now, or only the one named; they never reach the remote (audited).
+    Skip {
+        parent: String,
+        child: String,
+        #[arg(long, requires = "offset")]
+        partition: Option<u32>,
+        #[arg(long, requires = "partition")]
+        offset: Option<u64>,
+    },
     /// List PARENT's children with their lag.
     Children { parent: String },
     /// Show a topic's JSON Schema versions.

@@ -898,10 +898,12 @@ impl Ingress {
                         if narad_core::broker::state_rank(&theirs.state)
                             > narad_core::broker::state_rank(&mine.state)
                         {
-                            mine.state = theirs.state;
-                            mine.last_error = theirs.last_error.or(mine.last_error.take());
+                            mine.state = theirs.state.clone();
+                            mine.last_error = theirs.last_error.clone().or(mine.last_error.take());
                         }
                         mine.lag_seconds = mine.lag_seconds.max(theirs.lag_seconds);
+                        // (each owner reports its own partitions' blocked records)
+                        mine.blocked.extend(theirs.blocked);
                     }
                 }
             }

@@ -294,6 +294,11 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
             format!("/v1/topics/{}/children/nothere/resume", ctx.topic().await),
             None,
         ),
+        "POST /v1/topics/{topic}/children/{child}/skip" => (
+            Method::POST,
+            format!("/v1/topics/{}/children/nothere/skip", ctx.topic().await),
+            None,
+        ),
         "GET /v1/users/{username}" => (Method::GET, "/v1/users/bob".into(), None),
         "DELETE /v1/users/{username}" => {
             let u = format!("del{i}");
@@ -373,6 +378,10 @@ fn rows() -> Vec<Row> {
         ),
         r(
             "POST /v1/topics/{topic}/children/{child}/resume",
+            [U, U, F, F, 404],
+        ),
+        r(
+            "POST /v1/topics/{topic}/children/{child}/skip",
             [U, U, F, F, 404],
         ),
     ]

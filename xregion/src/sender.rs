@@ -142,6 +142,8 @@ struct Failed {
     message: String,
     weight: Weight,
     retry_after: Option<Duration>,
+    /// The parent offset of the record the target refused.
+    blocked: Option<u64>,
 }
 
 /// A remote's gate on this node: a circuit breaker. Closed, requests flow. A remote-wide
@@ -326,6 +328,7 @@ impl Sender {
                 message: "this node has no cluster_secret to open the remote's password".into(),
                 weight: Weight::Link,
                 retry_after: None,
+                blocked: None,
             });
         };
         let c = crate::remote::client(remote, keys, &self.guard, REQUEST_TIMEOUT)
@@ -335,6 +338,7 @@ impl Sender {
                 message: e.to_string(),
                 weight: Weight::Link,
                 retry_after: None,
+                blocked: None,
             })?;
         self.clients
             .lock()
@@ -355,6 +359,7 @@ impl Sender {
             message: f.message,
             retry_in: wait,
             done,
+            blocked: f.blocked,
         };
         let remote = self
             .broker
@@ -367,6 +372,7 @@ impl Sender {
                 message: format!("remote '{}' is gone", child.remote),
                 weight: Weight::Link,
                 retry_after: None,
+                blocked: None,
             };
             return Err(fail(f, STOPPED_WAIT, done));
         };
@@ -384,6 +390,7 @@ impl Sender {
                     message,
                     retry_in: wait,
                     done,
+                    blocked: None,
                 });
             }
         };
@@ -398,7 +405,7 @@ impl Sender {
             )
         };
         let path = format!("v1/topics/{}/produce/batch", child.remote_topic);
-        let chunks: Vec<(usize, Vec<(Bytes, usize)>)> = by_lane
+        let chunks: Vec<(usize, Vec<Chunk>)> = by_lane
             .iter()
             .enumerate()
             .filter(|(i, recs)| !done[*i] && !recs.is_empty())
@@ -507,13 +514,14 @@ impl RemoteShipper for Shipper {
     }
 }
 
+/// One request's body (zstd-compressed JSON) and the parent offsets of its records.
+type Chunk = (Bytes, Vec<u64>);
+
 /// The records of one lane as request bodies (zstd-compressed JSON), in order.
-fn encode_chunks(
-    records: &[&Arc<Record>],
-    origin: &dyn Fn(&Record) -> String,
-) -> Vec<(Bytes, usize)> {
+fn encode_chunks(records: &[&Arc<Record>], origin: &dyn Fn(&Record) -> String) -> Vec<Chunk> {
     let mut out = Vec::new();
     let mut body = String::with_capacity(64 << 10);
+    let mut offsets = Vec::new();
     let mut count = 0;
     let start = |body: &mut String| {
         body.clear();
@@ -524,7 +532,7 @@ fn encode_chunks(
         let msg = encode_record(r, &origin(r));
         if count > 0 && (count == CHUNK_RECORDS || body.len() + msg.len() + 2 > CHUNK_BYTES) {
             body.push_str("]}");
-            out.push((compress(&body), count));
+            out.push((compress(&body), std::mem::take(&mut offsets)));
             start(&mut body);
             count = 0;
         }
@@ -532,11 +540,12 @@ fn encode_chunks(
             body.push(',');
         }
         body.push_str(&msg);
+        offsets.push(r.offset);
         count += 1;
     }
     if count > 0 {
         body.push_str("]}");
-        out.push((compress(&body), count));
+        out.push((compress(&body), offsets));
     }
     out
 }
@@ -588,7 +597,7 @@ async fn send_chunk(
     client: &RemoteClient,
     path: &str,
     child: &RemoteChild,
-    (body, count): (Bytes, usize),
+    (body, offsets): Chunk,
 ) -> Result<usize, Failed> {
     let reply = client
         .post_zstd(path, body, child.target_id)
@@ -604,6 +613,7 @@ async fn send_chunk(
                 message: e.to_string(),
                 weight,
                 retry_after: None,
+                blocked: None,
             }
         })?;
     let status = reply.status.as_u16();
@@ -624,9 +634,10 @@ async fn send_chunk(
                 ),
                 weight: Weight::Link,
                 retry_after: None,
+                blocked: None,
             });
         }
-        return Ok(count);
+        return Ok(offsets.len());
     }
     let code = code_of(&reply);
     let said = match &code {
@@ -654,10 +665,36 @@ async fn send_chunk(
                 .map(Duration::from_secs)
         })
         .flatten();
+    // the record refused: the one the answer names (`message N: ...`), else the chunk's
+    // first (a skip then moves one record at a time)
+    let blocked = matches!(state, "rejected_record" | "record_too_large")
+        .then(|| {
+            message_index(&reply)
+                .and_then(|i| offsets.get(i))
+                .or(offsets.first())
+                .copied()
+        })
+        .flatten();
     Err(Failed {
         state,
         message: said,
         weight,
         retry_after,
+        blocked,
     })
+}
+
+/// `N` of an error answer whose message starts `message N:` or `message N ` (a batch
+/// produce names the message it refused: `message 3: ...`, `message 3 is 2048 bytes; ...`).
+fn message_index(reply: &Reply) -> Option<usize> {
+    let v: serde_json::Value = serde_json::from_slice(&reply.body).ok()?;
+    let rest = v.get("error")?.as_str()?.strip_prefix("message ")?;
+    let digits: String = rest
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .take(7)
+        .collect();
+    (!digits.is_empty() && rest[digits.len()..].starts_with([':', ' ']))
+        .then(|| digits.parse().ok())
+        .flatten()
 }

@@ -53,7 +53,8 @@ use crate::topic::{
 pub use fanout::{ChildInfo, CopyForwarder, LinkStart, ParentLink};
 use partition::{LogEnv, OpenLogs, Partition};
 pub use remotes::{
-    LinkStatus, ORIGIN_HEADER, RemoteChildInfo, RemoteShipper, ShipBatch, ShipFailure, state_rank,
+    BlockedRecord, LinkStatus, ORIGIN_HEADER, RemoteChildInfo, RemoteShipper, ShipBatch,
+    ShipFailure, state_rank,
 };
 use waiters::{Waiter, Waiters};
 

@@ -105,6 +105,9 @@ pub struct ShipFailure {
     pub retry_in: Duration,
     /// The lanes that took their share (kept for the retry).
     pub done: Vec<bool>,
+    /// The offset of the record the target refused (`rejected_record`, `record_too_large`):
+    /// an admin may skip it.
+    pub blocked: Option<u64>,
 }
 
 /// Ships remote children's records to their remotes (set by the server: the sender lives in
@@ -124,6 +127,8 @@ pub struct LinkStatus {
     pub last_error: Option<String>,
     /// Commit time of the oldest record not shipped yet (0: none waiting).
     pub oldest_unshipped_ms: i64,
+    /// The record the target refused, holding this cursor up.
+    pub blocked: Option<u64>,
 }
 
 pub(crate) struct RemoteCursor {
@@ -136,6 +141,9 @@ pub(crate) struct RemoteCursor {
 impl RemoteCursor {
     fn set(&self, state: &'static str, error: Option<String>) {
         let mut s = self.status.lock();
+        if state == "running" {
+            s.blocked = None;
+        }
         s.state = state;
         if error.is_some() || state == "running" {
             s.last_error = error;
@@ -156,6 +164,17 @@ pub struct RemoteChildInfo {
     pub last_error: Option<String>,
     /// How old the oldest record not shipped yet is.
     pub lag_seconds: f64,
+    /// Records the target refused, each holding a parent partition's cursor up: an admin may
+    /// skip them (`POST .../skip`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<BlockedRecord>,
+}
+
+/// A record a remote refused.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BlockedRecord {
+    pub partition: u32,
+    pub offset: u64,
 }
 
 /// How bad a state is, to report the worst of several cursors.
@@ -241,6 +260,29 @@ impl Broker {
         self.commit(cmd, |_| {}).await.map(|_| ())
     }
 
+    /// Skips record `offset` of parent partition `partition` for remote child `name` of
+    /// attachment `epoch`: its cursor sends on without it (durable in the catalog first).
+    pub async fn skip_remote(
+        self: &Arc<Self>,
+        name: &str,
+        epoch: u64,
+        partition: u32,
+        offset: u64,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let cmd = CatalogCommand::SkipRemote {
+            name: name.to_owned(),
+            epoch,
+            partition,
+            offset,
+        };
+        if self.store.replicated() {
+            return self.propose_replicated(cmd).await;
+        }
+        self.commit(cmd, |_| {}).await.map(|_| ())
+    }
+
     /// Removes remote child `name` of attachment `epoch`; its cursors stop and their files go.
     pub async fn detach_remote(
         self: &Arc<Self>,
@@ -300,14 +342,23 @@ impl Broker {
         let mut out = Vec::new();
         for c in self.remote_children(parent) {
             let (mut state, mut last_error, mut oldest) = ("running", None, 0i64);
+            let mut blocked = Vec::new();
             if c.paused {
                 state = "paused";
             }
-            for ((name, _), s) in self.remote_cursors.lock().iter() {
+            for ((name, partition), s) in self.remote_cursors.lock().iter() {
                 if *name != c.name || s.epoch != c.epoch {
                     continue;
                 }
                 let st = s.status.lock().clone();
+                if let Some(offset) = st.blocked
+                    && !c.skips.contains(&(*partition, offset))
+                {
+                    blocked.push(BlockedRecord {
+                        partition: *partition,
+                        offset,
+                    });
+                }
                 if state_rank(st.state) > state_rank(state) {
                     state = st.state;
                 }
@@ -335,6 +386,7 @@ impl Broker {
                     } else {
                         0.0
                     },
+                    blocked,
                 }),
             });
         }
@@ -373,6 +425,7 @@ impl Broker {
                         state: "running",
                         last_error: None,
                         oldest_unshipped_ms: 0,
+                        blocked: None,
                     }),
                 });
                 self.remote_cursors
@@ -536,13 +589,15 @@ async fn run_remote_cursor(
             continue;
         };
         cursor.status.lock().oldest_unshipped_ms = records[0].timestamp_ms;
-        // one hop: a record that came from another cluster is not sent on
+        // one hop: a record that came from another cluster is not sent on; nor one an admin
+        // skipped
         let records: Vec<Arc<Record>> = records
             .into_iter()
             .filter(|r| {
                 !r.headers
                     .iter()
                     .any(|(h, _)| h.eq_ignore_ascii_case(ORIGIN_HEADER))
+                    && !current.skips.contains(&(pidx, r.offset))
             })
             .collect();
         let cluster_id = match b.ensure_cluster_id().await {
@@ -593,11 +648,29 @@ async fn run_remote_cursor(
             }
             Err(f) => {
                 cursor.set(f.state, Some(f.message));
+                cursor.status.lock().blocked = f.blocked;
                 done = Some((last + 1, f.done));
-                tokio::select! {
-                    biased;
-                    () = stop.cancelled() => return,
-                    () = clock.sleep(f.retry_in) => {}
+                // a long wait (a link stopped until someone acts) ends early when the link
+                // changes: a skip, a pause, a detach
+                let mut left = f.retry_in;
+                while !left.is_zero() {
+                    let step = left.min(Duration::from_secs(1));
+                    tokio::select! {
+                        biased;
+                        () = stop.cancelled() => return,
+                        () = clock.sleep(step) => {}
+                    }
+                    left -= step;
+                    let changed = weak.upgrade().is_none_or(|b| {
+                        b.store
+                            .catalog()
+                            .remote_children()
+                            .find(|c| c.name == child.name && c.epoch == child.epoch)
+                            .is_none_or(|c| **c != *current)
+                    });
+                    if changed {
+                        break;
+                    }
                 }
             }
         }

@@ -120,6 +120,14 @@ pub enum CatalogCommand {
         epoch: u64,
         paused: bool,
     },
+    /// Skips record `offset` of parent partition `partition` for remote child `name` of
+    /// attachment `epoch` (its target refused it).
+    SkipRemote {
+        name: String,
+        epoch: u64,
+        partition: u32,
+        offset: u64,
+    },
     /// Names the cluster (once: a later one changes nothing). Mirrored records carry it as
     /// their origin.
     InitCluster { cluster_id: u64 },
@@ -514,6 +522,12 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             epoch,
             paused,
         } => remote::apply_pause_remote(&mut next, name, *epoch, *paused)?,
+        CatalogCommand::SkipRemote {
+            name,
+            epoch,
+            partition,
+            offset,
+        } => remote::apply_skip_remote(&mut next, name, *epoch, (*partition, *offset))?,
         CatalogCommand::InitCluster { cluster_id } => {
             let id = *next.cluster_id.get_or_insert(*cluster_id);
             Applied::ClusterId(id)

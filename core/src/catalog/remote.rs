@@ -218,6 +218,32 @@ pub struct RemoteChild {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
     pub created_at_ms: i64,
+    /// Records an admin skipped (the target refused them): `(parent partition, offset)`,
+    /// the newest [`MAX_SKIPS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skips: Vec<(u32, u64)>,
+}
+
+/// Most skipped records a remote child remembers (older ones are behind its cursors).
+pub const MAX_SKIPS: usize = 256;
+
+pub(super) fn apply_skip_remote(
+    next: &mut Catalog,
+    name: &str,
+    epoch: u64,
+    record: (u32, u64),
+) -> Result<Applied, CatalogError> {
+    let old = remote_child(next, name, epoch)?;
+    let mut c = (*old).clone();
+    if !c.skips.contains(&record) {
+        if c.skips.len() >= MAX_SKIPS {
+            c.skips.remove(0);
+        }
+        c.skips.push(record);
+    }
+    let c = Arc::new(c);
+    next.remote_children.insert(c.name.clone(), c.clone());
+    Ok(Applied::RemoteChild(c))
 }
 
 pub(super) fn apply_attach_remote(

@@ -337,6 +337,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/topics/{topic}/children/{child}"),
     ("POST", "/v1/topics/{topic}/children/{child}/pause"),
     ("POST", "/v1/topics/{topic}/children/{child}/resume"),
+    ("POST", "/v1/topics/{topic}/children/{child}/skip"),
     ("GET", "/v1/topics/{topic}/schema"),
     ("POST", "/v1/users"),
     ("GET", "/v1/users"),
@@ -387,6 +388,10 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/topics/{topic}/children/{child}/resume",
             post(remote_children::resume),
+        )
+        .route(
+            "/v1/topics/{topic}/children/{child}/skip",
+            post(remote_children::skip),
         )
         .route("/v1/topics/{topic}/schema", get(topics::schema))
         .route("/v1/users", post(users::create).get(users::list))

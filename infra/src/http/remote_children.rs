@@ -137,6 +137,7 @@ pub async fn attach(
         epoch: narad_core::random_u64() | 1,
         starts,
         paused: false,
+        skips: Vec::new(),
         created_at_ms: {
             use narad_core::clock::Clock as _;
             narad_core::clock::SystemClock.now_ms()
@@ -265,6 +266,87 @@ pub async fn check_parent_delete(
         check_unshipped(state, caller, parent, &c, force).await?;
     }
     Ok(())
+}
+
+/// `POST /v1/topics/{parent}/children/{child}/skip[?partition=P&offset=O]`: skips a record
+/// the remote refused (`rejected_record`, `record_too_large`): the one named, else every one
+/// blocking a cursor now. Each skip is durable before the cursor moves past it, and audited.
+pub async fn skip(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path((parent, child)): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult {
+    let q = Query::parse(uri.query(), &["partition", "offset"])?;
+    caller.require_admin()?;
+    let named = match (q.u32("partition")?, q.u64("offset")?) {
+        (Some(p), Some(o)) => Some(narad_core::broker::BlockedRecord {
+            partition: p,
+            offset: o,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidParameter,
+                "partition and offset go together",
+            ));
+        }
+    };
+    let broker = state.broker()?.clone();
+    broker.topic_meta(&parent)?;
+    let c = broker
+        .remote_children(&parent)
+        .into_iter()
+        .find(|c| c.name == child)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::NotAChild,
+                format!("'{child}' is not a remote child of '{parent}'"),
+            )
+        })?;
+    let (list, _) = match state.ingress() {
+        None => (broker.children(&parent)?, Vec::new()),
+        Some(ingress) => ingress.children(&broker.topic_meta(&parent)?).await?,
+    };
+    let blocked: Vec<narad_core::broker::BlockedRecord> = list
+        .into_iter()
+        .find(|i| i.name == child)
+        .and_then(|i| i.remote)
+        .map(|r| r.blocked)
+        .unwrap_or_default();
+    let skip: Vec<_> = match named {
+        // only a record that is blocked now: an admin never skips one by mistake
+        Some(r) if blocked.contains(&r) => vec![r],
+        Some(r) => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidParameter,
+                format!(
+                    "record {} of partition {} is not blocking '{child}' now",
+                    r.offset, r.partition
+                ),
+            ));
+        }
+        None => blocked,
+    };
+    for r in &skip {
+        broker
+            .skip_remote(&c.name, c.epoch, r.partition, r.offset)
+            .await?;
+        tracing::warn!(
+            component = "audit",
+            actor = caller.username().unwrap_or("-"),
+            action = "remote_child_skip",
+            subject = %c.name,
+            parent = %parent,
+            partition = r.partition,
+            offset = r.offset,
+            "a record the remote refused was skipped: it will never reach the remote"
+        );
+    }
+    Ok(super::json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "skipped": skip }),
+    ))
 }
 
 /// `POST /v1/topics/{parent}/children/{child}/pause`: the child's cursors ship nothing until
