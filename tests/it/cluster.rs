@@ -3565,4 +3565,44 @@ async fn a_three_member_source_mirrors_every_partition_from_its_owner() {
     })
     .await;
     assert!(!acked.is_empty());
+    // a pause answered by one member holds on every owner: nothing more ships until the
+    // resume, answered once every owner applied it too
+    let (st, body) = nodes[1]
+        .call(
+            admin,
+            Method::POST,
+            "/v1/topics/src/children/to-b/pause",
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+    let before = have().await.len();
+    for (i, start) in (1000..1300).step_by(100).enumerate() {
+        assert_eq!(
+            produce(&nodes[i % 3], start..start + 100).await,
+            StatusCode::ACCEPTED
+        );
+    }
+    until("300 waiting, paused", 30, async || {
+        let (_, c) = nodes[0]
+            .call(admin, Method::GET, "/v1/topics/src/children", None)
+            .await;
+        c["children"][0]["lag_messages"] == 300 && c["children"][0]["remote"]["state"] == "paused"
+    })
+    .await;
+    assert_eq!(have().await.len(), before, "nothing shipped while paused");
+    let (st, body) = nodes[2]
+        .call(
+            admin,
+            Method::POST,
+            "/v1/topics/src/children/to-b/resume",
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+    until("the paused records shipped", 60, async || {
+        let h = have().await;
+        (1000..1300).all(|s| h.contains(&s))
+    })
+    .await;
 }

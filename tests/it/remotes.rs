@@ -863,6 +863,15 @@ async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_t
     let bad = json!({"child": "to-b", "remote": "b", "remote_topic": "other-topic"});
     let r = call(&a, Method::POST, "/v1/topics/src/children", Some(bad)).await;
     expect_error(r, StatusCode::CONFLICT, "remote_check_failed").await;
+    for body in [
+        json!({"child": "to-b", "remote": "nope", "remote_topic": "orders"}),
+        json!({"child": "to-b", "remote": "", "remote_topic": "orders"}),
+        json!({"child": "to-b", "remote": "b", "remote_topic": "orders", "lanes": 9}),
+        json!({"child": "to-b", "remote": "b", "remote_topic": "orders", "from": "soon"}),
+    ] {
+        let r = call(&a, Method::POST, "/v1/topics/src/children", Some(body)).await;
+        expect_error(r, StatusCode::BAD_REQUEST, "invalid_field").await;
+    }
     let r = call(&a, Method::POST, "/v1/topics/src/children", Some(attach)).await;
     let list = json_of(r, StatusCode::OK).await;
     assert_eq!(

@@ -63,7 +63,13 @@ pub async fn attach(
         )));
     }
     let meta = broker.topic_meta(parent)?;
-    let remote = broker.remote(&a.remote)?;
+    // a missing remote is a fault of the body: 400, as a missing child topic is (a 404 on a
+    // path whose topic exists reads as "that topic is gone")
+    narad_core::catalog::remote::validate_remote_name(&a.remote)
+        .map_err(|e| invalid(format!("remote: {e}")))?;
+    let remote = broker
+        .remote(&a.remote)
+        .map_err(|_| invalid(format!("remote: no remote is named '{}'", a.remote)))?;
     let keys = state.remotes.keys.as_deref().ok_or_else(|| {
         ApiError::new(
             ErrorCode::RemotesUnavailable,
@@ -436,6 +442,19 @@ async fn pause_or_resume(
         }
     }
     broker.pause_remote(&c.name, c.epoch, paused).await?;
+    // in a cluster, answered once every owner of the parent's partitions has applied it (an
+    // owner answers the children question only once it followed this far)
+    if let Some(ingress) = state.ingress() {
+        let (_, missing) = ingress.children(&broker.topic_meta(parent)?).await?;
+        if !missing.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!(
+                    "the change is recorded, but the owners of partitions {missing:?} of '{parent}' have not confirmed it yet (it takes effect there when they catch up); retry to wait for them"
+                ),
+            ));
+        }
+    }
     tracing::info!(
         component = "audit",
         actor = caller.username().unwrap_or("-"),
