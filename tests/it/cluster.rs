@@ -3567,15 +3567,20 @@ async fn a_three_member_source_mirrors_every_partition_from_its_owner() {
     assert!(!acked.is_empty());
     // a pause answered by one member holds on every owner: nothing more ships until the
     // resume, answered once every owner applied it too
-    let (st, body) = nodes[1]
-        .call(
-            admin,
-            Method::POST,
-            "/v1/topics/src/children/to-b/pause",
-            None,
-        )
-        .await;
-    assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+    // (a 503 says an owner has not confirmed yet, e.g. a member restarted just now: the
+    // change is recorded, and a retry waits again)
+    until("the pause confirmed by every owner", 30, async || {
+        let (st, _) = nodes[1]
+            .call(
+                admin,
+                Method::POST,
+                "/v1/topics/src/children/to-b/pause",
+                None,
+            )
+            .await;
+        st == StatusCode::NO_CONTENT
+    })
+    .await;
     let before = have().await.len();
     for (i, start) in (1000..1300).step_by(100).enumerate() {
         assert_eq!(
@@ -3591,15 +3596,20 @@ async fn a_three_member_source_mirrors_every_partition_from_its_owner() {
     })
     .await;
     assert_eq!(have().await.len(), before, "nothing shipped while paused");
-    let (st, body) = nodes[2]
-        .call(
-            admin,
-            Method::POST,
-            "/v1/topics/src/children/to-b/resume",
-            None,
-        )
-        .await;
-    assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+    // (a 503 says an owner has not confirmed yet, e.g. a member restarted just now: the
+    // change is recorded, and a retry waits again)
+    until("the resume confirmed by every owner", 30, async || {
+        let (st, _) = nodes[2]
+            .call(
+                admin,
+                Method::POST,
+                "/v1/topics/src/children/to-b/resume",
+                None,
+            )
+            .await;
+        st == StatusCode::NO_CONTENT
+    })
+    .await;
     until("the paused records shipped", 60, async || {
         let h = have().await;
         (1000..1300).all(|s| h.contains(&s))

@@ -282,8 +282,9 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     )
     .await;
     json_of(r, StatusCode::CREATED).await;
+    // (its test names the loop rule while A's topic still mirrors to B)
     let r = call(&b, Method::POST, "/v1/remotes/a/test?topic=orders", None).await;
-    assert_eq!(json_of(r, StatusCode::OK).await["ok"], true);
+    assert_eq!(json_of(r, StatusCode::OK).await["state"], "loop_detected");
     let r = call(
         &a,
         Method::POST,
@@ -292,6 +293,20 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::CREATED);
+    // the loop rule: B→A is refused while A's topic mirrors to B
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/children",
+        Some(
+            json!({"child": "back", "remote": "a", "remote_topic": "orders", "from": "unconsumed"}),
+        ),
+    )
+    .await;
+    expect_error(r, StatusCode::CONFLICT, "loop_detected").await;
+    // A's link shipped its tail (lag 0): it goes, without force
+    let r = call(&a, Method::DELETE, "/v1/topics/orders/children/dr", None).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
     attach(&b, "orders", "back", "a", "orders", "unconsumed").await;
     assert_eq!(produce_seqs(&b, "orders", 3000..3030).await.len(), 30);
     until("B's stragglers on A", async || {
@@ -344,6 +359,8 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     // producers back on A; the B→A link drained, it goes
     let r = call(&b, Method::DELETE, "/v1/topics/orders/children/back", None).await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // and A is B's copy source again: A→B attaches now that B mirrors nowhere
+    attach(&a, "orders", "dr", "b", "orders", "attach").await;
     // (the forged-origin rule still holds on A after all this)
     let forged = json!({"messages": [{"payload": {"seq": 1}, "headers": {"narad-origin": "0000000000000001/0000000000000001/0/0"}}]});
     let r = call_as(

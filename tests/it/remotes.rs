@@ -174,6 +174,7 @@ async fn a_remote_is_kept_sealed_checked_and_carried_across_a_secret_rotation() 
             ("credential", true),
             ("not_admin", true),
             ("topic", true),
+            ("no_remote_children", true),
             ("produce", true)
         ],
         "{report}"
@@ -346,7 +347,17 @@ async fn a_remote_is_kept_sealed_checked_and_carried_across_a_secret_rotation() 
     .await;
     assert!(checks(&report).1, "{report}");
 
-    // the password is in no file under the source's data directory nor in its log
+    // the password is in no file under either data directory nor in either log (the
+    // target keeps only its hash)
+    assert!(!b.log().contains(MIRROR_PW));
+    for f in files_under(&b.data_dir) {
+        let bytes = std::fs::read(&f).unwrap_or_default();
+        assert!(
+            !contains(&bytes, MIRROR_PW.as_bytes()),
+            "password in clear in {}",
+            f.display()
+        );
+    }
     for f in files_under(&a.data_dir) {
         let bytes = std::fs::read(&f).unwrap_or_default();
         assert!(
@@ -863,6 +874,24 @@ async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_t
     let bad = json!({"child": "to-b", "remote": "b", "remote_topic": "other-topic"});
     let r = call(&a, Method::POST, "/v1/topics/src/children", Some(bad)).await;
     expect_error(r, StatusCode::CONFLICT, "remote_check_failed").await;
+    // a parent with a JSON Schema the target topic does not have
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "typed", "schema": {"type": "object"}})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics/typed/children",
+        Some(json!({"child": "t", "remote": "b", "remote_topic": "orders"})),
+    )
+    .await;
+    let v = json_of(r, StatusCode::CONFLICT).await;
+    assert!(v["error"].as_str().unwrap().contains("schema"), "{v}");
     for body in [
         json!({"child": "to-b", "remote": "nope", "remote_topic": "orders"}),
         json!({"child": "to-b", "remote": "", "remote_topic": "orders"}),

@@ -47,6 +47,10 @@ pub struct Target<'a> {
     pub topic: Option<&'a str>,
     /// The incarnation id of the topic that would be mirrored: the target must not be it.
     pub parent_id: Option<u64>,
+    /// The mirrored topic's JSON Schema (its latest version; `Some(None)`: it has none): the
+    /// target's must be the same, or it would refuse records the parent took. `None`: not
+    /// checked.
+    pub schema: Option<Option<&'a serde_json::Value>>,
 }
 
 struct Run {
@@ -237,7 +241,81 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
         "topic",
         format!("topic '{topic}' exists (incarnation {id})"),
     );
-    // 5. the credential may produce to it (an empty batch is refused for its emptiness only
+    // 5. the loop rule: a target that mirrors to remotes of its own would make chains (and,
+    //    with this link, possibly a cycle)
+    let reply = match client
+        .request(Method::GET, &format!("v1/topics/{topic}/children"), None)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return run.fail("no_remote_children", e.state(), e.to_string()),
+    };
+    let children = (reply.status == StatusCode::OK)
+        .then(|| serde_json::from_slice::<serde_json::Value>(&reply.body).ok())
+        .flatten();
+    let Some(children) = children else {
+        return run.fail(
+            "no_remote_children",
+            state_of(reply.status),
+            format!(
+                "listing the children of '{topic}' on the remote: {}",
+                answered(&reply)
+            ),
+        );
+    };
+    let mirrors = children["children"]
+        .as_array()
+        .is_some_and(|l| l.iter().any(|c| c.get("remote").is_some()));
+    if mirrors {
+        return run.fail(
+            "no_remote_children",
+            "loop_detected",
+            format!(
+                "topic '{topic}' on the remote mirrors to remotes of its own: links do not chain (the loop rule)"
+            ),
+        );
+    }
+    run.pass("no_remote_children", format!("'{topic}' mirrors nowhere"));
+    // 6. the same schema, or the target refuses records the parent took
+    if let Some(want) = target.schema {
+        let reply = match client
+            .request(Method::GET, &format!("v1/topics/{topic}/schema"), None)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return run.fail("schema", e.state(), e.to_string()),
+        };
+        if reply.status != StatusCode::OK {
+            return run.fail(
+                "schema",
+                state_of(reply.status),
+                format!(
+                    "reading the schema of '{topic}' on the remote: {}",
+                    answered(&reply)
+                ),
+            );
+        }
+        let theirs = serde_json::from_slice::<serde_json::Value>(&reply.body)
+            .ok()
+            .and_then(|v| {
+                v["versions"]
+                    .as_array()?
+                    .last()
+                    .map(|l| l["schema"].clone())
+            });
+        if theirs.as_ref() != want {
+            return run.fail(
+                "schema",
+                "rejected_record",
+                format!(
+                    "topic '{topic}' on the remote has {} JSON Schema than the mirrored topic: give it the same one",
+                    if theirs.is_some() { "another" } else { "no" }
+                ),
+            );
+        }
+        run.pass("schema", format!("'{topic}' has the same JSON Schema"));
+    }
+    // 7. the credential may produce to it (an empty batch is refused for its emptiness only
     //    when the caller may produce: nothing is written)
     let reply = match client
         .request(

@@ -262,6 +262,17 @@ impl Gate {
     pub fn is_open(&self) -> bool {
         self.inner.lock().open_until.is_some()
     }
+
+    /// While open and no probe may go yet (or one is out): how long until one may.
+    fn wait(&self) -> Option<Duration> {
+        let g = self.inner.lock();
+        let until = g.open_until?;
+        let now = Instant::now();
+        let probe_out = g
+            .probing
+            .is_some_and(|since| now < since + REQUEST_TIMEOUT * 2);
+        (now < until || probe_out).then(|| until.saturating_duration_since(now).max(GATE_MIN))
+    }
 }
 
 /// The sender: one per node, for every remote child whose parent partitions the node serves.
@@ -511,6 +522,10 @@ impl RemoteShipper for Shipper {
         batch: ShipBatch,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ShipFailure>> + Send>> {
         Box::pin(self.0.clone().ship_batch(batch))
+    }
+
+    fn gate_wait(&self, remote_id: u64) -> Option<Duration> {
+        self.0.gates.lock().get(&remote_id)?.wait()
     }
 }
 

@@ -118,6 +118,12 @@ pub trait RemoteShipper: Send + Sync {
         &self,
         batch: ShipBatch,
     ) -> Pin<Box<dyn Future<Output = Result<(), ShipFailure>> + Send>>;
+
+    /// How long until remote `remote_id` takes a request from this node again, when its
+    /// gate is open: cursors read nothing meanwhile.
+    fn gate_wait(&self, _remote_id: u64) -> Option<Duration> {
+        None
+    }
 }
 
 /// What a remote child's cursor reports.
@@ -514,6 +520,16 @@ async fn run_remote_cursor(
             continue;
         }
         let shipper = shipper.expect("set above");
+        if let Some(wait) = shipper.gate_wait(current.remote_id) {
+            // the remote's gate is open: no reading until a probe may go
+            drop(b);
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = clock.sleep(wait.min(Duration::from_secs(1))) => {}
+            }
+            continue;
+        }
         let appended = parent.appended.notified();
         tokio::pin!(appended);
         appended.as_mut().enable();

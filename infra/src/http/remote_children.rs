@@ -89,6 +89,7 @@ pub async fn attach(
         narad_xregion::checks::Target {
             topic: Some(&a.remote_topic),
             parent_id: Some(meta.id),
+            schema: Some(meta.schemas.last().map(|v| &v.schema)),
         },
     )
     .await;
@@ -402,6 +403,11 @@ async fn pause_or_resume(
     if !paused {
         // resuming runs the checks again: the target may have changed while paused
         let remote = broker.remote(&c.remote)?;
+        let parent_schema = broker
+            .topic_meta(parent)?
+            .schemas
+            .last()
+            .map(|v| v.schema.clone());
         if let Some(keys) = state.remotes.keys.as_deref()
             && let Ok(client) = narad_xregion::remote::client(
                 &remote,
@@ -415,6 +421,7 @@ async fn pause_or_resume(
                 narad_xregion::checks::Target {
                     topic: Some(&c.remote_topic),
                     parent_id: Some(c.parent_id),
+                    schema: Some(parent_schema.as_ref()),
                 },
             )
             .await;

@@ -438,6 +438,7 @@ pub async fn test(
         narad_xregion::checks::Target {
             topic,
             parent_id: None,
+            schema: None,
         },
     )
     .await;
