@@ -1290,4 +1290,28 @@ async fn a_refused_record_blocks_its_link_until_an_admin_skips_it() {
     })
     .await;
     assert!(!replay_all(&b, "orders", 2).await.iter().any(|r| r.2 == 5));
+    // a parent grown after the attach: its new partition ships too
+    let r = call(
+        &a,
+        Method::PATCH,
+        "/v1/topics/src",
+        Some(json!({"partitions": 2})),
+    )
+    .await;
+    json_of(r, StatusCode::OK).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics/src/produce/batch",
+        Some(json!({"messages": [{"partition": 1, "payload": {"seq": 12, "pad": ""}}]})),
+    )
+    .await;
+    assert_eq!(
+        json_of(r, StatusCode::ACCEPTED).await["results"][0]["partition"],
+        1
+    );
+    until("seq 12 from the new partition shipped", async || {
+        replay_all(&b, "orders", 2).await.iter().any(|r| r.2 == 12)
+    })
+    .await;
 }

@@ -384,6 +384,9 @@ impl Broker {
                     self.spawn_cursor(topic.clone(), p, c.clone(), link.clone());
                 }
             }
+            // and its remote children ship them (from their first record: all of it came
+            // after the attach)
+            self.start_remote_cursors();
         }
         // New capacity or partitions may make messages deliverable to waiting readers.
         self.dispatch(&topic).await;
