@@ -38,13 +38,23 @@ struct Node {
     env: Vec<(String, String)>,
 }
 
-/// A free UDP port on loopback (bound, then released for the node to take).
+/// A free UDP port on loopback (bound, then released for the node to take), never one this
+/// process handed out before (the kernel may offer a released port again at once: two
+/// members of one test then listed the same address).
 fn udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 impl Node {
