@@ -63,13 +63,8 @@ impl Broker {
 
     /// Removes the remote of id `remote_id`.
     pub async fn delete_remote(self: &Arc<Self>, remote_id: u64) -> Result<(), BrokerError> {
-        self.check_running()?;
-        let _guard = self.meta_lock.lock().await;
-        let cmd = CatalogCommand::DeleteRemote { remote_id };
-        if self.store.replicated() {
-            return self.propose_replicated(cmd).await;
-        }
-        self.commit(cmd, |_| {}).await.map(|_| ())
+        self.change_remotes(CatalogCommand::DeleteRemote { remote_id })
+            .await
     }
 }
 
@@ -246,6 +241,17 @@ impl Broker {
         Ok(())
     }
 
+    /// Applies a remote or remote child command: through the replicated log in a cluster, else
+    /// durably here (cursors read the catalog, so there is nothing else to publish).
+    async fn change_remotes(self: &Arc<Self>, cmd: CatalogCommand) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        if self.store.replicated() {
+            return self.propose_replicated(cmd).await;
+        }
+        self.commit(cmd, |_| {}).await.map(|_| ())
+    }
+
     /// Pauses or resumes remote child `name` of attachment `epoch`.
     pub async fn pause_remote(
         self: &Arc<Self>,
@@ -253,17 +259,12 @@ impl Broker {
         epoch: u64,
         paused: bool,
     ) -> Result<(), BrokerError> {
-        self.check_running()?;
-        let _guard = self.meta_lock.lock().await;
-        let cmd = CatalogCommand::PauseRemote {
+        self.change_remotes(CatalogCommand::PauseRemote {
             name: name.to_owned(),
             epoch,
             paused,
-        };
-        if self.store.replicated() {
-            return self.propose_replicated(cmd).await;
-        }
-        self.commit(cmd, |_| {}).await.map(|_| ())
+        })
+        .await
     }
 
     /// Skips record `offset` of parent partition `partition` for remote child `name` of
@@ -275,18 +276,13 @@ impl Broker {
         partition: u32,
         offset: u64,
     ) -> Result<(), BrokerError> {
-        self.check_running()?;
-        let _guard = self.meta_lock.lock().await;
-        let cmd = CatalogCommand::SkipRemote {
+        self.change_remotes(CatalogCommand::SkipRemote {
             name: name.to_owned(),
             epoch,
             partition,
             offset,
-        };
-        if self.store.replicated() {
-            return self.propose_replicated(cmd).await;
-        }
-        self.commit(cmd, |_| {}).await.map(|_| ())
+        })
+        .await
     }
 
     /// Removes remote child `name` of attachment `epoch`; its cursors stop and their files go.
