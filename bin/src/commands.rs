@@ -96,6 +96,51 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
     if let ClusterCmd::Remove { node_id } = cmd {
         return print_reply(c.delete(&format!("/v1/cluster/members/{node_id}")).await?);
     }
+    match &cmd {
+        ClusterCmd::Move {
+            topic,
+            partition,
+            to,
+        } => {
+            let body = serde_json::json!({"topic": topic, "partition": partition, "to": to});
+            return print_reply(c.post_json("/v1/cluster/moves", &body).await?);
+        }
+        ClusterCmd::MoveCancel { topic, partition } => {
+            return print_reply(
+                c.delete(&format!("/v1/cluster/moves/{}/{partition}", enc(topic)))
+                    .await?,
+            );
+        }
+        ClusterCmd::Moves => {
+            let Reply::Json(j) = c.get("/v1/cluster/moves").await? else {
+                return Err("the broker answered /v1/cluster/moves with no body".into());
+            };
+            let v: serde_json::Value = j.parse()?;
+            outln!(
+                "{:<24} {:>5} {:>5} {:>5} {:<10} {:>14} REASON",
+                "TOPIC",
+                "PART",
+                "FROM",
+                "TO",
+                "PHASE",
+                "BYTES"
+            );
+            for m in v["moves"].as_array().into_iter().flatten() {
+                outln!(
+                    "{:<24} {:>5} {:>5} {:>5} {:<10} {:>14} {}",
+                    m["topic"].as_str().unwrap_or("-"),
+                    m["partition"],
+                    m["from"],
+                    m["to"],
+                    m["phase"].as_str().unwrap_or("waiting"),
+                    m["bytes_copied"].as_u64().unwrap_or(0),
+                    m["reason"].as_str().unwrap_or("-"),
+                );
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
     if let ClusterCmd::ReencryptRemotes = cmd {
         return print_reply(
             c.post_json("/v1/cluster/reencrypt-remotes", &serde_json::json!({}))
@@ -121,7 +166,11 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
             outln!("applied     {}", num(&s["last_applied"]));
             outln!("log         {}", num(&s["last_log"]));
         }
-        ClusterCmd::Remove { .. } | ClusterCmd::ReencryptRemotes => unreachable!("handled above"),
+        ClusterCmd::Remove { .. }
+        | ClusterCmd::ReencryptRemotes
+        | ClusterCmd::Move { .. }
+        | ClusterCmd::Moves
+        | ClusterCmd::MoveCancel { .. } => unreachable!("handled above"),
         ClusterCmd::Members => {
             outln!("{:<8} {:<32} {:<6} MATCHED", "NODE", "RPC ADDRESS", "VOTER");
             for m in s["members"].as_array().into_iter().flatten() {

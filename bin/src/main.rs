@@ -170,6 +170,18 @@ enum ClusterCmd {
     /// Seal every remote's password under the current cluster_secret (after a rotation,
     /// before cluster_secret_previous is dropped).
     ReencryptRemotes,
+    /// Move a partition to another member (copied while it serves, then a brief freeze).
+    Move {
+        topic: String,
+        partition: u32,
+        /// The member to move it to.
+        #[arg(long)]
+        to: u64,
+    },
+    /// Partition moves in flight: phase and bytes copied.
+    Moves,
+    /// Cancel the move of a partition (a move that already flipped is done).
+    MoveCancel { topic: String, partition: u32 },
 }
 
 #[derive(Subcommand)]

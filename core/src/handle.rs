@@ -1,19 +1,23 @@
 //! Receipt handles: opaque, unforgeable, and bound to the process that issued them.
 //!
 //! A handle is base64url (no padding) of
-//! `version u8 | epoch u64 | topic_id u64 | partition u32 | offset u64 | nonce u64 | tag [16]`
+//! `version u8 | epoch u64 | topic_id u64 | partition u32 | offset u64 | nonce u64 |
+//! owner_epoch u64 | tag [16]`
 //! where `tag` is HMAC-SHA256 (truncated to 16 bytes) over the preceding bytes with a key drawn
 //! at random when the process starts, and `epoch` is a random per-process number. A handle from
 //! an earlier process (different epoch) is stale, never valid: leases do not survive a restart.
 //! The nonce names one lease of one offset, so a superseded handle never settles a later lease.
+//! `owner_epoch` is the partition's owner epoch when it was leased (always 0 on a single
+//! node): in a cluster a handle from before the partition moved is stale, even on a node
+//! the partition later came back to.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-const VERSION: u8 = 1;
-const BODY_LEN: usize = 1 + 8 + 8 + 4 + 8 + 8;
+const VERSION: u8 = 2;
+const BODY_LEN: usize = 1 + 8 + 8 + 4 + 8 + 8 + 8;
 const TAG_LEN: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +26,7 @@ pub struct ReceiptHandle {
     pub partition: u32,
     pub offset: u64,
     pub nonce: u64,
+    pub owner_epoch: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -58,6 +63,11 @@ impl HandleCodec {
         }
     }
 
+    /// The process's random epoch (different at every start).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     pub fn with_key(epoch: u64, key: [u8; 32]) -> Self {
         Self { epoch, key }
     }
@@ -83,6 +93,7 @@ impl HandleCodec {
         buf.extend_from_slice(&h.partition.to_le_bytes());
         buf.extend_from_slice(&h.offset.to_le_bytes());
         buf.extend_from_slice(&h.nonce.to_le_bytes());
+        buf.extend_from_slice(&h.owner_epoch.to_le_bytes());
         let tag = self.tag(&buf);
         buf.extend_from_slice(&tag);
         URL_SAFE_NO_PAD.encode(buf)
@@ -112,6 +123,7 @@ impl HandleCodec {
             partition: u32::from_le_bytes(buf[17..21].try_into().expect("4 bytes")),
             offset: u64_at(21),
             nonce: u64_at(29),
+            owner_epoch: u64_at(37),
         })
     }
 }
@@ -128,6 +140,7 @@ mod tests {
             partition: 2,
             offset: 123,
             nonce: 77,
+            owner_epoch: 3,
         };
         let s = c.encode(&h);
         assert_eq!(c.decode(&s), Ok(h));
@@ -152,6 +165,7 @@ mod tests {
             partition: 0,
             offset: 0,
             nonce: 1,
+            owner_epoch: 0,
         };
         assert_eq!(b.decode(&a.encode(&h)), Err(HandleError::OtherEpoch));
         // same epoch, different key: forged

@@ -42,6 +42,8 @@ pub struct CoreMetrics {
     pub idle_logs_closed: Counter,
     /// Idle logs closed early to make room under `max_open_logs`.
     pub logs_evicted: Counter,
+    /// Partitions frozen (or a freeze renewed) for a move, on their source.
+    pub partition_freezes: Counter,
     /// Uses refused because `max_open_logs` logs were open and none idle.
     pub log_opens_refused: Counter,
     pub log_poisoned: Counter,
@@ -76,6 +78,7 @@ impl Default for CoreMetrics {
             logs_opened: Counter::default(),
             idle_logs_closed: Counter::default(),
             logs_evicted: Counter::default(),
+            partition_freezes: Counter::default(),
             log_opens_refused: Counter::default(),
             log_poisoned: Counter::default(),
             fanout_copied: Family::default(),
@@ -224,6 +227,11 @@ impl CoreMetrics {
             "narad_storage_logs_evicted",
             "idle partition logs closed early to stay within max_open_logs",
             self.logs_evicted.clone(),
+        );
+        r.register(
+            "narad_move_freezes",
+            "partition freezes for moves (and their renewals) on the moving partition's source",
+            self.partition_freezes.clone(),
         );
         r.register(
             "narad_storage_log_opens_refused",

@@ -242,6 +242,9 @@ pub struct PartitionQueue {
     /// Most counts a snapshot carries ([`MAX_PERSISTED_COUNTS`] outside tests).
     max_counts: usize,
     dirty: bool,
+    /// One past the highest offset held for a previous owner's lease ([`Self::hold`]):
+    /// the scan skips offsets below it that are leased or ready.
+    held_until: u64,
 }
 
 /// When a lease taken at `now_ms` ends. Clock readings are truncated to the millisecond, so
@@ -298,6 +301,7 @@ impl PartitionQueue {
             max_ack_ranges,
             max_counts,
             dirty: false,
+            held_until: 0,
         };
         q.truncate_below(oldest);
         q.restore_counts(snapshot.counts);
@@ -457,6 +461,36 @@ impl PartitionQueue {
         dropped
     }
 
+    /// The leases held now, as (offset, deadline): what a partition moving to another node
+    /// hands its new owner ([`Self::hold`]).
+    pub fn held_leases(&self) -> Vec<(u64, i64)> {
+        self.expiries.iter().map(|&(d, o)| (o, d)).collect()
+    }
+
+    /// Keeps `offset` out of delivery until `deadline_ms`, under no handle: a lease the
+    /// partition's previous owner handed out (its reader may still be working on it; its
+    /// handle is answered `410` there, and the message comes again once the lease would have
+    /// ended). Ignored for offsets acked, outside the log, or leased already.
+    pub fn hold(&mut self, offset: u64, deadline_ms: i64) {
+        if offset < self.frontier
+            || offset >= self.hwm
+            || self.is_acked(offset)
+            || self.leases.contains_key(&offset)
+        {
+            return;
+        }
+        self.ready.remove(&offset);
+        let lease = Lease {
+            // (no handle carries nonce 0: see `lease`)
+            nonce: 0,
+            deadline_ms,
+            delivery_count: self.delivery_count(offset),
+        };
+        self.leases.insert(offset, lease);
+        self.expiries.insert((deadline_ms, offset));
+        self.held_until = self.held_until.max(offset + 1);
+    }
+
     /// Releases every lease whose deadline has passed; returns the released offsets.
     pub fn expire(&mut self, now_ms: i64) -> Vec<u64> {
         let mut out = Vec::new();
@@ -529,6 +563,12 @@ impl PartitionQueue {
                     break;
                 }
                 let o = self.scan_next;
+                if o < self.held_until && (self.leases.contains_key(&o) || self.ready.contains(&o))
+                {
+                    // held for a previous owner's lease (or released since): not scanned
+                    self.scan_next += 1;
+                    continue;
+                }
                 let Some(due) = source.due_ms(o) else { break };
                 self.scan_next += 1;
                 if due > now_ms {
@@ -1219,5 +1259,34 @@ mod tests {
             }
             prop_assert_eq!(q.frontier(), hwm);
         }
+    }
+
+    /// Leases a partition's previous owner handed out are held (under no handle) until
+    /// their deadline: the scan passes them by, nothing delivers them before, and they come
+    /// back once their time is up; acked or out-of-range offsets are not held.
+    #[test]
+    fn held_leases_of_a_previous_owner_wait_for_their_deadline() {
+        let mut q = q(6);
+        // offset 4 was acked on the previous owner: not held
+        let l = q.take(0, 5, 100, VIS, &mut now_due);
+        q.ack(4, l[4].nonce, 1).unwrap();
+        let mut q = PartitionQueue::new(q.snapshot(), 0, 6, 9, 1024);
+        q.hold(1, 500);
+        q.hold(4, 500);
+        q.hold(9, 500);
+        assert_eq!(q.held_leases(), vec![(1, 500)]);
+        let got: Vec<u64> = q
+            .take(10, 10, 100, VIS, &mut now_due)
+            .iter()
+            .map(|l| l.offset)
+            .collect();
+        assert_eq!(got, vec![0, 2, 3, 5], "held and acked offsets are skipped");
+        assert!(q.take(499, 10, 100, VIS, &mut now_due).is_empty());
+        assert_eq!(q.expire(500), vec![1]);
+        let again = q.take(500, 10, 100, VIS, &mut now_due);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].offset, 1);
+        assert_ne!(again[0].nonce, 0, "no handle carries the hold's nonce");
+        assert_eq!(q.ack(1, 0, 501), Err(LeaseError::Stale));
     }
 }

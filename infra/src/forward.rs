@@ -91,6 +91,9 @@ const TOKEN_MARGIN: Duration = Duration::from_millis(50);
 const TOKEN_TTL: Duration = Duration::from_secs(5);
 /// How long an owner waits to follow the catalog a call names.
 const CATCH_UP: Duration = Duration::from_secs(2);
+/// How long a produce waits, at most, for a partition frozen for a move to reach its new
+/// owner (or thaw) before it answers `503 partition_moving`.
+const MOVE_WAIT: Duration = Duration::from_secs(10);
 
 /// This member's ingress: its broker, its cluster node, the members taken for unreachable
 /// (passed over when placing messages and reading, pinged in the background until they
@@ -238,17 +241,60 @@ impl Ingress {
     // ── produce ──
 
     /// Produces `msgs` (checked whole by the caller) on their owners: one outcome per
-    /// message, in order.
+    /// message, in order. A message whose partition is frozen for a move (or moved since
+    /// this member routed it) is sent again once the catalog changes, for up to
+    /// [`MOVE_WAIT`]: a move costs producers latency, not errors.
     pub async fn produce(
         self: &Arc<Self>,
         topic: &str,
         mut msgs: Vec<ProduceMessage>,
     ) -> Result<Vec<Outcome>, ApiError> {
+        let pinned: Vec<bool> = msgs.iter().map(|m| m.partition.is_some()).collect();
+        let mut out = self.produce_once(topic, &mut msgs).await?;
+        let deadline = Instant::now() + MOVE_WAIT;
+        loop {
+            let moving: Vec<usize> = out
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| matches!(o, Err(e) if e.code == ErrorCode::PartitionMoving))
+                .map(|(i, _)| i)
+                .collect();
+            if moving.is_empty() || Instant::now() >= deadline {
+                return Ok(out);
+            }
+            // the flip (a catalog change) or a thaw: whichever comes, look again soon
+            let followed = self.broker.followed();
+            self.broker
+                .catch_up(followed + 1, Duration::from_millis(100))
+                .await;
+            let mut again: Vec<ProduceMessage> = moving
+                .iter()
+                .map(|&i| {
+                    let mut m = msgs[i].clone();
+                    if !pinned[i] {
+                        // placed again: by key, or round-robin among live partitions
+                        m.partition = None;
+                    }
+                    m
+                })
+                .collect();
+            let res = self.produce_once(topic, &mut again).await?;
+            for (o, i) in res.into_iter().zip(moving) {
+                out[i] = o;
+            }
+        }
+    }
+
+    async fn produce_once(
+        self: &Arc<Self>,
+        topic: &str,
+        msgs: &mut [ProduceMessage],
+    ) -> Result<Vec<Outcome>, ApiError> {
         let meta = self.broker.topic_meta(topic)?;
         let n = meta.config.partitions;
         let owner = |p: u32| meta.owners.get(p as usize).copied().unwrap_or(self.me());
         // pinned messages are judged before anything is written (400 for the whole request)
-        for m in &msgs {
+        for m in msgs.iter() {
             if let Some(p) = m.partition
                 && p >= n
             {
@@ -269,7 +315,7 @@ impl Ingress {
             .iter()
             .filter(|m| m.partition.is_none() && m.key.is_none());
         let mut rr = self.broker.produce_cursor(topic, keyless.count() as u64)?;
-        for m in &mut msgs {
+        for m in msgs.iter_mut() {
             if m.partition.is_none() {
                 m.partition = Some(match &m.key {
                     Some(k) if strict => narad_core::topic::partition_for_key(k, n),
@@ -1557,6 +1603,8 @@ pub struct DataService {
     /// This member's ingress: its readers' tokens take what other owners push, and it
     /// pushes what its line hands the others' tokens.
     ingress: std::sync::Weak<Ingress>,
+    /// This member's partition mover (its progress, for `GET /v1/cluster/moves`).
+    mover: Option<Arc<crate::moves::Mover>>,
 }
 
 /// How long a cancel that overtook its token is remembered, and how many are.
@@ -1590,7 +1638,7 @@ fn drop_tokens_of(waits: &CancellableWaits, from: u64) {
 }
 
 impl DataService {
-    pub fn new(ingress: &Arc<Ingress>) -> Self {
+    pub fn new(ingress: &Arc<Ingress>, mover: Option<Arc<crate::moves::Mover>>) -> Self {
         Self {
             broker: ingress.broker.clone(),
             me: ingress.me(),
@@ -1599,6 +1647,7 @@ impl DataService {
             cancelled: Arc::default(),
             pushes: Arc::default(),
             ingress: Arc::downgrade(ingress),
+            mover,
         }
     }
 }
@@ -1776,7 +1825,11 @@ impl Service for DataService {
         let (broker, me, waits) = (self.broker.clone(), self.me, self.waits.clone());
         let (archive, ingress) = (self.archive.clone(), self.ingress.clone());
         let (cancelled, pushes) = (self.cancelled.clone(), self.pushes.clone());
+        let mover = self.mover.clone();
         Box::pin(async move {
+            if let Some(r) = crate::moves::serve(&broker, mover.as_ref(), op, &body).await {
+                return r;
+            }
             match op {
                 PRODUCE => {
                     let req = decode_produce(body).ok_or_else(|| malformed("produce"))?;
@@ -2039,6 +2092,10 @@ impl Service for DataService {
             CHILDREN => "children",
             WAIT_TOKEN => "wait_token",
             DELIVER => "deliver",
+            crate::moves::MOVE_LIST => "move_list",
+            crate::moves::MOVE_READ => "move_read",
+            crate::moves::MOVE_FREEZE => "move_freeze",
+            crate::moves::MOVE_PROGRESS => "move_progress",
             _ => return None,
         })
     }

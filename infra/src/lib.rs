@@ -20,6 +20,7 @@ pub mod forward;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod moves;
 pub mod schema;
 pub mod server;
 pub mod telemetry;

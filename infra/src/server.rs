@@ -321,6 +321,7 @@ const METRICS_TASK: &str = "metrics_listener";
 const OPEN_TASK: &str = "broker_open";
 const TIERER_TASK: &str = "tierer";
 const CATALOG_TASK: &str = "cluster_catalog";
+const MOVER_TASK: &str = "partition_mover";
 const TLS_TASK: &str = "tls_reloader";
 const CLUSTER_TASK: &str = "cluster_member";
 
@@ -426,8 +427,20 @@ impl Opening {
             // the other members' calls for this member's partitions, and ours for theirs
             let ingress =
                 crate::forward::Ingress::new(b.clone(), node.clone(), self.state.archive.clone());
+            // partitions moving here are copied by the mover; it also thaws lapsed freezes
+            let mover = crate::moves::Mover::new(
+                node.clone(),
+                b.clone(),
+                store.clone(),
+                self.state.move_metrics.clone(),
+            );
             node.meta
-                .serve_data(Arc::new(crate::forward::DataService::new(&ingress)));
+                .serve_data(Arc::new(crate::forward::DataService::new(
+                    &ingress,
+                    Some(mover.clone()),
+                )));
+            let _ = self.state.mover.set(mover.clone());
+            self.tasks.spawn(MOVER_TASK, move |stop| mover.run(stop));
             // fan-out cursors here copy to child partitions the others own through it
             b.set_copy_forwarder(Arc::new(crate::forward::Copies(Arc::downgrade(&ingress))));
             let _ = self.state.ingress.set(ingress);
@@ -564,6 +577,7 @@ pub async fn run_observed(
             std::io::Error::new(e.kind(), format!("cannot listen on metrics_addr {a}: {e}"))
         })?),
     };
+    let move_metrics = Arc::new(crate::moves::MoveMetrics::default());
     // a cluster member binds its cluster endpoint and opens its metastore before it serves
     let cluster = match config.cluster()? {
         Some(c) => {
@@ -578,6 +592,7 @@ pub async fn run_observed(
             metrics.register_with(|r| {
                 node.rpc_metrics.register(r);
                 node.gauges.register(r);
+                move_metrics.register(r);
             });
             tracing::info!(
                 node_id = c.node_id,
@@ -614,6 +629,8 @@ pub async fn run_observed(
             config.cluster_secrets()?.as_ref(),
             config.remote_guard()?,
         ),
+        mover: std::sync::OnceLock::new(),
+        move_metrics,
     });
     metrics.register_with(|r| state.remotes.metrics.register(r));
     if let Some(node) = cluster.clone() {

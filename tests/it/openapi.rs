@@ -80,6 +80,8 @@ fn router_serves_every_listed_route() {
             cluster: None,
             ingress: std::sync::OnceLock::new(),
             remotes: Default::default(),
+            mover: std::sync::OnceLock::new(),
+            move_metrics: Default::default(),
         });
         let app = narad_infra::http::router(state);
         for (m, p) in narad_infra::http::ROUTES {

@@ -361,6 +361,8 @@ mod tests {
                 owner_id: Some(3),
                 schemas: Vec::new(),
                 owners: Vec::new(),
+                owner_epochs: Vec::new(),
+                moves: Default::default(),
             }],
             cursors: vec![CursorPosition {
                 child: "orders-audit".into(),

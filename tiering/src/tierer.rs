@@ -1018,6 +1018,8 @@ fn restored_meta(
     let from_snapshot = |m: &TopicMeta| TopicMeta {
         parent: None,
         owners: Vec::new(),
+        owner_epochs: Vec::new(),
+        moves: Default::default(),
         ..m.clone()
     };
     match (archived, snap) {
@@ -1036,6 +1038,8 @@ fn restored_meta(
                 owner_id: t.owner_id,
                 schemas: t.schemas,
                 owners: Vec::new(),
+                owner_epochs: Vec::new(),
+                moves: Default::default(),
             })
         }
         (None, Some(m)) => Some(from_snapshot(m)),

@@ -221,6 +221,14 @@ error_codes! {
     /// The member cannot be removed: it leads, it would leave fewer than 3 voters, or the
     /// node is not in a cluster.
     MemberNotRemovable = 2004, "member_not_removable", 409;
+    /// The partition is frozen for the last bytes of a move to another node (a second or
+    /// so): retry. A member forwarding a produce retries by itself.
+    PartitionMoving = 2005, "partition_moving", 503;
+    /// A partition move could not be made or changed: the partition is no longer where the
+    /// request saw it, the target is the owner already, or not a member.
+    MoveConflict = 2006, "move_conflict", 409;
+    /// No move of that partition is in flight.
+    MoveNotFound = 2007, "move_not_found", 404;
 
     // ── 2100: remotes (other clusters topics are mirrored to) ──
     /// No remote of that name.

@@ -42,6 +42,8 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         owner_id: None,
         schemas: Vec::new(),
         owners: Vec::new(),
+        owner_epochs: Vec::new(),
+        moves: Default::default(),
     }
 }
 

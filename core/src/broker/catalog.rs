@@ -129,6 +129,8 @@ impl Broker {
                 .into_iter()
                 .collect(),
             owners: Vec::new(),
+            owner_epochs: Vec::new(),
+            moves: Default::default(),
         })
     }
 
@@ -621,6 +623,14 @@ impl Broker {
                         *t.partitions.write() = Arc::new(all);
                     }
                     *t.meta.write() = (**meta).clone();
+                    // partitions that moved away from this node: their copy here goes
+                    if let Some(me) = self.store.node_id() {
+                        for p in 0..old.config.partitions.min(meta.config.partitions) {
+                            if old.owner_of(p) == Some(me) && meta.owner_of(p) != Some(me) {
+                                self.give_away_partition(&t, p).await?;
+                            }
+                        }
+                    }
                     if let Some(l) = &old.parent
                         && meta.parent.as_ref() != Some(l)
                     {

@@ -90,11 +90,29 @@ impl Broker {
         let mut out_bytes = 0usize;
         let now = self.clock.now_ms();
         let max_in_flight = cfg.max_in_flight_per_partition as usize;
+        // (in a cluster: only the partitions this node owns, at their owner epoch)
+        let owned: Option<Vec<(bool, u64)>> = {
+            let meta = topic.meta.read();
+            (!meta.owners.is_empty()).then(|| {
+                (0..n as u32)
+                    .map(|p| (self.is_local(&meta, p), meta.owner_epoch(p)))
+                    .collect()
+            })
+        };
         for i in order {
             if out.len() >= max {
                 break;
             }
+            let owner_epoch = match owned.as_ref().and_then(|o| o.get(i)) {
+                Some(&(false, _)) => continue,
+                Some(&(true, e)) => e,
+                None => 0,
+            };
             let part = &parts[i];
+            // frozen for a move: nothing leased from it until it thaws (or moves)
+            let Some(_busy) = part.enter() else {
+                continue;
+            };
             {
                 let mut q = part.queue.lock();
                 // Appends whose producer went away before telling the queue are still
@@ -173,6 +191,7 @@ impl Broker {
                         partition: part.index,
                         offset: l.offset,
                         nonce: l.nonce,
+                        owner_epoch,
                     }),
                     delivery_count: l.delivery_count,
                     lease_deadline_ms: l.deadline_ms,
@@ -351,11 +370,40 @@ impl Broker {
                 "receipt handle belongs to another topic (or an earlier topic of this name)".into(),
             ));
         }
-        let parts = topic.partitions();
-        let Some(part) = parts.get(h.partition as usize) else {
-            return Err(BrokerError::LeaseGone(
-                "receipt handle names no partition of this topic".into(),
-            ));
+        // a partition frozen for a move settles once it thaws; one that moved away (or
+        // came back since the lease) has no lease of this handle
+        let deadline = tokio::time::Instant::now() + SETTLE_FREEZE_WAIT;
+        let (part, _busy) = loop {
+            let parts = topic.partitions();
+            let Some(part) = parts.get(h.partition as usize).cloned() else {
+                return Err(BrokerError::LeaseGone(
+                    "receipt handle names no partition of this topic".into(),
+                ));
+            };
+            {
+                let meta = topic.meta.read();
+                if !meta.owners.is_empty()
+                    && (!self.is_local(&meta, h.partition)
+                        || meta.owner_epoch(h.partition) != h.owner_epoch)
+                {
+                    return Err(BrokerError::LeaseGone(
+                        "the partition moved to another node since this lease: the message will be delivered again".into(),
+                    ));
+                }
+            }
+            let waiter = part.clone();
+            let thawed = waiter.thawed.notified();
+            tokio::pin!(thawed);
+            thawed.as_mut().enable();
+            if let Some(busy) = part.enter() {
+                break (part, busy);
+            }
+            if tokio::time::timeout_at(deadline, thawed).await.is_err() {
+                return Err(BrokerError::PartitionMoving {
+                    topic: topic_name.to_owned(),
+                    partition: h.partition,
+                });
+            }
         };
         let cfg = topic.config();
         let now = self.clock.now_ms();
@@ -463,6 +511,8 @@ impl Broker {
 
 /// Most records one read of a consume takes ahead.
 const READ_AHEAD_MAX: usize = 64;
+/// How long a settle waits for its partition's freeze (a move's last copy) to end.
+const SETTLE_FREEZE_WAIT: Duration = Duration::from_secs(2);
 
 /// The records a consume looks at, read ahead from the log: the next offsets are usually
 /// scanned right after this one. The first read takes as many as the consume wants (one for

@@ -808,7 +808,14 @@ impl Broker {
     ) -> Result<(), BrokerError> {
         let part = topic.partition(partition)?;
         let n = records.len() as u64;
+        let Some(busy) = part.enter() else {
+            return Err(BrokerError::PartitionMoving {
+                topic: topic.label.topic.clone(),
+                partition,
+            });
+        };
         let appended = self.log_of(&part).await?.append(records).await?;
+        drop(busy);
         part.touch(self.clock.now_ms());
         part.queue
             .lock()
@@ -864,6 +871,12 @@ async fn run_cursor(
     loop {
         let Some(b) = weak.upgrade() else { return };
         if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
+            return;
+        }
+        if !b.is_local(&parent.meta.read(), pidx) {
+            // the partition moved away: its new owner runs this cursor from the file that
+            // moved with it
+            b.fanout.lock().retain(|_, s| !Arc::ptr_eq(s, &state));
             return;
         }
         let linked = !parent.deleted.load(Ordering::Acquire)

@@ -60,7 +60,8 @@ impl Broker {
             // Opening recovered the log; it stays open only if the budget has a free slot,
             // else it reopens on first use. (No eviction here: at start, with more partitions
             // than slots, that would scan every partition for each one opened.)
-            match self.open_logs.try_acquire() {
+            // (a partition frozen for a move keeps its log closed until it thaws)
+            match self.open_logs.try_acquire().filter(|_| !part.is_frozen()) {
                 Some(slot) => part.adopt_slot(slot),
                 None => part.close().await,
             }
@@ -108,6 +109,17 @@ impl Broker {
         &self,
         part: &Partition,
     ) -> Result<Arc<crate::log::PartitionLog>, BrokerError> {
+        if part.is_frozen() {
+            // frozen for a move: its files stay as the copy saw them
+            return Err(BrokerError::PartitionMoving {
+                topic: part
+                    .dir
+                    .parent()
+                    .and_then(|d| d.file_name())
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                partition: part.index,
+            });
+        }
         if let Some(log) = part.open_log() {
             return Ok(log);
         }

@@ -22,6 +22,7 @@ mod history;
 mod journal;
 mod layout;
 mod maintenance;
+pub mod moves;
 mod partition;
 mod produce;
 mod remotes;
@@ -225,6 +226,13 @@ pub enum BrokerError {
     /// A parent or remote child with records not shipped yet, deleted without `force`.
     #[error("{0}")]
     Unshipped(String),
+    /// A move's compare-and-set found the partition elsewhere (or the move gone).
+    #[error("{0}")]
+    MoveConflict(String),
+    /// The partition is frozen for a move to another node: retry shortly (the forwarding
+    /// member does, once the catalog names the new owner).
+    #[error("partition {partition} of '{topic}' is moving to another node; retry")]
+    PartitionMoving { topic: String, partition: u32 },
     /// A partition another node owns: the caller routes the request to that owner.
     #[error("partition {partition} of '{topic}' is owned by node {owner}, not this one; retry")]
     NotOwner {
@@ -252,6 +260,7 @@ impl From<CatalogError> for BrokerError {
             CatalogError::RemoteChanged(m) => Self::RemoteChanged(m),
             CatalogError::TooManyRemotes(max) => Self::TooManyRemotes { max },
             CatalogError::RemoteInUse(m) => Self::RemoteInUse(m),
+            CatalogError::MoveConflict(m) => Self::MoveConflict(m),
         }
     }
 }
@@ -437,6 +446,8 @@ pub struct Broker {
     remote_cursors: Mutex<HashMap<(String, u32), Arc<remotes::RemoteCursor>>>,
     /// How remote children's records reach their remotes.
     shipper: std::sync::OnceLock<Arc<dyn RemoteShipper>>,
+    /// Serialises freezes, thaws, installs and give-aways of partitions (moves).
+    moves_lock: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -533,6 +544,7 @@ impl Broker {
             copy_forwarder: std::sync::OnceLock::new(),
             remote_cursors: Mutex::new(HashMap::new()),
             shipper: std::sync::OnceLock::new(),
+            moves_lock: tokio::sync::Mutex::new(()),
         });
         let data_dir = broker.cfg.data_dir.clone();
         {

@@ -14,6 +14,16 @@ use crate::queue::{MAX_PERSISTED_COUNTS, PartitionQueue, QueueSnapshot};
 use super::journal::DeliveryJournal;
 
 pub const QUEUE_STATE_FILE: &str = "queue.state";
+/// Present while the partition is frozen for a move (see [`Partition::freeze`]): holds the
+/// freeze's token, so a restart keeps the partition frozen until the cluster says whether
+/// it moved.
+pub const FREEZE_MARKER: &str = "move.frozen";
+/// The leases a partition's previous owner had handed out when it froze for a move: the
+/// new owner holds those messages until the leases would have ended (no reader gets a
+/// message another may still be working on). `u64 offset, i64 deadline_ms` each, then a
+/// CRC32C of it all; a file that does not check is ignored (the messages are then
+/// delivered again at once: a duplicate, never a loss).
+pub const MOVED_LEASES: &str = "leases.moved";
 
 /// The node's budget of open partition logs (`max_open_logs`). Every open log holds file
 /// descriptors (a read handle per segment and a write handle for the active one), so this is
@@ -92,6 +102,34 @@ pub(crate) struct Partition {
     journal_failing: AtomicBool,
     /// The last snapshot had no room for every delivery count (logged once per episode).
     counts_truncated: AtomicBool,
+    /// Frozen for a move: no appends, no leases, no settles, the log stays closed.
+    frozen: AtomicBool,
+    /// The freeze's token and until when it holds (see [`Partition::freeze`]).
+    pub(crate) freeze: Mutex<Option<Freeze>>,
+    /// Appends, takes and settles in progress (see [`Partition::enter`]).
+    busy: AtomicU64,
+    /// Woken when `busy` drops to 0.
+    idle: tokio::sync::Notify,
+    /// Woken when a freeze ends (thawed, or the partition moved away).
+    pub(crate) thawed: tokio::sync::Notify,
+}
+
+/// A freeze for a move: its token and its deadline (real time: a move's timing, no broker
+/// clock involved).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Freeze {
+    pub token: u64,
+    pub until: std::time::Instant,
+}
+
+/// One append, take or settle in progress on a partition that is not frozen; a freeze
+/// waits for every one to end.
+pub(crate) struct Busy(Arc<Partition>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
 }
 
 /// What [`Partition::persist_queue`] did.
@@ -159,6 +197,13 @@ impl Partition {
         );
         // Counts handed out after the snapshot (the queue ignores settled offsets, and a
         // count already in the snapshot is never lowered).
+        let now = env.clock.now_ms();
+        for (offset, deadline) in read_moved_leases(&dir) {
+            if deadline > now {
+                queue.hold(offset, deadline);
+            }
+        }
+        let freeze = read_freeze_marker(&dir);
         let journal = DeliveryJournal::open(&dir, |offset, count| {
             queue.restore_counts([(offset, count)]);
         });
@@ -182,7 +227,113 @@ impl Partition {
             journal: Mutex::new(journal),
             journal_failing: AtomicBool::new(false),
             counts_truncated: AtomicBool::new(false),
+            frozen: AtomicBool::new(freeze.is_some()),
+            // a freeze found at open holds for a full term from now (the cluster decides)
+            freeze: Mutex::new(freeze.map(|token| Freeze {
+                token,
+                until: std::time::Instant::now() + DEFAULT_FREEZE_TTL,
+            })),
+            busy: AtomicU64::new(0),
+            idle: tokio::sync::Notify::new(),
+            thawed: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Starts an append, take or settle: `None` while the partition is frozen. A freeze
+    /// waits until every [`Busy`] handed out before it is dropped.
+    pub fn enter(self: &Arc<Self>) -> Option<Busy> {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        if self.frozen.load(Ordering::SeqCst) {
+            self.leave();
+            return None;
+        }
+        Some(Busy(self.clone()))
+    }
+
+    fn leave(&self) {
+        if self.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst)
+    }
+
+    /// Freezes the partition under `token` until `until`: the marker is durable first (a
+    /// restart stays frozen), then no new append, take or settle starts, and this returns
+    /// once those in progress ended (at most `drain`; else the freeze is undone and `false`
+    /// returned). The caller then closes the log. Blocking parts run on the caller's thread:
+    /// call it from a blocking-friendly context (the marker write is one small file).
+    pub async fn freeze(
+        &self,
+        token: u64,
+        until: std::time::Instant,
+        drain: std::time::Duration,
+    ) -> std::io::Result<bool> {
+        {
+            let mut f = self.freeze.lock();
+            if let Some(f) = f.as_mut()
+                && f.token == token
+            {
+                f.until = f.until.max(until);
+                return Ok(true);
+            }
+            if f.is_some() {
+                return Err(std::io::Error::other(
+                    "the partition is frozen for another move",
+                ));
+            }
+        }
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || write_freeze_marker(&dir, token))
+            .await
+            .map_err(std::io::Error::other)??;
+        *self.freeze.lock() = Some(Freeze { token, until });
+        self.frozen.store(true, Ordering::SeqCst);
+        let drained = tokio::time::timeout(drain, async {
+            loop {
+                let idle = self.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                if self.busy.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        })
+        .await
+        .is_ok();
+        if !drained {
+            self.thaw().await?;
+        }
+        Ok(drained)
+    }
+
+    /// Writes the leases held now to [`MOVED_LEASES`] (frozen for a move: the copy takes
+    /// them to the new owner). Blocking.
+    pub fn write_moved_leases(&self) -> std::io::Result<()> {
+        let held = self.queue.lock().held_leases();
+        let mut out = Vec::with_capacity(held.len() * 16 + 4);
+        for (o, d) in held {
+            out.extend_from_slice(&o.to_le_bytes());
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        crate::fsutil::write_file_atomic(&self.dir.join(MOVED_LEASES), &out)
+    }
+
+    /// Ends the freeze (its marker removed first, so a restart does not freeze again).
+    pub async fn thaw(&self) -> std::io::Result<()> {
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || remove_freeze_marker(&dir))
+            .await
+            .map_err(std::io::Error::other)??;
+        *self.freeze.lock() = None;
+        self.frozen.store(false, Ordering::SeqCst);
+        self.thawed.notify_waiters();
+        Ok(())
     }
 
     /// Journals the delivery counts of a consume reply before it is returned: one write into
@@ -390,6 +541,65 @@ impl Partition {
             self.queue.lock().force_dirty();
         }
     }
+}
+
+/// The leases a previous owner handed over ([`MOVED_LEASES`]); none if the file is
+/// missing, damaged or implausibly large.
+fn read_moved_leases(dir: &Path) -> Vec<(u64, i64)> {
+    let Ok(data) = std::fs::read(dir.join(MOVED_LEASES)) else {
+        return Vec::new();
+    };
+    if data.len() < 4 || (data.len() - 4) % 16 != 0 || data.len() > 64 << 20 {
+        return Vec::new();
+    }
+    let (body, crc) = data.split_at(data.len() - 4);
+    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
+        tracing::warn!(dir = %dir.display(), "moved leases file does not check; its messages are delivered again at once");
+        return Vec::new();
+    }
+    body.chunks_exact(16)
+        .map(|c| {
+            (
+                u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+                i64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
+            )
+        })
+        .collect()
+}
+
+/// How long a freeze holds without its mover renewing it, and how long one found at open
+/// holds before the owner asks the cluster whether it may thaw.
+pub const DEFAULT_FREEZE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The token of the freeze marker in `dir`, if there is one. A marker that cannot be read
+/// still freezes (token 0, which no mover uses): better unavailable than written past a
+/// flip.
+fn read_freeze_marker(dir: &Path) -> Option<u64> {
+    match std::fs::read(dir.join(FREEZE_MARKER)) {
+        Ok(b) => Some(
+            b.get(..8)
+                .map_or(0, |t| u64::from_le_bytes(t.try_into().expect("8 bytes"))),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::error!(dir = %dir.display(), error = %e, "cannot read the partition's freeze marker: it stays frozen");
+            Some(0)
+        }
+    }
+}
+
+fn write_freeze_marker(dir: &Path, token: u64) -> std::io::Result<()> {
+    crate::fsutil::write_file_atomic(&dir.join(FREEZE_MARKER), &token.to_le_bytes())
+}
+
+fn remove_freeze_marker(dir: &Path) -> std::io::Result<()> {
+    // (the leases it wrote for the copy are its own again)
+    let _ = std::fs::remove_file(dir.join(MOVED_LEASES));
+    match std::fs::remove_file(dir.join(FREEZE_MARKER)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    crate::log::segment::sync_dir(dir)
 }
 
 fn read_snapshot(dir: &Path) -> Option<QueueSnapshot> {

@@ -85,6 +85,22 @@ impl Broker {
             }
         }
         let parts = topic.partitions();
+        // a partition frozen for a move takes nothing; one being frozen waits for these
+        let mut busy = Vec::new();
+        for &(p, _, _) in &placed {
+            if busy.last().is_some_and(|&(q, _)| q == p) {
+                continue;
+            }
+            match parts[p as usize].enter() {
+                Some(b) => busy.push((p, b)),
+                None => {
+                    return Err(BrokerError::PartitionMoving {
+                        topic: topic_name.to_owned(),
+                        partition: p,
+                    });
+                }
+            }
+        }
         let mut results = vec![
             Produced {
                 partition: 0,
@@ -151,6 +167,7 @@ impl Broker {
             topic.appended.notify_waiters();
             self.dispatch(&topic).await;
         }
+        drop(busy);
         if let Some(e) = first_err {
             return Err(e.into());
         }

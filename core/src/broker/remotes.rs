@@ -478,6 +478,14 @@ async fn run_remote_cursor(
         if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
             return;
         }
+        if !b.is_local(&parent.meta.read(), pidx) {
+            // the partition moved away: its new owner ships it from the cursor file that
+            // moved with it
+            b.remote_cursors
+                .lock()
+                .retain(|_, s| !Arc::ptr_eq(s, &cursor));
+            return;
+        }
         let current = b
             .store
             .catalog()

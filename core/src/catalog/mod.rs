@@ -10,6 +10,7 @@
 //! The broker proposes commands through a [`MetaStore`](store::MetaStore), which makes each
 //! one durable before it is applied and published (see [`store`]).
 
+pub mod moves;
 pub mod remote;
 pub mod store;
 
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::broker::ParentLink;
 use crate::topic::TopicConfig;
+pub use moves::PartitionMove;
 pub use remote::{RemoteChild, RemoteMeta, SealedCredential};
 
 /// Most children one parent may have.
@@ -54,6 +56,13 @@ pub struct TopicMeta {
     /// and serves that partition). Empty on a single node: every partition is local.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owners: Vec<u64>,
+    /// In a cluster: each partition's owner epoch, one more at every completed move (a
+    /// partition past the end of the list, or every one when it is empty, is at 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_epochs: Vec<u64>,
+    /// In a cluster: the partitions being moved to another node, by partition.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub moves: BTreeMap<u32, PartitionMove>,
 }
 
 /// One version of a topic's JSON Schema. Versions only grow; each is kept.
@@ -131,6 +140,50 @@ pub enum CatalogCommand {
     /// Names the cluster (once: a later one changes nothing). Mirrored records carry it as
     /// their origin.
     InitCluster { cluster_id: u64 },
+    /// Starts moving partition `partition` of topic `topic_id` to node `target` (`None`:
+    /// cancels the move in flight), only while the partition is at `expect_owner` and
+    /// `expect_epoch`.
+    SetMoveTarget {
+        topic_id: u64,
+        partition: u32,
+        expect_owner: u64,
+        expect_epoch: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target: Option<MoveTarget>,
+    },
+    /// Hands the partition to the move's target (owner epoch + 1), only if it is still at
+    /// `source` and `expect_epoch`, move `move_id` still targets `target`, and `source` did
+    /// not thaw freeze `token`.
+    CompleteMove {
+        topic_id: u64,
+        partition: u32,
+        move_id: u64,
+        source: u64,
+        target: u64,
+        expect_epoch: u64,
+        token: u64,
+    },
+    /// The owner `owner` gave up freeze `token` (it ran out): a flip naming it is refused
+    /// from now on. Refused if the partition is no longer at `owner` and `expect_epoch`
+    /// (the flip came first).
+    ThawPartition {
+        topic_id: u64,
+        partition: u32,
+        owner: u64,
+        expect_epoch: u64,
+        token: u64,
+    },
+}
+
+/// Where [`CatalogCommand::SetMoveTarget`] sends a partition.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MoveTarget {
+    /// A random id for this move.
+    pub id: u64,
+    pub node: u64,
+    pub since_ms: i64,
+    pub reason: String,
 }
 
 /// What applying a command did.
@@ -189,6 +242,9 @@ pub enum CatalogError {
     TooManyRemotes(usize),
     #[error("{0}")]
     RemoteInUse(String),
+    /// A move's compare-and-set found the partition elsewhere, or the move gone.
+    #[error("{0}")]
+    MoveConflict(String),
 }
 
 /// Every topic's metadata and every remote, by name, and how many commands made them.
@@ -301,7 +357,7 @@ impl Catalog {
             .filter(move |t| t.parent.as_ref().is_some_and(|l| l.parent_id == parent_id))
     }
 
-    fn by_id(&self, id: u64) -> Result<&Arc<TopicMeta>, CatalogError> {
+    pub(crate) fn by_id(&self, id: u64) -> Result<&Arc<TopicMeta>, CatalogError> {
         self.topics
             .values()
             .find(|t| t.id == id)
@@ -532,6 +588,51 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             let id = *next.cluster_id.get_or_insert(*cluster_id);
             Applied::ClusterId(id)
         }
+        CatalogCommand::SetMoveTarget {
+            topic_id,
+            partition,
+            expect_owner,
+            expect_epoch,
+            target,
+        } => moves::apply_set_target(
+            &mut next,
+            *topic_id,
+            *partition,
+            *expect_owner,
+            *expect_epoch,
+            target
+                .as_ref()
+                .map(|t| (t.id, t.node, t.since_ms, t.reason.as_str())),
+        )?,
+        CatalogCommand::CompleteMove {
+            topic_id,
+            partition,
+            move_id,
+            source,
+            target,
+            expect_epoch,
+            token,
+        } => moves::apply_complete(
+            &mut next,
+            *topic_id,
+            *partition,
+            (*move_id, *source, *target),
+            *expect_epoch,
+            *token,
+        )?,
+        CatalogCommand::ThawPartition {
+            topic_id,
+            partition,
+            owner,
+            expect_epoch,
+            token,
+        } => moves::apply_thaw(
+            &mut next,
+            *topic_id,
+            *partition,
+            (*owner, *expect_epoch),
+            *token,
+        )?,
     };
     Ok((next, applied))
 }

@@ -12,6 +12,8 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         owner_id: Some(7),
         schemas: Vec::new(),
         owners: Vec::new(),
+        owner_epochs: Vec::new(),
+        moves: Default::default(),
     }
 }
 
@@ -584,4 +586,101 @@ async fn the_store_publishes_only_what_is_durable() {
     );
     let reopened = LocalMetaStore::open(dir.path()).unwrap();
     assert_eq!(reopened.catalog(), s.catalog());
+}
+
+/// A move's commands are compare-and-sets: a target set only at the owner and epoch the
+/// proposer saw; a flip only for the move in flight, its target, its epoch, and a token
+/// the owner did not thaw; a thaw refused once the flip came first.
+#[test]
+fn moves_flip_only_what_was_copied() {
+    let owned = TopicMeta {
+        config: TopicConfig {
+            partitions: 2,
+            ..TopicConfig::default()
+        },
+        owners: vec![1, 2],
+        ..topic(1, "o")
+    };
+    let cat = run(&[CatalogCommand::CreateTopic { topic: owned }]);
+    let target = |id, node| {
+        Some(MoveTarget {
+            id,
+            node,
+            since_ms: 5,
+            reason: "admin".into(),
+        })
+    };
+    let set = |owner, epoch, t| CatalogCommand::SetMoveTarget {
+        topic_id: 1,
+        partition: 0,
+        expect_owner: owner,
+        expect_epoch: epoch,
+        target: t,
+    };
+    let flip = |move_id, target, epoch, token| CatalogCommand::CompleteMove {
+        topic_id: 1,
+        partition: 0,
+        move_id,
+        source: 1,
+        target,
+        expect_epoch: epoch,
+        token,
+    };
+    let thaw = |epoch, token| CatalogCommand::ThawPartition {
+        topic_id: 1,
+        partition: 0,
+        owner: 1,
+        expect_epoch: epoch,
+        token,
+    };
+    let conflict = |c: &Catalog, cmd: &CatalogCommand| {
+        assert!(
+            matches!(apply(c, cmd), Err(CatalogError::MoveConflict(_))),
+            "{cmd:?} should conflict"
+        );
+    };
+    conflict(&cat, &set(2, 0, target(7, 3)));
+    conflict(&cat, &set(1, 1, target(7, 3)));
+    assert!(
+        apply(&cat, &set(1, 0, target(7, 1))).is_err(),
+        "to its owner"
+    );
+    let (cat, _) = apply(&cat, &set(1, 0, target(7, 3))).unwrap();
+    assert_eq!(cat.get("o").unwrap().moves[&0].target, 3);
+    // no flip without the move in flight, its id, its target, its epoch
+    conflict(&cat, &flip(8, 3, 0, 11));
+    conflict(&cat, &flip(7, 2, 0, 11));
+    conflict(&cat, &flip(7, 3, 1, 11));
+    // a thawed token never flips
+    let (cat, _) = apply(&cat, &thaw(0, 11)).unwrap();
+    conflict(&cat, &flip(7, 3, 0, 11));
+    let (done, _) = apply(&cat, &flip(7, 3, 0, 12)).unwrap();
+    let t = done.get("o").unwrap();
+    assert_eq!(
+        (t.owners.clone(), t.owner_epoch(0), t.owner_epoch(1)),
+        (vec![3, 2], 1, 0)
+    );
+    assert!(t.moves.is_empty());
+    // after the flip: a thaw, a second flip, a move from the old owner all conflict
+    conflict(&done, &thaw(0, 12));
+    conflict(&done, &flip(7, 3, 0, 12));
+    conflict(&done, &set(1, 0, target(9, 2)));
+    // a cancelled move cannot be flipped, even by a new move to the same node
+    let (cancelled, _) = apply(&cat, &set(1, 0, None)).unwrap();
+    conflict(&cancelled, &flip(7, 3, 0, 12));
+    let (again, _) = apply(&cancelled, &set(1, 0, target(9, 3))).unwrap();
+    conflict(&again, &flip(7, 3, 0, 12));
+    assert!(apply(&again, &flip(9, 3, 0, 12)).is_ok());
+    // a single node's topic has no owners to move
+    let single = run(&[CatalogCommand::CreateTopic {
+        topic: topic(2, "s"),
+    }]);
+    let cmd = CatalogCommand::SetMoveTarget {
+        topic_id: 2,
+        partition: 0,
+        expect_owner: 1,
+        expect_epoch: 0,
+        target: target(1, 2),
+    };
+    assert!(apply(&single, &cmd).is_err());
 }

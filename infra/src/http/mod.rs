@@ -9,6 +9,7 @@ pub mod access;
 mod ack;
 pub mod budget;
 pub(crate) mod consume;
+mod moves;
 mod produce;
 pub mod query;
 mod remote_children;
@@ -65,6 +66,9 @@ pub struct AppState {
     pub ingress: std::sync::OnceLock<Arc<crate::forward::Ingress>>,
     /// Remotes' keys and address guard.
     pub remotes: remotes::RemotesKit,
+    /// A cluster member's partition mover, once the broker is open.
+    pub mover: std::sync::OnceLock<Arc<crate::moves::Mover>>,
+    pub move_metrics: Arc<crate::moves::MoveMetrics>,
 }
 
 impl AppState {
@@ -203,10 +207,12 @@ pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
             | LogError::Corrupt { .. },
         ) => ErrorCode::StorageFailed,
         BrokerError::Meta(_) => ErrorCode::MetadataFailed,
-        BrokerError::ClusterUnavailable(_) | BrokerError::NotOwner { .. } => {
-            ErrorCode::ClusterUnavailable
-        }
+        BrokerError::ClusterUnavailable(_) => ErrorCode::ClusterUnavailable,
+        // (routing that was right a moment ago: the partition moved; the caller retries)
+        BrokerError::NotOwner { .. } => ErrorCode::PartitionMoving,
         BrokerError::ClusterUnsupported(_) => ErrorCode::ClusterUnsupported,
+        BrokerError::PartitionMoving { .. } => ErrorCode::PartitionMoving,
+        BrokerError::MoveConflict(_) => ErrorCode::MoveConflict,
         BrokerError::RemoteExists(_) => ErrorCode::RemoteExists,
         BrokerError::RemoteNotFound(_) => ErrorCode::RemoteNotFound,
         BrokerError::RemoteChanged(_) => ErrorCode::RemoteChanged,
@@ -323,6 +329,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
     ("GET", "/v1/cluster"),
     ("DELETE", "/v1/cluster/members/{node_id}"),
+    ("POST", "/v1/cluster/moves"),
+    ("GET", "/v1/cluster/moves"),
+    ("DELETE", "/v1/cluster/moves/{topic}/{partition}"),
     ("POST", "/v1/topics"),
     ("GET", "/v1/topics"),
     ("GET", "/v1/topics/{topic}"),
@@ -363,6 +372,11 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/cluster/members/{node_id}",
             axum::routing::delete(remove_member),
+        )
+        .route("/v1/cluster/moves", post(moves::create).get(moves::list))
+        .route(
+            "/v1/cluster/moves/{topic}/{partition}",
+            axum::routing::delete(moves::cancel),
         )
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(

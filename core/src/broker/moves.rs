@@ -1,0 +1,523 @@
+//! Partition moves on this node: the source side (list and read a partition's files, freeze
+//! it for the last bytes, thaw it), the target side (stage a copy, verify it, install it),
+//! and what a node does when it follows a catalog in which one of its partitions moved away.
+//!
+//! ```text
+//!  target                                   source (the owner)
+//!  copy files ◄── list / read (serving) ─── partition keeps taking appends
+//!  freeze ─────────────────────────────────► marker (durable) ─► drain appends, leases,
+//!                                            settles ─► close the log ─► persist queue
+//!  copy the rest ◄── list / read (frozen) ──
+//!  verify, install, CompleteMove ──► Raft ─► both follow: the target serves, the source
+//!                                            drops its copy (its leases answer 410)
+//! ```
+//!
+//! Nothing here decides a move: the cluster's mover does (`infra`), and the catalog's
+//! compare-and-set makes the flip (see [`crate::catalog::moves`]).
+
+use super::*;
+use crate::broker::partition::{self, FREEZE_MARKER, LogEnv, Partition};
+
+/// Directory (under the data directory) where partitions being moved here are staged, and
+/// where a node puts a partition it gave away before removing it.
+pub const MOVES_DIR: &str = "moves";
+/// Most bytes one read of a partition file returns.
+pub const MAX_FILE_CHUNK: u64 = 1 << 20;
+
+/// One file of a partition, as a move copies it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PartitionFile {
+    pub name: String,
+    pub size: u64,
+}
+
+/// What a frozen partition holds: its end and its files, stable until it thaws.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct FrozenPartition {
+    pub next_offset: u64,
+    pub files: Vec<PartitionFile>,
+}
+
+/// A freeze whose deadline passed, for the owner to thaw once the cluster agrees.
+#[derive(Debug, Clone)]
+pub struct LapsedFreeze {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    pub token: u64,
+    pub owner_epoch: u64,
+}
+
+/// Whether `name` is a file a partition directory holds that a move copies: a plain name
+/// (no separator, not hidden), not the freeze marker, not a temporary file.
+pub fn is_partition_file(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && !name.contains('/')
+        && !name.contains('\0')
+        && name != FREEZE_MARKER
+        && !name.ends_with(".tmp")
+}
+
+fn list_files(dir: &Path) -> std::io::Result<Vec<PartitionFile>> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        let Ok(md) = e.metadata() else { continue };
+        if md.is_file() && is_partition_file(&name) {
+            out.push(PartitionFile {
+                name,
+                size: md.len(),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BrokerError + '_ {
+    move |source| {
+        BrokerError::Storage(LogError::Io {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+impl Broker {
+    /// A random number drawn when this process started: a move's copier notices the source
+    /// restarted (a restart may cut a torn tail the copy already holds) by its change.
+    pub fn incarnation(&self) -> u64 {
+        self.handles.epoch()
+    }
+
+    /// The broker clock's time, in ms since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Topic `topic` of incarnation `topic_id` and its partition `p`.
+    fn move_partition_of(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        p: u32,
+    ) -> Result<(Arc<Topic>, Arc<Partition>), BrokerError> {
+        let t = self.topic(topic)?;
+        if t.id() != topic_id {
+            return Err(BrokerError::TopicNotFound(topic.to_owned()));
+        }
+        let part = t.partition(p)?;
+        Ok((t, part))
+    }
+
+    /// The partition's owner epoch, if this node owns it.
+    fn owned_epoch(&self, t: &Topic, p: u32) -> Result<u64, BrokerError> {
+        let meta = t.meta.read();
+        if !self.is_local(&meta, p) {
+            return Err(BrokerError::NotOwner {
+                topic: meta.name.clone(),
+                partition: p,
+                owner: meta.owner_of(p).unwrap_or(0),
+            });
+        }
+        Ok(meta.owner_epoch(p))
+    }
+
+    /// The files of partition `p` a move copies (this node must own it). While the
+    /// partition serves, the active segment grows and retention may delete old segments:
+    /// the copier lists again until the partition is frozen.
+    pub async fn partition_files(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        p: u32,
+    ) -> Result<Vec<PartitionFile>, BrokerError> {
+        let (t, part) = self.move_partition_of(topic, topic_id, p)?;
+        self.owned_epoch(&t, p)?;
+        let dir = part.dir.clone();
+        tokio::task::spawn_blocking(move || list_files(&dir).map_err(io_error(&dir)))
+            .await
+            .expect("list task")
+    }
+
+    /// Up to `len` (at most [`MAX_FILE_CHUNK`]) bytes of file `name` of partition `p` from
+    /// `pos` (fewer at its end).
+    pub async fn read_partition_file(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        p: u32,
+        name: &str,
+        pos: u64,
+        len: u64,
+    ) -> Result<Bytes, BrokerError> {
+        if !is_partition_file(name) {
+            return Err(BrokerError::InvalidField(InvalidField {
+                field: "name",
+                reason: "not a partition file".into(),
+            }));
+        }
+        let (t, part) = self.move_partition_of(topic, topic_id, p)?;
+        self.owned_epoch(&t, p)?;
+        let path = part.dir.join(name);
+        let len = len.min(MAX_FILE_CHUNK) as usize;
+        tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::File::open(&path).map_err(io_error(&path))?;
+            let mut buf = vec![0u8; len];
+            let mut got = 0;
+            while got < len {
+                match f.read_at(&mut buf[got..], pos + got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(io_error(&path)(e)),
+                }
+            }
+            buf.truncate(got);
+            Ok(Bytes::from(buf))
+        })
+        .await
+        .expect("read task")
+    }
+
+    /// Freezes partition `p` (owned here at `expect_epoch`) under `token` for `ttl`: no
+    /// appends, leases or settles until it thaws or moves; its log closes and its queue state
+    /// is written, so its files hold everything and stay as they are. Asked again with the
+    /// same token it renews the freeze. Answers the partition's end and files.
+    pub async fn freeze_partition(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        p: u32,
+        expect_epoch: u64,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<FrozenPartition, BrokerError> {
+        let _one = self.moves_lock.lock().await;
+        let (t, part) = self.move_partition_of(topic, topic_id, p)?;
+        let epoch = self.owned_epoch(&t, p)?;
+        if epoch != expect_epoch {
+            return Err(BrokerError::ClusterUnavailable(format!(
+                "partition {p} of '{topic}' is at owner epoch {epoch}, not {expect_epoch}"
+            )));
+        }
+        let until = std::time::Instant::now() + ttl;
+        let drained = part
+            .freeze(token, until, FREEZE_DRAIN)
+            .await
+            .map_err(io_error(&part.dir))?;
+        if !drained {
+            return Err(BrokerError::ClusterUnavailable(format!(
+                "partition {p} of '{topic}' could not be frozen: requests on it did not end within {FREEZE_DRAIN:?}"
+            )));
+        }
+        part.close().await;
+        let next_offset = part.stats().next_offset;
+        let persist = part.clone();
+        tokio::task::spawn_blocking(move || {
+            persist.persist_queue(true)?;
+            persist.write_moved_leases()
+        })
+        .await
+        .expect("persist task")
+        .map_err(io_error(&part.dir))?;
+        let dir = part.dir.clone();
+        let files = tokio::task::spawn_blocking(move || list_files(&dir).map_err(io_error(&dir)))
+            .await
+            .expect("list task")?;
+        self.metrics.partition_freezes.inc();
+        Ok(FrozenPartition { next_offset, files })
+    }
+
+    /// Thaws partition `p` if it is frozen under `token` (the cluster agreed it did not
+    /// move, see [`crate::catalog::CatalogCommand::ThawPartition`]). `false` if another
+    /// freeze, or none, holds it.
+    pub async fn thaw_partition(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        p: u32,
+        token: u64,
+    ) -> Result<bool, BrokerError> {
+        let _one = self.moves_lock.lock().await;
+        let (_, part) = self.move_partition_of(topic, topic_id, p)?;
+        let holds = part.freeze.lock().is_some_and(|f| f.token == token);
+        if !holds {
+            return Ok(false);
+        }
+        part.thaw().await.map_err(io_error(&part.dir))?;
+        let t = self.topic(topic)?;
+        self.dispatch(&t).await;
+        Ok(true)
+    }
+
+    /// Freezes on partitions this node owns whose deadline passed (`now`), for the caller to
+    /// ask the cluster whether each may thaw.
+    pub fn lapsed_freezes(&self, now: std::time::Instant) -> Vec<LapsedFreeze> {
+        let mut out = Vec::new();
+        for t in self.topics.read().values() {
+            let meta = t.meta.read();
+            for part in t.partitions().iter() {
+                let f = *part.freeze.lock();
+                if let Some(f) = f
+                    && f.until <= now
+                    && self.is_local(&meta, part.index)
+                {
+                    out.push(LapsedFreeze {
+                        topic: meta.name.clone(),
+                        topic_id: meta.id,
+                        partition: part.index,
+                        token: f.token,
+                        owner_epoch: meta.owner_epoch(part.index),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Where a copy of partition `p` of `meta` is staged on its way here.
+    pub fn staging_dir(&self, meta: &TopicMeta, p: u32) -> PathBuf {
+        self.cfg
+            .data_dir
+            .join(MOVES_DIR)
+            .join(format!("{}.p{p:05}", meta.dir_name()))
+    }
+
+    /// Opens a staged copy as a partition (recovering it as a restart would) and answers its
+    /// end: what the move checks against the source's before installing it.
+    pub async fn verify_staged(&self, dir: &Path) -> Result<u64, BrokerError> {
+        let env = self.log_env();
+        let dir = dir.to_owned();
+        let part = tokio::task::spawn_blocking(move || Partition::open(0, dir, &env))
+            .await
+            .expect("open task")?;
+        let next = part.stats().next_offset;
+        part.close().await;
+        Ok(next)
+    }
+
+    /// Puts the staged copy of partition `p` in place of this node's copy (a node that does
+    /// not own a partition holds an empty one), reopened from its files. The partition is
+    /// served here only once the catalog names this node its owner.
+    pub async fn install_partition(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        p: u32,
+        staged: &Path,
+    ) -> Result<(), BrokerError> {
+        let _one = self.moves_lock.lock().await;
+        let (t, old) = self.move_partition_of(topic, topic_id, p)?;
+        if self.owned_epoch(&t, p).is_ok() {
+            return Err(BrokerError::ClusterUnavailable(format!(
+                "partition {p} of '{topic}' is already served here"
+            )));
+        }
+        old.retire().await;
+        let dir = old.dir.clone();
+        let aside = self
+            .cfg
+            .data_dir
+            .join(MOVES_DIR)
+            .join(format!("{}.p{p:05}.replaced", t.meta.read().dir_name()));
+        let staged = staged.to_owned();
+        let env = self.log_env();
+        let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
+            let _ = std::fs::remove_dir_all(&aside);
+            match std::fs::rename(&dir, &aside) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io_error(&dir)(e));
+                }
+                _ => {}
+            }
+            std::fs::rename(&staged, &dir).map_err(io_error(&dir))?;
+            if let Some(parent) = dir.parent() {
+                crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
+            }
+            let _ = std::fs::remove_dir_all(&aside);
+            let part = Partition::open(p, dir.clone(), &env)?;
+            // the holds are in the queue now; a later start must not apply them again
+            // over leases of its own
+            let _ = std::fs::remove_file(dir.join(partition::MOVED_LEASES));
+            Ok(part)
+        })
+        .await
+        .expect("install task")?;
+        let part = Arc::new(part);
+        match self.open_logs.try_acquire() {
+            Some(slot) => part.adopt_slot(slot),
+            None => part.close().await,
+        }
+        self.replace_partition(&t, p, part);
+        Ok(())
+    }
+
+    fn replace_partition(&self, t: &Topic, p: u32, part: Arc<Partition>) {
+        let mut parts = t.partitions.write();
+        let mut all: Vec<Arc<Partition>> = parts.iter().cloned().collect();
+        if let Some(slot) = all.get_mut(p as usize) {
+            *slot = part;
+        }
+        *parts = Arc::new(all);
+    }
+
+    /// Following a catalog in which partition `p` of `t` moved from this node to another:
+    /// its copy here goes (the new owner holds everything it held: the flip came after the
+    /// freeze and the copy), replaced by an empty one; its waiting settles wake (and find
+    /// their lease gone), its cursors stop.
+    pub(super) async fn give_away_partition(
+        &self,
+        t: &Arc<Topic>,
+        p: u32,
+    ) -> Result<(), BrokerError> {
+        let _one = self.moves_lock.lock().await;
+        let old = t.partition(p)?;
+        old.retire().await;
+        old.thawed.notify_waiters();
+        let name = t.meta.read().name.clone();
+        self.stop_cursors_of(&name, p);
+        let dir = old.dir.clone();
+        let aside = self
+            .cfg
+            .data_dir
+            .join(MOVES_DIR)
+            .join(format!("{}.p{p:05}.gone", t.meta.read().dir_name()));
+        let moves = self.cfg.data_dir.join(MOVES_DIR);
+        let env = self.log_env();
+        let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
+            crate::fsutil::create_dir_private(&moves).map_err(io_error(&moves))?;
+            let _ = std::fs::remove_dir_all(&aside);
+            match std::fs::rename(&dir, &aside) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io_error(&dir)(e));
+                }
+                _ => {}
+            }
+            if let Some(parent) = dir.parent() {
+                crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
+            }
+            let _ = std::fs::remove_dir_all(&aside);
+            Ok(Partition::open(p, dir, &env)?)
+        })
+        .await
+        .expect("give away task")?;
+        let part = Arc::new(part);
+        part.close().await;
+        self.replace_partition(t, p, part);
+        tracing::info!(topic = %name, partition = p, "partition moved to another node; its copy here is gone");
+        Ok(())
+    }
+
+    /// Stops the fan-out and remote cursors reading parent partition `p` of `topic` (it
+    /// moved away: its new owner runs them from the cursor files that moved with it).
+    fn stop_cursors_of(&self, topic: &str, p: u32) {
+        let children: Vec<String> = {
+            let topics = self.topics.read();
+            let Some(parent) = topics.get(topic) else {
+                return;
+            };
+            let id = parent.id();
+            topics
+                .values()
+                .filter(|c| {
+                    c.meta
+                        .read()
+                        .parent
+                        .as_ref()
+                        .is_some_and(|l| l.parent_id == id)
+                })
+                .map(|c| c.meta.read().name.clone())
+                .collect()
+        };
+        self.fanout
+            .lock()
+            .retain(|(c, i), _| !(*i == p && children.contains(c)));
+        let remote: Vec<String> = {
+            let Ok(t) = self.topic(topic) else { return };
+            self.store
+                .catalog()
+                .remote_children_of(t.id())
+                .map(|c| c.name.clone())
+                .collect()
+        };
+        self.remote_cursors
+            .lock()
+            .retain(|(c, i), _| !(*i == p && remote.contains(c)));
+    }
+
+    fn log_env(&self) -> LogEnv {
+        LogEnv {
+            cfg: self.env.cfg.clone(),
+            clock: self.env.clock.clone(),
+            metrics: self.env.metrics.clone(),
+            max_ack_ranges: self.env.max_ack_ranges,
+        }
+    }
+}
+
+/// How long a freeze waits for the appends, leases and settles in progress to end.
+const FREEZE_DRAIN: Duration = Duration::from_secs(5);
+
+impl Broker {
+    /// Asks for partition `p` of `topic` to move to node `target` (`None`: cancels the move
+    /// in flight), at the owner and epoch the catalog shows now; answers the topic as the
+    /// change left it. A cluster member only.
+    pub async fn set_move_target(
+        self: &Arc<Self>,
+        topic: &str,
+        p: u32,
+        target: Option<u64>,
+        reason: &str,
+    ) -> Result<Arc<TopicMeta>, BrokerError> {
+        if !self.store.replicated() {
+            return Err(BrokerError::ClusterUnsupported(
+                "partition moves need a cluster (cluster_members)".into(),
+            ));
+        }
+        let meta = self
+            .store
+            .catalog()
+            .get(topic)
+            .cloned()
+            .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))?;
+        if p >= meta.config.partitions {
+            return Err(BrokerError::PartitionOutOfRange {
+                partition: p,
+                partitions: meta.config.partitions,
+            });
+        }
+        let owner = meta.owner_of(p).ok_or_else(|| {
+            BrokerError::ClusterUnsupported(format!("topic '{topic}' has no partition owners"))
+        })?;
+        let cmd = crate::catalog::CatalogCommand::SetMoveTarget {
+            topic_id: meta.id,
+            partition: p,
+            expect_owner: owner,
+            expect_epoch: meta.owner_epoch(p),
+            target: target.map(|node| crate::catalog::MoveTarget {
+                id: crate::random_u64() | 1,
+                node,
+                since_ms: self.clock.now_ms(),
+                reason: reason.to_owned(),
+            }),
+        };
+        self.propose_replicated(cmd).await?;
+        self.store
+            .catalog()
+            .get(topic)
+            .cloned()
+            .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))
+    }
+}

@@ -1,0 +1,252 @@
+//! Partition moves: `/v1/cluster/moves...` (admin only).
+//!
+//! A move is asked for here and recorded in the catalog (through Raft); the target member's
+//! mover does the rest (`crate::moves`). `GET` shows every move in flight, with the phase
+//! and the bytes copied its target reports.
+
+use std::time::Duration;
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::IntoResponse;
+use narad_core::catalog::TopicMeta;
+use narad_wire::ErrorCode;
+use serde::{Deserialize, Serialize};
+
+use super::access::Caller;
+use super::query::Query;
+use super::{
+    ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
+};
+use crate::moves::{MOVE_PROGRESS, Progress};
+
+/// How long `GET /v1/cluster/moves` waits for a target's progress.
+const PROGRESS_DEADLINE: Duration = Duration::from_secs(2);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MoveRequest {
+    topic: String,
+    partition: u32,
+    to: u64,
+}
+
+#[derive(Serialize)]
+struct MoveJson {
+    topic: String,
+    partition: u32,
+    id: String,
+    from: u64,
+    to: u64,
+    owner_epoch: u64,
+    reason: String,
+    since_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    phase: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_copied: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_error: Option<String>,
+}
+
+fn moves_of(t: &TopicMeta) -> impl Iterator<Item = MoveJson> + '_ {
+    t.moves.iter().map(|(&p, m)| MoveJson {
+        topic: t.name.clone(),
+        partition: p,
+        id: format!("{:016x}", m.id),
+        from: t.owner_of(p).unwrap_or(0),
+        to: m.target,
+        owner_epoch: t.owner_epoch(p),
+        reason: m.reason.clone(),
+        since_ms: m.since_ms,
+        phase: None,
+        bytes_copied: None,
+        attempts: None,
+        last_error: None,
+    })
+}
+
+fn cluster_of(
+    state: &SharedState,
+) -> Result<&std::sync::Arc<crate::cluster::ClusterNode>, ApiError> {
+    state.cluster.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::ClusterUnsupported,
+            "partition moves need a cluster (this node has no cluster_members)",
+        )
+    })
+}
+
+fn audit(caller: &Caller, action: &str, topic: &str, partition: u32, to: Option<u64>) {
+    tracing::info!(
+        component = "audit",
+        user = caller.username().unwrap_or("-"),
+        action,
+        topic,
+        partition,
+        to = to.unwrap_or(0),
+        "partition move"
+    );
+}
+
+/// `POST /v1/cluster/moves` `{"topic","partition","to"}`: moves a partition to member `to`.
+/// `202` once the move is recorded; it runs in the background (see `GET`).
+pub async fn create(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require_admin()?;
+    let node = cluster_of(&state)?.clone();
+    let broker = state.broker()?.clone();
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    let req: MoveRequest = parse_json(&body)?;
+    let voters: Vec<u64> = node
+        .meta
+        .view()
+        .membership
+        .membership()
+        .voter_ids()
+        .collect();
+    if !voters.contains(&req.to) {
+        return Err(ApiError::new(
+            ErrorCode::MoveConflict,
+            format!(
+                "node {} is not a voting member of the cluster (voters: {voters:?})",
+                req.to
+            ),
+        ));
+    }
+    let meta = broker.topic_meta(&req.topic)?;
+    if req.partition < meta.config.partitions && meta.owner_of(req.partition) == Some(req.to) {
+        return Err(ApiError::new(
+            ErrorCode::MoveConflict,
+            format!(
+                "partition {} of '{}' is on node {} already",
+                req.partition, req.topic, req.to
+            ),
+        ));
+    }
+    let t = broker
+        .set_move_target(&req.topic, req.partition, Some(req.to), "admin")
+        .await?;
+    audit(
+        &caller,
+        "partition_move",
+        &req.topic,
+        req.partition,
+        Some(req.to),
+    );
+    let m = moves_of(&t)
+        .find(|m| m.partition == req.partition)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::MoveConflict,
+                "the move was recorded and has completed or been cancelled since",
+            )
+        })?;
+    Ok(json_response(StatusCode::ACCEPTED, &m))
+}
+
+/// `GET /v1/cluster/moves`: every move in flight, with its target's progress where the
+/// target answers.
+pub async fn list(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require_admin()?;
+    let node = cluster_of(&state)?.clone();
+    let broker = state.broker()?.clone();
+    let catalog = broker.catalog();
+    let mut moves: Vec<MoveJson> = catalog.topics().flat_map(|t| moves_of(t)).collect();
+    let mut targets: Vec<u64> = moves.iter().map(|m| m.to).collect();
+    targets.sort_unstable();
+    targets.dedup();
+    let asks = targets.into_iter().map(|id| {
+        let node = node.clone();
+        let mover = state.mover.get().cloned();
+        async move {
+            if id == node.node_id() {
+                return mover.map(|m| m.progress()).unwrap_or_default();
+            }
+            let Some(addr) = node.meta.addr_of(id) else {
+                return Vec::new();
+            };
+            match node
+                .meta
+                .rpc()
+                .call(
+                    id,
+                    &addr,
+                    MOVE_PROGRESS,
+                    bytes::Bytes::new(),
+                    PROGRESS_DEADLINE,
+                )
+                .await
+            {
+                Ok(b) => serde_json::from_slice::<Vec<Progress>>(&b).unwrap_or_default(),
+                Err(_) => Vec::new(),
+            }
+        }
+    });
+    let progress: Vec<Progress> = futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    for m in &mut moves {
+        if let Some(p) = progress
+            .iter()
+            .find(|p| p.topic == m.topic && p.partition == m.partition)
+        {
+            m.phase = Some(p.phase.clone());
+            m.bytes_copied = Some(p.bytes_copied);
+            m.attempts = Some(p.attempts);
+            m.last_error.clone_from(&p.last_error);
+        }
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "moves": moves }),
+    ))
+}
+
+/// `DELETE /v1/cluster/moves/{topic}/{partition}`: cancels the move of that partition. A
+/// move whose flip already committed is done: nothing to cancel (`404`).
+pub async fn cancel(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path((topic, partition)): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require_admin()?;
+    cluster_of(&state)?;
+    let broker = state.broker()?.clone();
+    let partition: u32 = partition.parse().map_err(|_| {
+        ApiError::new(
+            ErrorCode::InvalidField,
+            format!("partition: '{partition}' is not a partition number"),
+        )
+    })?;
+    let meta = broker.topic_meta(&topic)?;
+    if !meta.moves.contains_key(&partition) {
+        return Err(ApiError::new(
+            ErrorCode::MoveNotFound,
+            format!("no move of partition {partition} of '{topic}' is in flight"),
+        ));
+    }
+    broker
+        .set_move_target(&topic, partition, None, "admin")
+        .await?;
+    audit(&caller, "partition_move_cancel", &topic, partition, None);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
