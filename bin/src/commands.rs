@@ -111,6 +111,20 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
                     .await?,
             );
         }
+        ClusterCmd::Rebalance => {
+            return print_reply(
+                c.post_json("/v1/cluster/rebalance", &serde_json::json!({}))
+                    .await?,
+            );
+        }
+        ClusterCmd::Decommission { node_id, cancel } => {
+            let path = format!("/v1/cluster/members/{node_id}/decommission");
+            return print_reply(if *cancel {
+                c.delete(&path).await?
+            } else {
+                c.post_json(&path, &serde_json::json!({})).await?
+            });
+        }
         ClusterCmd::Moves => {
             let Reply::Json(j) = c.get("/v1/cluster/moves").await? else {
                 return Err("the broker answered /v1/cluster/moves with no body".into());
@@ -170,15 +184,26 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
         | ClusterCmd::ReencryptRemotes
         | ClusterCmd::Move { .. }
         | ClusterCmd::Moves
+        | ClusterCmd::Rebalance
+        | ClusterCmd::Decommission { .. }
         | ClusterCmd::MoveCancel { .. } => unreachable!("handled above"),
         ClusterCmd::Members => {
-            outln!("{:<8} {:<32} {:<6} MATCHED", "NODE", "RPC ADDRESS", "VOTER");
+            outln!(
+                "{:<8} {:<32} {:<6} {:>10} {:<9} MATCHED",
+                "NODE",
+                "RPC ADDRESS",
+                "VOTER",
+                "PARTITIONS",
+                "DRAINING"
+            );
             for m in s["members"].as_array().into_iter().flatten() {
                 outln!(
-                    "{:<8} {:<32} {:<6} {}",
+                    "{:<8} {:<32} {:<6} {:>10} {:<9} {}",
                     num(&m["node_id"]),
                     m["rpc_addr"].as_str().unwrap_or("-"),
                     m["voter"].as_bool().unwrap_or(false),
+                    num(&m["partitions"]),
+                    m["draining"].as_bool().unwrap_or(false),
                     num(&m["matched_index"]),
                 );
             }

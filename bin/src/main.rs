@@ -182,6 +182,17 @@ enum ClusterCmd {
     Moves,
     /// Cancel the move of a partition (a move that already flipped is done).
     MoveCancel { topic: String, partition: u32 },
+    /// Ask the leader for a planning pass now: partitions move from the members with the
+    /// most to those with the fewest (a member that joined gets its share).
+    Rebalance,
+    /// Drain a member (every partition moves away, no produce is refused), then remove it
+    /// from the cluster. Refused below four voters (three are kept).
+    Decommission {
+        node_id: u64,
+        /// Call a decommission off (partitions moved stay where they went).
+        #[arg(long)]
+        cancel: bool,
+    },
 }
 
 #[derive(Subcommand)]

@@ -345,6 +345,13 @@ impl ClusterNode {
         let s = self.meta.status();
         let raft = self.meta.raft().metrics().borrow().clone();
         let matched = raft.replication.clone().unwrap_or_default();
+        let catalog = self.meta.view().catalog.clone();
+        let owned = |id: u64| -> usize {
+            catalog
+                .topics()
+                .map(|t| t.owners.iter().filter(|o| **o == id).count())
+                .sum()
+        };
         let members: Vec<serde_json::Value> = s
             .members
             .iter()
@@ -353,6 +360,8 @@ impl ClusterNode {
                     "node_id": id,
                     "rpc_addr": addr,
                     "voter": voter,
+                    "partitions": owned(*id),
+                    "draining": catalog.draining().contains(id),
                 });
                 // the leader knows how far each member's log matches its own
                 if s.leader == Some(self.node_id()) {

@@ -348,6 +348,23 @@ pub struct ServerConfig {
     /// fc00::/7) too: for clusters whose remotes are only on the public internet.
     pub remotes_refuse_private: bool,
 
+    /// A partition move's freeze (its source takes no appends while the last bytes are
+    /// copied) lapses this long after its mover last renewed it; the source then thaws
+    /// through the cluster. The mover renews it every quarter of this.
+    pub move_freeze_ttl_ms: u64,
+    /// Bytes per second one member copies in for moves, all moves together (0: no limit):
+    /// keeps moves from crowding out produce and consume traffic on the same disks and links.
+    pub move_max_bytes_per_sec: u64,
+    /// Moves in flight in the whole cluster, at most (the planner's budget; moves asked for
+    /// by hand are not held back).
+    pub moves_max_in_flight: usize,
+    /// Whether the leader moves partitions by itself: onto members that join (a fair
+    /// share), and off members being decommissioned.
+    pub cluster_auto_rebalance: bool,
+    /// A move whose target member has not answered for this long is cancelled (its
+    /// source never froze for long: a freeze lapses on its own).
+    pub move_dead_target_abort_ms: u64,
+
     /// Defaults for topics created without these fields.
     pub default_partitions: u32,
     pub default_visibility_timeout_ms: i64,
@@ -414,6 +431,11 @@ impl Default for ServerConfig {
             remotes_allowed_hosts: String::new(),
             remotes_allow_addresses: String::new(),
             remotes_refuse_private: false,
+            move_freeze_ttl_ms: 30_000,
+            move_max_bytes_per_sec: 0,
+            moves_max_in_flight: 8,
+            cluster_auto_rebalance: true,
+            move_dead_target_abort_ms: 120_000,
             default_partitions: topic.partitions,
             default_visibility_timeout_ms: topic.visibility_timeout_ms,
             default_retention_ms: topic.retention_ms,
@@ -642,6 +664,15 @@ impl ServerConfig {
             return bad("tiering_concurrency", "must be between 1 and 64");
         }
         self.remote_guard()?;
+        if !(1_000..=120_000).contains(&self.move_freeze_ttl_ms) {
+            return bad("move_freeze_ttl_ms", "must be between 1000 and 120000");
+        }
+        if !(1..=64).contains(&self.moves_max_in_flight) {
+            return bad("moves_max_in_flight", "must be between 1 and 64");
+        }
+        if self.move_dead_target_abort_ms < 1_000 {
+            return bad("move_dead_target_abort_ms", "must be at least 1000");
+        }
         self.topic_defaults()
             .validate()
             .map_err(|e| ConfigError::Invalid {
@@ -764,6 +795,17 @@ impl ServerConfig {
             allow_addresses,
             refuse_private: self.remotes_refuse_private,
         })
+    }
+
+    /// How this member moves partitions.
+    pub fn move_settings(&self) -> crate::moves::MoveSettings {
+        crate::moves::MoveSettings {
+            freeze_ttl: std::time::Duration::from_millis(self.move_freeze_ttl_ms),
+            max_bytes_per_sec: self.move_max_bytes_per_sec,
+            max_in_flight: self.moves_max_in_flight,
+            auto_rebalance: self.cluster_auto_rebalance,
+            dead_target_abort: std::time::Duration::from_millis(self.move_dead_target_abort_ms),
+        }
     }
 
     /// The cluster secrets (reading their files), or `None` when no `cluster_secret` is set.

@@ -433,6 +433,7 @@ impl Opening {
                 b.clone(),
                 store.clone(),
                 self.state.move_metrics.clone(),
+                self.config.move_settings(),
             );
             node.meta
                 .serve_data(Arc::new(crate::forward::DataService::new(

@@ -3731,3 +3731,102 @@ async fn partitions_move_between_members_under_traffic_and_lose_nothing() {
         .sum();
     assert_eq!(logs, 0, "node {left} still holds partition 1's records");
 }
+
+/// Every member's partition count, as `GET /v1/cluster` through `n` reports it.
+async fn partition_counts(n: &Node) -> Vec<(u64, u64)> {
+    let Some(s) = n.status().await else {
+        return Vec::new();
+    };
+    s["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["node_id"].as_u64().unwrap_or(0),
+                m["partitions"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Rebalance 3 → 4 and decommission under traffic: producers and consumers go through the
+/// three first members; a fourth joins and gets its share of the partitions (counts within
+/// ±1), then it is decommissioned: its partitions move back, it leaves the cluster, and the
+/// three keep the lot. No produce is refused, nothing acknowledged is lost, no message is
+/// leased twice, and the lifecycle checker finds the history clean with no fault window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_gets_its_share_and_a_decommissioned_member_drains_under_traffic() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    topic_everywhere(&nodes, serde_json::json!({"name": "d", "partitions": 6})).await;
+    let traffic = Traffic::flowing(&nodes).await;
+    let mut fourth = Node::new(4, root.path(), &nodes[0].members, SECRET);
+    fourth.start().await;
+    until(
+        &format!("the joiner ready; log:\n{}", fourth.log()),
+        90,
+        async || fourth.ready().await,
+    )
+    .await;
+    let balanced = async |want: usize| {
+        let counts = partition_counts(&nodes[0]).await;
+        let voters: Vec<u64> = counts.iter().map(|c| c.1).collect();
+        let (_, m) = nodes[0]
+            .call(("x", "y"), Method::GET, "/v1/cluster/moves", None)
+            .await;
+        counts.len() == want
+            && counts.iter().map(|c| c.1).sum::<u64>() == 12
+            && voters.iter().max().unwrap() - voters.iter().min().unwrap() <= 1
+            && m["moves"].as_array().is_some_and(Vec::is_empty)
+    };
+    let took = until("12 partitions spread over 4 members", 120, async || {
+        balanced(4).await
+    })
+    .await;
+    println!(
+        "rebalanced onto the joiner in {took:?}: {:?}",
+        partition_counts(&nodes[0]).await
+    );
+    assert!(
+        partition_counts(&nodes[0])
+            .await
+            .iter()
+            .any(|&(id, n)| id == 4 && n == 3),
+        "{:?}",
+        partition_counts(&nodes[0]).await
+    );
+    traffic.more("traffic after the rebalance", 200).await;
+    // three voters are kept: a member of three cannot be decommissioned once node 4 left
+    let (st, body) = nodes[1]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/cluster/members/4/decommission",
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["partitions_to_move"], 3, "{body}");
+    let took = until("node 4 drained and removed", 120, async || {
+        let counts = partition_counts(&nodes[0]).await;
+        counts.len() == 3 && !counts.iter().any(|c| c.0 == 4) && balanced(3).await
+    })
+    .await;
+    println!("node 4 decommissioned in {took:?}");
+    traffic.more("traffic after the decommission", 200).await;
+    let (st, body) = nodes[1]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/cluster/members/3/decommission",
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{body}");
+    let report = traffic.finish(&nodes).await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.tally.rejected, 0, "{:?}", report.tally);
+    drop(fourth);
+}

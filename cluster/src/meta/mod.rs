@@ -111,6 +111,8 @@ pub enum CatalogDone {
     RemoteChild {
         epoch: u64,
     },
+    /// The members being decommissioned.
+    Draining(Vec<u64>),
     ClusterId(u64),
 }
 

@@ -91,6 +91,7 @@ impl Data {
                             CatalogDone::RemoteChild { epoch: c.epoch }
                         }
                         Applied::ClusterId(id) => CatalogDone::ClusterId(id),
+                        Applied::Draining(d) => CatalogDone::Draining(d),
                     })
                 }
                 Err(e) => Err(e),
@@ -140,6 +141,7 @@ impl Data {
                 .map(|c| (**c).clone())
                 .collect(),
             cluster_id: self.catalog.cluster_id(),
+            draining: self.catalog.draining().iter().copied().collect(),
             users: self.users.values().map(|u| UserRecord::clone(u)).collect(),
             dedupe: self
                 .dedupe_order
@@ -161,7 +163,8 @@ impl Data {
         let catalog = catalog
             .with_remotes(f.remotes)
             .and_then(|c| c.with_remote_children(f.remote_children, f.cluster_id))
-            .ok_or("a remote or remote child name appears twice")?;
+            .ok_or("a remote or remote child name appears twice")?
+            .with_draining(f.draining);
         if f.dedupe.len() > DEDUPE_ENTRIES {
             return Err("too many remembered requests".into());
         }
@@ -198,6 +201,9 @@ struct StateFile {
     remote_children: Vec<RemoteChild>,
     #[serde(default)]
     cluster_id: Option<u64>,
+    /// Members being decommissioned.
+    #[serde(default)]
+    draining: Vec<u64>,
     #[serde(default)]
     users: Vec<UserRecord>,
     dedupe: Vec<(u128, MetaResponse)>,

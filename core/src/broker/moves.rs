@@ -194,7 +194,8 @@ impl Broker {
     /// Freezes partition `p` (owned here at `expect_epoch`) under `token` for `ttl`: no
     /// appends, leases or settles until it thaws or moves; its log closes and its queue state
     /// is written, so its files hold everything and stay as they are. Asked again with the
-    /// same token it renews the freeze. Answers the partition's end and files.
+    /// same token it renews the freeze; `renew` only renews (refused if no freeze holds under
+    /// `token`: it lapsed and thawed). Answers the partition's end and files.
     pub async fn freeze_partition(
         &self,
         topic: &str,
@@ -203,9 +204,15 @@ impl Broker {
         expect_epoch: u64,
         token: u64,
         ttl: Duration,
+        renew: bool,
     ) -> Result<FrozenPartition, BrokerError> {
         let _one = self.moves_lock.lock().await;
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
+        if renew && !part.freeze.lock().is_some_and(|f| f.token == token) {
+            return Err(BrokerError::ClusterUnavailable(format!(
+                "partition {p} of '{topic}' is no longer frozen for this move (its freeze lapsed)"
+            )));
+        }
         let epoch = self.owned_epoch(&t, p)?;
         if epoch != expect_epoch {
             return Err(BrokerError::ClusterUnavailable(format!(
@@ -519,5 +526,22 @@ impl Broker {
             .get(topic)
             .cloned()
             .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))
+    }
+}
+
+impl Broker {
+    /// Marks member `node` as being decommissioned (or not), through the cluster.
+    pub async fn set_draining(
+        self: &Arc<Self>,
+        node: u64,
+        draining: bool,
+    ) -> Result<(), BrokerError> {
+        if !self.store.replicated() {
+            return Err(BrokerError::ClusterUnsupported(
+                "decommissioning needs a cluster (cluster_members)".into(),
+            ));
+        }
+        self.propose_replicated(crate::catalog::CatalogCommand::SetDraining { node, draining })
+            .await
     }
 }

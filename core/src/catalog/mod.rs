@@ -151,6 +151,9 @@ pub enum CatalogCommand {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         target: Option<MoveTarget>,
     },
+    /// Marks member `node` as being decommissioned (its partitions move away, it takes no
+    /// new ones) or not.
+    SetDraining { node: u64, draining: bool },
     /// Hands the partition to the move's target (owner epoch + 1), only if it is still at
     /// `source` and `expect_epoch`, move `move_id` still targets `target`, and `source` did
     /// not thaw freeze `token`.
@@ -208,6 +211,8 @@ pub enum Applied {
     RemoteChildGone(Arc<RemoteChild>),
     /// The cluster's id (the one it had already, if it had one).
     ClusterId(u64),
+    /// The members being decommissioned now.
+    Draining(Vec<u64>),
 }
 
 /// Why a command does not apply. Each maps to the error a client sees for the same refusal.
@@ -255,6 +260,8 @@ pub struct Catalog {
     remotes: BTreeMap<String, Arc<RemoteMeta>>,
     remote_children: BTreeMap<String, Arc<RemoteChild>>,
     cluster_id: Option<u64>,
+    /// Members being decommissioned (a cluster's).
+    draining: std::collections::BTreeSet<u64>,
 }
 
 impl Catalog {
@@ -269,7 +276,19 @@ impl Catalog {
             remotes: BTreeMap::new(),
             remote_children: BTreeMap::new(),
             cluster_id: None,
+            draining: std::collections::BTreeSet::new(),
         }
+    }
+
+    /// This catalog with `draining` members (as loaded from a snapshot).
+    pub fn with_draining(mut self, draining: impl IntoIterator<Item = u64>) -> Self {
+        self.draining = draining.into_iter().collect();
+        self
+    }
+
+    /// The members being decommissioned.
+    pub fn draining(&self) -> &std::collections::BTreeSet<u64> {
+        &self.draining
     }
 
     /// This catalog with `children` and `cluster_id` (as loaded from disk); `None` if a name
@@ -587,6 +606,14 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
         CatalogCommand::InitCluster { cluster_id } => {
             let id = *next.cluster_id.get_or_insert(*cluster_id);
             Applied::ClusterId(id)
+        }
+        CatalogCommand::SetDraining { node, draining } => {
+            if *draining {
+                next.draining.insert(*node);
+            } else {
+                next.draining.remove(node);
+            }
+            Applied::Draining(next.draining.iter().copied().collect())
         }
         CatalogCommand::SetMoveTarget {
             topic_id,

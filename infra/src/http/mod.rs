@@ -329,6 +329,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
     ("GET", "/v1/cluster"),
     ("DELETE", "/v1/cluster/members/{node_id}"),
+    ("POST", "/v1/cluster/members/{node_id}/decommission"),
+    ("DELETE", "/v1/cluster/members/{node_id}/decommission"),
+    ("POST", "/v1/cluster/rebalance"),
     ("POST", "/v1/cluster/moves"),
     ("GET", "/v1/cluster/moves"),
     ("DELETE", "/v1/cluster/moves/{topic}/{partition}"),
@@ -373,6 +376,11 @@ pub fn router(state: SharedState) -> Router {
             "/v1/cluster/members/{node_id}",
             axum::routing::delete(remove_member),
         )
+        .route(
+            "/v1/cluster/members/{node_id}/decommission",
+            post(moves::decommission).delete(moves::decommission),
+        )
+        .route("/v1/cluster/rebalance", post(moves::rebalance))
         .route("/v1/cluster/moves", post(moves::create).get(moves::list))
         .route(
             "/v1/cluster/moves/{topic}/{partition}",

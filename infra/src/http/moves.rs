@@ -250,3 +250,111 @@ pub async fn cancel(
     audit(&caller, "partition_move_cancel", &topic, partition, None);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
+
+/// `POST /v1/cluster/rebalance`: one pass of the leader's planner now, balancing even with
+/// `cluster_auto_rebalance` off; answers the moves it asked for.
+pub async fn rebalance(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require_admin()?;
+    cluster_of(&state)?;
+    state.broker()?;
+    let mover = state
+        .mover
+        .get()
+        .ok_or_else(|| crate::moves::unavailable("the member is still opening; retry"))?;
+    let planned = mover.rebalance().await?;
+    tracing::info!(
+        component = "audit",
+        user = caller.username().unwrap_or("-"),
+        action = "cluster_rebalance",
+        moves = planned.len(),
+        "rebalance"
+    );
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &serde_json::json!({ "moves": planned }),
+    ))
+}
+
+/// `POST|DELETE /v1/cluster/members/{node_id}/decommission`: starts (or calls off) draining
+/// a member: its partitions move to the others (no produce is refused meanwhile), then the
+/// leader removes it from the cluster, handing on its leadership first if it leads.
+pub async fn decommission(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    method: axum::http::Method,
+    Path(node_id): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require_admin()?;
+    let node = cluster_of(&state)?.clone();
+    let broker = state.broker()?.clone();
+    let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidField,
+            format!("node_id: '{node_id}' is not a node id (1 or more)"),
+        )
+    })?;
+    let voters: Vec<u64> = node
+        .meta
+        .view()
+        .membership
+        .membership()
+        .voter_ids()
+        .collect();
+    let draining = method == axum::http::Method::POST;
+    if draining {
+        if !voters.contains(&id) {
+            return Err(ApiError::new(
+                ErrorCode::MemberNotFound,
+                format!("node {id} is not a voting member of the cluster"),
+            ));
+        }
+        let others = broker
+            .catalog()
+            .draining()
+            .iter()
+            .filter(|d| **d != id)
+            .count();
+        if voters.len() - others <= 3 {
+            return Err(ApiError::new(
+                ErrorCode::MemberNotRemovable,
+                format!(
+                    "the cluster has {} voters{}: it keeps at least three, so add a member before decommissioning one",
+                    voters.len(),
+                    if others > 0 {
+                        " (some already leaving)"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+    }
+    broker.set_draining(id, draining).await?;
+    tracing::info!(
+        component = "audit",
+        user = caller.username().unwrap_or("-"),
+        action = if draining {
+            "member_decommission"
+        } else {
+            "member_decommission_cancel"
+        },
+        node_id = id,
+        "decommission"
+    );
+    let owned: usize = broker
+        .catalog()
+        .topics()
+        .map(|t| t.owners.iter().filter(|o| **o == id).count())
+        .sum();
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &serde_json::json!({ "node_id": id, "draining": draining, "partitions_to_move": if draining { owned } else { 0 } }),
+    ))
+}
