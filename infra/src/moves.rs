@@ -249,10 +249,12 @@ async fn freeze(broker: &Arc<Broker>, body: &Bytes) -> Result<Bytes, Fault> {
             &req.topic,
             req.topic_id,
             req.partition,
-            req.owner_epoch,
-            req.token,
-            Duration::from_millis(req.ttl_ms),
-            req.renew,
+            narad_core::broker::moves::FreezeAsk {
+                owner_epoch: req.owner_epoch,
+                token: req.token,
+                ttl: Duration::from_millis(req.ttl_ms),
+                renew: req.renew,
+            },
         )
         .await
         .map_err(fault)?;

@@ -38,6 +38,17 @@ pub struct FrozenPartition {
     pub files: Vec<PartitionFile>,
 }
 
+/// What a move's target asks of a partition's owner (see [`Broker::freeze_partition`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FreezeAsk {
+    /// The owner epoch the target copies from.
+    pub owner_epoch: u64,
+    pub token: u64,
+    pub ttl: Duration,
+    /// Only renew a freeze held under `token`.
+    pub renew: bool,
+}
+
 /// A freeze whose deadline passed, for the owner to thaw once the cluster agrees.
 #[derive(Debug, Clone)]
 pub struct LapsedFreeze {
@@ -201,11 +212,14 @@ impl Broker {
         topic: &str,
         topic_id: u64,
         p: u32,
-        expect_epoch: u64,
-        token: u64,
-        ttl: Duration,
-        renew: bool,
+        ask: FreezeAsk,
     ) -> Result<FrozenPartition, BrokerError> {
+        let FreezeAsk {
+            owner_epoch: expect_epoch,
+            token,
+            ttl,
+            renew,
+        } = ask;
         let _one = self.moves_lock.lock().await;
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
         if renew && !part.freeze.lock().is_some_and(|f| f.token == token) {
