@@ -655,6 +655,7 @@ impl Mover {
         };
         self.set_phase(pkey, "catch_up");
         let mut incarnation = None;
+        let (mut last, mut growing) = (None, 0);
         for _ in 0..MAX_CATCH_UP_PASSES {
             let listed: ListReply = self
                 .call(source, MOVE_LIST, list_req(self.broker.followed()))
@@ -668,6 +669,16 @@ impl Mover {
             if copied <= FREEZE_WHEN_LEFT {
                 break;
             }
+            // producers outpace the copy: freeze anyway after three passes that did not
+            // shrink (the freeze then lasts longer; moves are paced below produce rates
+            // only by `move_max_bytes_per_sec`)
+            if last.is_some_and(|l| copied >= l) {
+                growing += 1;
+                if growing >= 3 {
+                    break;
+                }
+            }
+            last = Some(copied);
         }
         // freeze, copy exactly what the frozen partition holds
         self.set_phase(pkey, "freeze");
@@ -861,7 +872,11 @@ impl Mover {
             let mut pos = from;
             while pos < f.size {
                 let len = (f.size - pos).min(self.chunk());
-                self.pace(len).await;
+                if renew.is_none() {
+                    // (paced while the source serves; once frozen its producers wait on
+                    // this copy, so it goes at full speed)
+                    self.pace(len).await;
+                }
                 let body = serde_json::to_vec(&ReadRequest {
                     topic: meta.name.clone(),
                     topic_id: meta.id,
