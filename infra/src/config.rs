@@ -364,6 +364,11 @@ pub struct ServerConfig {
     /// A move whose target member has not answered for this long is cancelled (its
     /// source never froze for long: a freeze lapses on its own).
     pub move_dead_target_abort_ms: u64,
+    /// Fault injection for tests (0: off): a move's first attempt stalls this long once its
+    /// source froze (a destination too slow for the freeze), ...
+    pub move_test_stall_frozen_ms: u64,
+    /// ... or right before it proposes its flip (to kill a leader or the source then).
+    pub move_test_stall_flip_ms: u64,
 
     /// Defaults for topics created without these fields.
     pub default_partitions: u32,
@@ -436,6 +441,8 @@ impl Default for ServerConfig {
             moves_max_in_flight: 8,
             cluster_auto_rebalance: true,
             move_dead_target_abort_ms: 120_000,
+            move_test_stall_frozen_ms: 0,
+            move_test_stall_flip_ms: 0,
             default_partitions: topic.partitions,
             default_visibility_timeout_ms: topic.visibility_timeout_ms,
             default_retention_ms: topic.retention_ms,
@@ -805,6 +812,8 @@ impl ServerConfig {
             max_in_flight: self.moves_max_in_flight,
             auto_rebalance: self.cluster_auto_rebalance,
             dead_target_abort: std::time::Duration::from_millis(self.move_dead_target_abort_ms),
+            stall_frozen: std::time::Duration::from_millis(self.move_test_stall_frozen_ms),
+            stall_flip: std::time::Duration::from_millis(self.move_test_stall_flip_ms),
         }
     }
 

@@ -76,6 +76,9 @@ pub struct MoveSettings {
     pub max_in_flight: usize,
     pub auto_rebalance: bool,
     pub dead_target_abort: Duration,
+    /// Fault injection (tests): the first attempt stalls once frozen, or before its flip.
+    pub stall_frozen: Duration,
+    pub stall_flip: Duration,
 }
 
 impl Default for MoveSettings {
@@ -86,6 +89,8 @@ impl Default for MoveSettings {
             max_in_flight: 8,
             auto_rebalance: true,
             dead_target_abort: Duration::from_secs(120),
+            stall_frozen: Duration::ZERO,
+            stall_flip: Duration::ZERO,
         }
     }
 }
@@ -552,7 +557,12 @@ impl Mover {
             if let Some(pr) = self.progress.lock().get_mut(&pkey) {
                 pr.attempts += 1;
             }
-            match self.attempt(&meta, p, move_id, source).await {
+            let first = self
+                .progress
+                .lock()
+                .get(&pkey)
+                .is_some_and(|p| p.attempts == 1);
+            match self.attempt(&meta, p, move_id, source, first).await {
                 Ok(frozen_for) => {
                     self.metrics.completed.inc();
                     self.metrics
@@ -630,6 +640,7 @@ impl Mover {
         p: u32,
         move_id: u64,
         source: u64,
+        first: bool,
     ) -> Result<Duration, String> {
         let pkey = (meta.id, p);
         let epoch = meta.owner_epoch(p);
@@ -706,6 +717,10 @@ impl Mover {
         if incarnation.is_some_and(|i| i != frozen.incarnation) {
             return Err("the source restarted during the copy".into());
         }
+        if first && !self.settings.stall_frozen.is_zero() {
+            tracing::warn!(stall = ?self.settings.stall_frozen, "move_test_stall_frozen_ms: stalling a frozen move");
+            sleep(self.settings.stall_frozen).await;
+        }
         self.set_phase(pkey, "finalize");
         self.sync(
             meta,
@@ -743,6 +758,11 @@ impl Mover {
             .install_partition(&meta.name, meta.id, p, &staging)
             .await
             .map_err(|e| format!("install: {e}"))?;
+        if first && !self.settings.stall_flip.is_zero() {
+            self.set_phase(pkey, "stalled");
+            tracing::warn!(stall = ?self.settings.stall_flip, "move_test_stall_flip_ms: stalling a move before its flip");
+            sleep(self.settings.stall_flip).await;
+        }
         self.set_phase(pkey, "flip");
         let flip = CatalogCommand::CompleteMove {
             topic_id: meta.id,

@@ -3655,7 +3655,7 @@ async fn owners_and_moves(n: &Node) -> (Vec<u64>, usize) {
 async fn partitions_move_between_members_under_traffic_and_lose_nothing() {
     use reqwest::Method;
     let root = tempfile::tempdir().unwrap();
-    let nodes = three_ready(root.path()).await;
+    let nodes = three_ready_with(root.path(), &[]).await;
     let traffic = Traffic::flowing(&nodes).await;
     let (before, _) = owners_and_moves(&nodes[0]).await;
     assert_eq!(before.len(), 6, "{before:?}");
@@ -3829,4 +3829,259 @@ async fn a_joiner_gets_its_share_and_a_decommissioned_member_drains_under_traffi
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.tally.rejected, 0, "{:?}", report.tally);
     drop(fourth);
+}
+
+/// Three ready members (dev mode) configured with `env` (`NARAD_MOVE_*` knobs), and the
+/// leader's planner off (it would balance the partition counts that the moves a test asks
+/// for skew).
+async fn three_ready_with(root: &Path, env: &[(&str, &str)]) -> Vec<Node> {
+    let nodes = three_with(root, |n| {
+        n.env = env
+            .iter()
+            .chain(&[("NARAD_CLUSTER_AUTO_REBALANCE", "false")])
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+    })
+    .await;
+    all_ready(&nodes).await;
+    nodes
+}
+
+/// The phase and bytes copied of the move of partition `p` of `c`, as `n` reports it.
+async fn move_phase(n: &Node, p: u32) -> Option<(String, u64)> {
+    let (_, m) = n
+        .call(("x", "y"), reqwest::Method::GET, "/v1/cluster/moves", None)
+        .await;
+    m["moves"].as_array()?.iter().find_map(|m| {
+        (m["topic"] == "c" && m["partition"] == p).then(|| {
+            (
+                m["phase"].as_str().unwrap_or("waiting").to_owned(),
+                m["bytes_copied"].as_u64().unwrap_or(0),
+            )
+        })
+    })
+}
+
+/// Asks `via` to move partition `p` of `c` to `to`.
+async fn start_move(via: &Node, p: u32, to: u64) {
+    let (st, body) = via
+        .call(
+            ("x", "y"),
+            reqwest::Method::POST,
+            "/v1/cluster/moves",
+            Some(serde_json::json!({"topic": "c", "partition": p, "to": to})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+}
+
+/// Waits until every live member in `nodes` names `to` the owner of partition `p` of `c`
+/// with no move in flight.
+async fn moved(nodes: &[&Node], p: u32, to: u64, secs: u64) -> Duration {
+    until(&format!("partition {p} on node {to}"), secs, async || {
+        for n in nodes {
+            let (owners, moves) = owners_and_moves(n).await;
+            if owners.get(p as usize) != Some(&to) || moves != 0 {
+                return false;
+            }
+        }
+        true
+    })
+    .await
+}
+
+/// A move whose source, and then whose target, is killed (SIGKILL) in the middle of the
+/// copy: the copy starts again once each is back, and the move completes. The copy is paced
+/// slow (`move_max_bytes_per_sec`) so that it is caught in the act. The lifecycle checker
+/// finds the history clean (the kills are fault windows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_survives_its_source_and_its_target_killed_mid_copy() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes =
+        three_ready_with(root.path(), &[("NARAD_MOVE_MAX_BYTES_PER_SEC", "8192")]).await;
+    let traffic = Traffic::flowing(&nodes).await;
+    // (enough that the paced copy of one partition takes several seconds)
+    traffic.more("data to copy", 6000).await;
+    let (owners, _) = owners_and_moves(&nodes[0]).await;
+    let p = 0u32;
+    let (source, target) = (owners[0], owners[0] % 3 + 1);
+    // (members 1, 2, 3 at indices 0, 1, 2)
+    let idx = |id: u64| (id - 1) as usize;
+    let other = nodes
+        .iter()
+        .find(|n| n.id != source && n.id != target)
+        .unwrap()
+        .id;
+    start_move(&nodes[idx(other)], p, target).await;
+    for victim in [source, target] {
+        let watcher = idx(other);
+        until(
+            &format!("the move copying before node {victim} is killed"),
+            60,
+            async || {
+                move_phase(&nodes[watcher], p)
+                    .await
+                    .is_some_and(|(phase, bytes)| phase == "catch_up" && bytes > 0)
+            },
+        )
+        .await;
+        let i = idx(victim);
+        let start = traffic.rec.now();
+        nodes[i].kill9();
+        traffic
+            .more(&format!("traffic without node {victim}"), 100)
+            .await;
+        let (_, m) = nodes[watcher]
+            .call(("x", "y"), reqwest::Method::GET, "/v1/cluster/moves", None)
+            .await;
+        assert_eq!(
+            m["moves"].as_array().map(Vec::len),
+            Some(1),
+            "the move is still in flight: {m}"
+        );
+        nodes[i].start().await;
+        traffic.moved(i, &nodes[i]);
+        let n = &nodes[i];
+        until(&format!("node {victim} ready again"), 60, async || {
+            n.ready().await
+        })
+        .await;
+        traffic.rec.fault(FaultKind::Kill, start, traffic.rec.now());
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    let took = moved(&all, p, target, 120).await;
+    println!("the move completed {took:?} after the second restart");
+    traffic.more("traffic after the move", 200).await;
+    let report = traffic.finish(&nodes).await;
+    assert!(report.is_clean(), "{report}");
+}
+
+/// A destination too slow for the freeze (it stalls once the source froze, longer than the
+/// freeze's term): the source's freeze lapses, the source records the thaw through the
+/// cluster and serves again (a flip naming that freeze can no longer commit), and the
+/// destination's next attempt freezes anew and completes. No produce is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freeze_that_lapses_thaws_through_the_cluster_and_the_move_tries_again() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready_with(
+        root.path(),
+        &[
+            ("NARAD_MOVE_FREEZE_TTL_MS", "1000"),
+            ("NARAD_MOVE_TEST_STALL_FROZEN_MS", "4000"),
+        ],
+    )
+    .await;
+    let traffic = Traffic::flowing(&nodes).await;
+    let (owners, _) = owners_and_moves(&nodes[0]).await;
+    let p = 1u32;
+    let (source, target) = (owners[1], owners[1] % 3 + 1);
+    let src = nodes.iter().find(|n| n.id == source).unwrap();
+    start_move(&nodes[0], p, target).await;
+    until("the source thawed a lapsed freeze", 60, async || {
+        src.metrics()
+            .await
+            .lines()
+            .any(|l| l.starts_with("narad_move_thaws_total ") && !l.ends_with(" 0"))
+    })
+    .await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    moved(&all, p, target, 60).await;
+    traffic.more("traffic after the move", 200).await;
+    let report = traffic.finish(&nodes).await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.tally.rejected, 0, "{:?}", report.tally);
+}
+
+/// Ambiguous flips and stale owners: a move stalls right before its flip while the Raft
+/// leader is killed (the destination settles the flip's outcome with the next leader), and
+/// another while its source is killed; that move completes without it, and the old owner,
+/// back with its frozen copy, gives the partition up: it serves it no more and its copy is
+/// gone. The lifecycle checker finds the history clean (the kills are fault windows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flip_outlives_its_leader_and_a_stale_source_gives_its_copy_up() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes =
+        three_ready_with(root.path(), &[("NARAD_MOVE_TEST_STALL_FLIP_MS", "3000")]).await;
+    let traffic = Traffic::flowing(&nodes).await;
+    let idx = |nodes: &[Node], id: u64| nodes.iter().position(|n| n.id == id).unwrap();
+    // 1. the leader killed while a move it does not take part in waits to flip
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let (owners, _) = owners_and_moves(&nodes[0]).await;
+    let p = (0..6u32).find(|&p| owners[p as usize] != leader).unwrap();
+    let source = owners[p as usize];
+    let target = [1, 2, 3]
+        .into_iter()
+        .find(|&t| t != leader && t != source)
+        .unwrap();
+    start_move(&nodes[idx(&nodes, target)], p, target).await;
+    let watcher = idx(&nodes, target);
+    until("the first move stalled before its flip", 60, async || {
+        move_phase(&nodes[watcher], p)
+            .await
+            .is_some_and(|(phase, _)| phase == "stalled")
+    })
+    .await;
+    let li = idx(&nodes, leader);
+    let start = traffic.rec.now();
+    nodes[li].kill9();
+    let live: Vec<&Node> = nodes.iter().filter(|n| n.id != leader).collect();
+    let took = moved(&live, p, target, 60).await;
+    println!("flipped {took:?} after the leader's kill");
+    nodes[li].start().await;
+    traffic.moved(li, &nodes[li]);
+    let n = &nodes[li];
+    until("the old leader ready again", 60, async || n.ready().await).await;
+    traffic.rec.fault(FaultKind::Kill, start, traffic.rec.now());
+    traffic.more("traffic after the first move", 200).await;
+    // 2. the source killed while its move waits to flip: the flip commits without it
+    let (owners, _) = owners_and_moves(&nodes[0]).await;
+    let q = (0..6u32).find(|&q| q != p).unwrap();
+    let source = owners[q as usize];
+    let target = source % 3 + 1;
+    let watcher = idx(&nodes, target);
+    start_move(&nodes[watcher], q, target).await;
+    until("the second move stalled before its flip", 60, async || {
+        move_phase(&nodes[watcher], q)
+            .await
+            .is_some_and(|(phase, _)| phase == "stalled")
+    })
+    .await;
+    let si = idx(&nodes, source);
+    let start = traffic.rec.now();
+    nodes[si].kill9();
+    let live: Vec<&Node> = nodes.iter().filter(|n| n.id != source).collect();
+    moved(&live, q, target, 60).await;
+    traffic
+        .more("traffic while the old owner is down", 100)
+        .await;
+    nodes[si].start().await;
+    traffic.moved(si, &nodes[si]);
+    let n = &nodes[si];
+    until("the old owner ready again", 60, async || n.ready().await).await;
+    traffic.rec.fault(FaultKind::Kill, start, traffic.rec.now());
+    // its copy goes once it follows the flip
+    let topic_dir = std::fs::read_dir(n.dir.join("topics"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("c."))
+        .unwrap()
+        .path();
+    let pdir = topic_dir.join(format!("p{q:05}"));
+    until("the old owner gave its copy up", 30, async || {
+        let logs: u64 = std::fs::read_dir(&pdir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                    .map(|e| e.metadata().map_or(0, |m| m.len()))
+                    .sum()
+            })
+            .unwrap_or(0);
+        logs == 0 && !pdir.join("move.frozen").exists()
+    })
+    .await;
+    traffic
+        .more("traffic after the old owner came back", 200)
+        .await;
+    let report = traffic.finish(&nodes).await;
+    assert!(report.is_clean(), "{report}");
 }
