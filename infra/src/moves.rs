@@ -359,6 +359,9 @@ pub struct Mover {
     pace: Mutex<Instant>,
     /// Members the planner could not reach, since when.
     down_since: Mutex<HashMap<u64, Instant>>,
+    /// Per partition being moved here: the source and source process its staged copy came
+    /// from (a later attempt from the same process goes on from it).
+    staged_from: Mutex<HashMap<(u64, u32), (u64, u64)>>,
     /// One planning pass at a time.
     planning: tokio::sync::Mutex<()>,
 }
@@ -382,6 +385,7 @@ impl Mover {
             slots: Arc::new(Semaphore::new(MOVES_PER_NODE)),
             pace: Mutex::new(Instant::now()),
             down_since: Mutex::new(HashMap::new()),
+            staged_from: Mutex::new(HashMap::new()),
             planning: tokio::sync::Mutex::new(()),
         })
     }
@@ -591,6 +595,7 @@ impl Mover {
         }
         self.metrics.in_flight.dec();
         self.progress.lock().remove(&pkey);
+        self.staged_from.lock().remove(&pkey);
         if let Some(meta) = self.broker.catalog().get(&topic) {
             let staging = self.broker.staging_dir(meta, p);
             let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(staging)).await;
@@ -645,16 +650,6 @@ impl Mover {
         let pkey = (meta.id, p);
         let epoch = meta.owner_epoch(p);
         let staging = self.broker.staging_dir(meta, p);
-        {
-            let staging = staging.clone();
-            tokio::task::spawn_blocking(move || {
-                let _ = std::fs::remove_dir_all(&staging);
-                narad_core::fsutil::create_dir_private(&staging)
-            })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("staging directory: {e}"))?;
-        }
         let list_req = |catalog| {
             serde_json::to_vec(&ListRequest {
                 topic: meta.name.clone(),
@@ -671,7 +666,25 @@ impl Mover {
             let listed: ListReply = self
                 .call(source, MOVE_LIST, list_req(self.broker.followed()))
                 .await?;
+            if incarnation.is_none() {
+                // what an earlier attempt staged from the same source process is kept (its
+                // segments only grew since); anything else starts over
+                let from = (source, listed.incarnation);
+                let keep = self.staged_from.lock().get(&pkey) == Some(&from);
+                let staging = staging.clone();
+                tokio::task::spawn_blocking(move || {
+                    if !keep {
+                        let _ = std::fs::remove_dir_all(&staging);
+                    }
+                    narad_core::fsutil::create_dir_private(&staging)
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("staging directory: {e}"))?;
+                self.staged_from.lock().insert(pkey, from);
+            }
             if *incarnation.get_or_insert(listed.incarnation) != listed.incarnation {
+                self.staged_from.lock().remove(&pkey);
                 return Err("the source restarted during the copy".into());
             }
             let copied = self
@@ -754,6 +767,7 @@ impl Mover {
             return Err("the move was cancelled".into());
         }
         self.set_phase(pkey, "install");
+        self.staged_from.lock().remove(&pkey);
         self.broker
             .install_partition(&meta.name, meta.id, p, &staging)
             .await
