@@ -70,22 +70,24 @@ pub struct DataPlane {
     pub failed_batches: u64,
 }
 
-struct Member {
-    id: u64,
-    rpc: String,
-    dir: PathBuf,
-    child: Option<Child>,
-    addr: String,
+pub(crate) struct Member {
+    pub(crate) id: u64,
+    pub(crate) rpc: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) child: Option<Child>,
+    pub(crate) addr: String,
+    /// More environment for its process (`NARAD_*` settings).
+    pub(crate) env: Vec<(String, String)>,
 }
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
 
-fn err(s: impl Into<String>) -> Error {
+pub(crate) fn err(s: impl Into<String>) -> Error {
     s.into().into()
 }
 
 impl Member {
-    async fn start(
+    pub(crate) async fn start(
         &mut self,
         binary: &Path,
         members: &str,
@@ -114,6 +116,7 @@ impl Member {
                 .env("NARAD_CLUSTER_MEMBERS", members)
                 .env("NARAD_CLUSTER_SECRET", secret)
                 .env("NARAD_ADMIN_PASSWORD", root_pw)
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log)
@@ -132,7 +135,7 @@ impl Member {
         }
     }
 
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -146,13 +149,19 @@ impl Drop for Member {
     }
 }
 
+/// Real time passing while a measured load runs (the bench's own pacing).
+pub(crate) async fn sleep_real(d: Duration) {
+    #[allow(clippy::disallowed_methods)]
+    tokio::time::sleep(d).await;
+}
+
 /// The pause between two looks at real processes (real time: nothing else to wait on).
 async fn pause() {
     #[allow(clippy::disallowed_methods)]
     tokio::time::sleep(Duration::from_millis(5)).await;
 }
 
-async fn get_json(addr: &str, path: &str) -> Option<serde_json::Value> {
+pub(crate) async fn get_json(addr: &str, path: &str) -> Option<serde_json::Value> {
     let mut h = Http::connect(addr).await.ok()?;
     let (st, body) = h.request(Method::GET, path, Bytes::new()).await.ok()?;
     (st == StatusCode::OK)
@@ -160,7 +169,7 @@ async fn get_json(addr: &str, path: &str) -> Option<serde_json::Value> {
         .flatten()
 }
 
-async fn ready(addr: &str) -> bool {
+pub(crate) async fn ready(addr: &str) -> bool {
     match Http::connect(addr).await {
         Ok(mut h) => matches!(
             h.request(Method::GET, "/readyz", Bytes::new()).await,
@@ -170,7 +179,11 @@ async fn ready(addr: &str) -> bool {
     }
 }
 
-async fn until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) -> Result<Duration, Error> {
+pub(crate) async fn until(
+    what: &str,
+    secs: u64,
+    mut f: impl AsyncFnMut() -> bool,
+) -> Result<Duration, Error> {
     let t = Instant::now();
     while !f().await {
         if t.elapsed() > Duration::from_secs(secs) {
@@ -224,6 +237,7 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
                 dir: cfg.dir.join(format!("m{id}")),
                 child: None,
                 addr: String::new(),
+                env: Vec::new(),
             }
         })
         .collect();
@@ -340,7 +354,7 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
     })
 }
 /// CPU seconds of every member process so far.
-fn cpu(members: &[Member]) -> f64 {
+pub(crate) fn cpu(members: &[Member]) -> f64 {
     members
         .iter()
         .filter_map(|m| m.child.as_ref())
@@ -348,13 +362,17 @@ fn cpu(members: &[Member]) -> f64 {
         .sum()
 }
 
-async fn connect(addr: &str) -> Result<Http, Error> {
+pub(crate) async fn connect(addr: &str) -> Result<Http, Error> {
     Http::connect(addr).await.map_err(|e| err(e.to_string()))
 }
 
 /// Creates `name` with `partitions` through the first member, waits until every member has
 /// it, and returns its partitions' owners.
-async fn topic(members: &[Member], name: &str, partitions: usize) -> Result<Vec<u64>, Error> {
+pub(crate) async fn topic(
+    members: &[Member],
+    name: &str,
+    partitions: usize,
+) -> Result<Vec<u64>, Error> {
     let mut h = connect(&members[0].addr).await?;
     let body = format!(r#"{{"name": "{name}", "partitions": {partitions}}}"#);
     let (st, made) = h

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod fanout;
 pub mod lifecycle;
 pub mod mirror;
+pub mod moves;
 pub mod narad;
 pub mod noop;
 pub mod peers;

@@ -47,6 +47,10 @@ enum Cmd {
     /// leader and a follower, time to a new leader after a SIGKILL. Needs NARAD_USER=admin and
     /// NARAD_PASSWORD (the members' root password).
     Cluster(ClusterArgs),
+    /// Partition moves on four members on loopback: move throughput, produce latency during
+    /// a move, the freeze producers see, time to decommission a member. Needs NARAD_USER=admin
+    /// and NARAD_PASSWORD (the members' root password).
+    Moves(MovesArgs),
     /// Answer every HTTP/1.1 request with a fixed 202 after reading its body: the ceiling of
     /// one request per message on this machine (drive it with `run --target narad`).
     NoopServer(NoopArgs),
@@ -118,6 +122,27 @@ struct NoopArgs {
     /// Write the bound address here once listening.
     #[arg(long)]
     addr_file: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct MovesArgs {
+    /// The narad binary (default: `narad` beside this one).
+    #[arg(long)]
+    binary: Option<std::path::PathBuf>,
+    /// Size of the partition whose move is timed, MiB.
+    #[arg(long, default_value_t = 1024)]
+    partition_mib: u64,
+    /// Moves of a small partition under a pinned producer (the freeze it sees).
+    #[arg(long, default_value_t = 20)]
+    freezes: usize,
+    /// Partitions the decommissioned member holds.
+    #[arg(long, default_value_t = 6)]
+    decommission_partitions: usize,
+    /// Where the members keep their data (a temporary directory by default).
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -438,6 +463,58 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!("{r:#?}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Moves(a) => {
+            let binary = match a.binary {
+                Some(b) => b,
+                None => std::env::current_exe()?.with_file_name("narad"),
+            };
+            let tmp = tempfile::tempdir()?;
+            let dir = a.dir.unwrap_or_else(|| tmp.path().to_owned());
+            let r = narad_bench::moves::run(narad_bench::moves::MovesBenchConfig {
+                binary,
+                partition_mib: a.partition_mib,
+                freezes: a.freezes,
+                decommission_partitions: a.decommission_partitions,
+                dir,
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                let l = |x: &narad_bench::cluster::Latency| {
+                    format!(
+                        "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples)",
+                        x.p50, x.p99, x.max, x.samples
+                    )
+                };
+                println!("four members on loopback");
+                println!(
+                    "move of a {} MiB partition: {:.1} s, {:.1} MB/s",
+                    r.partition_mib, r.move_seconds, r.move_mb_per_s
+                );
+                println!("produce without a move: {}", l(&r.produce_without_move));
+                println!(
+                    "produce during the move: {} ({} refused)",
+                    l(&r.produce_during_move),
+                    r.produce_failures_during_move
+                );
+                println!(
+                    "freeze seen by a pinned producer (worst latency per move): {} ({} refused)",
+                    l(&r.freeze_seen_by_producers_ms),
+                    r.freeze_produce_failures
+                );
+                println!(
+                    "freeze at the source (freeze to flip), mean: {:.1} ms",
+                    r.freeze_mean_ms
+                );
+                println!(
+                    "decommission of a member holding {} partitions: {:.1} s",
+                    r.decommission_partitions, r.decommission_seconds
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

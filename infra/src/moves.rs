@@ -441,7 +441,7 @@ impl Mover {
         let mut view = self.node.meta.subscribe();
         let me = self.node.node_id();
         let mut planned_at: Option<Instant> = None;
-        let mut voters_seen: Vec<u64> = Vec::new();
+        let mut seen: (Vec<u64>, std::collections::BTreeSet<u64>, usize) = Default::default();
         loop {
             let (catalog, voters) = {
                 let v = view.borrow_and_update();
@@ -468,10 +468,18 @@ impl Mover {
                 }
             }
             self.thaw_lapsed().await;
-            let due = planned_at.is_none_or(|t| t.elapsed() >= PLAN_EVERY) || voters != voters_seen;
+            // at once when the membership or the draining set changes, or a move ended (the
+            // budget has room again; a drained member may be retired)
+            let shape = (
+                voters,
+                catalog.draining().clone(),
+                catalog.topics().map(|t| t.moves.len()).sum::<usize>(),
+            );
+            let changed = shape.0 != seen.0 || shape.1 != seen.1 || shape.2 < seen.2;
+            let due = planned_at.is_none_or(|t| t.elapsed() >= PLAN_EVERY) || changed;
+            seen = shape;
             if due && self.node.meta.is_leader() {
                 planned_at = Some(Instant::now());
-                voters_seen = voters;
                 if let Err(e) = self.plan_pass(false).await {
                     tracing::debug!(error = %e.message, "partition planner pass skipped");
                 }
