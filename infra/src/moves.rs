@@ -558,6 +558,7 @@ impl Mover {
         );
         self.metrics.in_flight.inc();
         let started = Instant::now();
+        let mut completed = false;
         let mut backoff = Duration::from_millis(200);
         loop {
             if stop.is_cancelled() {
@@ -584,6 +585,7 @@ impl Mover {
                         .freeze_seconds
                         .observe(frozen_for.as_secs_f64());
                     tracing::info!(topic = %topic, partition = p, from = source, to = self.node.node_id(), seconds = started.elapsed().as_secs_f64(), frozen_ms = frozen_for.as_millis() as u64, "partition moved here");
+                    completed = true;
                     break;
                 }
                 Err(e) => {
@@ -605,8 +607,15 @@ impl Mover {
         self.progress.lock().remove(&pkey);
         self.staged_from.lock().remove(&pkey);
         if let Some(meta) = self.broker.catalog().get(&topic) {
-            let staging = self.broker.staging_dir(meta, p);
+            let staging = self.broker.staging_dir(meta, p, move_id);
             let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(staging)).await;
+            // a copy installed by an attempt whose flip never came is not kept
+            if !completed {
+                let _ = self
+                    .broker
+                    .discard_unowned_copy(&meta.name, meta.id, p)
+                    .await;
+            }
         }
     }
 
@@ -657,7 +666,7 @@ impl Mover {
     ) -> Result<Duration, String> {
         let pkey = (meta.id, p);
         let epoch = meta.owner_epoch(p);
-        let staging = self.broker.staging_dir(meta, p);
+        let staging = self.broker.staging_dir(meta, p, move_id);
         let list_req = |catalog| {
             serde_json::to_vec(&ListRequest {
                 topic: meta.name.clone(),
@@ -953,17 +962,34 @@ impl Mover {
                 }
             }
             if pos == 0 && f.size == 0 && !path.exists() {
-                std::fs::File::create(&path)
-                    .map_err(|e| format!("writing the staged copy: {e}"))?;
+                write_at(&path, 0, &[]).map_err(|e| format!("writing the staged copy: {e}"))?;
             }
         }
         if frozen {
-            // everything the copy wrote reaches the disk before the flip can name it
+            // the copy holds exactly the frozen files, at their sizes, and reaches the disk
+            // before the flip can name it
             let staging = staging.to_owned();
-            tokio::task::spawn_blocking(move || sync_tree(&staging))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("syncing the staged copy: {e}"))?;
+            let want: BTreeMap<String, u64> =
+                files.iter().map(|f| (f.name.clone(), f.size)).collect();
+            tokio::task::spawn_blocking(move || {
+                let mut have = BTreeMap::new();
+                for e in std::fs::read_dir(&staging)? {
+                    let e = e?;
+                    have.insert(
+                        e.file_name().to_string_lossy().into_owned(),
+                        e.metadata()?.len(),
+                    );
+                }
+                if have != want {
+                    return Err(std::io::Error::other(format!(
+                        "the staged files {have:?} are not the source's {want:?}"
+                    )));
+                }
+                sync_tree(&staging)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("syncing the staged copy: {e}"))?;
         }
         Ok(copied)
     }

@@ -149,6 +149,9 @@ pub struct Tierer {
     pub metrics: Arc<TieringMetrics>,
     /// Manifests as last written, per (topic, partition).
     manifests: tokio::sync::Mutex<HashMap<(String, u32), PartitionManifest>>,
+    /// The owner epoch each cached manifest was loaded under: a partition that moved away
+    /// and came back was archived by another owner meanwhile, so its manifest is read again.
+    manifest_epochs: tokio::sync::Mutex<HashMap<(String, u32), u64>>,
     /// `_topic.json` as last written, per topic.
     topics_saved: tokio::sync::Mutex<HashMap<String, TopicManifest>>,
     catalog: CatalogSource,
@@ -215,6 +218,7 @@ impl Tierer {
             clock,
             metrics,
             manifests: tokio::sync::Mutex::new(HashMap::new()),
+            manifest_epochs: tokio::sync::Mutex::new(HashMap::new()),
             topics_saved: tokio::sync::Mutex::new(HashMap::new()),
             catalog,
             catalog_state: tokio::sync::Mutex::new(CatalogState::default()),
@@ -436,9 +440,12 @@ impl Tierer {
         topic: &str,
         topic_id: u64,
         partition: u32,
+        owner_epoch: u64,
     ) -> Result<PartitionManifest, ArchiveError> {
         let key = (topic.to_owned(), partition);
-        if let Some(m) = self.manifests.lock().await.get(&key)
+        let same_owner = self.manifest_epochs.lock().await.get(&key) == Some(&owner_epoch);
+        if same_owner
+            && let Some(m) = self.manifests.lock().await.get(&key)
             && m.topic_id == topic_id
         {
             return Ok(m.clone());
@@ -456,7 +463,8 @@ impl Tierer {
             }
             None => PartitionManifest::new(topic, topic_id, partition),
         };
-        self.manifests.lock().await.insert(key, m.clone());
+        self.manifests.lock().await.insert(key.clone(), m.clone());
+        self.manifest_epochs.lock().await.insert(key, owner_epoch);
         Ok(m)
     }
 
@@ -488,7 +496,9 @@ impl Tierer {
                 });
             }
         };
-        let mut manifest = self.manifest(topic, meta.id, partition).await?;
+        let mut manifest = self
+            .manifest(topic, meta.id, partition, meta.owner_epoch(partition))
+            .await?;
         // `_topic.json` follows the topic's settings (a restore rebuilds from it: partition
         // count included), written whenever they differ from what was last saved
         let wanted = TopicManifest {

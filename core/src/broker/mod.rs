@@ -501,6 +501,9 @@ impl Broker {
                 path: root.clone(),
                 source,
             })?;
+            // copies staged for moves (or set aside by one) are never needed after a
+            // restart: a move in flight starts its copy again
+            let _ = std::fs::remove_dir_all(root.join(moves::MOVES_DIR));
             crate::log::Wal::open(
                 &wal_dir,
                 &root,

@@ -308,12 +308,13 @@ impl Broker {
         out
     }
 
-    /// Where a copy of partition `p` of `meta` is staged on its way here.
-    pub fn staging_dir(&self, meta: &TopicMeta, p: u32) -> PathBuf {
+    /// Where move `move_id`'s copy of partition `p` of `meta` is staged on its way here
+    /// (one directory per move: a move that ends never touches a later one's copy).
+    pub fn staging_dir(&self, meta: &TopicMeta, p: u32, move_id: u64) -> PathBuf {
         self.cfg
             .data_dir
             .join(MOVES_DIR)
-            .join(format!("{}.p{p:05}", meta.dir_name()))
+            .join(format!("{}.p{p:05}.{move_id:016x}", meta.dir_name()))
     }
 
     /// Opens a staged copy as a partition (recovering it as a restart would) and answers its
@@ -404,11 +405,50 @@ impl Broker {
         p: u32,
     ) -> Result<(), BrokerError> {
         let _one = self.moves_lock.lock().await;
+        let name = t.meta.read().name.clone();
+        self.stop_cursors_of(&name, p);
+        self.replace_with_empty(t, p).await?;
+        tracing::info!(topic = %name, partition = p, "partition moved to another node; its copy here is gone");
+        Ok(())
+    }
+
+    /// A copy of partition `p` installed here by a move that did not complete (cancelled,
+    /// or its flip refused and the move gone): replaced by an empty partition, unless this
+    /// node owns it or a move to this node is in flight for it (its next install replaces
+    /// it anyway, and it may be about to flip). Returns whether it discarded anything.
+    pub async fn discard_unowned_copy(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        p: u32,
+    ) -> Result<bool, BrokerError> {
+        let _one = self.moves_lock.lock().await;
+        let (t, part) = self.move_partition_of(topic, topic_id, p)?;
+        let me = self.store.node_id();
+        {
+            let meta = t.meta.read();
+            if self.is_local(&meta, p) || meta.moves.get(&p).is_some_and(|m| Some(m.target) == me) {
+                return Ok(false);
+            }
+        }
+        if part.stats().next_offset == 0 {
+            return Ok(false);
+        }
+        self.replace_with_empty(&t, p).await?;
+        tracing::info!(
+            topic,
+            partition = p,
+            "discarded the copy of a partition whose move here did not complete"
+        );
+        Ok(true)
+    }
+
+    /// Retires partition `p`'s copy here and puts an empty partition in its place. The
+    /// caller holds `moves_lock`.
+    async fn replace_with_empty(&self, t: &Arc<Topic>, p: u32) -> Result<(), BrokerError> {
         let old = t.partition(p)?;
         old.retire().await;
         old.thawed.notify_waiters();
-        let name = t.meta.read().name.clone();
-        self.stop_cursors_of(&name, p);
         let dir = old.dir.clone();
         let aside = self
             .cfg
@@ -437,7 +477,6 @@ impl Broker {
         let part = Arc::new(part);
         part.close().await;
         self.replace_partition(t, p, part);
-        tracing::info!(topic = %name, partition = p, "partition moved to another node; its copy here is gone");
         Ok(())
     }
 
