@@ -111,6 +111,15 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
                     .await?,
             );
         }
+        ClusterCmd::Forget { node_id } => {
+            return print_reply(
+                c.post_json(
+                    &format!("/v1/cluster/members/{node_id}/forget"),
+                    &serde_json::json!({}),
+                )
+                .await?,
+            );
+        }
         ClusterCmd::Rebalance => {
             return print_reply(
                 c.post_json("/v1/cluster/rebalance", &serde_json::json!({}))
@@ -185,6 +194,7 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
         | ClusterCmd::Move { .. }
         | ClusterCmd::Moves
         | ClusterCmd::Rebalance
+        | ClusterCmd::Forget { .. }
         | ClusterCmd::Decommission { .. }
         | ClusterCmd::MoveCancel { .. } => unreachable!("handled above"),
         ClusterCmd::Members => {

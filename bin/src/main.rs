@@ -182,6 +182,10 @@ enum ClusterCmd {
     Moves,
     /// Cancel the move of a partition (a move that already flipped is done).
     MoveCancel { topic: String, partition: u32 },
+    /// A member lost for good (its disk with it): its partitions go to live members, rebuilt
+    /// from the archive; what the archive did not hold is reported lost. Refused while it
+    /// answers (decommission it instead).
+    Forget { node_id: u64 },
     /// Ask the leader for a planning pass now: partitions move from the members with the
     /// most to those with the fewest (a member that joined gets its share).
     Rebalance,

@@ -108,6 +108,10 @@ pub struct Ingress {
     /// Delivery tokens this member's parked readers left at other owners: (owner, token id)
     /// → the reader, which takes what that owner pushes ([`DELIVER`]).
     tokens: Mutex<HashMap<(u64, u64), tokio::sync::oneshot::Sender<Taken>>>,
+    /// Per (topic id, partition): one past the highest offset this member saw acknowledged
+    /// (produces it took), so that a partition whose owner is lost for good can be told
+    /// how much of it was lost (see `crate::moves`). One entry per partition produced to.
+    seen: Mutex<HashMap<(u64, u32), u64>>,
 }
 
 /// One message's outcome in a forwarded produce.
@@ -141,6 +145,7 @@ impl Ingress {
             down: Mutex::new(HashMap::new()),
             waits: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
+            seen: Mutex::new(HashMap::new()),
         })
     }
 
@@ -396,6 +401,13 @@ impl Ingress {
                 break;
             }
         }
+        {
+            let mut seen = self.seen.lock();
+            for p in out.iter().flatten().flatten() {
+                let end = seen.entry((meta.id, p.partition)).or_insert(0);
+                *end = (*end).max(p.offset + 1);
+            }
+        }
         Ok(out
             .into_iter()
             .map(|o| {
@@ -407,6 +419,12 @@ impl Ingress {
                 })
             })
             .collect())
+    }
+
+    /// One past the highest offset of partition `p` of topic `topic_id` this member saw
+    /// acknowledged (0 if none).
+    pub fn seen_end(&self, topic_id: u64, p: u32) -> u64 {
+        self.seen.lock().get(&(topic_id, p)).copied().unwrap_or(0)
     }
 
     /// `p`, or the next partition after it whose owner is not known to be down (nor in
@@ -2096,6 +2114,8 @@ impl Service for DataService {
             crate::moves::MOVE_READ => "move_read",
             crate::moves::MOVE_FREEZE => "move_freeze",
             crate::moves::MOVE_PROGRESS => "move_progress",
+            crate::moves::MOVE_REBALANCE => "move_rebalance",
+            crate::moves::SEEN_ENDS => "seen_ends",
             _ => return None,
         })
     }

@@ -52,6 +52,9 @@ pub const MOVE_READ: Op = Op(121);
 pub const MOVE_FREEZE: Op = Op(122);
 pub const MOVE_PROGRESS: Op = Op(123);
 pub const MOVE_REBALANCE: Op = Op(124);
+pub const SEEN_ENDS: Op = Op(125);
+/// Most partitions one [`SEEN_ENDS`] call asks about.
+const MAX_SEEN_ASK: usize = 65_536;
 
 /// Moves one node copies at once (as a target); more wait their turn.
 pub const MOVES_PER_NODE: usize = 2;
@@ -193,6 +196,21 @@ pub async fn serve(
             serde_json::to_vec(&mover.map(|m| m.progress()).unwrap_or_default())
                 .expect("progress serialises"),
         )),
+        SEEN_ENDS => {
+            let ask: Vec<(u64, u32)> = match serde_json::from_slice(body) {
+                Ok(a) => a,
+                Err(_) => return Some(Err(malformed("seen ends"))),
+            };
+            if ask.len() > MAX_SEEN_ASK {
+                return Some(Err(malformed("seen ends")));
+            }
+            let ingress = mover.and_then(|m| m.ingress.upgrade());
+            let ends: Vec<u64> = ask
+                .iter()
+                .map(|&(t, p)| ingress.as_ref().map_or(0, |i| i.seen_end(t, p)))
+                .collect();
+            Ok(Bytes::from(serde_json::to_vec(&ends).expect("serialises")))
+        }
         MOVE_REBALANCE => match mover {
             Some(m) => m
                 .rebalance_here()
@@ -281,6 +299,8 @@ pub struct MoveMetrics {
     pub seconds: Histogram,
     pub freeze_seconds: Histogram,
     pub thaws: Counter,
+    /// Records a forgotten member held that the archive did not (at least this many).
+    pub lost_records: Counter,
 }
 
 impl Default for MoveMetrics {
@@ -298,6 +318,7 @@ impl Default for MoveMetrics {
             seconds: buckets(),
             freeze_seconds: buckets(),
             thaws: Counter::default(),
+            lost_records: Counter::default(),
         }
     }
 }
@@ -335,6 +356,11 @@ impl MoveMetrics {
             self.freeze_seconds.clone(),
         );
         r.register(
+            "narad_partition_records_lost",
+            "records of partitions rebuilt from the archive after their owner was forgotten that the archive did not hold (at least: what live members saw acknowledged)",
+            self.lost_records.clone(),
+        );
+        r.register(
             "narad_move_thaws",
             "freezes a source thawed because its mover did not flip in time",
             self.thaws.clone(),
@@ -364,6 +390,10 @@ pub struct Mover {
     staged_from: Mutex<HashMap<(u64, u32), (u64, u64)>>,
     /// One planning pass at a time.
     planning: tokio::sync::Mutex<()>,
+    /// This member's ingress (what it saw acknowledged, for `forget`).
+    ingress: std::sync::Weak<crate::forward::Ingress>,
+    /// Where partitions of a lost member are rebuilt from (`None`: no archive).
+    archive: Option<Arc<narad_replay::ArchiveReader>>,
 }
 
 impl Mover {
@@ -373,6 +403,8 @@ impl Mover {
         store: Arc<dyn MetaStore>,
         metrics: Arc<MoveMetrics>,
         settings: MoveSettings,
+        ingress: std::sync::Weak<crate::forward::Ingress>,
+        archive: Option<Arc<narad_replay::ArchiveReader>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             node,
@@ -387,6 +419,8 @@ impl Mover {
             down_since: Mutex::new(HashMap::new()),
             staged_from: Mutex::new(HashMap::new()),
             planning: tokio::sync::Mutex::new(()),
+            ingress,
+            archive,
         })
     }
 
@@ -1362,6 +1396,7 @@ mod tests {
                 owners: owners.to_vec(),
                 owner_epochs: Vec::new(),
                 moves: Default::default(),
+                rebuilt: Default::default(),
             },
         }
     }
@@ -1464,5 +1499,190 @@ mod tests {
             plan.iter()
                 .all(|m| m.to == 4 && !(m.topic == "a" && m.partition == 0))
         );
+    }
+}
+
+// ── a member lost for good ──
+
+/// A partition of a forgotten member, reassigned and rebuilt from the archive.
+#[derive(Debug, Clone, Serialize)]
+pub struct Forgotten {
+    pub topic: String,
+    pub partition: u32,
+    pub to: u64,
+    /// Offsets below this are in the archive (replayable on the new owner); the new owner's
+    /// log starts here.
+    pub archived_below: u64,
+    /// `lost_from..lost_to`: acknowledged records no live member's copy or the archive
+    /// holds (at least these: a record only the lost member saw acknowledged is not known).
+    pub lost_from: u64,
+    pub lost_to: u64,
+    pub lost_at_least: u64,
+}
+
+impl Mover {
+    /// `POST /v1/cluster/members/{id}/forget`: member `id` is lost for good (its disk with
+    /// it). Every partition it owns is reassigned to the live member with the fewest
+    /// partitions, which rebuilds it from the archive: the archived records are served again
+    /// (replay, through any member), the log goes on from the archive's end, and what the
+    /// archive did not hold is reported lost (log, metric, this answer). Refused while `id`
+    /// answers (decommission it instead) and without an archive.
+    pub async fn forget(&self, id: u64) -> Result<Vec<Forgotten>, ApiError> {
+        let archive = self.archive.clone().ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::MemberNotRemovable,
+                "forgetting a member rebuilds its partitions from the archive, and this cluster has no archive_url: its partitions' data is gone with it",
+            )
+        })?;
+        if id == self.node.node_id() {
+            return Err(ApiError::new(
+                ErrorCode::MemberNotRemovable,
+                "this member answers the request: it is not lost (decommission it instead)",
+            ));
+        }
+        if let Some(addr) = self.node.meta.addr_of(id)
+            && self
+                .node
+                .meta
+                .rpc()
+                .call(id, &addr, Op::PING, Bytes::new(), Duration::from_secs(2))
+                .await
+                .is_ok()
+        {
+            return Err(ApiError::new(
+                ErrorCode::MemberNotRemovable,
+                format!(
+                    "node {id} answers: it is not lost; decommission it instead (its data moves, nothing is lost)"
+                ),
+            ));
+        }
+        self.node
+            .meta
+            .read_index(PROPOSE)
+            .await
+            .map_err(|e| unavailable(format!("the catalog could not be confirmed current: {e}")))?;
+        let view = self.node.meta.view();
+        let catalog = view.catalog.clone();
+        let owned: Vec<(Arc<TopicMeta>, u32)> = catalog
+            .topics()
+            .flat_map(|t| {
+                (0..t.config.partitions)
+                    .filter(|&p| t.owner_of(p) == Some(id))
+                    .map(move |p| (t.clone(), p))
+            })
+            .collect();
+        if owned.is_empty() {
+            if !view.membership.membership().nodes().any(|(n, _)| *n == id) {
+                return Err(ApiError::new(
+                    ErrorCode::MemberNotFound,
+                    format!("node {id} is not a member and owns no partition"),
+                ));
+            }
+            return Ok(Vec::new());
+        }
+        // receivers: live voters, not leaving, not the lost one
+        let mut voters: Vec<u64> = view.membership.membership().voter_ids().collect();
+        voters.sort_unstable();
+        let me = self.node.node_id();
+        let mut count: BTreeMap<u64, usize> = BTreeMap::new();
+        for v in voters
+            .into_iter()
+            .filter(|v| *v != id && !catalog.draining().contains(v))
+        {
+            let live = v == me
+                || match self.node.meta.addr_of(v) {
+                    Some(addr) => self
+                        .node
+                        .meta
+                        .rpc()
+                        .call(v, &addr, Op::PING, Bytes::new(), Duration::from_secs(1))
+                        .await
+                        .is_ok(),
+                    None => false,
+                };
+            if live {
+                let n = catalog
+                    .topics()
+                    .map(|t| t.owners.iter().filter(|o| **o == v).count())
+                    .sum();
+                count.insert(v, n);
+            }
+        }
+        if count.is_empty() {
+            return Err(unavailable("no live member could take the partitions"));
+        }
+        let seen = self.seen_ends(&count, &owned).await;
+        let mut out = Vec::new();
+        for ((t, p), seen_end) in owned.iter().zip(seen) {
+            let start = match archive.archive().load_manifest(&t.name, *p).await {
+                Ok(Some(m)) if m.topic_id == t.id => m.next_offset,
+                Ok(_) => 0,
+                Err(e) => {
+                    return Err(ApiError::new(
+                        ErrorCode::ArchiveUnavailable,
+                        format!(
+                            "the archive's manifest of partition {p} of '{}' could not be read: {e}; nothing after it was reassigned",
+                            t.name
+                        ),
+                    ));
+                }
+            };
+            let to = *count
+                .iter()
+                .min_by_key(|&(&n, &c)| (c, n))
+                .map(|(n, _)| n)
+                .expect("receivers");
+            let epoch = t.owner_epoch(*p);
+            let tail = narad_core::catalog::moves::LostTail {
+                epoch: epoch + 1,
+                lost_node: id,
+                start,
+                seen_end: seen_end.max(start),
+                at_ms: self.broker.now_ms(),
+            };
+            self.broker
+                .reassign_lost(t.id, *p, id, to, epoch, tail.clone())
+                .await?;
+            *count.get_mut(&to).expect("a receiver") += 1;
+            let lost = tail.seen_end - start;
+            self.metrics.lost_records.inc_by(lost);
+            tracing::error!(topic = %t.name, partition = p, lost_node = id, to, archived_below = start, lost_from = start, lost_to = tail.seen_end, lost_at_least = lost, "partition of a forgotten member rebuilt from the archive; records it held that the archive did not are lost");
+            out.push(Forgotten {
+                topic: t.name.clone(),
+                partition: *p,
+                to,
+                archived_below: start,
+                lost_from: start,
+                lost_to: tail.seen_end,
+                lost_at_least: lost,
+            });
+        }
+        Ok(out)
+    }
+
+    /// For each partition: one past the highest offset any live member saw acknowledged.
+    async fn seen_ends(
+        &self,
+        live: &BTreeMap<u64, usize>,
+        owned: &[(Arc<TopicMeta>, u32)],
+    ) -> Vec<u64> {
+        let ask: Vec<(u64, u32)> = owned.iter().map(|(t, p)| (t.id, *p)).collect();
+        let body = serde_json::to_vec(&ask).expect("serialises");
+        let me = self.node.node_id();
+        let mut ends: Vec<u64> = match self.ingress.upgrade() {
+            Some(i) => ask.iter().map(|&(t, p)| i.seen_end(t, p)).collect(),
+            None => vec![0; ask.len()],
+        };
+        for &n in live.keys().filter(|&&n| n != me) {
+            if let Ok(b) = self.call_raw(n, SEEN_ENDS, body.clone()).await
+                && let Ok(theirs) = serde_json::from_slice::<Vec<u64>>(&b)
+                && theirs.len() == ends.len()
+            {
+                for (e, t) in ends.iter_mut().zip(theirs) {
+                    *e = (*e).max(t);
+                }
+            }
+        }
+        ends
     }
 }

@@ -434,6 +434,8 @@ impl Opening {
                 store.clone(),
                 self.state.move_metrics.clone(),
                 self.config.move_settings(),
+                Arc::downgrade(&ingress),
+                self.state.archive.clone(),
             );
             node.meta
                 .serve_data(Arc::new(crate::forward::DataService::new(

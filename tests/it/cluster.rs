@@ -4133,3 +4133,192 @@ async fn a_move_across_a_cut_link_waits_and_completes_once_healed() {
     let report = traffic.finish(&nodes).await;
     assert!(report.is_clean(), "{report}");
 }
+
+/// A member lost for good (SIGKILL, then its data directory deleted): `forget` hands its
+/// partition to a live member, rebuilt from the archive. Every archived record is read
+/// again through any member, the records the archive did not hold are reported lost with
+/// their offset range, new records get offsets after every one a client was told, and the
+/// refusals hold (a member that answers, a stranger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_member_is_forgotten_and_its_partition_rebuilt_from_the_archive() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let archive = root.path().join("archive");
+    let mut nodes = three_with(root.path(), |n| {
+        n.archive = Some(format!("file://{}", archive.display()));
+        n.env = vec![
+            ("NARAD_SEGMENT_MAX_AGE_MS".into(), "1000".into()),
+            ("NARAD_TIERING_INTERVAL_MS".into(), "100".into()),
+            ("NARAD_CLUSTER_AUTO_REBALANCE".into(), "false".into()),
+        ];
+    })
+    .await;
+    all_ready(&nodes).await;
+    let made = topic_everywhere(&nodes, serde_json::json!({"name": "arch", "partitions": 3})).await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    // a partition whose owner does not lead (its loss keeps the quorum's leader)
+    let p = (0..3u32).find(|&p| owners[p as usize] != leader).unwrap();
+    let lost = owners[p as usize];
+    let via = nodes.iter().position(|n| n.id != lost).unwrap();
+    let produce = async |i: usize| {
+        let n = &nodes[via];
+        let r = n
+            .http
+            .post(format!("{}/v1/topics/arch/produce?partition={p}", n.base))
+            .body(format!("p{p}-{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    };
+    for i in 0..10 {
+        produce(i).await;
+    }
+    let manifest = || -> Option<Value> {
+        let path = archive
+            .join("topic=arch")
+            .join(format!("partition={p}"))
+            .join("_manifest.json");
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    };
+    until("the first ten archived", 60, async || {
+        manifest().is_some_and(|m| m["next_offset"] == 10)
+    })
+    .await;
+    // five more, then the owner is gone before it seals them (a segment seals after 1 s)
+    for i in 10..15 {
+        produce(i).await;
+    }
+    let li = (lost - 1) as usize;
+    nodes[li].kill9();
+    assert_eq!(
+        manifest().unwrap()["next_offset"],
+        10,
+        "the last five must not be archived"
+    );
+    std::fs::remove_dir_all(&nodes[li].dir).unwrap();
+    // refused: a member that answers, and a node that is no member
+    let other = nodes
+        .iter()
+        .find(|n| n.id != lost && n.id != nodes[via].id)
+        .unwrap();
+    let (st, body) = nodes[via]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            &format!("/v1/cluster/members/{}/forget", other.id),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{body}");
+    let (st, body) = nodes[via]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/cluster/members/9/forget",
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{body}");
+    let (st, body) = nodes[via]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            &format!("/v1/cluster/members/{lost}/forget"),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let parts = body["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 1, "{body}");
+    let f = &parts[0];
+    assert_eq!(
+        (
+            f["partition"].as_u64(),
+            f["archived_below"].as_u64(),
+            f["lost_from"].as_u64(),
+            f["lost_to"].as_u64(),
+            f["lost_at_least"].as_u64()
+        ),
+        (Some(u64::from(p)), Some(10), Some(10), Some(15), Some(5)),
+        "{body}"
+    );
+    let to = f["to"].as_u64().unwrap();
+    assert_ne!(to, lost);
+    let live: Vec<&Node> = nodes.iter().filter(|n| n.id != lost).collect();
+    until(
+        "the partition owned by a live member everywhere",
+        30,
+        async || {
+            for n in &live {
+                let (_, t) = n
+                    .call(("x", "y"), Method::GET, "/v1/topics/arch", None)
+                    .await;
+                if t["partition_owners"][p as usize] != to {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    // every archived record, through every live member
+    for n in &live {
+        let (st, got) = n
+            .call(
+                ("x", "y"),
+                Method::GET,
+                &format!("/v1/topics/arch/consume?partition={p}&offset=0&max=100"),
+                None,
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{got}");
+        let payloads: Vec<String> = got["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["payload"].as_str().unwrap().to_owned())
+            .collect();
+        let want: Vec<String> = (0..10).map(|i| format!("p{p}-{i}")).collect();
+        assert_eq!(payloads, want, "node {}", n.id);
+    }
+    // new records go after every offset a client was told of, and are consumed
+    let r = live[0]
+        .http
+        .post(format!(
+            "{}/v1/topics/arch/produce?partition={p}",
+            live[0].base
+        ))
+        .body("after")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let made: Value = r.json().await.unwrap();
+    assert_eq!(made["offset"], 15, "{made}");
+    let (st, got) = live[1]
+        .call(
+            ("x", "y"),
+            Method::GET,
+            &format!("/v1/topics/arch/consume?partition={p}&max=10&wait=2s"),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{got}");
+    let m = if got["messages"].is_array() {
+        got["messages"][0].clone()
+    } else {
+        got.clone()
+    };
+    assert_eq!(m["payload"], "after", "{got}");
+    assert!(
+        live[0]
+            .metrics()
+            .await
+            .lines()
+            .chain(live[1].metrics().await.lines())
+            .any(|l| l.starts_with("narad_partition_records_lost_total 5")),
+        "the loss is counted"
+    );
+}

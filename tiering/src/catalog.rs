@@ -363,6 +363,7 @@ mod tests {
                 owners: Vec::new(),
                 owner_epochs: Vec::new(),
                 moves: Default::default(),
+                rebuilt: Default::default(),
             }],
             cursors: vec![CursorPosition {
                 child: "orders-audit".into(),

@@ -1030,6 +1030,7 @@ fn restored_meta(
         owners: Vec::new(),
         owner_epochs: Vec::new(),
         moves: Default::default(),
+        rebuilt: Default::default(),
         ..m.clone()
     };
     match (archived, snap) {
@@ -1050,6 +1051,7 @@ fn restored_meta(
                 owners: Vec::new(),
                 owner_epochs: Vec::new(),
                 moves: Default::default(),
+                rebuilt: Default::default(),
             })
         }
         (None, Some(m)) => Some(from_snapshot(m)),

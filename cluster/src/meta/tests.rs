@@ -44,6 +44,7 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         owners: Vec::new(),
         owner_epochs: Vec::new(),
         moves: Default::default(),
+        rebuilt: Default::default(),
     }
 }
 

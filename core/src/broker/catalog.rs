@@ -131,6 +131,7 @@ impl Broker {
             owners: Vec::new(),
             owner_epochs: Vec::new(),
             moves: Default::default(),
+            rebuilt: Default::default(),
         })
     }
 
@@ -613,6 +614,9 @@ impl Broker {
                     if old == **meta {
                         continue;
                     }
+                    // a partition rebuilt here from the archive starts where the archive
+                    // ends, before anyone is sent to it
+                    self.ensure_rebuilt(&t, meta).await?;
                     // new partitions exist before the settings that name them
                     if meta.config.partitions > old.config.partitions {
                         let new = self
@@ -640,7 +644,7 @@ impl Broker {
                     t.timer.notify_one();
                 }
                 None => {
-                    let t = match self.open_topic((**meta).clone()).await {
+                    let t = match self.open_topic_rebuilt((**meta).clone()).await {
                         Ok(t) => t,
                         Err(e) => {
                             let dir = self.cfg.data_dir.join("topics").join(meta.dir_name());

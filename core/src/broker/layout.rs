@@ -29,6 +29,17 @@ impl Broker {
         }))
     }
 
+    /// [`Broker::open_topic`], with its partitions rebuilt from the archive made to start
+    /// where they must (see [`Broker::ensure_rebuilt`]).
+    pub(super) async fn open_topic_rebuilt(
+        &self,
+        meta: TopicMeta,
+    ) -> Result<Arc<Topic>, BrokerError> {
+        let t = self.open_topic(meta.clone()).await?;
+        self.ensure_rebuilt(&t, &meta).await?;
+        Ok(t)
+    }
+
     pub(super) async fn open_partitions(
         &self,
         dir: &Path,

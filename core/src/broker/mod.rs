@@ -573,7 +573,7 @@ impl Broker {
         }
         broker.followed.send_replace(catalog.applied());
         for m in catalog.topics() {
-            let topic = broker.open_topic((**m).clone()).await?;
+            let topic = broker.open_topic_rebuilt((**m).clone()).await?;
             broker.topics.write().insert(m.name.clone(), topic.clone());
             broker.spawn_topic_timer(topic);
         }

@@ -21,6 +21,9 @@ use crate::broker::partition::{self, FREEZE_MARKER, LogEnv, Partition};
 /// Directory (under the data directory) where partitions being moved here are staged, and
 /// where a node puts a partition it gave away before removing it.
 pub const MOVES_DIR: &str = "moves";
+/// Directory (under the data directory) where a node that was forgotten keeps the copies of
+/// its partitions it finds rebuilt elsewhere when it comes back.
+pub const QUARANTINE_DIR: &str = "quarantine";
 /// Most bytes one read of a partition file returns.
 pub const MAX_FILE_CHUNK: u64 = 1 << 20;
 
@@ -405,10 +408,30 @@ impl Broker {
         p: u32,
     ) -> Result<(), BrokerError> {
         let _one = self.moves_lock.lock().await;
-        let name = t.meta.read().name.clone();
+        let (name, forgotten) = {
+            let meta = t.meta.read();
+            let me = self.store.node_id();
+            let lost = meta
+                .rebuilt
+                .get(&p)
+                .filter(|l| l.epoch == meta.owner_epoch(p) && Some(l.lost_node) == me)
+                .map(|l| format!("{}.p{p:05}.e{}", meta.dir_name(), l.epoch));
+            (meta.name.clone(), lost)
+        };
         self.stop_cursors_of(&name, p);
-        self.replace_with_empty(t, p).await?;
-        tracing::info!(topic = %name, partition = p, "partition moved to another node; its copy here is gone");
+        match forgotten {
+            // this node was forgotten as lost, yet here it is: its copy may hold the records
+            // the cluster gave up (the unarchived tail), so it is kept aside, not deleted
+            Some(keep) => {
+                let keep = self.cfg.data_dir.join(QUARANTINE_DIR).join(keep);
+                self.replace_with_empty(t, p, Some(keep.clone())).await?;
+                tracing::error!(topic = %name, partition = p, kept = %keep.display(), "this node was forgotten and its partition rebuilt elsewhere from the archive; its own copy (which may hold records the cluster reported lost) is kept aside for an operator");
+            }
+            None => {
+                self.replace_with_empty(t, p, None).await?;
+                tracing::info!(topic = %name, partition = p, "partition moved to another node; its copy here is gone");
+            }
+        }
         Ok(())
     }
 
@@ -434,7 +457,7 @@ impl Broker {
         if part.stats().next_offset == 0 {
             return Ok(false);
         }
-        self.replace_with_empty(&t, p).await?;
+        self.replace_with_empty(&t, p, None).await?;
         tracing::info!(
             topic,
             partition = p,
@@ -445,17 +468,25 @@ impl Broker {
 
     /// Retires partition `p`'s copy here and puts an empty partition in its place. The
     /// caller holds `moves_lock`.
-    async fn replace_with_empty(&self, t: &Arc<Topic>, p: u32) -> Result<(), BrokerError> {
+    async fn replace_with_empty(
+        &self,
+        t: &Arc<Topic>,
+        p: u32,
+        keep: Option<PathBuf>,
+    ) -> Result<(), BrokerError> {
         let old = t.partition(p)?;
         old.retire().await;
         old.thawed.notify_waiters();
         let dir = old.dir.clone();
-        let aside = self
-            .cfg
-            .data_dir
-            .join(MOVES_DIR)
-            .join(format!("{}.p{p:05}.gone", t.meta.read().dir_name()));
-        let moves = self.cfg.data_dir.join(MOVES_DIR);
+        let aside = keep.clone().unwrap_or_else(|| {
+            self.cfg
+                .data_dir
+                .join(MOVES_DIR)
+                .join(format!("{}.p{p:05}.gone", t.meta.read().dir_name()))
+        });
+        let moves = aside
+            .parent()
+            .map_or_else(|| self.cfg.data_dir.clone(), Path::to_owned);
         let env = self.log_env();
         let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
             crate::fsutil::create_dir_private(&moves).map_err(io_error(&moves))?;
@@ -469,7 +500,9 @@ impl Broker {
             if let Some(parent) = dir.parent() {
                 crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
             }
-            let _ = std::fs::remove_dir_all(&aside);
+            if keep.is_none() {
+                let _ = std::fs::remove_dir_all(&aside);
+            }
             Ok(Partition::open(p, dir, &env)?)
         })
         .await
@@ -596,5 +629,96 @@ impl Broker {
         }
         self.propose_replicated(crate::catalog::CatalogCommand::SetDraining { node, draining })
             .await
+    }
+}
+
+impl Broker {
+    /// Partitions of `t` this node owns that were rebuilt from the archive at their current
+    /// owner epoch (`meta.rebuilt`): a log that ends below the rebuilt start (the archive's
+    /// end; offsets below it are the archive's) is replaced by an empty one that begins
+    /// there, so no offset the lost owner acknowledged is handed out again. Idempotent; run
+    /// before the partition is served (at open, and following the catalog before the new
+    /// metadata is published).
+    pub(super) async fn ensure_rebuilt(
+        &self,
+        t: &Arc<Topic>,
+        meta: &TopicMeta,
+    ) -> Result<(), BrokerError> {
+        for p in 0..meta.config.partitions {
+            let Some(start) = meta.rebuilt_start(p) else {
+                continue;
+            };
+            if !self.is_local(meta, p) {
+                continue;
+            }
+            let Ok(old) = t.partition(p) else { continue };
+            if old.stats().next_offset >= start {
+                continue;
+            }
+            let _one = self.moves_lock.lock().await;
+            old.retire().await;
+            let dir = old.dir.clone();
+            let aside = self
+                .cfg
+                .data_dir
+                .join(MOVES_DIR)
+                .join(format!("{}.p{p:05}.rebuild", meta.dir_name()));
+            let moves = self.cfg.data_dir.join(MOVES_DIR);
+            let env = self.log_env();
+            let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
+                crate::fsutil::create_dir_private(&moves).map_err(io_error(&moves))?;
+                let _ = std::fs::remove_dir_all(&aside);
+                match std::fs::rename(&dir, &aside) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(io_error(&dir)(e));
+                    }
+                    _ => {}
+                }
+                crate::fsutil::create_dir_private(&dir).map_err(io_error(&dir))?;
+                crate::fsutil::open_or_create_private(&crate::log::segment::segment_path(
+                    &dir, start,
+                ))
+                .and_then(|f| f.sync_all())
+                .and_then(|()| crate::log::segment::sync_dir(&dir))
+                .map_err(io_error(&dir))?;
+                if let Some(parent) = dir.parent() {
+                    crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
+                }
+                let _ = std::fs::remove_dir_all(&aside);
+                Ok(Partition::open(p, dir, &env)?)
+            })
+            .await
+            .expect("rebuild task")?;
+            let part = Arc::new(part);
+            part.close().await;
+            self.replace_partition(t, p, part);
+            tracing::warn!(topic = %meta.name, partition = p, start, "partition rebuilt here from the archive: offsets below {start} are read from the archive, the lost owner's unarchived records are gone");
+        }
+        Ok(())
+    }
+}
+
+impl Broker {
+    /// Gives partition `p` of topic `topic_id`, owned by the lost node `from` at `epoch`, to
+    /// node `to`, which rebuilds it from the archive (see
+    /// [`crate::catalog::CatalogCommand::ReassignLost`]).
+    pub async fn reassign_lost(
+        self: &Arc<Self>,
+        topic_id: u64,
+        p: u32,
+        from: u64,
+        to: u64,
+        epoch: u64,
+        tail: crate::catalog::moves::LostTail,
+    ) -> Result<(), BrokerError> {
+        self.propose_replicated(crate::catalog::CatalogCommand::ReassignLost {
+            topic_id,
+            partition: p,
+            from,
+            to,
+            expect_epoch: epoch,
+            tail,
+        })
+        .await
     }
 }

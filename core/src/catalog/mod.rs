@@ -63,6 +63,10 @@ pub struct TopicMeta {
     /// In a cluster: the partitions being moved to another node, by partition.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub moves: BTreeMap<u32, PartitionMove>,
+    /// In a cluster: partitions whose owner was lost for good and that a live node rebuilt
+    /// from the archive, by partition (see [`CatalogCommand::ReassignLost`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuilt: BTreeMap<u32, moves::LostTail>,
 }
 
 /// One version of a topic's JSON Schema. Versions only grow; each is kept.
@@ -165,6 +169,17 @@ pub enum CatalogCommand {
         target: u64,
         expect_epoch: u64,
         token: u64,
+    },
+    /// Partition `partition` of a member lost for good (`from`, still its owner at
+    /// `expect_epoch`) goes to `to` (owner epoch + 1), which rebuilds it from the archive:
+    /// its log starts at `tail.start`, the archive's end.
+    ReassignLost {
+        topic_id: u64,
+        partition: u32,
+        from: u64,
+        to: u64,
+        expect_epoch: u64,
+        tail: moves::LostTail,
     },
     /// The owner `owner` gave up freeze `token` (it ran out): a flip naming it is refused
     /// from now on. Refused if the partition is no longer at `owner` and `expect_epoch`
@@ -646,6 +661,21 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             (*move_id, *source, *target),
             *expect_epoch,
             *token,
+        )?,
+        CatalogCommand::ReassignLost {
+            topic_id,
+            partition,
+            from,
+            to,
+            expect_epoch,
+            tail,
+        } => moves::apply_reassign_lost(
+            &mut next,
+            *topic_id,
+            *partition,
+            (*from, *to),
+            *expect_epoch,
+            tail,
         )?,
         CatalogCommand::ThawPartition {
             topic_id,

@@ -41,7 +41,36 @@ pub struct PartitionMove {
     pub thawed: Vec<u64>,
 }
 
+/// What was lost with a partition's owner, and where its rebuilt log starts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LostTail {
+    /// The owner epoch the partition was rebuilt at (the rebuild applies while the
+    /// partition is still at it).
+    pub epoch: u64,
+    /// The lost owner.
+    pub lost_node: u64,
+    /// The first offset the archive did not hold.
+    pub start: u64,
+    /// One past the highest offset any live member had seen acknowledged (at least
+    /// `start`): `start..seen_end` were lost (and any the lost member alone acknowledged
+    /// after). The rebuilt log starts here, so no offset a client was told is handed out
+    /// again for another record.
+    pub seen_end: u64,
+    /// When (the proposer's clock).
+    pub at_ms: i64,
+}
+
 impl TopicMeta {
+    /// Where partition `p`'s log must start on its owner when it was rebuilt from the
+    /// archive at its current owner epoch: after every offset known acknowledged.
+    pub fn rebuilt_start(&self, p: u32) -> Option<u64> {
+        self.rebuilt
+            .get(&p)
+            .filter(|t| t.epoch == self.owner_epoch(p))
+            .map(|t| t.seen_end)
+    }
+
     /// Partition `p`'s owner epoch: 0 at create, one more at every completed move.
     pub fn owner_epoch(&self, p: u32) -> u64 {
         self.owner_epochs.get(p as usize).copied().unwrap_or(0)
@@ -163,6 +192,43 @@ pub(super) fn apply_complete(
     t.owners[partition as usize] = target;
     t.owner_epochs[partition as usize] = epoch + 1;
     t.moves.remove(&partition);
+    let t = std::sync::Arc::new(t);
+    next.topics.insert(t.name.clone(), t.clone());
+    Ok(Applied::Topic(t))
+}
+
+pub(super) fn apply_reassign_lost(
+    next: &mut Catalog,
+    topic_id: u64,
+    partition: u32,
+    (from, to): (u64, u64),
+    expect_epoch: u64,
+    tail: &LostTail,
+) -> Result<Applied, CatalogError> {
+    let t = partition_of(next, topic_id, partition)?;
+    let (owner, epoch) = (t.owners[partition as usize], t.owner_epoch(partition));
+    if owner != from || epoch != expect_epoch {
+        return Err(moving(format!(
+            "partition {partition} of '{}' is at node {owner} (owner epoch {epoch}), not node {from} at epoch {expect_epoch}",
+            t.name
+        )));
+    }
+    if to == from || tail.epoch != epoch + 1 || tail.lost_node != from || tail.seen_end < tail.start
+    {
+        return Err(CatalogError::Invalid(format!(
+            "a malformed reassignment of partition {partition} of '{}'",
+            t.name
+        )));
+    }
+    let mut t = (**t).clone();
+    let n = t.config.partitions as usize;
+    if t.owner_epochs.len() < n {
+        t.owner_epochs.resize(n, 0);
+    }
+    t.owners[partition as usize] = to;
+    t.owner_epochs[partition as usize] = epoch + 1;
+    t.moves.remove(&partition);
+    t.rebuilt.insert(partition, tail.clone());
     let t = std::sync::Arc::new(t);
     next.topics.insert(t.name.clone(), t.clone());
     Ok(Applied::Topic(t))

@@ -331,6 +331,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/cluster/members/{node_id}"),
     ("POST", "/v1/cluster/members/{node_id}/decommission"),
     ("DELETE", "/v1/cluster/members/{node_id}/decommission"),
+    ("POST", "/v1/cluster/members/{node_id}/forget"),
     ("POST", "/v1/cluster/rebalance"),
     ("POST", "/v1/cluster/moves"),
     ("GET", "/v1/cluster/moves"),
@@ -380,6 +381,7 @@ pub fn router(state: SharedState) -> Router {
             "/v1/cluster/members/{node_id}/decommission",
             post(moves::decommission).delete(moves::decommission),
         )
+        .route("/v1/cluster/members/{node_id}/forget", post(moves::forget))
         .route("/v1/cluster/rebalance", post(moves::rebalance))
         .route("/v1/cluster/moves", post(moves::create).get(moves::list))
         .route(

@@ -358,3 +358,43 @@ pub async fn decommission(
         &serde_json::json!({ "node_id": id, "draining": draining, "partitions_to_move": if draining { owned } else { 0 } }),
     ))
 }
+
+/// `POST /v1/cluster/members/{node_id}/forget`: the member is lost for good; its partitions
+/// go to live members, rebuilt from the archive, and what the archive did not hold is
+/// reported lost. Refused while the member answers, and without an archive.
+pub async fn forget(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(node_id): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require_admin()?;
+    cluster_of(&state)?;
+    state.broker()?;
+    let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidField,
+            format!("node_id: '{node_id}' is not a node id (1 or more)"),
+        )
+    })?;
+    let mover = state
+        .mover
+        .get()
+        .ok_or_else(|| crate::moves::unavailable("the member is still opening; retry"))?;
+    let done = mover.forget(id).await?;
+    let lost: u64 = done.iter().map(|f| f.lost_at_least).sum();
+    tracing::warn!(
+        component = "audit",
+        user = caller.username().unwrap_or("-"),
+        action = "member_forget",
+        node_id = id,
+        partitions = done.len(),
+        lost_at_least = lost,
+        "member forgotten"
+    );
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "node_id": id, "partitions": done, "lost_at_least": lost }),
+    ))
+}
