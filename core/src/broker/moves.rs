@@ -717,7 +717,7 @@ impl Broker {
             from,
             to,
             expect_epoch: epoch,
-            tail,
+            tail: Box::new(tail),
         })
         .await
     }

@@ -179,7 +179,7 @@ pub enum CatalogCommand {
         from: u64,
         to: u64,
         expect_epoch: u64,
-        tail: moves::LostTail,
+        tail: Box<moves::LostTail>,
     },
     /// The owner `owner` gave up freeze `token` (it ran out): a flip naming it is refused
     /// from now on. Refused if the partition is no longer at `owner` and `expect_epoch`
