@@ -55,6 +55,9 @@ pub struct MetaRequest {
     pub cmd: MetaCmd,
 }
 
+// (one command per proposal, held briefly: its size does not matter, and boxing would
+// only add an allocation to every proposal)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum MetaCmd {
