@@ -1270,10 +1270,11 @@ impl Mover {
                     .lock()
                     .get(&m.target)
                     .is_some_and(|s| s.elapsed() >= self.settings.dead_target_abort);
-                if voters.contains(&m.target) && !silent {
+                let leaving = catalog.draining().contains(&m.target);
+                if voters.contains(&m.target) && !silent && !leaving {
                     continue;
                 }
-                tracing::warn!(topic = %t.name, partition = p, target = m.target, "cancelling a move: its target is gone or has not answered");
+                tracing::warn!(topic = %t.name, partition = p, target = m.target, "cancelling a move: its target is gone, has not answered, or is being decommissioned");
                 if self
                     .broker
                     .set_move_target(&t.name, p, None, "target_lost")

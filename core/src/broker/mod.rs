@@ -574,6 +574,17 @@ impl Broker {
         broker.followed.send_replace(catalog.applied());
         for m in catalog.topics() {
             let topic = broker.open_topic_rebuilt((**m).clone()).await?;
+            if !broker.store.replicated() {
+                // a freeze for a move left in a data directory now used by a single node
+                // (no cluster will ever decide it): thawed
+                for part in topic.partitions().iter().filter(|p| p.is_frozen()) {
+                    tracing::warn!(dir = %part.dir.display(), "a partition frozen for a cluster move is thawed: this node is a single node");
+                    part.thaw().await.map_err(|source| LogError::Io {
+                        path: part.dir.clone(),
+                        source,
+                    })?;
+                }
+            }
             broker.topics.write().insert(m.name.clone(), topic.clone());
             broker.spawn_topic_timer(topic);
         }
