@@ -315,7 +315,9 @@ impl ClusterNode {
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
         loop {
-            let check = if self.meta.is_voter() {
+            let check = if self.meta.handing_off() {
+                Err("handing its leadership on before it leaves the cluster".into())
+            } else if self.meta.is_voter() {
                 self.meta
                     .read_index(READ_INDEX_DEADLINE)
                     .await

@@ -369,6 +369,8 @@ pub struct ServerConfig {
     pub move_test_stall_frozen_ms: u64,
     /// ... or right before it proposes its flip (to kill a leader or the source then).
     pub move_test_stall_flip_ms: u64,
+    /// ... and its flip's answer is treated as lost (the mover asks the cluster instead).
+    pub move_test_lose_flip_reply: bool,
 
     /// Defaults for topics created without these fields.
     pub default_partitions: u32,
@@ -443,6 +445,7 @@ impl Default for ServerConfig {
             move_dead_target_abort_ms: 120_000,
             move_test_stall_frozen_ms: 0,
             move_test_stall_flip_ms: 0,
+            move_test_lose_flip_reply: false,
             default_partitions: topic.partitions,
             default_visibility_timeout_ms: topic.visibility_timeout_ms,
             default_retention_ms: topic.retention_ms,
@@ -814,6 +817,7 @@ impl ServerConfig {
             dead_target_abort: std::time::Duration::from_millis(self.move_dead_target_abort_ms),
             stall_frozen: std::time::Duration::from_millis(self.move_test_stall_frozen_ms),
             stall_flip: std::time::Duration::from_millis(self.move_test_stall_flip_ms),
+            lose_flip_reply: self.move_test_lose_flip_reply,
         }
     }
 

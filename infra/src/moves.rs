@@ -82,6 +82,9 @@ pub struct MoveSettings {
     /// Fault injection (tests): the first attempt stalls once frozen, or before its flip.
     pub stall_frozen: Duration,
     pub stall_flip: Duration,
+    /// Fault injection (tests): the first attempt's flip answer is treated as lost (the
+    /// outcome then comes from the cluster: the resolve path).
+    pub lose_flip_reply: bool,
 }
 
 impl Default for MoveSettings {
@@ -94,6 +97,7 @@ impl Default for MoveSettings {
             dead_target_abort: Duration::from_secs(120),
             stall_frozen: Duration::ZERO,
             stall_flip: Duration::ZERO,
+            lose_flip_reply: false,
         }
     }
 }
@@ -512,7 +516,7 @@ impl Mover {
             let changed = shape.0 != seen.0 || shape.1 != seen.1 || shape.2 < seen.2;
             let due = planned_at.is_none_or(|t| t.elapsed() >= PLAN_EVERY) || changed;
             seen = shape;
-            if due && self.node.meta.is_leader() {
+            if due && !self.node.meta.handing_off() && self.node.meta.is_leader() {
                 planned_at = Some(Instant::now());
                 if let Err(e) = self.plan_pass(false).await {
                     tracing::debug!(error = %e.message, "partition planner pass skipped");
@@ -839,6 +843,9 @@ impl Mover {
             token,
         };
         match self.store.replicate(flip.clone()).await {
+            Ok(()) if first && self.settings.lose_flip_reply => {
+                tracing::warn!(topic = %meta.name, partition = p, "move_test_lose_flip_reply: the flip's answer is treated as lost; asking the cluster");
+            }
             Ok(()) => return Ok(frozen_at.elapsed()),
             Err(StoreError::Refused(CatalogError::MoveConflict(m))) => {
                 // ours may have committed on an earlier try of the same proposal
@@ -1346,16 +1353,12 @@ impl Mover {
                     node_id = d,
                     "this member is drained and leads: handing the leadership on before it is removed"
                 );
-                let rc = self.node.meta.raft().runtime_config();
-                rc.elect(false);
-                rc.heartbeat(false);
+                self.node.meta.hand_off(true);
                 // if no one removes it (the others cannot elect), it takes part again
-                let raft = self.node.meta.raft().clone();
+                let node = self.node.clone();
                 tokio::spawn(async move {
                     sleep(Duration::from_secs(60)).await;
-                    let rc = raft.runtime_config();
-                    rc.heartbeat(true);
-                    rc.elect(true);
+                    node.meta.hand_off(false);
                 });
                 return;
             }

@@ -1996,7 +1996,13 @@ async fn kills_under_traffic_lose_nothing_and_never_lease_twice() {
         let i = if round == 0 {
             2
         } else {
-            let leader = leader_of(&nodes[0].status().await.unwrap());
+            // (a member just restarted: an election may be under way)
+            let mut leader = None;
+            until("a leader", 30, async || {
+                leader = nodes[0].status().await.as_ref().and_then(leader_of);
+                leader.is_some()
+            })
+            .await;
             nodes.iter().position(|n| Some(n.id) == leader).unwrap()
         };
         let start = traffic.rec.now();
@@ -3993,15 +3999,22 @@ async fn a_freeze_that_lapses_thaws_through_the_cluster_and_the_move_tries_again
 }
 
 /// Ambiguous flips and stale owners: a move stalls right before its flip while the Raft
-/// leader is killed (the destination settles the flip's outcome with the next leader), and
+/// leader is killed, and the flip's answer is lost (fault injection): the destination
+/// settles the outcome by asking the next leader (read index, then the catalog); and
 /// another while its source is killed; that move completes without it, and the old owner,
 /// back with its frozen copy, gives the partition up: it serves it no more and its copy is
 /// gone. The lifecycle checker finds the history clean (the kills are fault windows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flip_outlives_its_leader_and_a_stale_source_gives_its_copy_up() {
     let root = tempfile::tempdir().unwrap();
-    let mut nodes =
-        three_ready_with(root.path(), &[("NARAD_MOVE_TEST_STALL_FLIP_MS", "3000")]).await;
+    let mut nodes = three_ready_with(
+        root.path(),
+        &[
+            ("NARAD_MOVE_TEST_STALL_FLIP_MS", "3000"),
+            ("NARAD_MOVE_TEST_LOSE_FLIP_REPLY", "true"),
+        ],
+    )
+    .await;
     let traffic = Traffic::flowing(&nodes).await;
     let idx = |nodes: &[Node], id: u64| nodes.iter().position(|n| n.id == id).unwrap();
     // 1. the leader killed while a move it does not take part in waits to flip
@@ -4027,6 +4040,13 @@ async fn a_flip_outlives_its_leader_and_a_stale_source_gives_its_copy_up() {
     let live: Vec<&Node> = nodes.iter().filter(|n| n.id != leader).collect();
     let took = moved(&live, p, target, 60).await;
     println!("flipped {took:?} after the leader's kill");
+    // the flip's answer was lost: the target settled it by asking the cluster
+    let t = &nodes[(target - 1) as usize];
+    until("the target resolved the flip", 10, async || {
+        t.log().contains("the flip's answer is treated as lost")
+            && t.log().contains("partition moved here")
+    })
+    .await;
     nodes[li].start().await;
     traffic.moved(li, &nodes[li]);
     let n = &nodes[li];
@@ -4321,4 +4341,80 @@ async fn a_lost_member_is_forgotten_and_its_partition_rebuilt_from_the_archive()
             .any(|l| l.starts_with("narad_partition_records_lost_total 5")),
         "the loss is counted"
     );
+}
+
+/// Decommissioning the member that leads: its partitions move away first, then it hands its
+/// leadership on (it stops heartbeating and standing for election), a new leader is elected
+/// among the others and removes it; the three left hold every partition and take writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decommissioned_leader_hands_its_leadership_on_and_leaves_last() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    topic_everywhere(&nodes, serde_json::json!({"name": "c", "partitions": 8})).await;
+    let mut fourth = Node::new(4, root.path(), &nodes[0].members, SECRET);
+    fourth.start().await;
+    until("the joiner ready", 90, async || fourth.ready().await).await;
+    let all: Vec<&Node> = nodes.iter().chain([&fourth]).collect();
+    until("8 partitions spread over 4 members", 90, async || {
+        let c = partition_counts(&nodes[0]).await;
+        c.len() == 4 && c.iter().all(|&(_, n)| n == 2)
+    })
+    .await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let via = all.iter().find(|n| n.id != leader).unwrap();
+    let (st, body) = via
+        .call(
+            ("x", "y"),
+            Method::POST,
+            &format!("/v1/cluster/members/{leader}/decommission"),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    let rest: Vec<&Node> = all.iter().copied().filter(|n| n.id != leader).collect();
+    let took = until(
+        "the leader drained, handed on and removed",
+        90,
+        async || {
+            let Some(s) = rest[0].status().await else {
+                return false;
+            };
+            let members: Vec<u64> = s["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["node_id"].as_u64())
+                .collect();
+            members.len() == 3
+                && !members.contains(&leader)
+                && leader_of(&s).is_some_and(|l| l != leader)
+        },
+    )
+    .await;
+    println!("leader {leader} decommissioned in {took:?}");
+    let counts = partition_counts(rest[0]).await;
+    assert_eq!(counts.iter().map(|c| c.1).sum::<u64>(), 8, "{counts:?}");
+    assert!(counts.iter().all(|c| c.0 != leader), "{counts:?}");
+    for n in &rest {
+        until(&format!("node {} ready", n.id), 30, async || {
+            n.ready().await
+        })
+        .await;
+    }
+    // the three take metadata writes and messages on every partition
+    create_when_writable(rest[1], "after", "a create after the hand-off").await;
+    for p in 0..8 {
+        let r = rest[p % 3]
+            .http
+            .post(format!(
+                "{}/v1/topics/c/produce?partition={p}",
+                rest[p % 3].base
+            ))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "partition {p}");
+    }
 }

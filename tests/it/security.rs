@@ -171,6 +171,29 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
         "DELETE /v1/cluster/members/{node_id}" => {
             (Method::DELETE, "/v1/cluster/members/7".into(), None)
         }
+        "POST /v1/cluster/members/{node_id}/decommission" => (
+            Method::POST,
+            "/v1/cluster/members/7/decommission".into(),
+            None,
+        ),
+        "DELETE /v1/cluster/members/{node_id}/decommission" => (
+            Method::DELETE,
+            "/v1/cluster/members/7/decommission".into(),
+            None,
+        ),
+        "POST /v1/cluster/members/{node_id}/forget" => {
+            (Method::POST, "/v1/cluster/members/7/forget".into(), None)
+        }
+        "POST /v1/cluster/rebalance" => (Method::POST, "/v1/cluster/rebalance".into(), None),
+        "POST /v1/cluster/moves" => (
+            Method::POST,
+            "/v1/cluster/moves".into(),
+            Some(json!({"topic": "m-t", "partition": 0, "to": 2})),
+        ),
+        "GET /v1/cluster/moves" => (Method::GET, "/v1/cluster/moves".into(), None),
+        "DELETE /v1/cluster/moves/{topic}/{partition}" => {
+            (Method::DELETE, "/v1/cluster/moves/m-t/0".into(), None)
+        }
         "POST /v1/topics" => (
             Method::POST,
             "/v1/topics".into(),
@@ -340,6 +363,26 @@ fn rows() -> Vec<Row> {
         r("GET /v1/cluster", [U, U, F, F, 200]),
         // (a single node: nothing to remove)
         r("DELETE /v1/cluster/members/{node_id}", [U, U, F, F, 409]),
+        // (a single node: nothing to move, drain, forget or rebalance)
+        r(
+            "POST /v1/cluster/members/{node_id}/decommission",
+            [U, U, F, F, 409],
+        ),
+        r(
+            "DELETE /v1/cluster/members/{node_id}/decommission",
+            [U, U, F, F, 409],
+        ),
+        r(
+            "POST /v1/cluster/members/{node_id}/forget",
+            [U, U, F, F, 409],
+        ),
+        r("POST /v1/cluster/rebalance", [U, U, F, F, 409]),
+        r("POST /v1/cluster/moves", [U, U, F, F, 409]),
+        r("GET /v1/cluster/moves", [U, U, F, F, 409]),
+        r(
+            "DELETE /v1/cluster/moves/{topic}/{partition}",
+            [U, U, F, F, 409],
+        ),
         r("POST /v1/topics", [U, U, F, 201, 201]),
         r("GET /v1/topics", [U, U, 200, 200, 200]),
         r("GET /v1/topics/{topic}", [U, U, F, 200, 200]),

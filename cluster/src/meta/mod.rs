@@ -209,6 +209,25 @@ pub struct Metastore {
 }
 
 impl Metastore {
+    /// Starts (or ends) handing this node's leadership on: it stops heartbeating and
+    /// standing for election, and takes no proposal and confirms no read index meanwhile,
+    /// so that the others elect a leader among themselves within their election timeout.
+    pub fn hand_off(&self, on: bool) {
+        self.service
+            .handing_off
+            .store(on, std::sync::atomic::Ordering::Release);
+        let rc = self.raft.runtime_config();
+        rc.heartbeat(!on);
+        rc.elect(!on);
+    }
+
+    /// Whether this node is handing its leadership on ([`Metastore::hand_off`]).
+    pub fn handing_off(&self) -> bool {
+        self.service
+            .handing_off
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Serves the data plane's ops (from [`network::DATA_OPS`] up) on this node's endpoint
     /// with `data`; until then they answer `not_ready`.
     pub fn serve_data(&self, data: Arc<dyn crate::rpc::Service>) {
@@ -345,6 +364,10 @@ impl Metastore {
             }
             let leader = self.raft.current_leader().await;
             let attempt = match leader {
+                Some(l) if l == self.me && self.handing_off() => Err(Attempt::Retry {
+                    reason: "this node is handing its leadership on".into(),
+                    sent: false,
+                }),
                 Some(l) if l == self.me => {
                     sent = true;
                     // a leader cut off from its quorum would wait for a commit forever
@@ -417,6 +440,11 @@ impl Metastore {
         let end = Instant::now() + deadline;
         let index = match self.raft.current_leader().await {
             None => return Err(ProposeError::Unavailable("no leader elected".into())),
+            Some(l) if l == self.me && self.handing_off() => {
+                return Err(ProposeError::Unavailable(
+                    "this node is handing its leadership on".into(),
+                ));
+            }
             Some(l) if l == self.me => {
                 tokio::time::timeout(deadline, self.raft.ensure_linearizable())
                     .await

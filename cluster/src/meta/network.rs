@@ -172,6 +172,9 @@ pub struct MetaService {
     /// Weak: the endpoint owns this service.
     rpc: OnceLock<WeakRpc>,
     data: OnceLock<Arc<dyn Service>>,
+    /// A leader handing its leadership on: it takes no proposal and confirms no read index
+    /// (either would reach the others as a heartbeat, and keep them from electing).
+    pub handing_off: std::sync::atomic::AtomicBool,
 }
 
 impl MetaService {
@@ -209,6 +212,17 @@ impl Service for MetaService {
                     ))
                 }),
             };
+        }
+        if matches!(op, PROPOSE | READ_INDEX | JOIN | REMOVE)
+            && self.handing_off.load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Box::pin(async {
+                Err(Fault::new(
+                    421,
+                    "not_leader",
+                    "this node is handing its leadership on; ask again shortly",
+                ))
+            });
         }
         let (Some(raft), Some(rpc)) = (
             self.raft.get().cloned(),

@@ -151,7 +151,7 @@ pub(crate) struct CursorState {
     /// The attachment this cursor copies for.
     epoch: u64,
     /// `u64::MAX` until the task has loaded its position.
-    next: AtomicU64,
+    pub(crate) next: AtomicU64,
     due_lag_ms: AtomicI64,
 }
 

@@ -98,6 +98,35 @@ fn list_files(dir: &Path) -> std::io::Result<Vec<PartitionFile>> {
     Ok(out)
 }
 
+/// `files` without the segments (`<base>.log` and `<base>.idx`) whose records all lie below
+/// `cutoff`: a segment ends where the next one begins, so the last is always kept, and so is
+/// everything from the first segment that reaches `cutoff` on (what is left is contiguous).
+fn skip_below(files: Vec<PartitionFile>, cutoff: u64) -> Vec<PartitionFile> {
+    let base = |name: &str| -> Option<u64> {
+        let b = name
+            .strip_suffix(".log")
+            .or_else(|| name.strip_suffix(".idx"))?;
+        (b.len() == 20 && b.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| b.parse().ok())
+            .flatten()
+    };
+    let mut bases: Vec<u64> = files
+        .iter()
+        .filter(|f| f.name.ends_with(".log"))
+        .filter_map(|f| base(&f.name))
+        .collect();
+    bases.sort_unstable();
+    let skip: std::collections::HashSet<u64> = bases
+        .windows(2)
+        .filter(|w| w[1] <= cutoff)
+        .map(|w| w[0])
+        .collect();
+    files
+        .into_iter()
+        .filter(|f| base(&f.name).is_none_or(|b| !skip.contains(&b)))
+        .collect()
+}
+
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BrokerError + '_ {
     move |source| {
         BrokerError::Storage(LogError::Io {
@@ -149,7 +178,8 @@ impl Broker {
 
     /// The files of partition `p` a move copies (this node must own it). While the
     /// partition serves, the active segment grows and retention may delete old segments:
-    /// the copier lists again until the partition is frozen.
+    /// the copier lists again until the partition is frozen. Segments the new owner does not
+    /// need are left out (see [`Broker::copy_cutoff`]).
     pub async fn partition_files(
         &self,
         topic: &str,
@@ -158,10 +188,51 @@ impl Broker {
     ) -> Result<Vec<PartitionFile>, BrokerError> {
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
         self.owned_epoch(&t, p)?;
+        let cutoff = self.copy_cutoff(&t, &part);
         let dir = part.dir.clone();
-        tokio::task::spawn_blocking(move || list_files(&dir).map_err(io_error(&dir)))
-            .await
-            .expect("list task")
+        tokio::task::spawn_blocking(move || {
+            list_files(&dir)
+                .map(|f| skip_below(f, cutoff))
+                .map_err(io_error(&dir))
+        })
+        .await
+        .expect("list task")
+    }
+
+    /// Below which offset a moving partition's records need not be copied: records that are
+    /// in the archive (the new owner reads them from there for replays), acked (its queue
+    /// never delivers them again), and copied by every fan-out and remote child (no cursor
+    /// reads them again). 0 when any of that is unknown.
+    fn copy_cutoff(&self, t: &Topic, part: &Partition) -> u64 {
+        let p = part.index;
+        let mut cutoff = part
+            .archived_below
+            .load(Ordering::Acquire)
+            .min(part.queue.lock().frontier());
+        let id = t.id();
+        let catalog = self.store.catalog();
+        let children: Vec<String> = catalog
+            .topics()
+            .filter(|c| c.parent.as_ref().is_some_and(|l| l.parent_id == id))
+            .map(|c| c.name.clone())
+            .collect();
+        {
+            let fanout = self.fanout.lock();
+            for c in &children {
+                match fanout.get(&(c.clone(), p)) {
+                    Some(s) => cutoff = cutoff.min(s.next.load(Ordering::Acquire)),
+                    None => return 0,
+                }
+            }
+        }
+        let remote = self.remote_cursors.lock();
+        for c in catalog.remote_children_of(id) {
+            match remote.get(&(c.name.clone(), p)) {
+                Some(s) => cutoff = cutoff.min(s.next.load(Ordering::Acquire)),
+                None => return 0,
+            }
+        }
+        cutoff
     }
 
     /// Up to `len` (at most [`MAX_FILE_CHUNK`]) bytes of file `name` of partition `p` from
@@ -256,10 +327,15 @@ impl Broker {
         .await
         .expect("persist task")
         .map_err(io_error(&part.dir))?;
+        let cutoff = self.copy_cutoff(&t, &part);
         let dir = part.dir.clone();
-        let files = tokio::task::spawn_blocking(move || list_files(&dir).map_err(io_error(&dir)))
-            .await
-            .expect("list task")?;
+        let files = tokio::task::spawn_blocking(move || {
+            list_files(&dir)
+                .map(|f| skip_below(f, cutoff))
+                .map_err(io_error(&dir))
+        })
+        .await
+        .expect("list task")?;
         self.metrics.partition_freezes.inc();
         Ok(FrozenPartition { next_offset, files })
     }
@@ -720,5 +796,61 @@ impl Broker {
             tail: Box::new(tail),
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(names: &[&str]) -> Vec<PartitionFile> {
+        names
+            .iter()
+            .map(|n| PartitionFile {
+                name: (*n).to_owned(),
+                size: 1,
+            })
+            .collect()
+    }
+
+    /// Only whole segments below the cutoff are left out (with their index), never the last
+    /// one, never anything else (queue state, cursors), and what is left is contiguous.
+    #[test]
+    fn a_move_leaves_out_only_segments_wholly_below_the_cutoff() {
+        let all = files(&[
+            "00000000000000000000.idx",
+            "00000000000000000000.log",
+            "00000000000000000100.idx",
+            "00000000000000000100.log",
+            "00000000000000000200.log",
+            "fanout-c.1.offset",
+            "queue.state",
+        ]);
+        let names = |f: Vec<PartitionFile>| f.into_iter().map(|f| f.name).collect::<Vec<_>>();
+        assert_eq!(names(skip_below(all.clone(), 0)).len(), 7);
+        assert_eq!(
+            names(skip_below(all.clone(), 99)).len(),
+            7,
+            "segment 0 ends at 100"
+        );
+        assert_eq!(
+            names(skip_below(all.clone(), 150)),
+            vec![
+                "00000000000000000100.idx",
+                "00000000000000000100.log",
+                "00000000000000000200.log",
+                "fanout-c.1.offset",
+                "queue.state"
+            ]
+        );
+        // the last segment stays whatever the cutoff
+        assert_eq!(
+            names(skip_below(all, u64::MAX)),
+            vec![
+                "00000000000000000200.log",
+                "fanout-c.1.offset",
+                "queue.state"
+            ]
+        );
     }
 }

@@ -135,7 +135,7 @@ pub struct LinkStatus {
 pub(crate) struct RemoteCursor {
     epoch: u64,
     /// `u64::MAX` until the task has loaded its position.
-    next: AtomicU64,
+    pub(crate) next: AtomicU64,
     status: parking_lot::Mutex<LinkStatus>,
 }
 

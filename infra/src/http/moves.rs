@@ -70,13 +70,16 @@ fn moves_of(t: &TopicMeta) -> impl Iterator<Item = MoveJson> + '_ {
     })
 }
 
+/// This node's cluster membership; a single node answers `409` with `code` (as removing a
+/// member does: there is nothing to move or remove, and the request is not wrong in form).
 fn cluster_of(
     state: &SharedState,
+    code: ErrorCode,
 ) -> Result<&std::sync::Arc<crate::cluster::ClusterNode>, ApiError> {
     state.cluster.as_ref().ok_or_else(|| {
         ApiError::new(
-            ErrorCode::ClusterUnsupported,
-            "partition moves need a cluster (this node has no cluster_members)",
+            code,
+            "this node is not in a cluster (no cluster_members configured): there is nothing to move",
         )
     })
 }
@@ -103,7 +106,7 @@ pub async fn create(
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     caller.require_admin()?;
-    let node = cluster_of(&state)?.clone();
+    let node = cluster_of(&state, ErrorCode::MoveConflict)?.clone();
     let broker = state.broker()?.clone();
     let body = read_body(body, MAX_JSON_BODY).await?;
     let req: MoveRequest = parse_json(&body)?;
@@ -163,7 +166,7 @@ pub async fn list(
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     caller.require_admin()?;
-    let node = cluster_of(&state)?.clone();
+    let node = cluster_of(&state, ErrorCode::MoveConflict)?.clone();
     let broker = state.broker()?.clone();
     let catalog = broker.catalog();
     let mut moves: Vec<MoveJson> = catalog.topics().flat_map(|t| moves_of(t)).collect();
@@ -229,7 +232,7 @@ pub async fn cancel(
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     caller.require_admin()?;
-    cluster_of(&state)?;
+    cluster_of(&state, ErrorCode::MoveConflict)?;
     let broker = state.broker()?.clone();
     let partition: u32 = partition.parse().map_err(|_| {
         ApiError::new(
@@ -260,7 +263,7 @@ pub async fn rebalance(
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     caller.require_admin()?;
-    cluster_of(&state)?;
+    cluster_of(&state, ErrorCode::MoveConflict)?;
     state.broker()?;
     let mover = state
         .mover
@@ -292,7 +295,7 @@ pub async fn decommission(
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     caller.require_admin()?;
-    let node = cluster_of(&state)?.clone();
+    let node = cluster_of(&state, ErrorCode::MemberNotRemovable)?.clone();
     let broker = state.broker()?.clone();
     let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
         ApiError::new(
@@ -370,7 +373,7 @@ pub async fn forget(
 ) -> ApiResult {
     Query::parse(uri.query(), &[])?;
     caller.require_admin()?;
-    cluster_of(&state)?;
+    cluster_of(&state, ErrorCode::MemberNotRemovable)?;
     state.broker()?;
     let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
         ApiError::new(
