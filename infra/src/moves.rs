@@ -533,7 +533,18 @@ impl Mover {
     /// Freezes here past their deadline: thawed once the cluster recorded the thaw (so no
     /// flip naming the token can commit after), left frozen if the flip came first.
     async fn thaw_lapsed(&self) {
-        for f in self.broker.lapsed_freezes(Instant::now()) {
+        // a freeze whose move was cancelled (this node applied the cancel: no flip naming it
+        // can commit after it) thaws at once
+        for f in self.broker.lapsed_freezes(Instant::now(), true) {
+            if let Ok(true) = self
+                .broker
+                .thaw_partition(&f.topic, f.topic_id, f.partition, f.token)
+                .await
+            {
+                tracing::info!(topic = %f.topic, partition = f.partition, "the move of a frozen partition was cancelled: it is served here again");
+            }
+        }
+        for f in self.broker.lapsed_freezes(Instant::now(), false) {
             let cmd = CatalogCommand::ThawPartition {
                 topic_id: f.topic_id,
                 partition: f.partition,
@@ -597,6 +608,12 @@ impl Mover {
         self.metrics.in_flight.inc();
         let started = Instant::now();
         let mut completed = false;
+        let staging = self
+            .broker
+            .catalog()
+            .get(&topic)
+            .filter(|m| m.id == topic_id)
+            .map(|m| self.broker.staging_dir(m, p, move_id));
         let mut backoff = Duration::from_millis(200);
         loop {
             if stop.is_cancelled() {
@@ -644,9 +661,17 @@ impl Mover {
         self.metrics.in_flight.dec();
         self.progress.lock().remove(&pkey);
         self.staged_from.lock().remove(&pkey);
-        if let Some(meta) = self.broker.catalog().get(&topic) {
-            let staging = self.broker.staging_dir(meta, p, move_id);
+        // the staged copy goes whatever ended the move (the topic may be gone from the
+        // catalog: its staging directory is found by its incarnation and move id)
+        if let Some(staging) = staging {
             let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(staging)).await;
+        }
+        if let Some(meta) = self
+            .broker
+            .catalog()
+            .get(&topic)
+            .filter(|m| m.id == topic_id)
+        {
             // a copy installed by an attempt whose flip never came is not kept
             if !completed {
                 let _ = self
@@ -654,6 +679,20 @@ impl Mover {
                     .discard_unowned_copy(&meta.name, meta.id, p)
                     .await;
             }
+        }
+    }
+
+    /// Whether member `id` answers a ping within `within`.
+    async fn answers(&self, id: u64, within: Duration) -> bool {
+        match self.node.meta.addr_of(id) {
+            Some(addr) => self
+                .node
+                .meta
+                .rpc()
+                .call(id, &addr, Op::PING, Bytes::new(), within)
+                .await
+                .is_ok(),
+            None => false,
         }
     }
 
@@ -1247,19 +1286,10 @@ impl Mover {
         voters.sort_unstable();
         let me = self.node.node_id();
         let mut alive = HashSet::from([me]);
-        let pings = voters.iter().filter(|&&v| v != me).map(|&v| async move {
-            let ok = match self.node.meta.addr_of(v) {
-                Some(addr) => self
-                    .node
-                    .meta
-                    .rpc()
-                    .call(v, &addr, Op::PING, Bytes::new(), Duration::from_secs(1))
-                    .await
-                    .is_ok(),
-                None => false,
-            };
-            (v, ok)
-        });
+        let pings = voters
+            .iter()
+            .filter(|&&v| v != me)
+            .map(|&v| async move { (v, self.answers(v, Duration::from_secs(1)).await) });
         for (v, ok) in futures_util::future::join_all(pings).await {
             let mut down = self.down_since.lock();
             if ok {
@@ -1544,15 +1574,7 @@ impl Mover {
                 "this member answers the request: it is not lost (decommission it instead)",
             ));
         }
-        if let Some(addr) = self.node.meta.addr_of(id)
-            && self
-                .node
-                .meta
-                .rpc()
-                .call(id, &addr, Op::PING, Bytes::new(), Duration::from_secs(2))
-                .await
-                .is_ok()
-        {
+        if self.answers(id, Duration::from_secs(2)).await {
             return Err(ApiError::new(
                 ErrorCode::MemberNotRemovable,
                 format!(
@@ -1593,17 +1615,7 @@ impl Mover {
             .into_iter()
             .filter(|v| *v != id && !catalog.draining().contains(v))
         {
-            let live = v == me
-                || match self.node.meta.addr_of(v) {
-                    Some(addr) => self
-                        .node
-                        .meta
-                        .rpc()
-                        .call(v, &addr, Op::PING, Bytes::new(), Duration::from_secs(1))
-                        .await
-                        .is_ok(),
-                    None => false,
-                };
+            let live = v == me || self.answers(v, Duration::from_secs(1)).await;
             if live {
                 let n = catalog
                     .topics()

@@ -127,6 +127,15 @@ fn skip_below(files: Vec<PartitionFile>, cutoff: u64) -> Vec<PartitionFile> {
         .collect()
 }
 
+/// Moves `dir` (if it exists) to `aside`, replacing whatever was there. Blocking.
+fn set_aside(dir: &Path, aside: &Path) -> Result<(), BrokerError> {
+    let _ = std::fs::remove_dir_all(aside);
+    match std::fs::rename(dir, aside) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_error(dir)(e)),
+        _ => Ok(()),
+    }
+}
+
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BrokerError + '_ {
     move |source| {
         BrokerError::Storage(LogError::Io {
@@ -258,7 +267,17 @@ impl Broker {
         let len = len.min(MAX_FILE_CHUNK) as usize;
         tokio::task::spawn_blocking(move || {
             use std::os::unix::fs::FileExt;
-            let f = std::fs::File::open(&path).map_err(io_error(&path))?;
+            let f = match std::fs::File::open(&path) {
+                Ok(f) => f,
+                // retention, a seal or a thaw changed the directory since the listing
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(BrokerError::ClusterUnavailable(format!(
+                        "{} is gone from the partition since it was listed; list again",
+                        path.display()
+                    )));
+                }
+                Err(e) => return Err(io_error(&path)(e)),
+            };
             let mut buf = vec![0u8; len];
             let mut got = 0;
             while got < len {
@@ -296,10 +315,19 @@ impl Broker {
         } = ask;
         let _one = self.moves_lock.lock().await;
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
-        if renew && !part.freeze.lock().is_some_and(|f| f.token == token) {
-            return Err(BrokerError::ClusterUnavailable(format!(
-                "partition {p} of '{topic}' is no longer frozen for this move (its freeze lapsed)"
-            )));
+        let held = *part.freeze.lock();
+        match held {
+            Some(f) if f.token != token => {
+                return Err(BrokerError::ClusterUnavailable(format!(
+                    "partition {p} of '{topic}' is frozen for another move until it thaws; retry"
+                )));
+            }
+            None if renew => {
+                return Err(BrokerError::ClusterUnavailable(format!(
+                    "partition {p} of '{topic}' is no longer frozen for this move (its freeze lapsed)"
+                )));
+            }
+            _ => {}
         }
         let epoch = self.owned_epoch(&t, p)?;
         if epoch != expect_epoch {
@@ -363,15 +391,24 @@ impl Broker {
     }
 
     /// Freezes on partitions this node owns whose deadline passed (`now`), for the caller to
-    /// ask the cluster whether each may thaw.
-    pub fn lapsed_freezes(&self, now: std::time::Instant) -> Vec<LapsedFreeze> {
+    /// ask the cluster whether each may thaw; with `orphaned`, instead those whose move is no
+    /// longer in the catalog this node follows (cancelled: no flip can ever name them, so
+    /// they thaw at once, no cluster asked).
+    pub fn lapsed_freezes(&self, now: std::time::Instant, orphaned: bool) -> Vec<LapsedFreeze> {
         let mut out = Vec::new();
         for t in self.topics.read().values() {
             let meta = t.meta.read();
             for part in t.partitions().iter() {
                 let f = *part.freeze.lock();
+                let due = |f: &partition::Freeze| {
+                    if orphaned {
+                        !meta.moves.contains_key(&part.index)
+                    } else {
+                        f.until <= now
+                    }
+                };
                 if let Some(f) = f
-                    && f.until <= now
+                    && due(&f)
                     && self.is_local(&meta, part.index)
                 {
                     out.push(LapsedFreeze {
@@ -427,6 +464,7 @@ impl Broker {
             )));
         }
         old.retire().await;
+        self.checkpoint_wal().await?;
         let dir = old.dir.clone();
         let aside = self
             .cfg
@@ -436,13 +474,7 @@ impl Broker {
         let staged = staged.to_owned();
         let env = self.log_env();
         let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
-            let _ = std::fs::remove_dir_all(&aside);
-            match std::fs::rename(&dir, &aside) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(io_error(&dir)(e));
-                }
-                _ => {}
-            }
+            set_aside(&dir, &aside)?;
             std::fs::rename(&staged, &dir).map_err(io_error(&dir))?;
             if let Some(parent) = dir.parent() {
                 crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
@@ -553,6 +585,7 @@ impl Broker {
         let old = t.partition(p)?;
         old.retire().await;
         old.thawed.notify_waiters();
+        self.checkpoint_wal().await?;
         let dir = old.dir.clone();
         let aside = keep.clone().unwrap_or_else(|| {
             self.cfg
@@ -566,13 +599,7 @@ impl Broker {
         let env = self.log_env();
         let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
             crate::fsutil::create_dir_private(&moves).map_err(io_error(&moves))?;
-            let _ = std::fs::remove_dir_all(&aside);
-            match std::fs::rename(&dir, &aside) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(io_error(&dir)(e));
-                }
-                _ => {}
-            }
+            set_aside(&dir, &aside)?;
             if let Some(parent) = dir.parent() {
                 crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
             }
@@ -624,6 +651,16 @@ impl Broker {
         self.remote_cursors
             .lock()
             .retain(|(c, i), _| !(*i == p && remote.contains(c)));
+    }
+
+    /// Before a partition directory's content is replaced wholesale: no WAL file may name
+    /// frames written into it before (a replay at the next start would write those old
+    /// frames into the new content, or refuse to start over the mismatch).
+    async fn checkpoint_wal(&self) -> Result<(), BrokerError> {
+        match &self.env.cfg.wal {
+            Some(wal) => wal.checkpoint().await.map_err(BrokerError::from),
+            None => Ok(()),
+        }
     }
 
     fn log_env(&self) -> LogEnv {
@@ -733,6 +770,7 @@ impl Broker {
             }
             let _one = self.moves_lock.lock().await;
             old.retire().await;
+            self.checkpoint_wal().await?;
             let dir = old.dir.clone();
             let aside = self
                 .cfg
@@ -743,13 +781,7 @@ impl Broker {
             let env = self.log_env();
             let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
                 crate::fsutil::create_dir_private(&moves).map_err(io_error(&moves))?;
-                let _ = std::fs::remove_dir_all(&aside);
-                match std::fs::rename(&dir, &aside) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(io_error(&dir)(e));
-                    }
-                    _ => {}
-                }
+                set_aside(&dir, &aside)?;
                 crate::fsutil::create_dir_private(&dir).map_err(io_error(&dir))?;
                 crate::fsutil::open_or_create_private(&crate::log::segment::segment_path(
                     &dir, start,

@@ -133,6 +133,13 @@ pub(super) enum Cmd {
         log: Arc<Shared>,
         reply: oneshot::Sender<()>,
     },
+    /// Starts a new WAL file and answers once every earlier one is checkpointed away (its
+    /// segments synced, the file removed): no WAL file then names what was written before.
+    /// A partition directory whose content is about to be replaced wholesale (a move) asks
+    /// for it, so that no later replay writes old frames into the new content.
+    Checkpoint {
+        reply: oneshot::Sender<Result<(), LogError>>,
+    },
 }
 
 /// The node's WAL: a cheap handle; the last one dropped stops the threads (after
@@ -356,6 +363,14 @@ impl Wal {
 
     pub(super) fn inner(&self) -> &Arc<WalInner> {
         &self.0.inner
+    }
+
+    /// Checkpoints every WAL file written so far away (see [`Cmd::Checkpoint`]): once this
+    /// returns, no WAL file names a frame written before the call.
+    pub(crate) async fn checkpoint(&self) -> Result<(), LogError> {
+        let (tx, rx) = oneshot::channel();
+        self.0.inner.push([Cmd::Checkpoint { reply: tx }])?;
+        rx.await.unwrap_or(Err(LogError::Closed))
     }
 
     /// Tests: stops the threads as a `kill -9` would leave the files (no checkpoint).
@@ -767,6 +782,8 @@ enum Job {
         files: Vec<Arc<DataFile>>,
         upto: u64,
         spare_bytes: u64,
+        /// Told when this checkpoint is done (or could not be).
+        done: Option<oneshot::Sender<Result<(), LogError>>>,
     },
     /// Zero-fill a spare of this size.
     Prepare { bytes: u64 },
@@ -774,12 +791,13 @@ enum Job {
 
 fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
     while let Ok(job) = rx.recv() {
-        let (files, upto, spare_bytes) = match job {
+        let (files, upto, spare_bytes, done) = match job {
             Job::Checkpoint {
                 files,
                 upto,
                 spare_bytes,
-            } => (files, upto, spare_bytes),
+                done,
+            } => (files, upto, spare_bytes, done),
             Job::Prepare { bytes } => {
                 if inner.spare.lock().is_none()
                     && let Err(e) = prepare_spare(inner, bytes)
@@ -789,7 +807,10 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
                 continue;
             }
         };
-        if inner.poisoned().is_some() {
+        if let Some(reason) = inner.poisoned() {
+            if let Some(d) = done {
+                let _ = d.send(Err(LogError::Poisoned(reason)));
+            }
             continue;
         }
         #[cfg(test)]
@@ -801,7 +822,11 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
         if let Err(e) = synced {
             // the segments may not hold what the WAL acknowledged: keep the WAL files (the
             // next start replays them) and stop taking appends
-            inner.poison(format!("checkpoint fsync of a segment failed: {e}"));
+            let reason = format!("checkpoint fsync of a segment failed: {e}");
+            inner.poison(reason.clone());
+            if let Some(d) = done {
+                let _ = d.send(Err(LogError::Poisoned(reason)));
+            }
             continue;
         }
         let mut removed = 0;
@@ -831,6 +856,9 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
             .metrics
             .wal_checkpoint_seconds
             .observe(started.elapsed().as_secs_f64());
+        if let Some(d) = done {
+            let _ = d.send(Ok(()));
+        }
     }
 }
 
@@ -959,6 +987,7 @@ impl Writer {
                 upto: self.seq,
                 // (the current file too: keep one for the next start)
                 spare_bytes: self.cfg.rotate_bytes,
+                done: None,
             });
         }
     }
@@ -1006,6 +1035,18 @@ impl Writer {
                     bytes = 0;
                     log.close_writer();
                     let _ = reply.send(());
+                }
+                Cmd::Checkpoint { reply } => {
+                    self.commit(&mut groups);
+                    index.clear();
+                    bytes = 0;
+                    if let Some(reason) = self.inner.poisoned() {
+                        let _ = reply.send(Err(LogError::Poisoned(reason)));
+                    } else if let Err(reply) = self.rotate_then(Some(reply)) {
+                        let _ = reply.send(Err(LogError::Poisoned(
+                            "could not start a new WAL file to checkpoint the old ones".into(),
+                        )));
+                    }
                 }
             }
         }
@@ -1164,6 +1205,16 @@ impl Writer {
     }
 
     fn rotate(&mut self) {
+        let _ = self.rotate_then(None);
+    }
+
+    /// Starts the next WAL file and hands the old ones to the checkpointer, which tells
+    /// `done` when they are gone. The reply back if no new file could be started.
+    #[allow(clippy::type_complexity)]
+    fn rotate_then(
+        &mut self,
+        done: Option<oneshot::Sender<Result<(), LogError>>>,
+    ) -> Result<(), oneshot::Sender<Result<(), LogError>>> {
         let seq = self.seq + 1;
         match create_file(&self.inner, seq) {
             Ok((file, pos, nonce, preallocated)) => {
@@ -1172,6 +1223,7 @@ impl Writer {
                     files,
                     upto: self.seq,
                     spare_bytes: self.cfg.rotate_bytes,
+                    done,
                 });
                 self.file = file;
                 self.seq = seq;
@@ -1181,12 +1233,14 @@ impl Writer {
                 self.pos = pos;
                 self.registered.clear();
                 self.rotate_retry_at = 0;
+                Ok(())
             }
             Err(e) => {
                 // the current file keeps growing; try again a little later
                 tracing::warn!(error = %e, "could not start a new WAL file; retrying later");
                 let _ = std::fs::remove_file(wal_path(&self.inner.dir, seq));
                 self.rotate_retry_at = self.pos + self.cfg.rotate_bytes / 4 + 1;
+                done.map_or(Ok(()), Err)
             }
         }
     }

@@ -632,12 +632,7 @@ async fn remove_member(
 ) -> ApiResult {
     caller.require_admin()?;
     query::Query::parse(uri.query(), &[])?;
-    let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidField,
-            format!("node_id: '{node_id}' is not a node id (1 or more)"),
-        )
-    })?;
+    let id = node_id_param(&node_id)?;
     let Some(c) = &state.cluster else {
         return Err(ApiError::new(
             ErrorCode::MemberNotRemovable,
@@ -668,6 +663,16 @@ async fn remove_member(
             ),
         )),
     }
+}
+
+/// A `{node_id}` path parameter: a node id, 1 or more.
+pub(super) fn node_id_param(node_id: &str) -> Result<u64, ApiError> {
+    node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidField,
+            format!("node_id: '{node_id}' is not a node id (1 or more)"),
+        )
+    })
 }
 
 async fn metrics(

@@ -297,12 +297,7 @@ pub async fn decommission(
     caller.require_admin()?;
     let node = cluster_of(&state, ErrorCode::MemberNotRemovable)?.clone();
     let broker = state.broker()?.clone();
-    let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidField,
-            format!("node_id: '{node_id}' is not a node id (1 or more)"),
-        )
-    })?;
+    let id = super::node_id_param(&node_id)?;
     let voters: Vec<u64> = node
         .meta
         .view()
@@ -311,6 +306,12 @@ pub async fn decommission(
         .voter_ids()
         .collect();
     let draining = method == axum::http::Method::POST;
+    if !draining && !voters.contains(&id) && !broker.catalog().draining().contains(&id) {
+        return Err(ApiError::new(
+            ErrorCode::MemberNotFound,
+            format!("node {id} is not a member being decommissioned"),
+        ));
+    }
     if draining {
         if !voters.contains(&id) {
             return Err(ApiError::new(
@@ -375,12 +376,7 @@ pub async fn forget(
     caller.require_admin()?;
     cluster_of(&state, ErrorCode::MemberNotRemovable)?;
     state.broker()?;
-    let id: u64 = node_id.parse().ok().filter(|id| *id > 0).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidField,
-            format!("node_id: '{node_id}' is not a node id (1 or more)"),
-        )
-    })?;
+    let id = super::node_id_param(&node_id)?;
     let mover = state
         .mover
         .get()
