@@ -754,6 +754,10 @@ impl Mover {
             .expect("serialises")
         };
         self.set_phase(pkey, "catch_up");
+        self.broker
+            .prepare_install(&meta.name, meta.id, p)
+            .await
+            .map_err(|e| format!("checkpointing the write-ahead log: {e}"))?;
         let mut incarnation = None;
         let (mut last, mut growing) = (None, 0);
         for _ in 0..MAX_CATCH_UP_PASSES {

@@ -448,6 +448,10 @@ pub struct Broker {
     shipper: std::sync::OnceLock<Arc<dyn RemoteShipper>>,
     /// Serialises freezes, thaws, installs and give-aways of partitions (moves).
     moves_lock: tokio::sync::Mutex<()>,
+    /// Partitions not owned here whose earlier frames no WAL file names any more (a
+    /// checkpoint ran while they were at this owner epoch): their install needs no
+    /// checkpoint inside the source's freeze. By (topic id, partition) → owner epoch.
+    wal_clean: Mutex<HashMap<(u64, u32), u64>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -548,6 +552,7 @@ impl Broker {
             remote_cursors: Mutex::new(HashMap::new()),
             shipper: std::sync::OnceLock::new(),
             moves_lock: tokio::sync::Mutex::new(()),
+            wal_clean: Mutex::new(HashMap::new()),
         });
         let data_dir = broker.cfg.data_dir.clone();
         {

@@ -446,6 +446,25 @@ impl Broker {
         Ok(next)
     }
 
+    /// Before a move to this node copies partition `p` (not owned here): checkpoints the WAL
+    /// so that no WAL file names frames this node once wrote into the partition, which its
+    /// install would otherwise have to do inside the source's freeze.
+    pub async fn prepare_install(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        p: u32,
+    ) -> Result<(), BrokerError> {
+        let (t, _) = self.move_partition_of(topic, topic_id, p)?;
+        if self.owned_epoch(&t, p).is_ok() {
+            return Ok(());
+        }
+        let epoch = t.meta.read().owner_epoch(p);
+        self.checkpoint_wal().await?;
+        self.wal_clean.lock().insert((topic_id, p), epoch);
+        Ok(())
+    }
+
     /// Puts the staged copy of partition `p` in place of this node's copy (a node that does
     /// not own a partition holds an empty one), reopened from its files. The partition is
     /// served here only once the catalog names this node its owner.
@@ -463,8 +482,14 @@ impl Broker {
                 "partition {p} of '{topic}' is already served here"
             )));
         }
+        // (checkpointed already at this owner epoch by `prepare_install`, while the source
+        // still served: the partition was not owned here since, so nothing was written)
+        let epoch = t.meta.read().owner_epoch(p);
+        let clean = self.wal_clean.lock().remove(&(topic_id, p)) == Some(epoch);
         old.retire().await;
-        self.checkpoint_wal().await?;
+        if !clean {
+            self.checkpoint_wal().await?;
+        }
         let dir = old.dir.clone();
         let aside = self
             .cfg
