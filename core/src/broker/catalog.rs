@@ -627,11 +627,19 @@ impl Broker {
                         *t.partitions.write() = Arc::new(all);
                     }
                     *t.meta.write() = (**meta).clone();
-                    // partitions that moved away from this node: their copy here goes
+                    // partitions that moved away from this node: their copy here goes; those
+                    // that moved here: the topic's timer wakes for their first lease or
+                    // delay to end (the old owner's leases they hold, say)
                     if let Some(me) = self.store.node_id() {
                         for p in 0..old.config.partitions.min(meta.config.partitions) {
                             if old.owner_of(p) == Some(me) && meta.owner_of(p) != Some(me) {
                                 self.give_away_partition(&t, p).await?;
+                            } else if old.owner_of(p) != Some(me)
+                                && meta.owner_of(p) == Some(me)
+                                && let Ok(part) = t.partition(p)
+                                && let Some(at) = part.queue.lock().next_wakeup()
+                            {
+                                self.arm_timer(&t, at);
                             }
                         }
                     }

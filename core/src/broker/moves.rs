@@ -518,7 +518,13 @@ impl Broker {
             Some(slot) => part.adopt_slot(slot),
             None => part.close().await,
         }
+        // the leases it holds for the old owner end on their own: the topic's timer wakes
+        // for the first, so waiting readers get those messages then, not at their next poll
+        let wakeup = part.queue.lock().next_wakeup();
         self.replace_partition(&t, p, part);
+        if let Some(at) = wakeup {
+            self.arm_timer(&t, at);
+        }
         Ok(())
     }
 
