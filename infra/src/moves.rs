@@ -305,6 +305,10 @@ pub struct MoveMetrics {
     pub thaws: Counter,
     /// Records a forgotten member held that the archive did not (at least this many).
     pub lost_records: Counter,
+    /// Archived records put back on local disk by rebuilds of a forgotten member's partitions.
+    pub rebuilt_records: Counter,
+    /// Rebuild attempts that failed (the archive unreadable, say) and were started again.
+    pub rebuild_failures: Counter,
 }
 
 impl Default for MoveMetrics {
@@ -323,6 +327,8 @@ impl Default for MoveMetrics {
             freeze_seconds: buckets(),
             thaws: Counter::default(),
             lost_records: Counter::default(),
+            rebuilt_records: Counter::default(),
+            rebuild_failures: Counter::default(),
         }
     }
 }
@@ -365,6 +371,16 @@ impl MoveMetrics {
             self.lost_records.clone(),
         );
         r.register(
+            "narad_partition_records_rebuilt",
+            "archived records a rebuild of a forgotten member's partition put back on this node's disk (those its consumers had not acked, to be delivered again)",
+            self.rebuilt_records.clone(),
+        );
+        r.register(
+            "narad_partition_rebuild_failures",
+            "attempts to rebuild a forgotten member's partition from the archive that failed and are tried again (the partition serves nothing meanwhile)",
+            self.rebuild_failures.clone(),
+        );
+        r.register(
             "narad_move_thaws",
             "freezes a source thawed because its mover did not flip in time",
             self.thaws.clone(),
@@ -383,6 +399,8 @@ pub struct Mover {
     pub metrics: Arc<MoveMetrics>,
     settings: MoveSettings,
     running: Mutex<HashSet<(u64, u32, u64)>>,
+    /// Rebuilds from the archive running here: (topic id, partition, owner epoch).
+    rebuilding: Mutex<HashSet<(u64, u32, u64)>>,
     progress: Mutex<BTreeMap<(u64, u32), Progress>>,
     slots: Arc<Semaphore>,
     /// Copy pacing (`move_max_bytes_per_sec`): when the next byte may be read.
@@ -417,6 +435,7 @@ impl Mover {
             metrics,
             settings,
             running: Mutex::new(HashSet::new()),
+            rebuilding: Mutex::new(HashSet::new()),
             progress: Mutex::new(BTreeMap::new()),
             slots: Arc::new(Semaphore::new(MOVES_PER_NODE)),
             pace: Mutex::new(Instant::now()),
@@ -504,6 +523,18 @@ impl Mover {
                         this.running.lock().remove(&key);
                     });
                 }
+            }
+            for (meta, p) in self.broker.awaited_rebuilds() {
+                let key = (meta.id, p, meta.owner_epoch(p));
+                if !self.rebuilding.lock().insert(key) {
+                    continue;
+                }
+                let this = self.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    this.run_rebuild(key, stop).await;
+                    this.rebuilding.lock().remove(&key);
+                });
             }
             self.thaw_lapsed().await;
             // at once when the membership or the draining set changes, or a move ended (the
@@ -680,6 +711,105 @@ impl Mover {
                     .await;
             }
         }
+    }
+
+    /// Rebuilds partition `key.1` of topic `key.0`, reassigned here at owner epoch `key.2`
+    /// after its owner was forgotten, from the archive; tried again (backing off up to 30 s)
+    /// until it is installed or no longer wanted here. The partition serves nothing
+    /// meanwhile: its producers and consumers are told it is moving.
+    async fn run_rebuild(&self, key: (u64, u32, u64), stop: CancellationToken) {
+        let (topic_id, p, epoch) = key;
+        let mut backoff = Duration::from_secs(1);
+        let started = Instant::now();
+        loop {
+            if stop.is_cancelled() {
+                return;
+            }
+            let Some(meta) = self
+                .broker
+                .awaited_rebuilds()
+                .into_iter()
+                .find(|(m, q)| m.id == topic_id && *q == p && m.owner_epoch(p) == epoch)
+                .map(|(m, _)| m)
+            else {
+                return;
+            };
+            match self.rebuild(&meta, p).await {
+                Ok((restored, redelivered)) => {
+                    self.metrics.rebuilt_records.inc_by(restored);
+                    tracing::info!(topic = %meta.name, partition = p, restored, redelivered, seconds = started.elapsed().as_secs_f64(), "partition rebuilt here from the archive");
+                    return;
+                }
+                Err(e) => {
+                    self.metrics.rebuild_failures.inc();
+                    tracing::warn!(topic = %meta.name, partition = p, error = %e, retry_in = ?backoff, "rebuilding a forgotten member's partition from the archive failed; trying again (it serves nothing until then)");
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+
+    /// One rebuild attempt: the archived segments the lost owner's consumers had not
+    /// finished with (from the queue frontier the archive recorded, within local retention)
+    /// are fetched one at a time, written to a staged copy, and installed. Returns the
+    /// records put back and how many of them the queue delivers again.
+    async fn rebuild(&self, meta: &TopicMeta, p: u32) -> Result<(u64, u64), String> {
+        let archive = self
+            .archive
+            .as_ref()
+            .ok_or("this member has no archive to rebuild from")?;
+        let start = meta
+            .rebuilt_start(p)
+            .ok_or("the partition is not rebuilt from the archive")?;
+        let manifest = archive
+            .archive()
+            .load_manifest(&meta.name, p)
+            .await
+            .map_err(|e| format!("the archive's manifest could not be read: {e}"))?
+            .filter(|m| m.topic_id == meta.id);
+        let mut staging = self
+            .broker
+            .begin_rebuild(meta, p)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut frontier, mut restored) = (start, 0u64);
+        if let Some(m) = manifest {
+            frontier = m
+                .queue_frontier
+                .unwrap_or(m.start_offset)
+                .max(m.start_offset);
+            // what the lost owner's own retention would have deleted by now is not brought
+            // back (its queue would have dropped it too)
+            let keep_ms = self.broker.local_retention_ms(&meta.config);
+            let now = self.broker.now_ms();
+            for seg in &m.segments {
+                if seg.last_offset < frontier
+                    || seg.last_offset >= start
+                    || (keep_ms > 0 && seg.max_ts < now.saturating_sub(keep_ms))
+                {
+                    continue;
+                }
+                let records = archive
+                    .segment_records(&meta.name, p, seg)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                restored += records.len() as u64;
+                self.broker
+                    .stage_rebuilt_segment(&mut staging, records)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let redelivered = self
+            .broker
+            .install_rebuilt(&meta.name, staging, frontier)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((restored, redelivered))
     }
 
     /// Whether member `id` answers a ping within `within`.
@@ -1556,6 +1686,12 @@ pub struct Forgotten {
     pub lost_from: u64,
     pub lost_to: u64,
     pub lost_at_least: u64,
+    /// The archived records from this offset on (to `archived_below`) are delivered to the
+    /// partition's queue consumers again once it is rebuilt: its lost owner's consumers had
+    /// acked everything below it when the archive last heard from it (absent: nothing
+    /// archived). Records older than local retention are not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redeliver_from: Option<u64>,
 }
 
 impl Mover {
@@ -1634,9 +1770,15 @@ impl Mover {
         let seen = self.seen_ends(&count, &owned).await;
         let mut out = Vec::new();
         for ((t, p), seen_end) in owned.iter().zip(seen) {
-            let start = match archive.archive().load_manifest(&t.name, *p).await {
-                Ok(Some(m)) if m.topic_id == t.id => m.next_offset,
-                Ok(_) => 0,
+            let (start, redeliver_from) = match archive.archive().load_manifest(&t.name, *p).await {
+                Ok(Some(m)) if m.topic_id == t.id => {
+                    let from = m
+                        .queue_frontier
+                        .unwrap_or(m.start_offset)
+                        .max(m.start_offset);
+                    (m.next_offset, (from < m.next_offset).then_some(from))
+                }
+                Ok(_) => (0, None),
                 Err(e) => {
                     return Err(ApiError::new(
                         ErrorCode::ArchiveUnavailable,
@@ -1675,6 +1817,7 @@ impl Mover {
                 lost_from: start,
                 lost_to: tail.seen_end,
                 lost_at_least: lost,
+                redeliver_from,
             });
         }
         Ok(out)

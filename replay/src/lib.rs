@@ -255,6 +255,47 @@ impl ArchiveReader {
         Ok(None)
     }
 
+    /// Every record of one archived segment, fetched and decoded whole (not cached): what a
+    /// rebuild from the archive writes back to local disk. The records must be exactly the
+    /// segment's offsets, `first_offset..=last_offset`, each once and in order.
+    pub async fn segment_records(
+        &self,
+        topic: &str,
+        partition: u32,
+        seg: &ArchivedSegment,
+    ) -> Result<Vec<Record>, ReplayError> {
+        let path = self
+            .archive
+            .partition_dir(topic, partition)
+            .join(seg.object.as_str());
+        let bytes = self.fetch(&path).await?;
+        let key = path.to_string();
+        let records = tokio::task::spawn_blocking(move || format::decode(bytes, None))
+            .await
+            .map_err(|e| ReplayError::Format {
+                path: key.clone(),
+                source: FormatError::Foreign(e.to_string()),
+            })?
+            .map_err(|source| ReplayError::Format {
+                path: key.clone(),
+                source,
+            })?;
+        let contiguous = records
+            .iter()
+            .enumerate()
+            .all(|(i, r)| Some(r.offset) == seg.first_offset.checked_add(i as u64));
+        if !contiguous || records.last().map(|r| r.offset) != Some(seg.last_offset) {
+            return Err(ReplayError::Format {
+                path: key,
+                source: FormatError::Foreign(format!(
+                    "the object does not hold exactly offsets {}..={} in order",
+                    seg.first_offset, seg.last_offset
+                )),
+            });
+        }
+        Ok(records)
+    }
+
     /// Fetches (or finds cached) an archived object and its footer. Cache keys carry the
     /// incarnation and the object size: a re-created topic's object at the same path is a
     /// different entry.

@@ -4218,7 +4218,36 @@ async fn a_lost_member_is_forgotten_and_its_partition_rebuilt_from_the_archive()
             .unwrap();
         assert_eq!(r.status(), StatusCode::ACCEPTED);
     };
-    for i in 0..10 {
+    // three produced, consumed and acked, then seven more nobody consumes
+    for i in 0..3 {
+        produce(i).await;
+    }
+    let (st, got) = nodes[via]
+        .call(
+            ("x", "y"),
+            Method::GET,
+            &format!("/v1/topics/arch/consume?partition={p}&max=3&wait=2s"),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{got}");
+    let handles: Vec<String> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["receipt_handle"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(handles.len(), 3, "{got}");
+    let (st, res) = nodes[via]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/topics/arch/ack",
+            Some(serde_json::json!({"receipt_handles": handles})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{res}");
+    for i in 3..10 {
         produce(i).await;
     }
     let archived = async || {
@@ -4233,6 +4262,9 @@ async fn a_lost_member_is_forgotten_and_its_partition_rebuilt_from_the_archive()
         archived().await == Some(10)
     })
     .await;
+    // the archive heard of the acks with the segment (they came first)
+    let manifest = archive.load_manifest("arch", p).await.unwrap().unwrap();
+    assert_eq!(manifest.queue_frontier, Some(3), "{manifest:?}");
     // five more, then the owner is gone before it seals them (a segment seals after 1 s)
     for i in 10..15 {
         produce(i).await;
@@ -4291,6 +4323,7 @@ async fn a_lost_member_is_forgotten_and_its_partition_rebuilt_from_the_archive()
         (Some(u64::from(p)), Some(10), Some(10), Some(15), Some(5)),
         "{body}"
     );
+    assert_eq!(f["redeliver_from"], 3, "{body}");
     let to = f["to"].as_u64().unwrap();
     assert_ne!(to, lost);
     let live: Vec<&Node> = nodes.iter().filter(|n| n.id != lost).collect();
@@ -4310,25 +4343,38 @@ async fn a_lost_member_is_forgotten_and_its_partition_rebuilt_from_the_archive()
         },
     )
     .await;
-    // every archived record, through every live member
+    // every archived record, through every live member (once the rebuild is in: until
+    // then the partition answers 503 partition_moving, never an empty history)
+    let want: Vec<String> = (0..10).map(|i| format!("p{p}-{i}")).collect();
     for n in &live {
-        let (st, got) = n
-            .call(
-                ("x", "y"),
-                Method::GET,
-                &format!("/v1/topics/arch/consume?partition={p}&offset=0&max=100"),
-                None,
+        let replayed = async || {
+            let (st, got) = n
+                .call(
+                    ("x", "y"),
+                    Method::GET,
+                    &format!("/v1/topics/arch/consume?partition={p}&offset=0&max=100"),
+                    None,
+                )
+                .await;
+            if st == StatusCode::SERVICE_UNAVAILABLE {
+                assert_eq!(got["code"], "partition_moving", "{got}");
+                return None;
+            }
+            assert_eq!(st, StatusCode::OK, "{got}");
+            Some(
+                got["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["payload"].as_str().unwrap().to_owned())
+                    .collect::<Vec<String>>(),
             )
-            .await;
-        assert_eq!(st, StatusCode::OK, "{got}");
-        let payloads: Vec<String> = got["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["payload"].as_str().unwrap().to_owned())
-            .collect();
-        let want: Vec<String> = (0..10).map(|i| format!("p{p}-{i}")).collect();
-        assert_eq!(payloads, want, "node {}", n.id);
+        };
+        until("the archived records replayed", 60, async || {
+            replayed().await.is_some()
+        })
+        .await;
+        assert_eq!(replayed().await.unwrap(), want, "node {}", n.id);
     }
     // new records go after every offset a client was told of, and are consumed
     let r = live[0]
@@ -4344,29 +4390,61 @@ async fn a_lost_member_is_forgotten_and_its_partition_rebuilt_from_the_archive()
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     let made: Value = r.json().await.unwrap();
     assert_eq!(made["offset"], 15, "{made}");
-    let (st, got) = live[1]
-        .call(
-            ("x", "y"),
-            Method::GET,
-            &format!("/v1/topics/arch/consume?partition={p}&max=10&wait=2s"),
-            None,
-        )
-        .await;
-    assert_eq!(st, StatusCode::OK, "{got}");
-    let m = if got["messages"].is_array() {
-        got["messages"][0].clone()
-    } else {
-        got.clone()
-    };
-    assert_eq!(m["payload"], "after", "{got}");
+    // queue consumers get every archived record the lost owner's consumers had not acked,
+    // then the new one: nothing acknowledged and archived is skipped
+    let mut consumed: Vec<String> = Vec::new();
+    until(
+        "the unacked archived records and the new one consumed",
+        30,
+        async || {
+            let (st, got) = live[1]
+                .call(
+                    ("x", "y"),
+                    Method::GET,
+                    &format!("/v1/topics/arch/consume?partition={p}&max=10&wait=1s"),
+                    None,
+                )
+                .await;
+            assert_eq!(st, StatusCode::OK, "{got}");
+            let msgs = got["messages"].as_array().cloned().unwrap_or_default();
+            let handles: Vec<String> = msgs
+                .iter()
+                .map(|m| m["receipt_handle"].as_str().unwrap().to_owned())
+                .collect();
+            consumed.extend(
+                msgs.iter()
+                    .map(|m| m["payload"].as_str().unwrap().to_owned()),
+            );
+            if !handles.is_empty() {
+                let (st, res) = live[1]
+                    .call(
+                        ("x", "y"),
+                        Method::POST,
+                        "/v1/topics/arch/ack",
+                        Some(serde_json::json!({"receipt_handles": handles})),
+                    )
+                    .await;
+                assert_eq!(st, StatusCode::OK, "{res}");
+            }
+            consumed.len() >= 8
+        },
+    )
+    .await;
+    let mut expected: Vec<String> = (3..10).map(|i| format!("p{p}-{i}")).collect();
+    expected.push("after".into());
+    assert_eq!(consumed, expected);
+    let metrics: String = live[0].metrics().await + &live[1].metrics().await;
     assert!(
-        live[0]
-            .metrics()
-            .await
+        metrics
             .lines()
-            .chain(live[1].metrics().await.lines())
             .any(|l| l.starts_with("narad_partition_records_lost_total 5")),
         "the loss is counted"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("narad_partition_records_rebuilt_total 10")),
+        "the records put back are counted"
     );
 }
 

@@ -298,6 +298,11 @@ pub struct PartitionManifest {
     /// One past the last archived offset.
     pub next_offset: u64,
     pub segments: Vec<ArchivedSegment>,
+    /// The owner's queue frontier when it last archived a segment: its consumers had acked
+    /// every offset below it. A partition rebuilt from the archive after its owner was lost
+    /// delivers the archived records from here on again (absent: from the archive's start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_frontier: Option<u64>,
 }
 
 impl PartitionManifest {
@@ -310,6 +315,7 @@ impl PartitionManifest {
             start_offset: 0,
             next_offset: 0,
             segments: Vec::new(),
+            queue_frontier: None,
         }
     }
 

@@ -582,6 +582,7 @@ impl Tierer {
                 archived_at_ms: self.clock.now_ms(),
             });
             manifest.next_offset = seg.end;
+            manifest.queue_frontier = self.broker.queue_frontier(topic, partition).ok();
             self.archive.save_manifest(&manifest).await?;
             self.manifests
                 .lock()

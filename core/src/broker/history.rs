@@ -100,6 +100,28 @@ impl Broker {
     }
 
     /// The oldest offset still on local disk and the next offset to be written.
+    /// How long records stay on local disk here (0: no age limit): the topic's retention,
+    /// or with an archive the shorter of it and `local_retention_ms` (archived records older
+    /// than that are read from the archive).
+    pub fn local_retention_ms(&self, cfg: &crate::topic::TopicConfig) -> i64 {
+        let local = if self.cfg.archive_gate {
+            self.cfg.local_retention_ms
+        } else {
+            0
+        };
+        match (cfg.retention_ms, local) {
+            (0, l) => l,
+            (r, 0) => r,
+            (r, l) => r.min(l),
+        }
+    }
+
+    /// The queue's frontier in partition `partition` here: every offset below it was acked
+    /// (or went with retention). What the archive records for a rebuild after a node loss.
+    pub fn queue_frontier(&self, topic: &str, partition: u32) -> Result<u64, BrokerError> {
+        Ok(self.partition(topic, partition)?.queue.lock().frontier())
+    }
+
     pub fn local_range(&self, topic: &str, partition: u32) -> Result<(u64, u64), BrokerError> {
         let s = self.partition(topic, partition)?.stats();
         Ok((s.oldest_offset, s.next_offset))

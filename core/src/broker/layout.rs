@@ -120,8 +120,9 @@ impl Broker {
         &self,
         part: &Partition,
     ) -> Result<Arc<crate::log::PartitionLog>, BrokerError> {
-        if part.is_frozen() {
-            // frozen for a move: its files stay as the copy saw them
+        if part.is_frozen() || part.is_awaiting_rebuild() {
+            // frozen for a move: its files stay as the copy saw them; a placeholder for a
+            // rebuild holds none of the partition's records
             return Err(BrokerError::PartitionMoving {
                 topic: part
                     .dir

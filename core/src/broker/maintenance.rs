@@ -115,16 +115,7 @@ impl Broker {
         let now = self.clock.now_ms();
         for (topic, part) in self.all_partitions() {
             let cfg = topic.config();
-            let local = if self.cfg.archive_gate {
-                self.cfg.local_retention_ms
-            } else {
-                0
-            };
-            let retention_ms = match (cfg.retention_ms, local) {
-                (0, l) => l,
-                (r, 0) => r,
-                (r, l) => r.min(l),
-            };
+            let retention_ms = self.local_retention_ms(&cfg);
             let log = match part.open_log() {
                 Some(log) => log,
                 None => {

@@ -136,6 +136,18 @@ fn set_aside(dir: &Path, aside: &Path) -> Result<(), BrokerError> {
     }
 }
 
+/// A placeholder waiting for its rebuild from the archive holds none of the partition's
+/// records: nothing is copied from it.
+fn refuse_placeholder(topic: &str, part: &Partition) -> Result<(), BrokerError> {
+    if part.is_awaiting_rebuild() {
+        return Err(BrokerError::PartitionMoving {
+            topic: topic.to_owned(),
+            partition: part.index,
+        });
+    }
+    Ok(())
+}
+
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BrokerError + '_ {
     move |source| {
         BrokerError::Storage(LogError::Io {
@@ -197,6 +209,7 @@ impl Broker {
     ) -> Result<Vec<PartitionFile>, BrokerError> {
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
         self.owned_epoch(&t, p)?;
+        refuse_placeholder(topic, &part)?;
         let cutoff = self.copy_cutoff(&t, &part);
         let dir = part.dir.clone();
         tokio::task::spawn_blocking(move || {
@@ -263,6 +276,7 @@ impl Broker {
         }
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
         self.owned_epoch(&t, p)?;
+        refuse_placeholder(topic, &part)?;
         let path = part.dir.join(name);
         let len = len.min(MAX_FILE_CHUNK) as usize;
         tokio::task::spawn_blocking(move || {
@@ -496,24 +510,9 @@ impl Broker {
             .data_dir
             .join(MOVES_DIR)
             .join(format!("{}.p{p:05}.replaced", t.meta.read().dir_name()));
-        let staged = staged.to_owned();
-        let env = self.log_env();
-        let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
-            set_aside(&dir, &aside)?;
-            std::fs::rename(&staged, &dir).map_err(io_error(&dir))?;
-            if let Some(parent) = dir.parent() {
-                crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
-            }
-            let _ = std::fs::remove_dir_all(&aside);
-            let part = Partition::open(p, dir.clone(), &env)?;
-            // the holds are in the queue now; a later start must not apply them again
-            // over leases of its own
-            let _ = std::fs::remove_file(dir.join(partition::MOVED_LEASES));
-            Ok(part)
-        })
-        .await
-        .expect("install task")?;
-        let part = Arc::new(part);
+        let part = self
+            .swap_dir(dir, p, Some(staged.to_owned()), aside, false)
+            .await?;
         match self.open_logs.try_acquire() {
             Some(slot) => part.adopt_slot(slot),
             None => part.close().await,
@@ -624,27 +623,48 @@ impl Broker {
                 .join(MOVES_DIR)
                 .join(format!("{}.p{p:05}.gone", t.meta.read().dir_name()))
         });
-        let moves = aside
-            .parent()
-            .map_or_else(|| self.cfg.data_dir.clone(), Path::to_owned);
-        let env = self.log_env();
-        let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
-            crate::fsutil::create_dir_private(&moves).map_err(io_error(&moves))?;
-            set_aside(&dir, &aside)?;
-            if let Some(parent) = dir.parent() {
-                crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
-            }
-            if keep.is_none() {
-                let _ = std::fs::remove_dir_all(&aside);
-            }
-            Ok(Partition::open(p, dir, &env)?)
-        })
-        .await
-        .expect("give away task")?;
-        let part = Arc::new(part);
+        let part = self.swap_dir(dir, p, None, aside, keep.is_some()).await?;
         part.close().await;
         self.replace_partition(t, p, part);
         Ok(())
+    }
+
+    /// Replaces partition `p`'s directory `dir`: the copy there is set aside at `aside`
+    /// (kept there when `keep`, else removed), `staged` (none: an empty partition) renamed
+    /// into its place, and the result opened. The caller retired the old partition,
+    /// checkpointed the WAL (no WAL entry may name the old files), and holds `moves_lock`.
+    async fn swap_dir(
+        &self,
+        dir: PathBuf,
+        p: u32,
+        staged: Option<PathBuf>,
+        aside: PathBuf,
+        keep: bool,
+    ) -> Result<Arc<Partition>, BrokerError> {
+        let env = self.log_env();
+        let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
+            if let Some(parent) = aside.parent() {
+                crate::fsutil::create_dir_private(parent).map_err(io_error(parent))?;
+            }
+            set_aside(&dir, &aside)?;
+            if let Some(staged) = &staged {
+                std::fs::rename(staged, &dir).map_err(io_error(&dir))?;
+            }
+            if let Some(parent) = dir.parent() {
+                crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
+            }
+            if !keep {
+                let _ = std::fs::remove_dir_all(&aside);
+            }
+            let part = Partition::open(p, dir.clone(), &env)?;
+            // holds a move brought are in the queue now; a later start must not apply them
+            // again over leases of its own
+            let _ = std::fs::remove_file(dir.join(partition::MOVED_LEASES));
+            Ok(part)
+        })
+        .await
+        .expect("partition swap task")?;
+        Ok(Arc::new(part))
     }
 
     /// Stops the fan-out and remote cursors reading parent partition `p` of `topic` (it
@@ -796,44 +816,243 @@ impl Broker {
                 continue;
             }
             let Ok(old) = t.partition(p) else { continue };
-            if old.stats().next_offset >= start {
+            if old.stats().next_offset >= start || old.is_awaiting_rebuild() {
                 continue;
             }
+            if self.cfg.archive_gate {
+                // the cluster's mover brings the archived records back, then installs
+                old.await_rebuild();
+                tracing::warn!(topic = %meta.name, partition = p, start, "partition to be rebuilt here from the archive: it serves nothing until its archived records are back");
+                continue;
+            }
+            // no archive: nothing to bring back, the log starts at `start`
             let _one = self.moves_lock.lock().await;
-            old.retire().await;
-            self.checkpoint_wal().await?;
-            let dir = old.dir.clone();
-            let aside = self
-                .cfg
-                .data_dir
-                .join(MOVES_DIR)
-                .join(format!("{}.p{p:05}.rebuild", meta.dir_name()));
-            let moves = self.cfg.data_dir.join(MOVES_DIR);
-            let env = self.log_env();
-            let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
-                crate::fsutil::create_dir_private(&moves).map_err(io_error(&moves))?;
-                set_aside(&dir, &aside)?;
-                crate::fsutil::create_dir_private(&dir).map_err(io_error(&dir))?;
-                crate::fsutil::open_or_create_private(&crate::log::segment::segment_path(
-                    &dir, start,
-                ))
-                .and_then(|f| f.sync_all())
-                .and_then(|()| crate::log::segment::sync_dir(&dir))
-                .map_err(io_error(&dir))?;
-                if let Some(parent) = dir.parent() {
-                    crate::fsutil::sync_dir(parent).map_err(io_error(parent))?;
-                }
-                let _ = std::fs::remove_dir_all(&aside);
-                Ok(Partition::open(p, dir, &env)?)
-            })
-            .await
-            .expect("rebuild task")?;
-            let part = Arc::new(part);
-            part.close().await;
-            self.replace_partition(t, p, part);
-            tracing::warn!(topic = %meta.name, partition = p, start, "partition rebuilt here from the archive: offsets below {start} are read from the archive, the lost owner's unarchived records are gone");
+            let staging = self.begin_rebuild(meta, p).await?;
+            self.rebuild_in_place(t, meta, p, staging, start).await?;
         }
         Ok(())
+    }
+
+    /// The partitions waiting here to be rebuilt from the archive (see
+    /// [`Broker::install_rebuilt`]), with their topic's metadata.
+    pub fn awaited_rebuilds(&self) -> Vec<(TopicMeta, u32)> {
+        let mut out = Vec::new();
+        for t in self.topics.read().values() {
+            let meta = t.meta.read();
+            for part in t.partitions().iter() {
+                if part.is_awaiting_rebuild() && self.is_local(&meta, part.index) {
+                    out.push((meta.clone(), part.index));
+                }
+            }
+        }
+        out
+    }
+
+    /// Starts staging partition `p`'s rebuild here from the archive: an empty directory of
+    /// its own under [`MOVES_DIR`] (a previous attempt's is removed).
+    pub async fn begin_rebuild(
+        &self,
+        meta: &TopicMeta,
+        p: u32,
+    ) -> Result<RebuildStaging, BrokerError> {
+        let epoch = meta.owner_epoch(p);
+        let moves = self.cfg.data_dir.join(MOVES_DIR);
+        let dir = moves.join(format!("{}.p{p:05}.rebuild.e{epoch}", meta.dir_name()));
+        let made = dir.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::fsutil::create_dir_private(&moves)?;
+            match std::fs::remove_dir_all(&made) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            crate::fsutil::create_dir_private(&made)
+        })
+        .await
+        .expect("staging task")
+        .map_err(io_error(&dir))?;
+        Ok(RebuildStaging {
+            dir,
+            topic_id: meta.id,
+            partition: p,
+            epoch,
+            segments: Vec::new(),
+        })
+    }
+
+    /// Writes one archived segment's records (offsets following each other, above every
+    /// segment staged before) into the staged rebuild, synced.
+    pub async fn stage_rebuilt_segment(
+        &self,
+        staging: &mut RebuildStaging,
+        records: Vec<Record>,
+    ) -> Result<(), BrokerError> {
+        let Some(base) = records.first().map(|r| r.offset) else {
+            return Ok(());
+        };
+        if staging.segments.last().is_some_and(|&(_, end)| base < end) {
+            return Err(BrokerError::Storage(LogError::Io {
+                path: staging.dir.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("an archived segment at {base} overlaps one staged before it"),
+                ),
+            }));
+        }
+        let dir = staging.dir.clone();
+        let end = tokio::task::spawn_blocking(move || {
+            crate::log::segment::write_sealed(&dir, base, &records)
+        })
+        .await
+        .expect("staging task")
+        .map_err(io_error(&staging.dir))?;
+        staging.segments.push((base, end));
+        Ok(())
+    }
+
+    /// Puts the staged rebuild of partition `p` of `topic` in place of its placeholder, once
+    /// the catalog still says it is rebuilt here at the epoch it was staged for: the archived
+    /// segments, an empty segment where the new log starts (the catalog's `seen_end`), the
+    /// gaps between them recorded as such, and a queue whose frontier is `frontier` (what the
+    /// lost owner's consumers had acked when the archive last heard of it; the offsets of the
+    /// gaps count as acked). Returns how many archived records the queue will deliver again.
+    pub async fn install_rebuilt(
+        &self,
+        topic: &str,
+        staging: RebuildStaging,
+        frontier: u64,
+    ) -> Result<u64, BrokerError> {
+        let _one = self.moves_lock.lock().await;
+        let (t, part) = self.move_partition_of(topic, staging.topic_id, staging.partition)?;
+        let p = staging.partition;
+        let meta = t.meta.read().clone();
+        if !self.is_local(&meta, p)
+            || meta.owner_epoch(p) != staging.epoch
+            || meta.rebuilt_start(p).is_none()
+            || !part.is_awaiting_rebuild()
+        {
+            let dir = staging.dir.clone();
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+            return Err(BrokerError::ClusterUnavailable(format!(
+                "partition {p} of '{topic}' is no longer rebuilt here at owner epoch {}",
+                staging.epoch
+            )));
+        }
+        let start = meta.rebuilt_start(p).expect("checked");
+        self.rebuild_in_place(&t, &meta, p, staging, frontier.min(start))
+            .await
+    }
+
+    /// Completes `staging` (an empty segment at the rebuilt log's start, the gaps, the queue
+    /// state) and swaps it in for partition `p`. The caller holds `moves_lock`.
+    async fn rebuild_in_place(
+        &self,
+        t: &Arc<Topic>,
+        meta: &TopicMeta,
+        p: u32,
+        staging: RebuildStaging,
+        frontier: u64,
+    ) -> Result<u64, BrokerError> {
+        let start = meta.rebuilt_start(p).unwrap_or(0);
+        if staging.staged_end().is_some_and(|e| e > start) {
+            return Err(BrokerError::Storage(LogError::Io {
+                path: staging.dir.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("archived records staged past the rebuilt log's start {start}"),
+                ),
+            }));
+        }
+        let mut gaps = Vec::new();
+        let mut prev_end: Option<u64> = None;
+        for &(base, end) in &staging.segments {
+            if let Some(e) = prev_end
+                && e < base
+            {
+                gaps.push((e, base));
+            }
+            prev_end = Some(end);
+        }
+        if let Some(e) = prev_end
+            && e < start
+        {
+            gaps.push((e, start));
+        }
+        let first = staging.segments.first().map_or(start, |&(b, _)| b);
+        let snapshot = rebuilt_queue(frontier.clamp(first, start), &gaps);
+        let redelivered = staging
+            .segments
+            .iter()
+            .map(|&(b, e)| e.saturating_sub(b.max(snapshot.frontier)))
+            .sum();
+        let dir = staging.dir.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            crate::fsutil::open_or_create_private(&crate::log::segment::segment_path(&dir, start))?
+                .sync_all()?;
+            if !gaps.is_empty() {
+                crate::log::segment::write_gaps(&dir, &gaps)?;
+            }
+            partition::write_snapshot(&dir, &snapshot)?;
+            crate::fsutil::sync_dir(&dir)
+        })
+        .await
+        .expect("staging task")
+        .map_err(io_error(&staging.dir))?;
+        let old = t.partition(p)?;
+        old.retire().await;
+        old.thawed.notify_waiters();
+        self.checkpoint_wal().await?;
+        let aside = self
+            .cfg
+            .data_dir
+            .join(MOVES_DIR)
+            .join(format!("{}.p{p:05}.rebuilt", meta.dir_name()));
+        let part = self
+            .swap_dir(old.dir.clone(), p, Some(staging.dir), aside, false)
+            .await?;
+        part.close().await;
+        self.replace_partition(t, p, part);
+        tracing::warn!(topic = %meta.name, partition = p, start, redelivered, "partition rebuilt here from the archive: its archived records are served again, those its consumers had not acked are delivered again, the lost owner's unarchived records are gone");
+        Ok(redelivered)
+    }
+}
+
+/// The queue state of a partition rebuilt from the archive: acked below `frontier` and
+/// across every gap (no record will ever be there).
+fn rebuilt_queue(frontier: u64, gaps: &[(u64, u64)]) -> crate::queue::QueueSnapshot {
+    let mut snap = crate::queue::QueueSnapshot {
+        frontier,
+        ..Default::default()
+    };
+    for &(s, e) in gaps {
+        let s = s.max(snap.frontier);
+        if e <= s {
+            continue;
+        }
+        if s == snap.frontier {
+            snap.frontier = e;
+        } else {
+            snap.acked.push((s, e));
+        }
+    }
+    snap
+}
+
+/// A rebuild from the archive being staged (see [`Broker::begin_rebuild`]).
+#[derive(Debug)]
+pub struct RebuildStaging {
+    dir: PathBuf,
+    topic_id: u64,
+    partition: u32,
+    /// The owner epoch the partition is rebuilt for.
+    epoch: u64,
+    /// The archived segments staged, `(base, end)`, ascending.
+    segments: Vec<(u64, u64)>,
+}
+
+impl RebuildStaging {
+    /// One past the last staged offset, if any segment is staged.
+    pub fn staged_end(&self) -> Option<u64> {
+        self.segments.last().map(|&(_, e)| e)
     }
 }
 
@@ -865,6 +1084,30 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rebuilt partition's queue: acked below the recorded frontier and across every gap,
+    /// in a state a restart reads back (a frontier inside a gap jumps to its end).
+    #[test]
+    fn a_rebuilt_queue_acks_the_gaps_and_nothing_the_archive_holds_above_the_frontier() {
+        type Ranges = &'static [(u64, u64)];
+        let cases: [(u64, Ranges, u64, Ranges); 4] = [
+            (3, &[(10, 15)], 3, &[(10, 15)]),
+            (12, &[(10, 15), (20, 25)], 15, &[(20, 25)]),
+            (25, &[(20, 25)], 25, &[]),
+            (0, &[], 0, &[]),
+        ];
+        for (frontier, gaps, want_frontier, want_acked) in cases {
+            let snap = rebuilt_queue(frontier, gaps);
+            assert_eq!(
+                (snap.frontier, &snap.acked[..]),
+                (want_frontier, want_acked)
+            );
+            assert_eq!(
+                crate::queue::QueueSnapshot::decode(&snap.encode()),
+                Some(snap.clone())
+            );
+        }
+    }
 
     fn files(names: &[&str]) -> Vec<PartitionFile> {
         names

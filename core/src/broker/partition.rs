@@ -104,6 +104,9 @@ pub(crate) struct Partition {
     counts_truncated: AtomicBool,
     /// Frozen for a move: no appends, no leases, no settles, the log stays closed.
     frozen: AtomicBool,
+    /// A placeholder for a partition this node rebuilds from the archive (its lost owner's):
+    /// nothing is appended, leased, settled or read here until the rebuilt copy replaces it.
+    awaiting_rebuild: AtomicBool,
     /// The freeze's token and until when it holds (see [`Partition::freeze`]).
     pub(crate) freeze: Mutex<Option<Freeze>>,
     /// Appends, takes and settles in progress (see [`Partition::enter`]).
@@ -228,6 +231,7 @@ impl Partition {
             journal_failing: AtomicBool::new(false),
             counts_truncated: AtomicBool::new(false),
             frozen: AtomicBool::new(freeze.is_some()),
+            awaiting_rebuild: AtomicBool::new(false),
             // a freeze found at open holds for a full term from now (the cluster decides)
             freeze: Mutex::new(freeze.map(|token| Freeze {
                 token,
@@ -243,7 +247,7 @@ impl Partition {
     /// waits until every [`Busy`] handed out before it is dropped.
     pub fn enter(self: &Arc<Self>) -> Option<Busy> {
         self.busy.fetch_add(1, Ordering::SeqCst);
-        if self.frozen.load(Ordering::SeqCst) {
+        if self.is_frozen() || self.is_awaiting_rebuild() {
             self.leave();
             return None;
         }
@@ -258,6 +262,15 @@ impl Partition {
 
     pub fn is_frozen(&self) -> bool {
         self.frozen.load(Ordering::SeqCst)
+    }
+
+    /// This is a placeholder until the partition is rebuilt here from the archive.
+    pub fn is_awaiting_rebuild(&self) -> bool {
+        self.awaiting_rebuild.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn await_rebuild(&self) {
+        self.awaiting_rebuild.store(true, Ordering::SeqCst);
     }
 
     /// Freezes the partition under `token` until `until`: the marker is durable first (a
@@ -612,6 +625,6 @@ fn read_snapshot(dir: &Path) -> Option<QueueSnapshot> {
     snap
 }
 
-fn write_snapshot(dir: &Path, snap: &QueueSnapshot) -> std::io::Result<()> {
+pub(super) fn write_snapshot(dir: &Path, snap: &QueueSnapshot) -> std::io::Result<()> {
     crate::fsutil::write_file_atomic(&dir.join(QUEUE_STATE_FILE), &snap.encode())
 }

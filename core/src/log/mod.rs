@@ -403,6 +403,7 @@ impl PartitionLog {
             }
         }
         bases.sort_unstable();
+        let gaps = segment::read_gaps(dir).map_err(io_err(&dir.join(segment::GAPS_FILE)))?;
         let mut report = RecoveryReport::default();
         let mut segments: Vec<Arc<Segment>> = Vec::new();
         if bases.is_empty() {
@@ -454,7 +455,7 @@ impl PartitionLog {
             };
             if let Some(prev) = segments.last() {
                 let prev_end = prev.meta.lock().end;
-                if prev_end != base {
+                if prev_end != base && !gaps.contains(&(prev_end, base)) {
                     return Err(RecoveryError::Discontinuity {
                         path: prev.path.clone(),
                         end: prev_end,

@@ -321,6 +321,105 @@ pub fn read_index(dir: &Path, base: u64, file_size: u64) -> Option<SegmentMeta> 
     })
 }
 
+/// The file listing a log's known gaps: offset ranges no record will ever fill (a partition
+/// rebuilt from the archive after its owner was lost: the lost tail between the archive's end
+/// and where the new log starts). Recovery accepts a discontinuity between two segments only
+/// when this file names it; any other one is damage.
+pub const GAPS_FILE: &str = "log.gaps";
+const GAPS_MAGIC: &[u8; 8] = b"NRDGAP01";
+
+/// Writes the gaps `[end, next_base)` of the log in `dir` (sorted, disjoint), durably (temp
+/// file + rename + directory sync).
+pub fn write_gaps(dir: &Path, gaps: &[(u64, u64)]) -> io::Result<()> {
+    let mut out = Vec::with_capacity(20 + gaps.len() * 16);
+    out.extend_from_slice(GAPS_MAGIC);
+    out.extend_from_slice(&(gaps.len() as u64).to_le_bytes());
+    for &(end, next) in gaps {
+        out.extend_from_slice(&end.to_le_bytes());
+        out.extend_from_slice(&next.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    crate::fsutil::write_file_atomic(&dir.join(GAPS_FILE), &out)
+}
+
+/// The gaps [`write_gaps`] recorded in `dir`: none when there is no file; an error when the
+/// file is there but damaged (recovery then refuses every discontinuity, naming the file).
+pub fn read_gaps(dir: &Path) -> io::Result<Vec<(u64, u64)>> {
+    let path = dir.join(GAPS_FILE);
+    let data = match std::fs::read(&path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let damaged = || io::Error::new(io::ErrorKind::InvalidData, "a damaged gaps file");
+    if data.len() < 8 + 8 + 4 {
+        return Err(damaged());
+    }
+    let (body, crc) = data.split_at(data.len() - 4);
+    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4"))
+        || &body[..8] != GAPS_MAGIC
+    {
+        return Err(damaged());
+    }
+    let n = u64::from_le_bytes(body[8..16].try_into().expect("8"));
+    let entries = &body[16..];
+    if Some(entries.len() as u64) != n.checked_mul(16) {
+        return Err(damaged());
+    }
+    let gaps: Vec<(u64, u64)> = entries
+        .chunks_exact(16)
+        .map(|c| {
+            (
+                u64::from_le_bytes(c[..8].try_into().expect("8")),
+                u64::from_le_bytes(c[8..].try_into().expect("8")),
+            )
+        })
+        .collect();
+    if gaps.iter().any(|&(s, e)| e <= s) || gaps.windows(2).any(|w| w[1].0 < w[0].1) {
+        return Err(damaged());
+    }
+    Ok(gaps)
+}
+
+/// Writes `records` (offsets `base`, `base + 1`, ...) as a sealed segment of the log
+/// in `dir`, with its index, and syncs both: what a rebuild from the archive puts back.
+/// Returns the segment's end offset.
+pub fn write_sealed(dir: &Path, base: u64, records: &[crate::record::Record]) -> io::Result<u64> {
+    use std::io::Write;
+    let mut meta = SegmentMeta::new_empty(base);
+    let mut buf = Vec::new();
+    let mut next = base;
+    for r in records {
+        if r.offset != next {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "a segment's records follow each other from its base {base}: offset {} where {next} was due",
+                    r.offset
+                ),
+            ));
+        }
+        let pos = buf.len() as u64;
+        crate::record::NewRecord {
+            key: r.key.clone(),
+            headers: r.headers.clone(),
+            payload: r.payload.clone(),
+            delay_ms: r.delay_ms,
+        }
+        .encode(r.offset, r.timestamp_ms, &mut buf);
+        meta.note_record(r.offset, pos, buf.len() as u64 - pos, r.timestamp_ms);
+        next = r.offset + 1;
+    }
+    meta.sealed = true;
+    let path = segment_path(dir, base);
+    let mut f = crate::fsutil::create_new_private(&path)?;
+    f.write_all(&buf)?;
+    f.sync_all()?;
+    write_index(dir, base, &meta)?;
+    Ok(meta.end)
+}
+
 pub fn open_read(path: &Path) -> io::Result<File> {
     OpenOptions::new().read(true).open(path)
 }

@@ -471,3 +471,92 @@ async fn a_panicked_writer_poisons_the_log_and_is_reported() {
     assert_eq!(log.read(0, 10, usize::MAX).unwrap().len(), 1);
     log.close().await;
 }
+
+fn committed(offset: u64, payload: &str) -> Record {
+    Record {
+        offset,
+        timestamp_ms: 1_000 + offset as i64,
+        delay_ms: 0,
+        key: offset
+            .is_multiple_of(2)
+            .then(|| Bytes::from(format!("k{offset}"))),
+        headers: vec![("h".into(), Bytes::from_static(b"v"))],
+        payload: Bytes::from(payload.to_owned()),
+    }
+}
+
+/// A log rebuilt from the archive: sealed segments written from records, then a gap (the
+/// lost tail) before the new log's start. It opens only while the gap is recorded; reads
+/// across the gap go on at its end; appends continue after it.
+#[tokio::test]
+async fn a_recorded_gap_is_accepted_and_an_unrecorded_one_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(5_000);
+    let first: Vec<Record> = (10..15).map(|o| committed(o, &format!("m{o}"))).collect();
+    let second: Vec<Record> = (15..20).map(|o| committed(o, &format!("m{o}"))).collect();
+    assert_eq!(segment::write_sealed(dir.path(), 10, &first).unwrap(), 15);
+    assert_eq!(segment::write_sealed(dir.path(), 15, &second).unwrap(), 20);
+    // records out of line are refused
+    let holes = vec![committed(30, "a"), committed(32, "b")];
+    assert!(segment::write_sealed(dir.path(), 30, &holes).is_err());
+    std::fs::remove_file(segment::segment_path(dir.path(), 30)).ok();
+    crate::fsutil::open_or_create_private(&segment::segment_path(dir.path(), 25)).unwrap();
+    let refused = PartitionLog::open(
+        dir.path(),
+        small_segments(),
+        clock.clone(),
+        Arc::new(CoreMetrics::default()),
+    );
+    assert!(
+        matches!(
+            refused,
+            Err(LogError::Recovery(RecoveryError::Discontinuity {
+                end: 20,
+                next_base: 25,
+                ..
+            }))
+        ),
+        "{:?}",
+        refused.err()
+    );
+    segment::write_gaps(dir.path(), &[(20, 25)]).unwrap();
+    {
+        let (log, _) = open_with(dir.path(), small_segments(), clock.clone());
+        assert_eq!((log.oldest_offset(), log.next_offset()), (10, 25));
+        let got = log.read(12, 100, usize::MAX).unwrap();
+        let back: Vec<Record> = got.iter().map(|r| (**r).clone()).collect();
+        assert_eq!(
+            back,
+            first[2..]
+                .iter()
+                .chain(&second)
+                .cloned()
+                .collect::<Vec<_>>()
+        );
+        // a read from inside the gap goes on where records are again
+        assert!(log.read(21, 10, usize::MAX).unwrap().is_empty());
+        let a = log.append(vec![rec("after")]).await.unwrap();
+        assert_eq!(a.base_offset, 25);
+        let got = log.read(21, 10, usize::MAX).unwrap();
+        assert_eq!(got.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![25]);
+        log.close().await;
+    }
+    let (log, _) = open_with(dir.path(), small_segments(), clock.clone());
+    assert_eq!(log.next_offset(), 26);
+    assert_eq!(log.read(19, 10, usize::MAX).unwrap().len(), 2);
+    log.close().await;
+    // a damaged gaps file accepts no gap
+    let path = dir.path().join(segment::GAPS_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[17] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    assert!(
+        PartitionLog::open(
+            dir.path(),
+            small_segments(),
+            clock,
+            Arc::new(CoreMetrics::default())
+        )
+        .is_err()
+    );
+}
