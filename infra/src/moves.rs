@@ -58,6 +58,9 @@ const MAX_SEEN_ASK: usize = 65_536;
 
 /// Moves one node copies at once (as a target); more wait their turn.
 pub const MOVES_PER_NODE: usize = 2;
+/// Partitions a member rebuilds from the archive at once (a forgotten member's partitions
+/// wait their turn: each attempt holds one archived segment in memory).
+const REBUILDS_PER_NODE: usize = 2;
 /// Catch-up passes before the freeze, at most.
 const MAX_CATCH_UP_PASSES: usize = 20;
 /// A catch-up pass that leaves at most this much to copy ends the catch-up.
@@ -401,6 +404,8 @@ pub struct Mover {
     running: Mutex<HashSet<(u64, u32, u64)>>,
     /// Rebuilds from the archive running here: (topic id, partition, owner epoch).
     rebuilding: Mutex<HashSet<(u64, u32, u64)>>,
+    /// Rebuild attempts that may fetch at once (each holds one archived segment in memory).
+    rebuild_slots: Arc<Semaphore>,
     progress: Mutex<BTreeMap<(u64, u32), Progress>>,
     slots: Arc<Semaphore>,
     /// Copy pacing (`move_max_bytes_per_sec`): when the next byte may be read.
@@ -436,6 +441,7 @@ impl Mover {
             settings,
             running: Mutex::new(HashSet::new()),
             rebuilding: Mutex::new(HashSet::new()),
+            rebuild_slots: Arc::new(Semaphore::new(REBUILDS_PER_NODE)),
             progress: Mutex::new(BTreeMap::new()),
             slots: Arc::new(Semaphore::new(MOVES_PER_NODE)),
             pace: Mutex::new(Instant::now()),
@@ -734,7 +740,12 @@ impl Mover {
             else {
                 return;
             };
-            match self.rebuild(&meta, p).await {
+            let Ok(slot) = self.rebuild_slots.clone().acquire_owned().await else {
+                return;
+            };
+            let attempt = self.rebuild(&meta, p).await;
+            drop(slot);
+            match attempt {
                 Ok((restored, redelivered)) => {
                     self.metrics.rebuilt_records.inc_by(restored);
                     tracing::info!(topic = %meta.name, partition = p, restored, redelivered, seconds = started.elapsed().as_secs_f64(), "partition rebuilt here from the archive");
