@@ -80,6 +80,10 @@ pub struct Metrics {
     waiters: Family<TopicLabels, Gauge>,
     fanout_lag: Family<ChildLabels, Gauge>,
     fanout_due_lag: Family<ChildLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    remote_lag: Family<ChildLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Bytes free and in all on the data directory's filesystem.
+    disk_available: Gauge,
+    disk_capacity: Gauge,
     topics: Gauge,
     open_logs: Gauge,
     /// Request body bytes held by requests being served (`max_request_bytes_in_flight`).
@@ -125,6 +129,9 @@ impl Metrics {
             waiters: Family::default(),
             fanout_lag: Family::default(),
             fanout_due_lag: Family::default(),
+            remote_lag: Family::default(),
+            disk_available: Gauge::default(),
+            disk_capacity: Gauge::default(),
             topics: Gauge::default(),
             open_logs: Gauge::default(),
             request_bytes_in_flight: Gauge::default(),
@@ -210,6 +217,21 @@ impl Metrics {
             "delay children: how far past its due time the oldest uncopied due record is",
             m.fanout_due_lag.clone(),
         );
+        registry.register(
+            "narad_remote_child_lag_seconds",
+            "remote children: how long the oldest record not yet accepted by the remote has waited",
+            m.remote_lag.clone(),
+        );
+        registry.register(
+            "narad_data_dir_available_bytes",
+            "bytes an unprivileged writer may still use on the data directory's filesystem",
+            m.disk_available.clone(),
+        );
+        registry.register(
+            "narad_data_dir_capacity_bytes",
+            "size of the data directory's filesystem",
+            m.disk_capacity.clone(),
+        );
         registry.register("narad_topics", "topics", m.topics.clone());
         registry.register(
             "narad_http_request_bytes_in_flight",
@@ -245,6 +267,7 @@ impl Metrics {
         self.waiters.clear();
         self.fanout_lag.clear();
         self.fanout_due_lag.clear();
+        self.remote_lag.clear();
         if let Some(b) = broker {
             let names = b.topic_names();
             self.topics.set(names.len() as i64);
@@ -265,6 +288,9 @@ impl Metrics {
                     };
                     self.fanout_lag.get_or_create(&l).set(c.lag_messages as i64);
                     self.fanout_due_lag.get_or_create(&l).set(c.due_lag_seconds);
+                    if let Some(r) = &c.remote {
+                        self.remote_lag.get_or_create(&l).set(r.lag_seconds);
+                    }
                 }
                 for p in info.partitions {
                     let l = PartitionLabels {
@@ -287,6 +313,14 @@ impl Metrics {
                 }
             }
             self.open_logs.set(open);
+            // a failed statvfs leaves the last figures (never a false "disk full")
+            if let Ok(fs) = rustix::fs::statvfs(b.data_dir()) {
+                let unit = fs.f_frsize;
+                self.disk_available
+                    .set(fs.f_bavail.saturating_mul(unit).min(i64::MAX as u64) as i64);
+                self.disk_capacity
+                    .set(fs.f_blocks.saturating_mul(unit).min(i64::MAX as u64) as i64);
+            }
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry.lock())

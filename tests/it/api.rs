@@ -231,6 +231,18 @@ async fn topic_lifecycle_and_validation() {
     ] {
         assert!(metrics.contains(name), "missing {name}");
     }
+    // the data directory's filesystem, for the disk alerts: figures that make sense
+    let sample = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} sample"))
+    };
+    let (free, size) = (
+        sample("narad_data_dir_available_bytes"),
+        sample("narad_data_dir_capacity_bytes"),
+    );
+    assert!(size > 0.0 && free > 0.0 && free <= size, "{free} of {size}");
 }
 
 #[tokio::test]

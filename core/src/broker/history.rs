@@ -100,6 +100,11 @@ impl Broker {
     }
 
     /// The oldest offset still on local disk and the next offset to be written.
+    /// The data directory this broker keeps its files in.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.cfg.data_dir
+    }
+
     /// How long records stay on local disk here (0: no age limit): the topic's retention,
     /// or with an archive the shorter of it and `local_retention_ms` (archived records older
     /// than that are read from the archive).
