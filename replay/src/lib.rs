@@ -193,8 +193,13 @@ impl ArchiveReader {
         let Some(seg) = m.segment_at_or_after(from) else {
             return Ok(ArchiveRead::Absent);
         };
+        // a recorded gap (a lost tail) holds no record: the read goes on at its end
+        let from = match m.gap_end(from) {
+            Some(end) if end == seg.first_offset => end,
+            _ => from,
+        };
         if seg.first_offset > from {
-            // a gap in the archive (it was off for a while): never skip offsets silently
+            // a gap the archive did not record: never skip offsets silently
             return Ok(ArchiveRead::Absent);
         }
         let seg = seg.clone();

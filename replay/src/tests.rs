@@ -383,3 +383,43 @@ async fn an_offset_archived_after_the_manifest_was_cached_is_read_at_once() {
     );
     b.shutdown().await;
 }
+
+/// A gap the manifest records (a partition's lost tail) is stepped over: a read from inside
+/// it goes on at the next archived record. A gap it does not record is never skipped.
+#[tokio::test]
+async fn a_recorded_gap_is_stepped_over_and_an_unrecorded_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = broker(dir.path()).await;
+    fill(&b, 600).await;
+    let archive = Archive::open(&ArchiveSettings {
+        url: "memory://narad".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    tierer(&b, archive.clone()).pass().await.unwrap();
+    let id = b.topic_meta("t").unwrap().id;
+    let mut m = archive.load_manifest("t", 0).await.unwrap().unwrap();
+    assert!(m.segments.len() >= 3, "{m:?}");
+    // the second segment's offsets become a hole in the archive
+    let hole = m.segments.remove(1);
+    let (from, to) = (hole.first_offset, hole.last_offset + 1);
+    archive.save_manifest(&m).await.unwrap();
+    let absent = ArchiveReader::new(archive.clone())
+        .read("t", id, 0, from + 1, 10)
+        .await
+        .unwrap();
+    assert!(matches!(absent, ArchiveRead::Absent), "{absent:?}");
+    m.gaps.push((from, to));
+    archive.save_manifest(&m).await.unwrap();
+    for at in [from, from + 1, to - 1] {
+        let got = ArchiveReader::new(archive.clone())
+            .read("t", id, 0, at, 10)
+            .await
+            .unwrap();
+        let ArchiveRead::Records(r) = got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(r[0].offset, to, "a read from {at}");
+    }
+    b.shutdown().await;
+}

@@ -4446,6 +4446,21 @@ async fn a_lost_member_is_forgotten_and_its_partition_rebuilt_from_the_archive()
             .any(|l| l.starts_with("narad_partition_records_rebuilt_total 10")),
         "the records put back are counted"
     );
+    // once the new record is archived the archive records the lost tail as a gap, so a
+    // replay from inside it goes on past it even when only the archive holds the range
+    until(
+        "the lost tail recorded as a gap in the archive",
+        30,
+        async || {
+            archive
+                .load_manifest("arch", p)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|m| m.gaps == [(10, 15)] && m.next_offset == 16)
+        },
+    )
+    .await;
 }
 
 /// Decommissioning the member that leads: its partitions move away first, then it hands its

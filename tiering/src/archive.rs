@@ -303,6 +303,11 @@ pub struct PartitionManifest {
     /// delivers the archived records from here on again (absent: from the archive's start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_frontier: Option<u64>,
+    /// Offset ranges `[from, to)` between archived segments that no record will ever fill
+    /// (the lost tail of a partition rebuilt after its owner was lost): a replay from inside
+    /// one goes on at its end.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gaps: Vec<(u64, u64)>,
 }
 
 impl PartitionManifest {
@@ -316,6 +321,7 @@ impl PartitionManifest {
             next_offset: 0,
             segments: Vec::new(),
             queue_frontier: None,
+            gaps: Vec::new(),
         }
     }
 
@@ -323,6 +329,15 @@ impl PartitionManifest {
     pub fn segment_at_or_after(&self, offset: u64) -> Option<&ArchivedSegment> {
         let i = self.segments.partition_point(|s| s.last_offset < offset);
         self.segments.get(i)
+    }
+
+    /// Where a read from `offset` goes on when the archive holds no record there: the end of
+    /// the recorded gap holding it, if one does.
+    pub fn gap_end(&self, offset: u64) -> Option<u64> {
+        self.gaps
+            .iter()
+            .find(|&&(from, to)| from <= offset && offset < to)
+            .map(|&(_, to)| to)
     }
 
     /// The first segment whose newest record is at or after `ts_ms`.

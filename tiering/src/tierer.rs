@@ -569,6 +569,17 @@ impl Tierer {
             }
             if manifest.segments.is_empty() {
                 manifest.start_offset = first;
+            } else if first > manifest.next_offset {
+                // the local log has a gap here (a partition rebuilt after its owner was
+                // lost): recorded, so replays go on past it rather than stop
+                tracing::warn!(
+                    topic,
+                    partition,
+                    from = manifest.next_offset,
+                    to = first,
+                    "the archive records a gap: no record will ever be at these offsets"
+                );
+                manifest.gaps.push((manifest.next_offset, first));
             }
             manifest.segments.push(ArchivedSegment {
                 first_offset: first,
@@ -646,6 +657,8 @@ impl Tierer {
         manifest.start_offset = gone
             .last()
             .map_or(manifest.start_offset, |s| s.last_offset + 1);
+        let start = manifest.start_offset;
+        manifest.gaps.retain(|&(_, to)| to > start);
         // the manifest first: a reader never finds a listed object missing
         self.archive.save_manifest(manifest).await?;
         self.manifests.lock().await.insert(

@@ -23,6 +23,17 @@ impl Broker {
                     partitions: n,
                 });
             }
+            // a partition being rebuilt from the archive has records to deliver that are not
+            // back yet: "nothing" would be a lie (a reader draining it would stop)
+            if topic
+                .partition(p)
+                .is_ok_and(|part| part.is_awaiting_rebuild())
+            {
+                return Err(BrokerError::PartitionMoving {
+                    topic: topic_name.to_owned(),
+                    partition: p,
+                });
+            }
         }
         // Readers already in line are served first: a newcomer (even one that does not wait)
         // never takes a message that became deliverable while they were waiting.
