@@ -384,21 +384,14 @@ impl Resource for ChildResource {
         } else {
             ""
         };
-        match api
-            .call(
-                Method::DELETE,
-                &format!("/v1/topics/{parent}/children/{child}{q}"),
-                None,
-            )
-            .await
-        {
-            Ok(_) => Some(()),
-            Err(e) if e.is("not_a_child") || e.is("topic_not_found") => Some(()),
-            Err(e) => {
-                api_error(diags, &format!("detaching '{child}' from '{parent}'"), &e);
-                None
-            }
-        }
+        destroy_at(
+            &api,
+            diags,
+            &format!("/v1/topics/{parent}/children/{child}{q}"),
+            &["not_a_child", "topic_not_found"],
+            &format!("detaching '{child}' from '{parent}'"),
+        )
+        .await
     }
 
     async fn import<'a>(

@@ -360,17 +360,14 @@ impl Resource for RemoteResource {
     ) -> Option<()> {
         let api = self.shared.api(diags)?;
         let name = known(&prior.name)?;
-        match api
-            .call(Method::DELETE, &format!("/v1/remotes/{name}"), None)
-            .await
-        {
-            Ok(_) => Some(()),
-            Err(e) if e.is("remote_not_found") => Some(()),
-            Err(e) => {
-                api_error(diags, &format!("deleting remote '{name}'"), &e);
-                None
-            }
-        }
+        destroy_at(
+            &api,
+            diags,
+            &format!("/v1/remotes/{name}"),
+            &["remote_not_found"],
+            &format!("deleting remote '{name}'"),
+        )
+        .await
     }
 
     async fn import<'a>(

@@ -475,14 +475,14 @@ impl Resource for TopicResource {
         } else {
             format!("/v1/topics/{name}")
         };
-        match api.call(Method::DELETE, &path, None).await {
-            Ok(_) => Some(()),
-            Err(e) if e.is("topic_not_found") => Some(()),
-            Err(e) => {
-                api_error(diags, &format!("deleting topic '{name}'"), &e);
-                None
-            }
-        }
+        destroy_at(
+            &api,
+            diags,
+            &path,
+            &["topic_not_found"],
+            &format!("deleting topic '{name}'"),
+        )
+        .await
     }
 
     async fn import<'a>(

@@ -388,17 +388,14 @@ impl Resource for UserResource {
     ) -> Option<()> {
         let api = self.shared.api(diags)?;
         let name = known(&prior.username)?;
-        match api
-            .call(Method::DELETE, &format!("/v1/users/{name}"), None)
-            .await
-        {
-            Ok(_) => Some(()),
-            Err(e) if e.is("user_not_found") => Some(()),
-            Err(e) => {
-                api_error(diags, &format!("deleting user '{name}'"), &e);
-                None
-            }
-        }
+        destroy_at(
+            &api,
+            diags,
+            &format!("/v1/users/{name}"),
+            &["user_not_found"],
+            &format!("deleting user '{name}'"),
+        )
+        .await
     }
 
     async fn import<'a>(

@@ -39,6 +39,25 @@ pub fn api_error(diags: &mut Diagnostics, what: &str, e: &ApiError) {
     diags.root_error(format!("{what}: {}", e.code), e.to_string());
 }
 
+/// `DELETE path` for a destroy: an object already gone (one of the `gone` error codes)
+/// counts as destroyed; any other failure is reported as `what`.
+pub async fn destroy_at(
+    api: &crate::client::Api,
+    diags: &mut Diagnostics,
+    path: &str,
+    gone: &[&str],
+    what: &str,
+) -> Option<()> {
+    match api.call(reqwest::Method::DELETE, path, None).await {
+        Ok(_) => Some(()),
+        Err(e) if gone.iter().any(|c| e.is(c)) => Some(()),
+        Err(e) => {
+            api_error(diags, what, &e);
+            None
+        }
+    }
+}
+
 // ---------------------------------------------------------------- schema helpers
 
 pub fn attr(t: AttributeType, c: AttributeConstraint, desc: &str) -> Attribute {
