@@ -59,7 +59,8 @@ const ACTIONS: [&str; 5] = ["produce", "consume", "create", "replicate", "admin"
 
 fn pattern_ok(p: &str) -> bool {
     let body = p.strip_suffix('*').unwrap_or(p);
-    body.len() <= 255
+    !p.is_empty()
+        && body.len() <= 255
         && body
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
@@ -126,7 +127,9 @@ fn validate_user(diags: &mut Diagnostics, c: &UserState) {
                         if !pattern_ok(&p) {
                             diags.error(
                                 "Invalid grant pattern",
-                                format!("'{p}': ^[A-Za-z0-9._-]{{0,255}}\\*?$"),
+                                format!(
+                                    "'{p}': 1 to 256 characters, ^[A-Za-z0-9._-]{{0,255}}\\*?$"
+                                ),
                                 path.clone(),
                             );
                         }
@@ -436,6 +439,7 @@ mod tests {
         assert!(pattern_ok("*"));
         assert!(!pattern_ok("a*b"));
         assert!(!pattern_ok("a b"));
+        assert!(!pattern_ok(""), "the broker refuses an empty pattern");
     }
 
     #[test]
