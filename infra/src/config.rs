@@ -364,8 +364,10 @@ pub struct ServerConfig {
     /// A move whose target member has not answered for this long is cancelled (its
     /// source never froze for long: a freeze lapses on its own).
     pub move_dead_target_abort_ms: u64,
-    /// Fault injection for tests (0: off): a move's first attempt stalls this long once its
-    /// source froze (a destination too slow for the freeze), ...
+    /// Fault injection for tests (0: off): a move's first attempt stalls this long right
+    /// before it asks its source to freeze (so a cancel can overtake the freeze), ...
+    pub move_test_stall_before_freeze_ms: u64,
+    /// ... or once its source froze (a destination too slow for the freeze), ...
     pub move_test_stall_frozen_ms: u64,
     /// ... or right before it proposes its flip (to kill a leader or the source then).
     pub move_test_stall_flip_ms: u64,
@@ -443,6 +445,7 @@ impl Default for ServerConfig {
             moves_max_in_flight: 8,
             cluster_auto_rebalance: true,
             move_dead_target_abort_ms: 120_000,
+            move_test_stall_before_freeze_ms: 0,
             move_test_stall_frozen_ms: 0,
             move_test_stall_flip_ms: 0,
             move_test_lose_flip_reply: false,
@@ -815,6 +818,9 @@ impl ServerConfig {
             max_in_flight: self.moves_max_in_flight,
             auto_rebalance: self.cluster_auto_rebalance,
             dead_target_abort: std::time::Duration::from_millis(self.move_dead_target_abort_ms),
+            stall_before_freeze: std::time::Duration::from_millis(
+                self.move_test_stall_before_freeze_ms,
+            ),
             stall_frozen: std::time::Duration::from_millis(self.move_test_stall_frozen_ms),
             stall_flip: std::time::Duration::from_millis(self.move_test_stall_flip_ms),
             lose_flip_reply: self.move_test_lose_flip_reply,

@@ -82,7 +82,9 @@ pub struct MoveSettings {
     pub max_in_flight: usize,
     pub auto_rebalance: bool,
     pub dead_target_abort: Duration,
-    /// Fault injection (tests): the first attempt stalls once frozen, or before its flip.
+    /// Fault injection (tests): the first attempt stalls before it asks for the freeze, once
+    /// frozen, or before its flip.
+    pub stall_before_freeze: Duration,
     pub stall_frozen: Duration,
     pub stall_flip: Duration,
     /// Fault injection (tests): the first attempt's flip answer is treated as lost (the
@@ -98,6 +100,7 @@ impl Default for MoveSettings {
             max_in_flight: 8,
             auto_rebalance: true,
             dead_target_abort: Duration::from_secs(120),
+            stall_before_freeze: Duration::ZERO,
             stall_frozen: Duration::ZERO,
             stall_flip: Duration::ZERO,
             lose_flip_reply: false,
@@ -146,6 +149,8 @@ struct FreezeRequest {
     partition: u32,
     catalog: u64,
     owner_epoch: u64,
+    /// The move the freeze is for (the source refuses it unless the move is in flight).
+    move_id: u64,
     token: u64,
     ttl_ms: u64,
     /// Only renew a freeze held under `token` (refused if there is none: it lapsed).
@@ -281,6 +286,7 @@ async fn freeze(broker: &Arc<Broker>, body: &Bytes) -> Result<Bytes, Fault> {
             req.partition,
             narad_core::broker::moves::FreezeAsk {
                 owner_epoch: req.owner_epoch,
+                move_id: req.move_id,
                 token: req.token,
                 ttl: Duration::from_millis(req.ttl_ms),
                 renew: req.renew,
@@ -945,6 +951,10 @@ impl Mover {
         }
         // freeze, copy exactly what the frozen partition holds
         self.set_phase(pkey, "freeze");
+        if first && !self.settings.stall_before_freeze.is_zero() {
+            tracing::warn!(stall = ?self.settings.stall_before_freeze, "move_test_stall_before_freeze_ms: stalling before the freeze");
+            sleep(self.settings.stall_before_freeze).await;
+        }
         let token = loop {
             let t = narad_core::random_u64();
             if t != 0 {
@@ -958,6 +968,7 @@ impl Mover {
                 partition: p,
                 catalog: self.broker.followed(),
                 owner_epoch: epoch,
+                move_id,
                 token,
                 ttl_ms: self.settings.freeze_ttl.as_millis() as u64,
                 renew,

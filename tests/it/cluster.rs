@@ -4015,6 +4015,57 @@ async fn a_freeze_that_lapses_thaws_through_the_cluster_and_the_move_tries_again
     assert_eq!(report.tally.rejected, 0, "{:?}", report.tally);
 }
 
+/// A move cancelled just as it asks its source to freeze, and at once replaced by a move of
+/// the same partition to another member: the late freeze is refused (its move is not in
+/// flight), and a freeze taken for a move no longer in flight is thawed through the cluster
+/// at once, so the new move completes instead of waiting out the freeze's whole term (found
+/// by a move/cancel storm: 30 s with every lease and produce of the partition held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_replacing_a_cancelled_one_is_not_held_by_its_freeze() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready_with(
+        root.path(),
+        &[
+            ("NARAD_MOVE_FREEZE_TTL_MS", "60000"),
+            ("NARAD_MOVE_TEST_STALL_BEFORE_FREEZE_MS", "1500"),
+        ],
+    )
+    .await;
+    topic_everywhere(&nodes, serde_json::json!({"name": "c", "partitions": 3})).await;
+    let (owners, _) = owners_and_moves(&nodes[0]).await;
+    let p = 2u32;
+    let source = owners[p as usize];
+    let (first, second) = (source % 3 + 1, (source + 1) % 3 + 1);
+    let target = nodes.iter().find(|n| n.id == first).unwrap();
+    start_move(&nodes[0], p, first).await;
+    until(
+        "the first move about to freeze its source",
+        60,
+        async || {
+            move_phase(target, p)
+                .await
+                .is_some_and(|(phase, _)| phase == "freeze")
+        },
+    )
+    .await;
+    // cancelled, then replaced, while its freeze request waits to go out
+    let (st, body) = nodes[0]
+        .call(
+            ("x", "y"),
+            Method::DELETE,
+            &format!("/v1/cluster/moves/c/{p}"),
+            None,
+        )
+        .await;
+    assert!(st.is_success(), "{st} {body}");
+    start_move(&nodes[0], p, second).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    // well inside the 60 s freeze term (the new move's own first attempt stalls 1.5 s)
+    let took = moved(&all, p, second, 30).await;
+    println!("the replacing move completed {took:?} after the cancel");
+}
+
 /// Ambiguous flips and stale owners: a move stalls right before its flip while the Raft
 /// leader is killed, and the flip's answer is lost (fault injection): the destination
 /// settles the outcome by asking the next leader (read index, then the catalog); and

@@ -46,6 +46,9 @@ pub struct FrozenPartition {
 pub struct FreezeAsk {
     /// The owner epoch the target copies from.
     pub owner_epoch: u64,
+    /// The move the freeze is for: refused unless the catalog has it in flight (a freeze that
+    /// arrives after its move was cancelled would hold the partition for a full term).
+    pub move_id: u64,
     pub token: u64,
     pub ttl: Duration,
     /// Only renew a freeze held under `token`.
@@ -323,6 +326,7 @@ impl Broker {
     ) -> Result<FrozenPartition, BrokerError> {
         let FreezeAsk {
             owner_epoch: expect_epoch,
+            move_id,
             token,
             ttl,
             renew,
@@ -349,9 +353,14 @@ impl Broker {
                 "partition {p} of '{topic}' is at owner epoch {epoch}, not {expect_epoch}"
             )));
         }
+        if t.meta.read().moves.get(&p).map(|m| m.id) != Some(move_id) {
+            return Err(BrokerError::ClusterUnavailable(format!(
+                "move {move_id} of partition {p} of '{topic}' is not in flight (cancelled or done)"
+            )));
+        }
         let until = std::time::Instant::now() + ttl;
         let drained = part
-            .freeze(token, until, FREEZE_DRAIN)
+            .freeze(token, move_id, until, FREEZE_DRAIN)
             .await
             .map_err(io_error(&part.dir))?;
         if !drained {
@@ -416,7 +425,13 @@ impl Broker {
                 let f = *part.freeze.lock();
                 let due = |f: &partition::Freeze| {
                     if orphaned {
-                        !meta.moves.contains_key(&part.index)
+                        // its move is no longer in flight: cancelled, or replaced by
+                        // another move of the partition (which this freeze would hold up)
+                        match (f.move_id, meta.moves.get(&part.index)) {
+                            (_, None) => true,
+                            (Some(id), Some(m)) => m.id != id,
+                            (None, Some(_)) => false,
+                        }
                     } else {
                         f.until <= now
                     }

@@ -123,6 +123,8 @@ pub(crate) struct Partition {
 pub(crate) struct Freeze {
     pub token: u64,
     pub until: std::time::Instant,
+    /// The move it was taken for (`None`: a marker written before moves named themselves).
+    pub move_id: Option<u64>,
 }
 
 /// One append, take or settle in progress on a partition that is not frozen; a freeze
@@ -233,7 +235,8 @@ impl Partition {
             frozen: AtomicBool::new(freeze.is_some()),
             awaiting_rebuild: AtomicBool::new(false),
             // a freeze found at open holds for a full term from now (the cluster decides)
-            freeze: Mutex::new(freeze.map(|token| Freeze {
+            freeze: Mutex::new(freeze.map(|(token, move_id)| Freeze {
+                move_id,
                 token,
                 until: std::time::Instant::now() + DEFAULT_FREEZE_TTL,
             })),
@@ -273,7 +276,7 @@ impl Partition {
         self.awaiting_rebuild.store(true, Ordering::SeqCst);
     }
 
-    /// Freezes the partition under `token` until `until`: the marker is durable first (a
+    /// Freezes the partition under `token` (for move `move_id`) until `until`: the marker is durable first (a
     /// restart stays frozen), then no new append, take or settle starts, and this returns
     /// once those in progress ended (at most `drain`; else the freeze is undone and `false`
     /// returned). The caller then closes the log. Blocking parts run on the caller's thread:
@@ -281,6 +284,7 @@ impl Partition {
     pub async fn freeze(
         &self,
         token: u64,
+        move_id: u64,
         until: std::time::Instant,
         drain: std::time::Duration,
     ) -> std::io::Result<bool> {
@@ -299,10 +303,14 @@ impl Partition {
             }
         }
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || write_freeze_marker(&dir, token))
+        tokio::task::spawn_blocking(move || write_freeze_marker(&dir, token, move_id))
             .await
             .map_err(std::io::Error::other)??;
-        *self.freeze.lock() = Some(Freeze { token, until });
+        *self.freeze.lock() = Some(Freeze {
+            token,
+            until,
+            move_id: Some(move_id),
+        });
         self.frozen.store(true, Ordering::SeqCst);
         let drained = tokio::time::timeout(drain, async {
             loop {
@@ -587,22 +595,27 @@ pub const DEFAULT_FREEZE_TTL: std::time::Duration = std::time::Duration::from_se
 /// The token of the freeze marker in `dir`, if there is one. A marker that cannot be read
 /// still freezes (token 0, which no mover uses): better unavailable than written past a
 /// flip.
-fn read_freeze_marker(dir: &Path) -> Option<u64> {
+/// The freeze marker's token and move id (an 8-byte marker predates move ids; a marker that
+/// cannot be read keeps the partition frozen under token 0, which no flip names).
+fn read_freeze_marker(dir: &Path) -> Option<(u64, Option<u64>)> {
+    let word = |b: &[u8], at: usize| {
+        b.get(at..at + 8)
+            .map(|t| u64::from_le_bytes(t.try_into().expect("8 bytes")))
+    };
     match std::fs::read(dir.join(FREEZE_MARKER)) {
-        Ok(b) => Some(
-            b.get(..8)
-                .map_or(0, |t| u64::from_le_bytes(t.try_into().expect("8 bytes"))),
-        ),
+        Ok(b) => Some((word(&b, 0).unwrap_or(0), word(&b, 8))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
             tracing::error!(dir = %dir.display(), error = %e, "cannot read the partition's freeze marker: it stays frozen");
-            Some(0)
+            Some((0, None))
         }
     }
 }
 
-fn write_freeze_marker(dir: &Path, token: u64) -> std::io::Result<()> {
-    crate::fsutil::write_file_atomic(&dir.join(FREEZE_MARKER), &token.to_le_bytes())
+fn write_freeze_marker(dir: &Path, token: u64, move_id: u64) -> std::io::Result<()> {
+    let mut b = token.to_le_bytes().to_vec();
+    b.extend_from_slice(&move_id.to_le_bytes());
+    crate::fsutil::write_file_atomic(&dir.join(FREEZE_MARKER), &b)
 }
 
 fn remove_freeze_marker(dir: &Path) -> std::io::Result<()> {
