@@ -1012,6 +1012,18 @@ impl Broker {
         .await
         .expect("staging task")
         .map_err(io_error(&staging.dir))?;
+        // opened as a restart would before anything is replaced: a copy that does not open
+        // (a damaged archive object) never takes the placeholder's place
+        let end = self.verify_staged(&staging.dir).await?;
+        if end != start {
+            return Err(BrokerError::Storage(LogError::Io {
+                path: staging.dir.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("the rebuilt copy ends at {end}, not at its start {start}"),
+                ),
+            }));
+        }
         let old = t.partition(p)?;
         old.retire().await;
         old.thawed.notify_waiters();

@@ -400,6 +400,19 @@ pub fn write_sealed(dir: &Path, base: u64, records: &[crate::record::Record]) ->
                 ),
             ));
         }
+        // what a frame can hold (the archive's records came from frames, but its objects
+        // are read back from outside): a record past it would be written damaged
+        let frame_fits = r.headers.len() <= usize::from(u16::MAX)
+            && r.headers
+                .iter()
+                .all(|(n, _)| n.len() <= usize::from(u16::MAX))
+            && r.frame_len() <= crate::record::FRAME_HEADER_LEN + crate::record::MAX_BODY_LEN;
+        if !frame_fits {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the record at offset {} does not fit a frame", r.offset),
+            ));
+        }
         let pos = buf.len() as u64;
         crate::record::NewRecord {
             key: r.key.clone(),

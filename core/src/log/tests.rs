@@ -500,6 +500,11 @@ async fn a_recorded_gap_is_accepted_and_an_unrecorded_one_refused() {
     let holes = vec![committed(30, "a"), committed(32, "b")];
     assert!(segment::write_sealed(dir.path(), 30, &holes).is_err());
     std::fs::remove_file(segment::segment_path(dir.path(), 30)).ok();
+    // a record no frame can hold (from a damaged archive object) is refused, not truncated
+    let mut huge = committed(40, "h");
+    huge.headers = vec![(String::new(), Bytes::new()); usize::from(u16::MAX) + 1];
+    assert!(segment::write_sealed(dir.path(), 40, &[huge]).is_err());
+    std::fs::remove_file(segment::segment_path(dir.path(), 40)).ok();
     crate::fsutil::open_or_create_private(&segment::segment_path(dir.path(), 25)).unwrap();
     let refused = PartitionLog::open(
         dir.path(),
