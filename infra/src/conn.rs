@@ -45,6 +45,9 @@ use crate::metrics::CloseLabels;
 /// What every connection task needs.
 pub struct Serving {
     pub router: Router,
+    /// The API's state, for the routes served without the router ([`crate::http::hot`]);
+    /// `None` on a listener that serves only its router (metrics).
+    pub hot: Option<crate::http::SharedState>,
     pub limiter: Arc<ConnectionLimiter>,
     pub tls: Option<Arc<crate::tls::Tls>>,
     pub timeouts: Timeouts,
@@ -169,11 +172,11 @@ async fn serve_connection<I>(
     let state = slot.state().clone();
     state.start_headers();
     let service = {
-        let (router, state) = (serving.router.clone(), state.clone());
+        let (router, hot, state) = (serving.router.clone(), serving.hot.clone(), state.clone());
         hyper::service::service_fn(move |req| {
             state.request_started();
             let guard = InFlight(state.clone());
-            call(router.clone(), guard, peer, req)
+            call(router.clone(), hot.clone(), guard, peer, req)
         })
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -188,6 +191,10 @@ async fn serve_connection<I>(
     let mut conn = std::pin::pin!(conn);
     let t = serving.timeouts;
     let mut stopped = false;
+    // One timer for the connection's life, moved as its deadline moves: most moves are later
+    // (the next request's header clock), which tokio takes without touching its timer wheel.
+    let mut timer = std::pin::pin!(connection_deadline(Instant::now() + t.keepalive_idle));
+    let mut armed: Option<Instant> = None;
     // Set once hyper was asked to close an idle connection: the latest it may take to do so
     // unless a request that raced in is still being served.
     let mut closing: Option<Instant> = None;
@@ -196,7 +203,9 @@ async fn serve_connection<I>(
         let wake = match closing {
             Some(by) => (state.phase() != Phase::Busy).then_some(by),
             None => match state.check(&t, now, stopped) {
-                Check::Until(at) => at,
+                // a busy connection is re-checked after `keepalive_idle`: the end of its
+                // request does not wake this task (see `ConnState::request_finished`)
+                Check::Until(at) => Some(at.unwrap_or(now + t.keepalive_idle)),
                 Check::Close(why) => {
                     if let Some(reason) = why.label() {
                         serving.closed.get_or_create(&CloseLabels { reason }).inc();
@@ -219,6 +228,12 @@ async fn serve_connection<I>(
         if wake.is_some_and(|w| w <= now) && closing.is_some() {
             return;
         }
+        if let Some(w) = wake
+            && armed != Some(w)
+        {
+            timer.as_mut().reset(w);
+            armed = Some(w);
+        }
         tokio::select! {
             biased;
             r = conn.as_mut() => {
@@ -232,7 +247,7 @@ async fn serve_connection<I>(
                 conn.as_mut().graceful_shutdown();
             }
             () = state.changed() => {}
-            () = connection_deadline(wake.unwrap_or(now)), if wake.is_some() => {}
+            () = timer.as_mut(), if wake.is_some() => armed = None,
         }
     }
 }
@@ -257,12 +272,22 @@ impl Drop for InFlight {
 
 async fn call(
     mut router: Router,
+    hot: Option<crate::http::SharedState>,
     guard: InFlight,
     peer: SocketAddr,
     mut req: hyper::Request<Incoming>,
 ) -> Result<axum::response::Response, Infallible> {
     req.extensions_mut().insert(ConnectInfo(PeerAddr(peer)));
-    let resp = router.call(req).await?;
+    let hot = hot.and_then(|state| {
+        let (route, _) = crate::http::hot::route(req.method(), req.uri().path())?;
+        Some((state, route))
+    });
+    let resp = match hot {
+        Some((state, route)) => {
+            crate::http::hot::serve_hot(&state, route, req.map(Body::new)).await
+        }
+        None => router.call(req).await?,
+    };
     Ok(resp.map(|body| {
         Body::new(body.map_frame(move |frame| {
             let _held = &guard;

@@ -184,7 +184,10 @@ impl ConnState {
         s.phase = Phase::Busy;
     }
 
-    /// The response body was written out (or dropped with the connection).
+    /// The response body was written out (or dropped with the connection). The connection
+    /// task is not woken (this happens once per request, inside its own poll): the idle
+    /// clock starts now, and the task, which re-checks a busy connection at least every
+    /// `keepalive_idle`, finds it idle and sleeps until `since + keepalive_idle`.
     pub fn request_finished(&self) {
         let mut s = self.inner.lock();
         s.in_flight = s.in_flight.saturating_sub(1);
@@ -192,8 +195,6 @@ impl ConnState {
             s.phase = Phase::Idle;
             s.since = Instant::now();
         }
-        drop(s);
-        self.changed.notify_one();
     }
 
     /// Resolves when the phase changed or an eviction was asked for since the last call

@@ -648,6 +648,7 @@ pub async fn run_observed(
         // small cap of its own: a scraper needs a few connections, an attacker gets no more
         let serving = Arc::new(crate::conn::Serving {
             router: http::metrics_router(state.clone()),
+            hot: None,
             limiter: crate::limits::ConnectionLimiter::new(METRICS_MAX_CONNECTIONS),
             tls: None,
             timeouts: config.connection_timeouts(),
@@ -684,6 +685,7 @@ pub async fn run_observed(
     }
     let serving = Arc::new(crate::conn::Serving {
         router: http::router(state.clone()),
+        hot: Some(state.clone()),
         limiter: crate::limits::ConnectionLimiter::new(config.max_connections),
         tls,
         timeouts: config.connection_timeouts(),

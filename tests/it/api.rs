@@ -221,7 +221,34 @@ async fn topic_lifecycle_and_validation() {
         s.produce("orders", "", "{}").await.status(),
         StatusCode::ACCEPTED
     );
+    // Produce, consume and ack are served without the router when their path is plain
+    // (infra/src/http/hot.rs). The router still takes a percent-escaped topic and answers a
+    // wrong method on those paths, and both ways count under the route's pattern.
+    let r = s
+        .http
+        .post(s.url("/v1/topics/ord%65rs/produce"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let routed = s.consume("ord%65rs", "?max=10").await.expect("messages");
+    assert_eq!(routed["messages"].as_array().unwrap().len(), 2, "{routed}");
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/topics/orders/produce"),
+        (reqwest::Method::POST, "/v1/topics/orders/consume"),
+        (reqwest::Method::GET, "/v1/topics/orders/ack"),
+    ] {
+        let r = s.http.request(method, s.url(path)).send().await.unwrap();
+        expect_error(r, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed").await;
+    }
     let metrics = s.get("/metrics").await.text().await.unwrap();
+    for series in [
+        r#"narad_http_requests_total{route="/v1/topics/{topic}/produce",method="POST",status="202"} "#,
+        r#"narad_http_requests_total{route="/v1/topics/{topic}/consume",method="GET",status="200"} "#,
+    ] {
+        assert!(metrics.contains(series), "missing {series}");
+    }
     for name in [
         "narad_messages_produced_total",
         "narad_storage_fsyncs_total",

@@ -44,6 +44,17 @@ pub async fn ack(
     uri: Uri,
     body: Body,
 ) -> ApiResult {
+    ack_parts(state, caller, topic, uri, body).await
+}
+
+/// [`ack`] from the request's parts: through the router, or as a hot route ([`super::hot`]).
+pub(super) async fn ack_parts(
+    state: SharedState,
+    caller: super::access::Caller,
+    topic: String,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
     caller.require(narad_auth::Action::Consume, &topic)?;
     let q = Query::parse(uri.query(), &["receipt_handle", "extend"])?;
     let broker = state.broker()?.clone();

@@ -199,12 +199,13 @@ pub fn spent() -> ApiError {
 
 /// Counts the request's body against the budget while the request is served: returns the
 /// holding, to be released once the response is made.
-pub fn limit(state: &SharedState, req: &mut Request) -> Held {
+/// `route`: the route's path pattern, `None` for a request no route matched.
+pub fn limit(state: &SharedState, req: &mut Request, route: Option<&str>) -> Held {
     let held = Held::new(principal(req));
     // Only produce routes reserve their announced body, and never more than the route
     // reads (a larger one is refused 413 once that much has arrived: answering before the
     // client has sent its body would leave most clients a broken pipe instead of the 413).
-    let announced = match body_limit(state, req) {
+    let announced = match body_limit(state, req.method(), route) {
         // a route that reads no body: nothing to count or time
         (0, _) => None,
         (limit, true) => Some(content_length(req.headers()).unwrap_or(0).min(limit)),
@@ -240,12 +241,12 @@ fn principal(req: &Request) -> Option<String> {
 /// routes do that: they read the body after checking the caller's produce grant, so only a
 /// producer can hold budget for bytes it has not sent yet. The other routes read small JSON
 /// bodies (whose content they need for the permission check) and are counted as they arrive.
-fn body_limit(state: &SharedState, req: &Request) -> (usize, bool) {
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(axum::extract::MatchedPath::as_str);
-    match (req.method().as_str(), route) {
+fn body_limit(
+    state: &SharedState,
+    method: &axum::http::Method,
+    route: Option<&str>,
+) -> (usize, bool) {
+    match (method.as_str(), route) {
         ("POST", Some("/v1/topics/{topic}/produce/batch")) => (state.cfg.max_batch_bytes, true),
         ("POST", Some("/v1/topics/{topic}/produce")) => (super::MAX_BODY_LIMIT, true),
         ("POST" | "PUT" | "PATCH", Some(_)) => (super::MAX_JSON_BODY, false),

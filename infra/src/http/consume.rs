@@ -72,6 +72,18 @@ pub async fn consume(
     Path(topic): Path<String>,
     uri: Uri,
 ) -> ApiResult {
+    consume_parts(state, caller, held, topic, uri).await
+}
+
+/// [`consume`] from the request's parts: through the router, or as a hot route
+/// ([`super::hot`]).
+pub(super) async fn consume_parts(
+    state: SharedState,
+    caller: super::access::Caller,
+    held: super::budget::Held,
+    topic: String,
+    uri: Uri,
+) -> ApiResult {
     caller.require(narad_auth::Action::Consume, &topic)?;
     let q = Query::parse(
         uri.query(),

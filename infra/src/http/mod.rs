@@ -9,6 +9,7 @@ pub mod access;
 mod ack;
 pub mod budget;
 pub(crate) mod consume;
+pub(crate) mod hot;
 mod moves;
 mod produce;
 pub mod query;
@@ -454,26 +455,42 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
     )
 }
 
-/// What every request goes through, in one middleware (one boxed future, not three):
-/// authentication, then the body budget (for authenticated requests only), the handler, JSON
-/// errors, and the request's metrics.
-async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
-    let route = route_label(req.extensions().get::<MatchedPath>());
+/// What every request through the router goes through, in one middleware (one boxed
+/// future, not three): see [`serve`].
+async fn front(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let route = route_pattern(req.extensions().get::<MatchedPath>());
+    serve(&state, route, req, |req| next.run(req)).await
+}
+
+/// Serves a request whose route is known (`route`: its pattern, `None` when none matched):
+/// authentication, then the body budget (for authenticated requests only), the handler,
+/// JSON errors, and the request's metrics. The router's middleware and the hot routes
+/// ([`hot`]) both come here, so a request is treated alike whichever way it was routed.
+pub(crate) async fn serve<F, Fut>(
+    state: &SharedState,
+    route: Option<&'static str>,
+    mut req: Request,
+    handler: F,
+) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let method = method_label(req.method());
     let started = Instant::now();
-    let resp = match access::authenticate(&state, &mut req).await {
+    let resp = match access::authenticate(state, &mut req).await {
         Err(refused) => refused,
         Ok(()) => {
-            let held = budget::limit(&state, &mut req);
-            let resp = next.run(req).await;
+            let held = budget::limit(state, &mut req, route);
+            let resp = handler(req).await;
             held.release();
-            access::count_refusal(&state, &resp);
+            access::count_refusal(state, &resp);
             resp
         }
     };
     let resp = json_errors(resp).await;
     let labels = HttpLabels {
-        route,
+        route: route.unwrap_or("unmatched"),
         method,
         status: resp.status().as_u16(),
     };
@@ -486,17 +503,15 @@ async fn front(State(state): State<SharedState>, mut req: Request, next: Next) -
     resp
 }
 
-/// The matched route as a metric label: the pattern from [`ROUTES`] (a fixed set, no copy
-/// per request), or `unmatched`.
-fn route_label(matched: Option<&MatchedPath>) -> &'static str {
-    matched
-        .and_then(|m| {
-            ROUTES
-                .iter()
-                .find(|(_, pattern)| *pattern == m.as_str())
-                .map(|(_, pattern)| *pattern)
-        })
-        .unwrap_or("unmatched")
+/// The matched route's pattern from [`ROUTES`] (a fixed set: a metric label with no copy
+/// per request), or `None`.
+fn route_pattern(matched: Option<&MatchedPath>) -> Option<&'static str> {
+    matched.and_then(|m| {
+        ROUTES
+            .iter()
+            .find(|(_, pattern)| *pattern == m.as_str())
+            .map(|(_, pattern)| *pattern)
+    })
 }
 
 /// The method as a metric label: one of the methods HTTP defines, or `other`. A client may

@@ -171,8 +171,21 @@ pub async fn single(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    caller.require(narad_auth::Action::Produce, &topic)?;
-    let q = Query::parse(uri.query(), &["key", "partition", "delay_ms"])?;
+    single_message(&state, &caller, &topic, uri.query(), &headers, body).await
+}
+
+/// One message from a request's parts: [`single`] through the router, or the hot route in
+/// [`super::hot`] without it.
+pub(super) async fn single_message(
+    state: &SharedState,
+    caller: &Caller,
+    topic: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult {
+    caller.require(narad_auth::Action::Produce, topic)?;
+    let q = Query::parse(query, &["key", "partition", "delay_ms"])?;
     // the query is judged before the body is read (a bad parameter is a 400 even when the
     // body would also be too large)
     let delay_ms = delay(q.u64("delay_ms")?);
@@ -199,7 +212,7 @@ pub async fn single(
         check_key(k, None)?;
     }
     let mut msg_headers = Vec::new();
-    for (name, value) in &headers {
+    for (name, value) in headers {
         if let Some(h) = name.as_str().strip_prefix(HEADER_PREFIX) {
             msg_headers.push((h.to_owned(), Bytes::copy_from_slice(value.as_bytes())));
         }
@@ -212,11 +225,11 @@ pub async fn single(
         headers: msg_headers,
         payload,
     };
-    check_origins(&caller, &broker, &topic, std::slice::from_ref(&msg))?;
-    check_schema(&state, &broker, &topic, std::slice::from_ref(&msg)).await?;
+    check_origins(caller, &broker, topic, std::slice::from_ref(&msg))?;
+    check_schema(state, &broker, topic, std::slice::from_ref(&msg)).await?;
     if let Some(ingress) = state.ingress() {
         // a cluster member: on the partition's owner
-        let r = ingress.produce(&topic, vec![msg]).await?.remove(0)?;
+        let r = ingress.produce(topic, vec![msg]).await?.remove(0)?;
         return Ok(json_response(
             StatusCode::ACCEPTED,
             &narad_wire::Produced {
@@ -225,7 +238,7 @@ pub async fn single(
             },
         ));
     }
-    let r = broker.produce(&topic, vec![msg]).await?;
+    let r = broker.produce(topic, vec![msg]).await?;
     // the wire type itself: written straight to text, no JSON map in between
     let produced = narad_wire::Produced {
         partition: r[0].partition,
