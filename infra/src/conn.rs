@@ -279,12 +279,12 @@ async fn call(
 ) -> Result<axum::response::Response, Infallible> {
     req.extensions_mut().insert(ConnectInfo(PeerAddr(peer)));
     let hot = hot.and_then(|state| {
-        let (route, _) = crate::http::hot::route(req.method(), req.uri().path())?;
-        Some((state, route))
+        let (route, topic) = crate::http::hot::route(req.method(), req.uri().path())?;
+        Some((state, route, topic.to_owned()))
     });
     let resp = match hot {
-        Some((state, route)) => {
-            crate::http::hot::serve_hot(&state, route, req.map(Body::new)).await
+        Some((state, route, topic)) => {
+            crate::http::hot::serve_hot(&state, route, topic, req.map(Body::new)).await
         }
         None => router.call(req).await?,
     };

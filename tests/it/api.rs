@@ -232,8 +232,22 @@ async fn topic_lifecycle_and_validation() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::ACCEPTED);
+    // framed as the router frames them: with a Content-Length, success or error (an
+    // HTTP/1.0 keep-alive client cannot read a chunked body)
+    for r in [
+        s.produce("orders", "", "x").await,
+        s.produce("orders", "", "").await,
+        s.produce("orders", "?partition=x", "x").await,
+    ] {
+        let len = r
+            .headers()
+            .get("content-length")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert!(r.headers().get("transfer-encoding").is_none(), "{r:?}");
+        assert_eq!(len, Some(r.bytes().await.unwrap().len().to_string()));
+    }
     let routed = s.consume("ord%65rs", "?max=10").await.expect("messages");
-    assert_eq!(routed["messages"].as_array().unwrap().len(), 2, "{routed}");
+    assert_eq!(routed["messages"].as_array().unwrap().len(), 3, "{routed}");
     for (method, path) in [
         (reqwest::Method::GET, "/v1/topics/orders/produce"),
         (reqwest::Method::POST, "/v1/topics/orders/consume"),

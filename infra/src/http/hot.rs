@@ -10,8 +10,9 @@
 //! and a wrong method on these paths (the router answers 405), goes through the router.
 
 use axum::extract::Request;
-use axum::http::Method;
+use axum::http::{HeaderValue, Method, header};
 use axum::response::{IntoResponse as _, Response};
+use http_body::Body as _;
 use narad_wire::ErrorCode;
 
 use super::access::Caller;
@@ -55,43 +56,46 @@ pub fn route<'a>(method: &Method, path: &'a str) -> Option<(Hot, &'a str)> {
     plain.then_some((hot, topic))
 }
 
-/// Serves a request [`route`] accepted as `hot`.
-pub async fn serve_hot(state: &SharedState, hot: Hot, req: Request) -> Response {
-    serve(state, Some(hot.pattern()), req, |req| async move {
-        handle(state, hot, req)
+/// Serves a request [`route`] accepted as `hot` for `topic`.
+pub async fn serve_hot(state: &SharedState, hot: Hot, topic: String, req: Request) -> Response {
+    let mut resp = serve(state, Some(hot.pattern()), req, |req| async move {
+        handle(state, hot, topic, req)
             .await
             .unwrap_or_else(|e| e.into_response())
     })
-    .await
+    .await;
+    // What the router does for every response it routes: a body of known size is framed by
+    // `Content-Length`, not chunked (an HTTP/1.0 keep-alive client can only use that).
+    if !resp.headers().contains_key(header::CONTENT_LENGTH)
+        && let Some(n) = resp.body().size_hint().exact()
+    {
+        resp.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
+    resp
 }
 
-async fn handle(state: &SharedState, hot: Hot, req: Request) -> ApiResult {
+async fn handle(state: &SharedState, hot: Hot, topic: String, req: Request) -> ApiResult {
     let (parts, body) = req.into_parts();
     // authentication always records the caller (and the budget its holding) before the
-    // handler runs, and only requests `route` accepted come here
-    let wrong = || {
-        ApiError::new(
-            ErrorCode::InternalError,
-            "request routed to the wrong handler",
-        )
-    };
-    let topic = route(&parts.method, parts.uri.path())
-        .filter(|(h, _)| *h == hot)
-        .ok_or_else(wrong)?
-        .1
-        .to_owned();
+    // handler runs
+    let missing = || ApiError::new(ErrorCode::InternalError, "request state missing");
     let caller = parts
         .extensions
         .get::<Caller>()
         .cloned()
-        .ok_or_else(wrong)?;
+        .ok_or_else(missing)?;
     match hot {
         Hot::Produce => {
             let query = parts.uri.query();
             produce::single_message(state, &caller, &topic, query, &parts.headers, body).await
         }
         Hot::Consume => {
-            let held = parts.extensions.get::<Held>().cloned().ok_or_else(wrong)?;
+            let held = parts
+                .extensions
+                .get::<Held>()
+                .cloned()
+                .ok_or_else(missing)?;
             consume::consume_parts(state.clone(), caller, held, topic, parts.uri).await
         }
         Hot::Ack => ack::ack_parts(state.clone(), caller, topic, parts.uri, body).await,
