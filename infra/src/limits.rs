@@ -197,8 +197,9 @@ impl ConnState {
         }
     }
 
-    /// Resolves when the phase changed or an eviction was asked for since the last call
-    /// (a change between a [`check`](Self::check) and this call is not lost).
+    /// Resolves when a header block began, a write stalled, or an eviction was asked for
+    /// since the last call (a change between a [`check`](Self::check) and this call is not
+    /// lost). The end of a request does not resolve it (see [`Self::request_finished`]).
     pub async fn changed(&self) {
         self.changed.notified().await;
     }
