@@ -69,7 +69,9 @@ struct Failures {
 
 pub struct Authenticator {
     store: Arc<UserStore>,
-    key: [u8; 32],
+    /// HMAC-SHA256 keyed with a random key of this process (cloned per check: the key's
+    /// blocks are hashed once, not per request).
+    keyed: Hmac<Sha256>,
     cache: Mutex<HashMap<String, Cached>>,
     failures: Mutex<HashMap<ThrottleKey, Failures>>,
     /// Failures allowed before blocking; 0: never block.
@@ -127,23 +129,44 @@ pub fn random_password() -> String {
 
 /// Splits an `Authorization: Basic ...` value into username and password.
 pub fn parse_basic(header: &[u8]) -> Result<(String, String), AuthError> {
-    let text = std::str::from_utf8(header).map_err(|_| AuthError::Malformed("not UTF-8"))?;
-    let (scheme, rest) = text
-        .trim()
-        .split_once(' ')
-        .ok_or(AuthError::Malformed("expected 'Basic <base64>'"))?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return Err(AuthError::Malformed("only the Basic scheme is supported"));
+    let c = Basic::parse(header)?;
+    Ok((c.user().to_owned(), c.password().to_owned()))
+}
+
+/// Decoded Basic credentials: `username:password` in one allocation.
+struct Basic {
+    raw: String,
+    colon: usize,
+}
+
+impl Basic {
+    fn parse(header: &[u8]) -> Result<Self, AuthError> {
+        let text = std::str::from_utf8(header).map_err(|_| AuthError::Malformed("not UTF-8"))?;
+        let (scheme, rest) = text
+            .trim()
+            .split_once(' ')
+            .ok_or(AuthError::Malformed("expected 'Basic <base64>'"))?;
+        if !scheme.eq_ignore_ascii_case("basic") {
+            return Err(AuthError::Malformed("only the Basic scheme is supported"));
+        }
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(rest.trim())
+            .map_err(|_| AuthError::Malformed("credentials are not valid base64"))?;
+        let raw = String::from_utf8(raw)
+            .map_err(|_| AuthError::Malformed("credentials are not UTF-8"))?;
+        let colon = raw.find(':').ok_or(AuthError::Malformed(
+            "credentials must be 'username:password'",
+        ))?;
+        Ok(Self { raw, colon })
     }
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(rest.trim())
-        .map_err(|_| AuthError::Malformed("credentials are not valid base64"))?;
-    let raw =
-        String::from_utf8(raw).map_err(|_| AuthError::Malformed("credentials are not UTF-8"))?;
-    let (user, pass) = raw.split_once(':').ok_or(AuthError::Malformed(
-        "credentials must be 'username:password'",
-    ))?;
-    Ok((user.to_owned(), pass.to_owned()))
+
+    fn user(&self) -> &str {
+        &self.raw[..self.colon]
+    }
+
+    fn password(&self) -> &str {
+        &self.raw[self.colon + 1..]
+    }
 }
 
 fn blocked(
@@ -171,7 +194,7 @@ impl Authenticator {
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
         Self {
             store,
-            key,
+            keyed: <Hmac<Sha256> as Mac>::new_from_slice(&key).expect("any key length"),
             cache: Mutex::default(),
             failures: Mutex::default(),
             free_failures,
@@ -188,7 +211,7 @@ impl Authenticator {
     }
 
     fn mac(&self, user: &str, password: &str) -> [u8; 32] {
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).expect("any key length");
+        let mut m = self.keyed.clone();
         m.update(user.as_bytes());
         m.update(&[0]);
         m.update(password.as_bytes());
@@ -201,8 +224,8 @@ impl Authenticator {
         header: Option<&[u8]>,
         peer: Option<IpAddr>,
     ) -> Result<Arc<UserRecord>, AuthError> {
-        let (user, password) = parse_basic(header.ok_or(AuthError::Missing)?)?;
-        self.check(&user, &password, peer).await
+        let c = Basic::parse(header.ok_or(AuthError::Missing)?)?;
+        self.check(c.user(), c.password(), peer).await
     }
 
     /// Checks a username and password sent from `peer`.
@@ -216,16 +239,16 @@ impl Authenticator {
         if validate_username(user).is_err() {
             return Err(AuthError::BadCredentials);
         }
-        let key = (user.to_owned(), peer);
         let mac = self.mac(user, password);
         // Fast path for the cached right password only: answering it at HMAC speed tells the
         // caller nothing it did not know. A password the cache proves wrong is not refused
         // here: an HMAC-speed refusal against an argon2-speed one for everyone else told
         // anyone which users had logged in recently (issue 11). It takes the slow path, and
         // is counted there before the next guess of its (user, address) is looked at.
-        if let Some(r) = self.cache_hit(&key, user, &mac)? {
+        if let Some(r) = self.cache_hit(user, peer, &mac)? {
             return Ok(r);
         }
+        let key = (user.to_owned(), peer);
         // Slow path, in a task of its own so that a client hanging up cannot leave an argon2
         // computation running outside the bound on them, or skip its failure being counted.
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -260,7 +283,7 @@ impl Authenticator {
             () = client.closed() => return Err(AuthError::BadCredentials),
         };
         // blocked, or logged in by a concurrent request, while this one waited for its turn
-        if let Some(r) = self.cache_hit(&key, user, &mac)? {
+        if let Some(r) = self.cache_hit(user, key.1, &mac)? {
             return Ok(r);
         }
         let record = self.store.get(user);
@@ -313,14 +336,18 @@ impl Authenticator {
     /// holds another password for `user` or nothing, the caller goes on to argon2.
     fn cache_hit(
         &self,
-        key: &ThrottleKey,
         user: &str,
+        peer: Option<IpAddr>,
         mac: &[u8; 32],
     ) -> Result<Option<Arc<UserRecord>>, AuthError> {
         let mut failures = self.failures.lock();
-        blocked(&failures, key, Instant::now())?;
+        // (nothing to look up or reset while nobody has failed: the common case, unhashed)
+        let key = (!failures.is_empty()).then(|| (user.to_owned(), peer));
+        if let Some(key) = &key {
+            blocked(&failures, key, Instant::now())?;
+        }
         let hit = self.cached(user, mac);
-        if hit.is_some() {
+        if let (Some(key), Some(_)) = (&key, &hit) {
             failures.remove(key);
         }
         Ok(hit)

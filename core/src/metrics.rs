@@ -1,6 +1,8 @@
 //! Metrics the storage engine and queue keep. The server registers them with its Prometheus
 //! registry; gauges that describe current state are filled in at scrape time by the server.
 
+use std::sync::OnceLock;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -91,6 +93,50 @@ impl Default for CoreMetrics {
 
 /// Every value the `outcome` label of the ack counter takes.
 pub const ACK_OUTCOMES: [&str; 5] = ["acked", "extended", "nacked", "stale", "ack_set_full"];
+
+/// One topic's series that are counted on every produce, consume and ack: each is looked up
+/// in its family on first use and kept (a family lookup hashes the topic's name and takes a
+/// lock). Kept by the topic, so it goes with it; [`CoreMetrics::forget_topic`] drops the
+/// families' entries as before.
+#[derive(Debug, Default)]
+pub struct TopicSeries {
+    produced: OnceLock<(Counter, Counter)>,
+    consumed: OnceLock<Counter>,
+    acks: [OnceLock<Counter>; ACK_OUTCOMES.len()],
+}
+
+impl TopicSeries {
+    /// `produced_messages` and `produced_bytes`.
+    pub fn produced(&self, m: &CoreMetrics, label: &TopicLabel) -> &(Counter, Counter) {
+        self.produced.get_or_init(|| {
+            let messages = m.produced_messages.get_or_create(label).clone();
+            let bytes = m.produced_bytes.get_or_create(label).clone();
+            (messages, bytes)
+        })
+    }
+
+    /// `consumed_messages`.
+    pub fn consumed(&self, m: &CoreMetrics, label: &TopicLabel) -> &Counter {
+        self.consumed
+            .get_or_init(|| m.consumed_messages.get_or_create(label).clone())
+    }
+
+    /// `acks` with `outcome`, one of [`ACK_OUTCOMES`].
+    pub fn ack(&self, m: &CoreMetrics, label: &TopicLabel, outcome: &'static str) -> &Counter {
+        let i = ACK_OUTCOMES
+            .iter()
+            .position(|&o| o == outcome)
+            .expect("an outcome of ACK_OUTCOMES");
+        self.acks[i].get_or_init(|| {
+            m.acks
+                .get_or_create(&OutcomeLabel {
+                    topic: label.topic.clone(),
+                    outcome,
+                })
+                .clone()
+        })
+    }
+}
 
 impl CoreMetrics {
     /// Drops every series labelled with a deleted topic's name, so that creating and deleting

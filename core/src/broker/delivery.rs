@@ -295,10 +295,7 @@ impl Broker {
 
     pub(super) fn count_consumed(&self, topic: &Topic, n: u64) {
         if n > 0 {
-            self.metrics
-                .consumed_messages
-                .get_or_create(&topic.label)
-                .inc_by(n);
+            topic.series.consumed(&self.metrics, &topic.label).inc_by(n);
         }
     }
 
@@ -435,13 +432,7 @@ impl Broker {
             (Err(LeaseError::Stale), _) => "stale",
             (Err(LeaseError::AckSetFull), _) => "ack_set_full",
         };
-        self.metrics
-            .acks
-            .get_or_create(&OutcomeLabel {
-                topic: topic.label.topic.clone(),
-                outcome,
-            })
-            .inc();
+        topic.series.ack(&self.metrics, &topic.label, outcome).inc();
         match result {
             Ok(()) => {
                 if action != AckAction::Extend {

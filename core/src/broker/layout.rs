@@ -24,6 +24,7 @@ impl Broker {
             timer_at: AtomicI64::new(i64::MAX),
             given_back: std::sync::atomic::AtomicBool::new(false),
             deleted: AtomicBool::new(false),
+            series: Default::default(),
             #[cfg(test)]
             test_pause: Mutex::new(None),
         }))

@@ -44,7 +44,7 @@ pub use crate::catalog::{MAX_CHILDREN, MAX_SCHEMA_VERSIONS, SchemaVersion, Topic
 use crate::clock::SharedClock;
 use crate::handle::{HandleCodec, HandleError, ReceiptHandle};
 use crate::log::{LogConfig, LogError, LogStats, SealedSegment};
-use crate::metrics::{CoreMetrics, OutcomeLabel, TopicLabel};
+use crate::metrics::{CoreMetrics, TopicLabel};
 use crate::queue::{LeaseError, QueueStats};
 use crate::record::{NewRecord, Record};
 use crate::supervisor::Supervisor;
@@ -370,6 +370,8 @@ pub(crate) struct Topic {
     given_back: AtomicBool,
     deleted: AtomicBool,
     label: TopicLabel,
+    /// The series counted on every produce, consume and ack, looked up once.
+    series: crate::metrics::TopicSeries,
     /// Tests: the next dispatch pass that finds nothing for a waiter says so on the first
     /// channel and waits for the second before it gives the waiter back.
     #[cfg(test)]

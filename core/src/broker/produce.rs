@@ -171,14 +171,9 @@ impl Broker {
         if let Some(e) = first_err {
             return Err(e.into());
         }
-        self.metrics
-            .produced_messages
-            .get_or_create(&topic.label)
-            .inc_by(total as u64);
-        self.metrics
-            .produced_bytes
-            .get_or_create(&topic.label)
-            .inc_by(bytes);
+        let (messages, volume) = topic.series.produced(&self.metrics, &topic.label);
+        messages.inc_by(total as u64);
+        volume.inc_by(bytes);
         Ok(results)
     }
 }

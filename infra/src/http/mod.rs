@@ -494,12 +494,9 @@ where
         method,
         status: resp.status().as_u16(),
     };
-    state.metrics.http_requests.get_or_create(&labels).inc();
     state
         .metrics
-        .http_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
+        .observe_http(&labels, started.elapsed().as_secs_f64());
     resp
 }
 
