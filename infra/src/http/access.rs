@@ -20,9 +20,32 @@ use narad_wire::ErrorCode;
 use super::{ApiError, SharedState};
 use crate::metrics::AuthLabels;
 
-/// The client's address, when known (for throttling failed logins per address).
+/// The client's address, when known (for throttling failed logins per address). An
+/// extractor: read from the connection's `ConnectInfo<PeerAddr>`, not kept in the request's
+/// extensions (a fourth entry there makes the map grow on every request).
 #[derive(Clone, Copy)]
 pub struct Peer(pub Option<std::net::IpAddr>);
+
+impl Peer {
+    fn of(extensions: &axum::http::Extensions) -> Self {
+        Self(
+            extensions
+                .get::<axum::extract::ConnectInfo<PeerAddr>>()
+                .map(|c| c.0.0.ip()),
+        )
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Self::of(&parts.extensions))
+    }
+}
 
 /// The connection's remote address, put in every API request's extensions as
 /// `ConnectInfo<PeerAddr>` by the connection task (`crate::conn`).
@@ -188,15 +211,10 @@ pub fn auth_error(e: &AuthError) -> (ApiError, &'static str) {
     }
 }
 
-/// Authenticates the request: records the peer and the caller in its extensions, or
+/// Authenticates the request: records the caller in its extensions, or
 /// answers the refusal (401 with a challenge, 429 when throttled).
 pub async fn authenticate(state: &SharedState, req: &mut Request) -> Result<(), Response> {
-    let peer = Peer(
-        req.extensions()
-            .get::<axum::extract::ConnectInfo<PeerAddr>>()
-            .map(|c| c.0.0.ip()),
-    );
-    req.extensions_mut().insert(peer);
+    let peer = Peer::of(req.extensions());
     let caller = match &state.auth {
         None => Caller::Open,
         Some(_) if is_public(req.uri().path()) => Caller::Open,

@@ -341,7 +341,7 @@ pub async fn set_grants(
 pub async fn set_password(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
-    Extension(peer): Extension<Peer>,
+    peer: Peer,
     Path(name): Path<String>,
     uri: Uri,
     body: Body,
