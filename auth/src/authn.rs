@@ -127,13 +127,7 @@ pub fn random_password() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
 }
 
-/// Splits an `Authorization: Basic ...` value into username and password.
-pub fn parse_basic(header: &[u8]) -> Result<(String, String), AuthError> {
-    let c = Basic::parse(header)?;
-    Ok((c.user().to_owned(), c.password().to_owned()))
-}
-
-/// Decoded Basic credentials: `username:password` in one allocation.
+/// An `Authorization: Basic ...` value decoded: `username:password` in one allocation.
 struct Basic {
     raw: String,
     colon: usize,

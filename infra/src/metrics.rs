@@ -366,3 +366,40 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A series kept in `common_http` is one the server can answer: its route and method are
+    /// in the route table (a pattern spelled differently would silently never be kept).
+    #[test]
+    fn common_http_series_are_routes() {
+        for (route, method, _) in COMMON_HTTP {
+            assert!(
+                crate::http::ROUTES.contains(&(method, route)),
+                "{method} {route} is not a route"
+            );
+        }
+    }
+
+    #[test]
+    fn common_and_other_answers_count_alike() {
+        let m = Metrics::new();
+        let labels = |status| HttpLabels {
+            route: "/v1/topics/{topic}/produce",
+            method: "POST",
+            status,
+        };
+        for _ in 0..3 {
+            m.observe_http(&labels(202), 0.001);
+        }
+        m.observe_http(&labels(400), 0.001);
+        assert_eq!(m.http_requests.get_or_create(&labels(202)).get(), 3);
+        assert_eq!(m.http_requests.get_or_create(&labels(400)).get(), 1);
+        let text = m.render(None);
+        assert!(text.contains(
+            r#"narad_http_request_duration_seconds_count{route="/v1/topics/{topic}/produce",method="POST",status="202"} 3"#
+        ), "{text}");
+    }
+}
