@@ -327,7 +327,12 @@ impl ConnectionLimiter {
     /// connection idle the longest is asked to close and the client queues for a slot; else
     /// a refusal.
     pub fn try_admit(self: &Arc<Self>) -> Admission {
-        let mut acquire: Acquire = Box::pin(self.permits.clone().acquire_owned());
+        // Outside tokio's cooperative budget: the accept loop calls this after running
+        // through many ready accepts and ended connections, and a budgeted acquire then
+        // answers Pending with permits free, which evicted an idle client under the cap.
+        let mut acquire: Acquire = Box::pin(tokio::task::unconstrained(
+            self.permits.clone().acquire_owned(),
+        ));
         // One poll queues the client now: the semaphore hands a freed permit to the oldest
         // waiter, so the evicted connection's slot cannot go to a client accepted later.
         // (The waker is replaced when the wait is polled for real.)
@@ -509,6 +514,39 @@ mod tests {
             Check::Close(CloseReason::HeaderTimeout)
         );
         assert_eq!(c.check(&T, t0, true), Check::Close(CloseReason::Shutdown));
+    }
+
+    /// The accept loop admits after draining many ready events, when its task may have
+    /// spent tokio's cooperative budget: a free slot must still be taken at once, and no
+    /// idle connection asked to close.
+    #[tokio::test]
+    async fn a_free_slot_is_taken_even_with_the_task_budget_spent() {
+        let l = ConnectionLimiter::new(3);
+        let idle = l.admit().await.unwrap();
+        idle.state().request_started();
+        idle.state().request_finished();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..10_000 {
+            tx.send(i).unwrap();
+        }
+        let admitted = std::future::poll_fn(|cx| {
+            // receive until the budget, not the channel, runs out
+            let mut spent = false;
+            for _ in 0..10_000 {
+                if rx.poll_recv(cx).is_pending() {
+                    spent = true;
+                    break;
+                }
+            }
+            assert!(spent, "the budget never ran out");
+            Poll::Ready(matches!(l.try_admit(), Admission::Admitted(_)))
+        })
+        .await;
+        assert!(admitted, "a free slot was not taken");
+        assert!(
+            !idle.state().inner.lock().evict,
+            "an idle client was evicted under the cap"
+        );
     }
 
     #[tokio::test]
