@@ -742,10 +742,12 @@ impl PartitionLog {
                 if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
                     return Ok(out);
                 }
-                let rec = reader.next_record().map_err(|source| LogError::Corrupt {
-                    path: seg.path.clone(),
-                    source,
-                })?;
+                let rec = reader
+                    .next_record_from(next)
+                    .map_err(|source| LogError::Corrupt {
+                        path: seg.path.clone(),
+                        source,
+                    })?;
                 let Some((rec, _)) = rec else { break };
                 if rec.offset < next {
                     continue;

@@ -16,7 +16,12 @@ use crate::record::{self, FRAME_HEADER_LEN, FRAME_MAGIC, FrameError, Record};
 /// A sparse index entry every `INDEX_INTERVAL_BYTES` of log.
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
 const INDEX_MAGIC: &[u8; 8] = b"NRDIDX01";
+/// The largest read a [`SegmentReader`] makes at once.
 const READ_CHUNK: usize = 64 * 1024;
+/// A reader's first read: a point read (a consume of one message) finds its record within
+/// one index interval of where it starts, so this covers it and its neighbours without
+/// copying (and zeroing) a whole [`READ_CHUNK`]; each later read doubles, up to that.
+const FIRST_CHUNK: usize = 2 * INDEX_INTERVAL_BYTES as usize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexEntry {
@@ -195,6 +200,8 @@ pub struct SegmentReader<'a> {
     end: u64,
     buf: Vec<u8>,
     buf_start: u64,
+    /// The size of the next read (before the frame at hand's own length).
+    chunk: usize,
 }
 
 impl<'a> SegmentReader<'a> {
@@ -205,6 +212,7 @@ impl<'a> SegmentReader<'a> {
             end,
             buf: Vec::new(),
             buf_start: pos,
+            chunk: FIRST_CHUNK,
         }
     }
 
@@ -214,7 +222,8 @@ impl<'a> SegmentReader<'a> {
         if (self.buf.len() as u64) >= have_from + n as u64 {
             return Ok(());
         }
-        let want = n.max(READ_CHUNK).min((self.end - self.pos) as usize);
+        let want = n.max(self.chunk).min((self.end - self.pos) as usize);
+        self.chunk = (self.chunk * 2).min(READ_CHUNK);
         let mut buf = vec![0u8; want];
         self.file.read_exact_at(&mut buf, self.pos)?;
         self.buf = buf;
@@ -224,6 +233,38 @@ impl<'a> SegmentReader<'a> {
 
     /// The next record and the position of its frame, or `None` at the end.
     pub fn next_record(&mut self) -> Result<Option<(Record, u64)>, ReadError> {
+        self.next_record_from(0)
+    }
+
+    /// The next record whose offset is at least `min_offset`, and the position of its frame,
+    /// or `None` at the end. The frames before it are checked whole (CRC included) but not
+    /// decoded: a read from the middle of an index interval does not build the records it
+    /// steps over.
+    pub fn next_record_from(
+        &mut self,
+        min_offset: u64,
+    ) -> Result<Option<(Record, u64)>, ReadError> {
+        loop {
+            let Some(len) = self.buffer_frame()? else {
+                return Ok(None);
+            };
+            let at = self.pos;
+            let corrupt = |e: FrameError| ReadError::Corrupt { pos: at, error: e };
+            let off = (self.pos - self.buf_start) as usize;
+            let frame = &self.buf[off..off + len];
+            if min_offset > 0 && record::frame_offset(frame).map_err(corrupt)? < min_offset {
+                self.pos += len as u64;
+                continue;
+            }
+            let (rec, len) = record::decode_frame(frame).map_err(corrupt)?;
+            self.pos += len as u64;
+            return Ok(Some((rec, at)));
+        }
+    }
+
+    /// Buffers the frame at `pos` whole and returns its length (from its header, not yet
+    /// checked against its CRC); `None` at the end.
+    fn buffer_frame(&mut self) -> Result<Option<usize>, ReadError> {
         if self.pos >= self.end {
             return Ok(None);
         }
@@ -245,10 +286,7 @@ impl<'a> SegmentReader<'a> {
             }));
         }
         self.fill(len)?;
-        let off = (self.pos - self.buf_start) as usize;
-        let (rec, len) = record::decode_frame(&self.buf[off..off + len]).map_err(corrupt)?;
-        self.pos += len as u64;
-        Ok(Some((rec, at)))
+        Ok(Some(len))
     }
 }
 
@@ -502,6 +540,76 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A reader started anywhere before a record finds it by stepping over the frames ahead
+    /// of it, across reads of every size (frames larger than a whole read included) and
+    /// through payloads that are themselves frames; a damaged frame it steps over is an
+    /// error, not a skip.
+    #[test]
+    fn reading_from_an_offset_steps_over_earlier_frames() {
+        let sizes = [
+            10usize, 300, 5_000, 1, 70_000, 4_000, 200, 9_000, 130_000, 50, 3, 8_192,
+        ];
+        let mut data = Vec::new();
+        let mut starts = Vec::new();
+        let mut records = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let offset = 100 + i as u64;
+            // odd payloads are frames with the offsets that follow
+            let payload = if i % 2 == 1 {
+                let mut fake = Vec::new();
+                NewRecord {
+                    payload: Bytes::from(vec![b'f'; n]),
+                    ..Default::default()
+                }
+                .encode(offset + 1, 5, &mut fake);
+                fake
+            } else {
+                vec![(i % 251) as u8; n]
+            };
+            let r = NewRecord {
+                key: (i % 3 == 0).then(|| Bytes::from(format!("k{i}"))),
+                payload: Bytes::from(payload),
+                ..Default::default()
+            };
+            starts.push(data.len() as u64);
+            r.encode(offset, 1000 + i as i64, &mut data);
+            records.push(r);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("read.log");
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        let end = data.len() as u64;
+        for (from, &start) in starts.iter().enumerate() {
+            for want in from..sizes.len() {
+                let mut reader = SegmentReader::new(&file, start, end);
+                let (rec, at) = reader
+                    .next_record_from(100 + want as u64)
+                    .unwrap()
+                    .expect("a record");
+                assert_eq!((rec.offset, at), (100 + want as u64, starts[want]));
+                assert_eq!(rec.payload, records[want].payload);
+                assert_eq!(rec.key, records[want].key);
+                // and the reader goes on from there
+                let next = reader.next_record().unwrap().map(|(r, _)| r.offset);
+                let expect = (want + 1 < sizes.len()).then_some(101 + want as u64);
+                assert_eq!(next, expect);
+            }
+        }
+        let mut reader = SegmentReader::new(&file, 0, end);
+        assert!(reader.next_record_from(1_000).unwrap().is_none());
+        // a flipped bit in a frame stepped over stops the read
+        let mut damaged = data.clone();
+        damaged[starts[2] as usize + 40] ^= 4;
+        std::fs::write(&path, &damaged).unwrap();
+        let file = File::open(&path).unwrap();
+        let mut reader = SegmentReader::new(&file, 0, end);
+        assert!(matches!(
+            reader.next_record_from(105),
+            Err(ReadError::Corrupt { pos, .. }) if pos == starts[2]
+        ));
     }
 
     /// Payloads are client bytes: a producer may send a payload that is itself a sequence of
