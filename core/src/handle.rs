@@ -39,7 +39,9 @@ pub enum HandleError {
 
 pub struct HandleCodec {
     epoch: u64,
-    key: [u8; 32],
+    /// The MAC with the key already absorbed: every consume makes a handle and every settle
+    /// checks one, and a clone of this costs less than scheduling the key again.
+    keyed: Hmac<Sha256>,
 }
 
 impl std::fmt::Debug for HandleCodec {
@@ -57,10 +59,10 @@ impl HandleCodec {
         getrandom::fill(&mut seed).expect("operating system random source");
         let mut key = [0u8; 32];
         key.copy_from_slice(&seed[8..]);
-        Self {
-            epoch: u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")),
+        Self::with_key(
+            u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")),
             key,
-        }
+        )
     }
 
     /// The process's random epoch (different at every start).
@@ -69,11 +71,12 @@ impl HandleCodec {
     }
 
     pub fn with_key(epoch: u64, key: [u8; 32]) -> Self {
-        Self { epoch, key }
+        let keyed = Hmac::<Sha256>::new_from_slice(&key).expect("any key length");
+        Self { epoch, keyed }
     }
 
     fn mac(&self, body: &[u8]) -> Hmac<Sha256> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("any key length");
+        let mut mac = self.keyed.clone();
         mac.update(body);
         mac
     }
