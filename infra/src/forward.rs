@@ -522,6 +522,9 @@ impl Ingress {
         let start = self.broker.consume_cursor(topic)? as usize % owners.len();
         owners.rotate_left(start);
         let mut taken = Taken::default();
+        // an owner's error answer (a partition it cannot read, say) is the reply only if no
+        // other owner had a message to give, as on a single node
+        let mut failed = None;
         for &o in &owners {
             // one reply's worth, as on a single node (each owner stops at its own 4 MiB, so
             // a reply holds at most one owner's more)
@@ -537,9 +540,15 @@ impl Ingress {
             {
                 Ok(t) => taken.extend(t),
                 Err(CallError::Unreachable(_)) => {}
-                // (what was taken so far is given back as `taken` drops)
-                Err(CallError::Answered(e)) => return Err(e),
+                Err(CallError::Answered(e)) => {
+                    failed.get_or_insert(e);
+                }
             }
+        }
+        if taken.is_empty()
+            && let Some(e) = failed
+        {
+            return Err(e);
         }
         if !taken.is_empty() || wait.is_zero() {
             return Ok(taken);

@@ -99,6 +99,8 @@ impl Broker {
         };
         let mut out = Vec::new();
         let mut out_bytes = 0usize;
+        // the first record a partition could not read: reported if nothing else is delivered
+        let mut unreadable: Option<LogError> = None;
         let now = self.clock.now_ms();
         let max_in_flight = cfg.max_in_flight_per_partition as usize;
         // (in a cluster: only the partitions this node owns, at their owner epoch)
@@ -151,6 +153,7 @@ impl Broker {
                 ahead: (max - out.len()).clamp(1, READ_AHEAD_MAX),
                 topic: &topic.label.topic,
                 partition: part.index,
+                failed: None,
             };
             let leased = {
                 let mut q = part.queue.lock();
@@ -210,8 +213,17 @@ impl Broker {
             }
             // before the reply leaves: a crash from here on keeps these counts
             part.journal_deliveries(&counted);
+            if unreadable.is_none() {
+                unreadable = source.failed.take();
+            }
         }
-        Ok(out)
+        // A partition whose next record cannot be read (a damaged frame) is stuck there: an
+        // empty answer would pass for an empty queue, so one that has nothing else to give
+        // says why (other partitions' messages still go out, and the error is logged).
+        match unreadable {
+            Some(e) if out.is_empty() => Err(e.into()),
+            _ => Ok(out),
+        }
     }
 
     /// Hands deliverable messages to waiting readers, first in line first.
@@ -526,6 +538,9 @@ pub(super) struct ReadAhead<'a> {
     ahead: usize,
     topic: &'a str,
     partition: u32,
+    /// The first read that failed for a reason other than retention (a damaged frame, an
+    /// I/O error): the queue's scan stops at that offset.
+    failed: Option<crate::log::LogError>,
 }
 
 impl ReadAhead<'_> {
@@ -562,6 +577,9 @@ impl crate::queue::DueSource for ReadAhead<'_> {
             }
             Err(e) => {
                 tracing::error!(topic = %self.topic, partition = self.partition, offset = o, error = %e, "cannot read record for delivery");
+                if !matches!(e, crate::log::LogError::Truncated { .. }) && self.failed.is_none() {
+                    self.failed = Some(e);
+                }
                 None
             }
         }

@@ -954,6 +954,80 @@ async fn sealed_segments_of_a_closed_partition_do_not_reopen_it() {
     b.shutdown().await;
 }
 
+/// A record that cannot be read (a damaged frame in a sealed segment) stops its partition's
+/// queue there and says so: the records before it are delivered, then a consume with nothing
+/// else to give answers the storage error instead of passing for an empty queue, and the
+/// other partitions are still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_is_reported_not_taken_for_an_empty_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut cfg = BrokerConfig::new(dir.path());
+        cfg.log.segment_max_bytes = 16 * 1024;
+        cfg
+    };
+    let b = Broker::open(
+        config(),
+        Arc::new(SystemClock),
+        Arc::new(CoreMetrics::default()),
+    )
+    .await
+    .unwrap();
+    b.create_topic(create("t", 2)).await.unwrap();
+    let big = ProduceMessage {
+        partition: Some(1),
+        payload: Bytes::from(vec![b'x'; 1000]),
+        ..Default::default()
+    };
+    for _ in 0..40 {
+        b.produce("t", vec![big.clone()]).await.unwrap();
+    }
+    assert!(b.sealed_segments("t", 1).await.unwrap().len() >= 2);
+    b.shutdown().await;
+    drop(b);
+    // a flipped bit in the payload of partition 1's record 10 (frames of 1034 bytes)
+    let topic_dir = std::fs::read_dir(dir.path().join("topics"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let seg = topic_dir.join("p00001").join(format!("{:020}.log", 0));
+    let mut data = std::fs::read(&seg).unwrap();
+    data[10 * 1034 + 500] ^= 8;
+    std::fs::write(&seg, &data).unwrap();
+
+    let b = Broker::open(
+        config(),
+        Arc::new(SystemClock),
+        Arc::new(CoreMetrics::default()),
+    )
+    .await
+    .unwrap();
+    let got = b.consume("t", Some(1), 100, Duration::ZERO).await.unwrap();
+    let offsets: Vec<u64> = got.iter().map(|d| d.record.offset).collect();
+    assert_eq!(offsets, (0..10).collect::<Vec<_>>());
+    for pinned in [Some(1), None] {
+        let e = b.consume("t", pinned, 1, Duration::ZERO).await.unwrap_err();
+        assert!(
+            matches!(e, BrokerError::Storage(LogError::Corrupt { .. })),
+            "{e}"
+        );
+    }
+    // a waiting reader is told at once too, not left waiting out its wait
+    let e = b
+        .consume("t", Some(1), 1, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BrokerError::Storage(_)), "{e}");
+    // the other partition is served, and the damage reported again once it is empty
+    b.produce("t", vec![to_partition(0)]).await.unwrap();
+    let got = b.consume("t", None, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].partition, 0);
+    assert!(b.consume("t", None, 10, Duration::ZERO).await.is_err());
+    b.shutdown().await;
+}
+
 /// A link restored from the archive keeps its epoch, starts each cursor at what the restored
 /// parent partition holds (never above it: new records would be skipped; never below it:
 /// unreadable), copies records produced afterwards, and survives a restart.

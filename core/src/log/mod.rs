@@ -742,12 +742,18 @@ impl PartitionLog {
                 if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
                     return Ok(out);
                 }
-                let rec = reader
-                    .next_record_from(next)
-                    .map_err(|source| LogError::Corrupt {
-                        path: seg.path.clone(),
-                        source,
-                    })?;
+                let rec = match reader.next_record_from(next) {
+                    Ok(rec) => rec,
+                    // the records before a damaged frame are served; a read from the damaged
+                    // offset reports it
+                    Err(_) if !out.is_empty() => return Ok(out),
+                    Err(source) => {
+                        return Err(LogError::Corrupt {
+                            path: seg.path.clone(),
+                            source,
+                        });
+                    }
+                };
                 let Some((rec, _)) = rec else { break };
                 if rec.offset < next {
                     continue;
