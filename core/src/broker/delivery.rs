@@ -68,6 +68,13 @@ impl Broker {
         };
         parked.done = true;
         match outcome {
+            // woken with nothing: a dispatch could not read for this reader (asking again
+            // gives it the error, or what is there now), or the line went with its topic
+            Some(got) if got.is_empty() => {
+                let got = self.try_take(&topic, partition, max).await?;
+                self.count_consumed(&topic, got.len() as u64);
+                Ok(got)
+            }
             Some(got) => Ok(got),
             None => {
                 topic.waiters.lock().remove(id);
@@ -269,8 +276,12 @@ impl Broker {
             let got = match self.try_take(topic, w.partition, w.max).await {
                 Ok(got) => got,
                 Err(e) => {
+                    // (a partition it cannot read): the reader is woken with nothing and asks
+                    // again itself, so the error is its answer rather than a 204 after its wait
                     tracing::warn!(topic = %topic.label.topic, error = %e, "dispatch failed");
-                    Vec::new()
+                    held.done += 1;
+                    let _ = w.tx.send(Vec::new());
+                    continue;
                 }
             };
             if got.is_empty() {
@@ -575,11 +586,14 @@ impl crate::queue::DueSource for ReadAhead<'_> {
                 }
                 due
             }
+            // retention deleted it meanwhile: the queue moves past it on its own
+            Err(e @ crate::log::LogError::Truncated { .. }) => {
+                tracing::debug!(topic = %self.topic, partition = self.partition, offset = o, error = %e, "record gone to retention before delivery");
+                None
+            }
             Err(e) => {
                 tracing::error!(topic = %self.topic, partition = self.partition, offset = o, error = %e, "cannot read record for delivery");
-                if !matches!(e, crate::log::LogError::Truncated { .. }) && self.failed.is_none() {
-                    self.failed = Some(e);
-                }
+                self.failed.get_or_insert(e);
                 None
             }
         }

@@ -966,14 +966,19 @@ async fn a_damaged_record_is_reported_not_taken_for_an_empty_queue() {
         cfg.log.segment_max_bytes = 16 * 1024;
         cfg
     };
-    let b = Broker::open(
-        config(),
-        Arc::new(SystemClock),
-        Arc::new(CoreMetrics::default()),
-    )
-    .await
-    .unwrap();
-    b.create_topic(create("t", 2)).await.unwrap();
+    let open = async || {
+        Broker::open(
+            config(),
+            Arc::new(SystemClock),
+            Arc::new(CoreMetrics::default()),
+        )
+        .await
+        .unwrap()
+    };
+    let b = open().await;
+    let mut topic = create("t", 2);
+    topic.settings.max_in_flight_per_partition = Some(10);
+    b.create_topic(topic).await.unwrap();
     let big = ProduceMessage {
         partition: Some(1),
         payload: Bytes::from(vec![b'x'; 1000]),
@@ -996,16 +1001,28 @@ async fn a_damaged_record_is_reported_not_taken_for_an_empty_queue() {
     data[10 * 1034 + 500] ^= 8;
     std::fs::write(&seg, &data).unwrap();
 
-    let b = Broker::open(
-        config(),
-        Arc::new(SystemClock),
-        Arc::new(CoreMetrics::default()),
-    )
-    .await
-    .unwrap();
+    let b = open().await;
+    // 10 in flight at most: the queue stops short of the damage until one is acked
     let got = b.consume("t", Some(1), 100, Duration::ZERO).await.unwrap();
     let offsets: Vec<u64> = got.iter().map(|d| d.record.offset).collect();
     assert_eq!(offsets, (0..10).collect::<Vec<_>>());
+    // a reader already waiting when an ack lets the queue reach the damage is told at once
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.consume("t", None, 1, Duration::from_secs(60)).await }
+    });
+    eventually("the reader never got in line", || {
+        b.topic_info("t").unwrap().waiters == 1
+    })
+    .await;
+    b.settle("t", &got[0].receipt_handle, AckAction::Ack)
+        .await
+        .unwrap();
+    let e = served(waiting).await.unwrap_err();
+    assert!(
+        matches!(e, BrokerError::Storage(LogError::Corrupt { .. })),
+        "{e}"
+    );
     for pinned in [Some(1), None] {
         let e = b.consume("t", pinned, 1, Duration::ZERO).await.unwrap_err();
         assert!(
