@@ -21,7 +21,15 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
     match cli.command {
         Command::Server(ServerCmd::Start(a)) if a.nodes > 1 => {
             let dir = a.data_dir.clone().unwrap_or_else(default_dev_dir);
-            crate::devcluster::run(a.nodes, a.port, &dir, a.config.as_deref()).await
+            crate::devcluster::run(crate::devcluster::Launch {
+                nodes: a.nodes,
+                port: a.port,
+                dir: &dir,
+                config: a.config.as_deref(),
+                storage: &a.storage,
+                addr_file: a.addr_file.as_deref(),
+            })
+            .await
         }
         Command::Server(ServerCmd::Start(a)) => {
             crate::devcluster::follow_launcher()?;

@@ -49,7 +49,28 @@ struct Node {
     log: PathBuf,
 }
 
-pub async fn run(n: u8, port: u16, dir: &Path, config: Option<&Path>) -> Result<(), BoxError> {
+/// What `server start --dev --nodes N` was given.
+pub struct Launch<'a> {
+    pub nodes: u8,
+    pub port: u16,
+    pub dir: &'a Path,
+    pub config: Option<&'a Path>,
+    /// Passed to every node (no archive unless one is named: the nodes' default would be a
+    /// directory of each node's own, and a cluster's members share one archive).
+    pub storage: &'a crate::StorageArgs,
+    /// Gets node 1's address once every node listens (any node serves every request).
+    pub addr_file: Option<&'a Path>,
+}
+
+pub async fn run(launch: Launch<'_>) -> Result<(), BoxError> {
+    let Launch {
+        nodes: n,
+        port,
+        dir,
+        config,
+        storage,
+        addr_file: launcher_addr_file,
+    } = launch;
     if port != 0 && u32::from(port) + u32::from(n) > 65_536 {
         return Err(format!("--port {port} leaves no room for {n} nodes").into());
     }
@@ -78,7 +99,9 @@ pub async fn run(n: u8, port: u16, dir: &Path, config: Option<&Path>) -> Result<
             port + u16::from(id) - 1
         };
         let mut cmd = Command::new(&exe);
-        cmd.args(["server", "start", "--dev", "--archive-url", "off", "--port"])
+        cmd.args(["server", "start", "--dev", "--archive-url"])
+            .arg(storage.archive_url.as_deref().unwrap_or("off"))
+            .arg("--port")
             .arg(http_port.to_string())
             .arg("--data-dir")
             .arg(&node_dir)
@@ -86,6 +109,24 @@ pub async fn run(n: u8, port: u16, dir: &Path, config: Option<&Path>) -> Result<
             .arg(&addr_file);
         if let Some(c) = config {
             cmd.arg("--config").arg(c);
+        }
+        for (flag, value) in [
+            (
+                "--segment-max-age-ms",
+                storage.segment_max_age_ms.map(|v| v.to_string()),
+            ),
+            (
+                "--segment-max-bytes",
+                storage.segment_max_bytes.map(|v| v.to_string()),
+            ),
+            (
+                "--local-retention-ms",
+                storage.local_retention_ms.map(|v| v.to_string()),
+            ),
+        ] {
+            if let Some(v) = value {
+                cmd.arg(flag).arg(v);
+            }
         }
         let (_, cluster_addr) = members
             .iter()
@@ -118,6 +159,15 @@ pub async fn run(n: u8, port: u16, dir: &Path, config: Option<&Path>) -> Result<
             node.id,
             node.log.display()
         );
+    }
+    if let Some(path) = launcher_addr_file {
+        let first = std::fs::read_to_string(dir.join("n1.addr"))?;
+        let tmp = path.with_extension("tmp");
+        let written = std::fs::write(&tmp, first.trim()).and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            stop(&mut nodes).await;
+            return Err(format!("cannot write {}: {e}", path.display()).into());
+        }
     }
     say!(
         "Ctrl-C stops every node. Any node serves every request; `narad cluster status` shows the cluster."

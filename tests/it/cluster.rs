@@ -1261,8 +1261,12 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
                 "3",
                 "--port",
                 "0",
-                "--data-dir",
+                "--segment-max-bytes",
+                "4096",
+                "--addr-file",
             ])
+            .arg(root.path().join("launcher.addr"))
+            .arg("--data-dir")
             .arg(&dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -1307,6 +1311,14 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
     };
     let (mut child, bases) = launch(false).await;
     wait_ready(&http, &bases, &dir, "ready").await;
+    // the launcher's --addr-file names node 1
+    let launcher = root.path().join("launcher.addr");
+    until("the launcher's address file", 30, async || {
+        launcher.exists()
+    })
+    .await;
+    let named = std::fs::read_to_string(&launcher).unwrap();
+    assert_eq!(format!("http://{}", named.trim()), bases[0]);
     let call = async |base: &str, method: Method, path: &str, body: Option<&str>| {
         let mut r = http.request(method, format!("{base}{path}"));
         if let Some(b) = body {
@@ -1344,6 +1356,38 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
         (StatusCode::OK, Some("hello")),
         "{m}"
     );
+    // the nodes took the launcher's storage flags: 4 KiB segments roll after a few messages
+    let big = "x".repeat(3000);
+    for _ in 0..4 {
+        let (st, _) = call(
+            &bases[0],
+            Method::POST,
+            "/v1/topics/t/produce?partition=0",
+            Some(&big),
+        )
+        .await;
+        assert_eq!(st, StatusCode::ACCEPTED);
+    }
+    let segments = |d: &std::path::Path| {
+        std::fs::read_dir(d).map_or(0, |r| {
+            r.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "log"))
+            })
+            .count()
+        })
+    };
+    let most = (1..=3)
+        .flat_map(|i| {
+            std::fs::read_dir(dir.join(format!("n{i}")).join("topics"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|t| segments(&t.path().join("p00000")))
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(most >= 2, "partition 0 never rolled a 4 KiB segment");
     // SIGTERM to the launcher: every node stops
     let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
