@@ -239,6 +239,13 @@ pub fn frame_len(buf: &[u8]) -> Result<usize, FrameError> {
 
 /// Decodes one frame at the start of `buf`; returns the record and the frame length.
 pub fn decode_frame(buf: &[u8]) -> Result<(Record, usize), FrameError> {
+    let (body, len) = checked_body(buf)?;
+    Ok((decode_body(body)?, len))
+}
+
+/// The body of the whole frame at the start of `buf`, checked against its CRC, and the
+/// frame's length.
+fn checked_body(buf: &[u8]) -> Result<(&[u8], usize), FrameError> {
     let len = frame_len(buf)?;
     if buf.len() < len {
         return Err(FrameError::Incomplete {
@@ -251,25 +258,14 @@ pub fn decode_frame(buf: &[u8]) -> Result<(Record, usize), FrameError> {
     if frame_crc(&buf[4..8], body) != stored_crc {
         return Err(FrameError::BadChecksum);
     }
-    Ok((decode_body(body)?, len))
+    Ok((body, len))
 }
 
 /// The offset of the whole, checked frame at the start of `buf` (magic, length, CRC and
 /// format version), without decoding the rest of its body: how a reader steps over the
 /// records before the one it wants.
 pub fn frame_offset(buf: &[u8]) -> Result<u64, FrameError> {
-    let len = frame_len(buf)?;
-    if buf.len() < len {
-        return Err(FrameError::Incomplete {
-            need: len,
-            have: buf.len(),
-        });
-    }
-    let stored_crc = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes"));
-    let body = &buf[FRAME_HEADER_LEN..len];
-    if frame_crc(&buf[4..8], body) != stored_crc {
-        return Err(FrameError::BadChecksum);
-    }
+    let (body, _) = checked_body(buf)?;
     if body[0] != FORMAT_VERSION {
         return Err(FrameError::BadVersion(body[0]));
     }
