@@ -69,8 +69,9 @@ impl Broker {
         parked.done = true;
         match outcome {
             // woken with nothing: a dispatch could not read for this reader (asking again
-            // gives it the error, or what is there now), or the line went with its topic
-            Some(got) if got.is_empty() => {
+            // gives it the error, or what is there now), or the line went with its topic; a
+            // shutdown's drain answers nothing, as it says
+            Some(got) if got.is_empty() && !self.draining.load(Ordering::Acquire) => {
                 let got = self.try_take(&topic, partition, max).await?;
                 self.count_consumed(&topic, got.len() as u64);
                 Ok(got)
