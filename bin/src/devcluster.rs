@@ -145,6 +145,7 @@ pub async fn run(launch: Launch<'_>) -> Result<(), BoxError> {
         nodes.push(Node { id, child, log });
     }
     say!("narad dev cluster: {n} nodes, data under {}", dir.display());
+    let mut first_addr = None;
     for node in &mut nodes {
         let addr_file = dir.join(format!("n{}.addr", node.id));
         let addr = match wait_for_addr(&addr_file, &mut node.child).await {
@@ -159,11 +160,11 @@ pub async fn run(launch: Launch<'_>) -> Result<(), BoxError> {
             node.id,
             node.log.display()
         );
+        first_addr.get_or_insert(addr);
     }
-    if let Some(path) = launcher_addr_file {
-        let first = std::fs::read_to_string(dir.join("n1.addr"))?;
+    if let (Some(path), Some(first)) = (launcher_addr_file, first_addr) {
         let tmp = path.with_extension("tmp");
-        let written = std::fs::write(&tmp, first.trim()).and_then(|()| std::fs::rename(&tmp, path));
+        let written = std::fs::write(&tmp, &first).and_then(|()| std::fs::rename(&tmp, path));
         if let Err(e) = written {
             stop(&mut nodes).await;
             return Err(format!("cannot write {}: {e}", path.display()).into());
