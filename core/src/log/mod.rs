@@ -73,6 +73,39 @@ struct TailBudgetInner {
     used: AtomicU64,
     /// Every open log's cache, for eviction across partitions.
     caches: Mutex<Vec<std::sync::Weak<Mutex<TailCache>>>>,
+    /// Read cursors kept now, node-wide (at most [`MAX_READ_CURSORS`]).
+    cursors: AtomicU64,
+}
+
+/// How many partitions may keep a read cursor at once, node-wide: with at most
+/// [`READ_CURSOR_BYTES`] each, the cursors hold at most 16 MiB whatever the partition count.
+const MAX_READ_CURSORS: u64 = 256;
+
+/// The largest buffer a read cursor keeps (a reader's largest ordinary read).
+const READ_CURSOR_BYTES: usize = 64 * 1024;
+
+/// One of the node's [`MAX_READ_CURSORS`], given back when dropped.
+#[derive(Debug)]
+struct CursorSlot(TailBudget);
+
+impl Drop for CursorSlot {
+    fn drop(&mut self) {
+        self.0.0.cursors.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where a log's last read from disk stopped, with the bytes its reader had read past that
+/// point: the next read from exactly there (a queue consuming its backlog one record at a
+/// time) decodes from those bytes instead of reading the file again.
+#[derive(Debug)]
+struct ReadCursor {
+    /// The segment the bytes are from (compared by address; the weak reference keeps the
+    /// address from being reused while the cursor lives, not the segment's file open).
+    segment: std::sync::Weak<Segment>,
+    /// The offset the next read must start at to use it.
+    next: u64,
+    state: segment::ReaderState,
+    slot: CursorSlot,
 }
 
 impl TailBudget {
@@ -81,7 +114,19 @@ impl TailBudget {
             limit: limit_bytes,
             used: AtomicU64::new(0),
             caches: Mutex::new(Vec::new()),
+            cursors: AtomicU64::new(0),
         }))
+    }
+
+    /// A read cursor's slot, if fewer than [`MAX_READ_CURSORS`] are kept.
+    fn cursor_slot(&self) -> Option<CursorSlot> {
+        self.0
+            .cursors
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < MAX_READ_CURSORS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| CursorSlot(self.clone()))
     }
 
     fn register(&self, cache: &Arc<Mutex<TailCache>>) {
@@ -296,6 +341,11 @@ struct Shared {
     closed: AtomicBool,
     /// The active segment's age deadline may have changed (for the age roller).
     age_changed: Notify,
+    /// Where the last read from disk stopped (see [`ReadCursor`]).
+    cursor: Mutex<Option<ReadCursor>>,
+    /// Tests: the reads that went on from the cursor.
+    #[cfg(test)]
+    cursor_hits: AtomicU64,
     /// Tests: the writer panics before its next group.
     #[cfg(test)]
     panic_next_group: AtomicBool,
@@ -513,6 +563,9 @@ impl PartitionLog {
             }),
             closed: AtomicBool::new(false),
             age_changed: Notify::new(),
+            cursor: Mutex::new(None),
+            #[cfg(test)]
+            cursor_hits: AtomicU64::new(0),
             #[cfg(test)]
             panic_next_group: AtomicBool::new(false),
         });
@@ -685,6 +738,29 @@ impl PartitionLog {
 
     /// Reads up to `max_records` records (and roughly `max_bytes` of payload, at least one
     /// record) starting at `from`. Blocking on a cache miss (positional reads).
+    /// Keeps where `reader` (over `seg`) stopped as the log's cursor, for a read that starts
+    /// at `next`; with `slot`, or a new one while the node has one to give.
+    fn keep_cursor(
+        &self,
+        reader: SegmentReader<'_>,
+        seg: &Arc<Segment>,
+        next: u64,
+        slot: Option<CursorSlot>,
+    ) {
+        let Some(state) = reader.into_state(READ_CURSOR_BYTES) else {
+            return;
+        };
+        let Some(slot) = slot.or_else(|| self.shared.cfg.tail_cache.cursor_slot()) else {
+            return;
+        };
+        *self.shared.cursor.lock() = Some(ReadCursor {
+            segment: Arc::downgrade(seg),
+            next,
+            state,
+            slot,
+        });
+    }
+
     pub fn read(
         &self,
         from: u64,
@@ -730,6 +806,12 @@ impl PartitionLog {
         let first = segments.partition_point(|s| s.base <= from) - 1;
         let mut bytes = 0;
         let mut next = from;
+        // the last read's cursor: used if this read starts where it stopped; its slot is
+        // kept for this read's own cursor either way
+        let (mut resume, mut slot) = match self.shared.cursor.lock().take() {
+            Some(c) => (Some((c.segment, c.next, c.state)), Some(c.slot)),
+            None => (None, None),
+        };
         for seg in &segments[first..] {
             let (size, start_pos) = {
                 let m = seg.meta.lock();
@@ -737,9 +819,18 @@ impl PartitionLog {
                 let pos = if i == 0 { 0 } else { m.index[i - 1].pos };
                 (m.size, pos)
             };
-            let mut reader = SegmentReader::new(&seg.file, start_pos, size);
+            let resumed = resume
+                .take_if(|(s, at, _)| *at == next && std::ptr::eq(s.as_ptr(), Arc::as_ptr(seg)))
+                .and_then(|(_, _, state)| SegmentReader::resume(&seg.file, state, size));
+            #[cfg(test)]
+            if resumed.is_some() {
+                self.shared.cursor_hits.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut reader =
+                resumed.unwrap_or_else(|| SegmentReader::new(&seg.file, start_pos, size));
             loop {
                 if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
+                    self.keep_cursor(reader, seg, next, slot.take());
                     return Ok(out);
                 }
                 let rec = match reader.next_record_from(next) {

@@ -194,6 +194,17 @@ fn find_valid_frame(data: &[u8]) -> Option<usize> {
 }
 
 /// Sequential frame reader over a committed prefix of a segment, using positional reads.
+/// What a [`SegmentReader`] had buffered beyond where it stopped ([`SegmentReader::into_state`]),
+/// to go on later without reading those bytes again ([`SegmentReader::resume`]). Only
+/// meaningful for the same segment: its bytes below a size once read never change.
+#[derive(Debug)]
+pub struct ReaderState {
+    pos: u64,
+    buf: Vec<u8>,
+    buf_start: u64,
+    chunk: usize,
+}
+
 pub struct SegmentReader<'a> {
     file: &'a File,
     pos: u64,
@@ -214,6 +225,37 @@ impl<'a> SegmentReader<'a> {
             buf_start: pos,
             chunk: FIRST_CHUNK,
         }
+    }
+
+    /// A reader that goes on where an earlier one over the same segment stopped, with the
+    /// bytes it had read past that point; `None` if those bytes are not all below `end`.
+    pub fn resume(file: &'a File, state: ReaderState, end: u64) -> Option<Self> {
+        let ReaderState {
+            pos,
+            buf,
+            buf_start,
+            chunk,
+        } = state;
+        (pos >= buf_start && buf_start + buf.len() as u64 <= end).then_some(Self {
+            file,
+            pos,
+            end,
+            buf,
+            buf_start,
+            chunk,
+        })
+    }
+
+    /// Where this reader stopped, with the bytes it read past that point, if there are any
+    /// and its buffer is at most `max_bytes` (a large frame's buffer is not kept).
+    pub fn into_state(self, max_bytes: usize) -> Option<ReaderState> {
+        let unread = (self.buf_start + self.buf.len() as u64).saturating_sub(self.pos);
+        (unread > 0 && self.buf.capacity() <= max_bytes).then_some(ReaderState {
+            pos: self.pos,
+            buf: self.buf,
+            buf_start: self.buf_start,
+            chunk: self.chunk,
+        })
     }
 
     /// Ensures bytes `[pos, pos + n)` are buffered.

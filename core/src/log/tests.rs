@@ -565,3 +565,116 @@ async fn a_recorded_gap_is_accepted_and_an_unrecorded_one_refused() {
         .is_err()
     );
 }
+
+/// One-record reads in order (a queue consuming its backlog) go on from the last read's
+/// cursor instead of reading the file again, and every read returns exactly what a fresh
+/// read from the index would: across segment ends, after a jump, beside another reader,
+/// with frames larger than a cursor keeps, and after retention took the cursor's segment.
+#[tokio::test]
+async fn one_record_reads_in_order_go_on_from_the_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let cfg = LogConfig {
+        segment_max_bytes: 64 * 1024,
+        ..small_segments()
+    };
+    let (log, _) = open_with(dir.path(), cfg, clock.clone());
+    let payload = |i: u64| -> String {
+        // mostly small; every 50th larger than a cursor's buffer
+        let n = if i % 50 == 49 {
+            70_000
+        } else {
+            20 + (i as usize * 7) % 300
+        };
+        format!("{i:06}-{}", "p".repeat(n))
+    };
+    let n = 600u64;
+    for i in 0..n {
+        log.append(vec![rec(&payload(i))]).await.unwrap();
+    }
+    assert!(log.stats().segments > 3, "several segments");
+    let check = |r: &Arc<Record>, o: u64| {
+        assert_eq!(r.offset, o);
+        assert_eq!(r.payload, payload(o), "offset {o}");
+    };
+    let hits = || log.shared.cursor_hits.load(Ordering::Relaxed);
+    // in order, one at a time, with a replay reader elsewhere every 40 reads
+    for o in 0..n {
+        let got = log.read(o, 1, usize::MAX).unwrap();
+        assert_eq!(got.len(), 1);
+        check(&got[0], o);
+        if o % 40 == 39 {
+            let other = (o * 13) % n;
+            let got = log.read(other, 3, usize::MAX).unwrap();
+            for (k, r) in got.iter().enumerate() {
+                check(r, other + k as u64);
+            }
+        }
+    }
+    let in_order = hits();
+    assert!(
+        in_order > n / 2,
+        "only {in_order} of {n} in-order reads went on from the cursor"
+    );
+    // a jump back and forth: each read is still the record asked for
+    for o in [5, 4, 300, 301, 301, 299, 0, 599] {
+        let got = log.read(o, 2, usize::MAX).unwrap();
+        check(&got[0], o);
+        if got.len() > 1 {
+            check(&got[1], o + 1);
+        }
+    }
+    // retention takes the segment the cursor points into: the next read says so
+    log.read(10, 1, usize::MAX).unwrap();
+    clock.advance(100_000);
+    let (deleted, _) = log.apply_retention(10_000, 0, None);
+    assert!(deleted > 0);
+    let oldest = log.oldest_offset();
+    assert!(oldest > 11);
+    assert!(matches!(
+        log.read(11, 1, usize::MAX),
+        Err(LogError::Truncated { .. })
+    ));
+    let got = log.read(oldest, 1, usize::MAX).unwrap();
+    check(&got[0], oldest);
+    // the node-wide count of cursors is given back when the log goes
+    assert!(log.shared.cfg.tail_cache.0.cursors.load(Ordering::Relaxed) <= 1);
+    let budget = log.shared.cfg.tail_cache.clone();
+    log.close().await;
+    drop(log);
+    assert_eq!(budget.0.cursors.load(Ordering::Relaxed), 0);
+}
+
+/// At most [`MAX_READ_CURSORS`] logs keep a cursor at once; the others read as before.
+#[tokio::test]
+async fn read_cursors_are_bounded_node_wide() {
+    let budget = TailBudget::new(0);
+    let mut slots: Vec<CursorSlot> = std::iter::from_fn(|| budget.cursor_slot()).collect();
+    assert_eq!(slots.len() as u64, MAX_READ_CURSORS);
+    // a log opened now keeps no cursor, and reads the same
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LogConfig {
+        tail_cache: budget.clone(),
+        ..small_segments()
+    };
+    let (log, _) = open_with(dir.path(), cfg, ManualClock::new(1));
+    for i in 0..50 {
+        log.append(vec![rec(&format!("m{i}"))]).await.unwrap();
+    }
+    for o in 0..50 {
+        assert_eq!(log.read(o, 1, usize::MAX).unwrap()[0].offset, o);
+    }
+    assert_eq!(log.shared.cursor_hits.load(Ordering::Relaxed), 0);
+    // one slot given back: the log takes it
+    slots.pop();
+    for o in 0..50 {
+        assert_eq!(log.read(o, 1, usize::MAX).unwrap()[0].offset, o);
+    }
+    assert!(log.shared.cursor_hits.load(Ordering::Relaxed) > 0);
+    // (a read that leaves nothing buffered keeps no cursor: the first record has more after it)
+    log.read(0, 1, usize::MAX).unwrap();
+    assert_eq!(budget.0.cursors.load(Ordering::Relaxed), MAX_READ_CURSORS);
+    drop(slots);
+    assert_eq!(budget.0.cursors.load(Ordering::Relaxed), 1);
+    log.close().await;
+}
