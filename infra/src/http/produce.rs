@@ -462,7 +462,7 @@ pub async fn batch(
         let want = want
             .to_str()
             .ok()
-            .filter(|v| v.len() == 16)
+            .filter(|v| v.len() == 16 && v.bytes().all(|b| b.is_ascii_hexdigit()))
             .and_then(|v| u64::from_str_radix(v, 16).ok())
             .ok_or_else(|| {
                 ApiError::new(

@@ -26,8 +26,10 @@ fn percent_decode(s: &str) -> Result<Cow<'_, str>, ApiError> {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' => {
+                // two hex digits, nothing else (`from_str_radix` alone would take "+1")
                 let hex = bytes
                     .get(i + 1..i + 3)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
                     .ok_or_else(|| {
@@ -238,6 +240,10 @@ mod tests {
         assert_eq!(e.code, ErrorCode::DuplicateParameter);
         let e = Query::parse(Some("key=%zz"), &["key"]).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidQuery);
+        for bad in ["key=%+1", "key=%-1", "key=%1", "key=%"] {
+            let e = Query::parse(Some(bad), &["key"]).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidQuery, "{bad}");
+        }
         let e = Query::parse(Some("key=%ff"), &["key"]).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidQuery);
         // a plain value is the query string's own bytes
