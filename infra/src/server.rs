@@ -512,6 +512,7 @@ pub async fn run_observed(
 ) -> Result<(), ServerError> {
     // before anything reads or writes the data directory; held until this returns
     let _data_dir_lock = lock_data_dir(&config.data_dir)?;
+    crate::http::set_data_dir_for_errors(&config.data_dir);
     for var in &config.ignored_env {
         tracing::warn!(
             var = %var,

@@ -798,3 +798,47 @@ async fn hex_with_a_sign_is_malformed() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["code"], "invalid_request", "{body}");
 }
+
+/// A damaged record is a `500 storage_failed` that names the segment file and the position,
+/// but under `<data-dir>`: the server's absolute path goes to its log, not to clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_error_names_the_file_not_the_host_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("NARAD_SEGMENT_MAX_BYTES", "4096"),
+        ("NARAD_TAIL_CACHE_BYTES", "0"),
+    ];
+    let s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "dmg", "partitions": 1}))
+        .await;
+    for i in 0..40 {
+        let r = s
+            .produce("dmg", "", format!("{i:03}-{}", "p".repeat(200)))
+            .await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    // flip a byte inside the first frame of the first (sealed) segment
+    let data = dir.path().join("data");
+    let mut logs: Vec<_> = walk(&data)
+        .into_iter()
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "log") && p.to_string_lossy().contains("dmg")
+        })
+        .collect();
+    logs.sort();
+    assert!(logs.len() >= 2, "segments rolled: {logs:?}");
+    let mut bytes = std::fs::read(&logs[0]).unwrap();
+    bytes[40] ^= 0x01;
+    std::fs::write(&logs[0], &bytes).unwrap();
+    let r = s.get("/v1/topics/dmg/consume").await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "storage_failed", "{body}");
+    let msg = body["error"].as_str().unwrap();
+    let host = data.to_str().unwrap();
+    assert!(!msg.contains(host), "{msg}");
+    assert!(msg.contains("<data-dir>/topics/"), "{msg}");
+    assert!(msg.contains(".log"), "{msg}");
+    // the server's log has the whole path
+    assert!(s.log().contains(host), "{}", s.log());
+}

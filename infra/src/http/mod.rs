@@ -223,13 +223,46 @@ pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
     }
 }
 
+/// The data directory of the server this process runs, as error messages to clients name it
+/// (see [`client_message`]). Set once at start; a second server in the same process (as some
+/// tests run) keeps its paths in its messages.
+static DATA_DIR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Records the server's data directory for [`client_message`]. Only an absolute path is kept:
+/// a relative one is what the operator typed and says nothing about the host.
+pub(crate) fn set_data_dir_for_errors(dir: &std::path::Path) {
+    if let Some(d) = dir.to_str().filter(|d| d.starts_with('/') && d.len() > 1) {
+        let _ = DATA_DIR.set(d.trim_end_matches('/').to_owned());
+    }
+}
+
+/// A storage error's message as a client sees it: the server's data directory becomes
+/// `<data-dir>` (the full path goes to the server's log only). The file and position stay, so
+/// an operator told of the error knows where to look.
+fn client_message(msg: String, dir: Option<&str>) -> String {
+    match dir {
+        Some(d) if msg.contains(d) => msg.replace(&format!("{d}/"), "<data-dir>/"),
+        _ => msg,
+    }
+}
+
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         let code = broker_error_code(&e);
-        let msg = e.to_string();
+        let full = e.to_string();
+        let msg = match code {
+            ErrorCode::TooManyOpenFiles
+            | ErrorCode::StorageUnavailable
+            | ErrorCode::StorageFailed
+            | ErrorCode::MetadataFailed => {
+                client_message(full.clone(), DATA_DIR.get().map(String::as_str))
+            }
+            _ => full.clone(),
+        };
+        let full = &full;
         match code {
             ErrorCode::TooManyOpenFiles => {
-                tracing::error!(error = %msg, "out of file descriptors");
+                tracing::error!(error = %full, "out of file descriptors");
                 // the answer names the cause: the message alone reads like any I/O error
                 let msg = format!(
                     "the server has run out of file descriptors (its open-files limit, RLIMIT_NOFILE, is reached): {msg}; retry shortly"
@@ -237,9 +270,9 @@ impl From<BrokerError> for ApiError {
                 return Self::new(code, msg);
             }
             ErrorCode::StorageUnavailable | ErrorCode::StorageFailed => {
-                tracing::error!(error = %msg, "storage failure");
+                tracing::error!(error = %full, "storage failure");
             }
-            ErrorCode::MetadataFailed => tracing::error!(error = %msg, "metadata failure"),
+            ErrorCode::MetadataFailed => tracing::error!(error = %full, "metadata failure"),
             _ => {}
         }
         Self::new(code, msg)
@@ -724,4 +757,21 @@ fn metrics_text(state: &AppState) -> Response {
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_storage_error_names_the_file_under_the_data_dir_not_the_host_path() {
+        let msg = "corrupt record in /srv/narad/data/topics/t/p00000/00000000000000000126.log: corrupt frame at byte 40".to_owned();
+        assert_eq!(
+            client_message(msg.clone(), Some("/srv/narad/data")),
+            "corrupt record in <data-dir>/topics/t/p00000/00000000000000000126.log: corrupt frame at byte 40"
+        );
+        // a directory that only starts the same way is not the data directory
+        assert_eq!(client_message(msg.clone(), Some("/srv/narad/da")), msg);
+        assert_eq!(client_message(msg.clone(), None), msg);
+    }
 }
