@@ -736,8 +736,6 @@ impl PartitionLog {
         Ok(out)
     }
 
-    /// Reads up to `max_records` records (and roughly `max_bytes` of payload, at least one
-    /// record) starting at `from`. Blocking on a cache miss (positional reads).
     /// Keeps where `reader` (over `seg`) stopped as the log's cursor, for a read that starts
     /// at `next`; with `slot`, or a new one while the node has one to give.
     fn keep_cursor(
@@ -761,6 +759,9 @@ impl PartitionLog {
         });
     }
 
+    /// Reads up to `max_records` records (and roughly `max_bytes` of payload, at least one
+    /// record) starting at `from`. Blocking on a cache miss (positional reads); a read from
+    /// where the last one from disk stopped goes on from its cursor ([`ReadCursor`]).
     pub fn read(
         &self,
         from: u64,

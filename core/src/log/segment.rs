@@ -193,7 +193,6 @@ fn find_valid_frame(data: &[u8]) -> Option<usize> {
     None
 }
 
-/// Sequential frame reader over a committed prefix of a segment, using positional reads.
 /// What a [`SegmentReader`] had buffered beyond where it stopped ([`SegmentReader::into_state`]),
 /// to go on later without reading those bytes again ([`SegmentReader::resume`]). Only
 /// meaningful for the same segment: its bytes below a size once read never change.
@@ -205,6 +204,7 @@ pub struct ReaderState {
     chunk: usize,
 }
 
+/// Sequential frame reader over a committed prefix of a segment, using positional reads.
 pub struct SegmentReader<'a> {
     file: &'a File,
     pos: u64,
