@@ -557,12 +557,18 @@ async fn serve(
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen_addr))?;
     if let Some(path) = addr_file {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, listener.local_addr()?.to_string())?;
-        std::fs::rename(&tmp, &path)?;
+        write_addr_file(&path, &listener.local_addr()?.to_string())?;
     }
     narad_infra::server::run(listener, cfg, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Writes `addr` to `--addr-file` whole (a temporary file renamed over it), so a reader
+/// polling for the file never sees a part of it.
+pub(crate) fn write_addr_file(path: &std::path::Path, addr: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, addr)?;
+    std::fs::rename(&tmp, path)
 }
 
 pub(crate) async fn shutdown_signal() {

@@ -162,13 +162,11 @@ pub async fn run(launch: Launch<'_>) -> Result<(), BoxError> {
         );
         first_addr.get_or_insert(addr);
     }
-    if let (Some(path), Some(first)) = (launcher_addr_file, first_addr) {
-        let tmp = path.with_extension("tmp");
-        let written = std::fs::write(&tmp, &first).and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = written {
-            stop(&mut nodes).await;
-            return Err(format!("cannot write {}: {e}", path.display()).into());
-        }
+    if let (Some(path), Some(first)) = (launcher_addr_file, first_addr)
+        && let Err(e) = crate::commands::write_addr_file(path, &first)
+    {
+        stop(&mut nodes).await;
+        return Err(format!("cannot write {}: {e}", path.display()).into());
     }
     say!(
         "Ctrl-C stops every node. Any node serves every request; `narad cluster status` shows the cluster."

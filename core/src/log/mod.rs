@@ -814,21 +814,22 @@ impl PartitionLog {
             None => (None, None),
         };
         for seg in &segments[first..] {
-            let (size, start_pos) = {
+            let mut reader = {
                 let m = seg.meta.lock();
-                let i = m.index.partition_point(|e| e.offset <= next);
-                let pos = if i == 0 { 0 } else { m.index[i - 1].pos };
-                (m.size, pos)
+                let resumed = resume
+                    .take_if(|(s, at, _)| *at == next && std::ptr::eq(s.as_ptr(), Arc::as_ptr(seg)))
+                    .and_then(|(_, _, state)| SegmentReader::resume(&seg.file, state, m.size));
+                #[cfg(test)]
+                if resumed.is_some() {
+                    self.shared.cursor_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                // (the index is looked at only when there is no cursor to go on from)
+                resumed.unwrap_or_else(|| {
+                    let i = m.index.partition_point(|e| e.offset <= next);
+                    let pos = if i == 0 { 0 } else { m.index[i - 1].pos };
+                    SegmentReader::new(&seg.file, pos, m.size)
+                })
             };
-            let resumed = resume
-                .take_if(|(s, at, _)| *at == next && std::ptr::eq(s.as_ptr(), Arc::as_ptr(seg)))
-                .and_then(|(_, _, state)| SegmentReader::resume(&seg.file, state, size));
-            #[cfg(test)]
-            if resumed.is_some() {
-                self.shared.cursor_hits.fetch_add(1, Ordering::Relaxed);
-            }
-            let mut reader =
-                resumed.unwrap_or_else(|| SegmentReader::new(&seg.file, start_pos, size));
             loop {
                 if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
                     self.keep_cursor(reader, seg, next, slot.take());

@@ -239,10 +239,10 @@ pub(crate) fn set_data_dir_for_errors(dir: &std::path::Path) {
 /// A storage error's message as a client sees it: the server's data directory becomes
 /// `<data-dir>` (the full path goes to the server's log only). The file and position stay, so
 /// an operator told of the error knows where to look.
-fn client_message(msg: String, dir: Option<&str>) -> String {
+fn client_message(msg: &str, dir: Option<&str>) -> String {
     match dir {
-        Some(d) if msg.contains(d) => msg.replace(&format!("{d}/"), "<data-dir>/"),
-        _ => msg,
+        Some(d) => msg.replace(&format!("{d}/"), "<data-dir>/"),
+        None => msg.to_owned(),
     }
 }
 
@@ -250,30 +250,25 @@ impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         let code = broker_error_code(&e);
         let full = e.to_string();
-        let msg = match code {
-            ErrorCode::TooManyOpenFiles
-            | ErrorCode::StorageUnavailable
-            | ErrorCode::StorageFailed
-            | ErrorCode::MetadataFailed => {
-                client_message(full.clone(), DATA_DIR.get().map(String::as_str))
-            }
-            _ => full.clone(),
-        };
-        let full = &full;
         match code {
             ErrorCode::TooManyOpenFiles => {
-                tracing::error!(error = %full, "out of file descriptors");
-                // the answer names the cause: the message alone reads like any I/O error
-                let msg = format!(
-                    "the server has run out of file descriptors (its open-files limit, RLIMIT_NOFILE, is reached): {msg}; retry shortly"
-                );
-                return Self::new(code, msg);
+                tracing::error!(error = %full, "out of file descriptors")
             }
             ErrorCode::StorageUnavailable | ErrorCode::StorageFailed => {
                 tracing::error!(error = %full, "storage failure");
             }
             ErrorCode::MetadataFailed => tracing::error!(error = %full, "metadata failure"),
-            _ => {}
+            // a client's own mistake or a state it can act on: the message is all it needs
+            _ => return Self::new(code, full),
+        }
+        // (the log line has the whole path; the client gets it under <data-dir>)
+        let msg = client_message(&full, DATA_DIR.get().map(String::as_str));
+        if code == ErrorCode::TooManyOpenFiles {
+            // the answer names the cause: the message alone reads like any I/O error
+            let msg = format!(
+                "the server has run out of file descriptors (its open-files limit, RLIMIT_NOFILE, is reached): {msg}; retry shortly"
+            );
+            return Self::new(code, msg);
         }
         Self::new(code, msg)
     }
@@ -767,11 +762,11 @@ mod tests {
     fn a_storage_error_names_the_file_under_the_data_dir_not_the_host_path() {
         let msg = "corrupt record in /srv/narad/data/topics/t/p00000/00000000000000000126.log: corrupt frame at byte 40".to_owned();
         assert_eq!(
-            client_message(msg.clone(), Some("/srv/narad/data")),
+            client_message(&msg, Some("/srv/narad/data")),
             "corrupt record in <data-dir>/topics/t/p00000/00000000000000000126.log: corrupt frame at byte 40"
         );
         // a directory that only starts the same way is not the data directory
-        assert_eq!(client_message(msg.clone(), Some("/srv/narad/da")), msg);
-        assert_eq!(client_message(msg.clone(), None), msg);
+        assert_eq!(client_message(&msg, Some("/srv/narad/da")), msg);
+        assert_eq!(client_message(&msg, None), msg);
     }
 }
