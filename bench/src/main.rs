@@ -682,6 +682,14 @@ fn print_text(r: &RunResult) {
     if let Some(cpu) = r.broker_cpu_s {
         let _ = writeln!(out, "  broker CPU: {cpu:.2}s");
     }
+    if let Some(cpu) = r.client_cpu_s {
+        let per = if s.messages > 0 {
+            format!(" ({:.1} µs per message)", cpu * 1e6 / s.messages as f64)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "  load generator CPU: {cpu:.2}s{per}");
+    }
     if let Some(c) = r.cpu_ms_per_msg {
         let _ = writeln!(out, "  broker CPU per delivered message: {c:.3} ms");
     }

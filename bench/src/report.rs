@@ -19,6 +19,8 @@ pub struct ResultLine {
     #[serde(default)]
     pub broker_cpu_s: Option<f64>,
     #[serde(default)]
+    pub client_cpu_s: Option<f64>,
+    #[serde(default)]
     pub notes: Vec<String>,
 }
 
@@ -105,6 +107,10 @@ fn cell(r: &ResultLine) -> String {
         // the broker's own CPU per message: what the throughput costs, independent of noise
         if let Some(cpu) = r.broker_cpu_s.filter(|_| s.messages > 0) {
             let _ = write!(c, ", {:.1} µs CPU/msg", cpu * 1e6 / s.messages as f64);
+            // and the load generator's, on the same cores: the two together bound the rate
+            if let Some(client) = r.client_cpu_s {
+                let _ = write!(c, " (+ {:.1} client)", client * 1e6 / s.messages as f64);
+            }
         }
         c
     };
@@ -263,5 +269,26 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("- **http-noop**: http-noop note"), "{t}");
+    }
+
+    /// The broker's CPU per message, and the load generator's beside it when the line has it
+    /// (older lines do not).
+    #[test]
+    fn cells_give_broker_and_client_cpu_per_message() {
+        let mut with: serde_json::Value =
+            serde_json::from_str(&line("narad", "produce", 30000.0, None)).unwrap();
+        with["broker_cpu_s"] = serde_json::json!(0.0004);
+        with["client_cpu_s"] = serde_json::json!(0.00025);
+        let mut without: serde_json::Value =
+            serde_json::from_str(&line("redis", "produce", 20000.0, None)).unwrap();
+        without["broker_cpu_s"] = serde_json::json!(0.0003);
+        let text = format!("{with}\n{without}");
+        let t = table(&parse_lines(&text).unwrap());
+        let produce = row(&t, "produce, batch 1");
+        assert!(
+            produce[1].ends_with(", 40.0 µs CPU/msg (+ 25.0 client)"),
+            "{t}"
+        );
+        assert!(produce[3].ends_with(", 30.0 µs CPU/msg"), "{t}");
     }
 }

@@ -68,6 +68,10 @@ pub struct RunResult {
     pub cpu_ms_per_msg: Option<f64>,
     /// Broker CPU seconds over the measured phase, when `pid` is known.
     pub broker_cpu_s: Option<f64>,
+    /// This load generator's own CPU seconds over the same phase: it shares the machine's
+    /// cores with the broker, so what it spends per message bounds the rate as much as the
+    /// broker does.
+    pub client_cpu_s: Option<f64>,
     pub notes: Vec<String>,
 }
 
@@ -129,14 +133,22 @@ struct Measured {
     e2e: Option<Stats>,
     elapsed: Duration,
     cpu_s: Option<f64>,
+    client_cpu_s: Option<f64>,
 }
 
-/// Broker CPU seconds spent while `f` runs, when the pid is known.
-async fn with_cpu<F: std::future::Future>(pid: Option<u32>, f: F) -> (F::Output, Option<f64>) {
+/// CPU seconds used while `f` runs: the broker's (when its pid is known) and this process's.
+async fn with_cpu<F: std::future::Future>(
+    pid: Option<u32>,
+    f: F,
+) -> (F::Output, Option<f64>, Option<f64>) {
+    let me = std::process::id();
     let before = pid.and_then(procstat::cpu_seconds);
+    let own_before = procstat::cpu_seconds(me);
     let out = f.await;
     let after = pid.and_then(procstat::cpu_seconds);
-    (out, before.zip(after).map(|(a, b)| b - a))
+    let own_after = procstat::cpu_seconds(me);
+    let diff = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
+    (out, diff(before, after), diff(own_before, own_after))
 }
 
 pub async fn run<T: Target>(target: Arc<T>, cfg: RunConfig) -> crate::target::Result<RunResult> {
@@ -144,7 +156,7 @@ pub async fn run<T: Target>(target: Arc<T>, cfg: RunConfig) -> crate::target::Re
     let m = match cfg.workload {
         Workload::Produce => {
             let t0 = Instant::now();
-            let (stats, cpu_s) = with_cpu(
+            let (stats, cpu_s, client_cpu_s) = with_cpu(
                 cfg.pid,
                 produce(target.clone(), &cfg, cfg.rate, cfg.count, t0),
             )
@@ -154,6 +166,7 @@ pub async fn run<T: Target>(target: Arc<T>, cfg: RunConfig) -> crate::target::Re
                 e2e: None,
                 elapsed: t0.elapsed(),
                 cpu_s,
+                client_cpu_s,
             }
         }
         Workload::Consume => consume(target.clone(), &cfg).await?,
@@ -171,6 +184,7 @@ pub async fn run<T: Target>(target: Arc<T>, cfg: RunConfig) -> crate::target::Re
         e2e_latency_ms: m.e2e.map(|e| e.summary(m.elapsed).latency_ms),
         cpu_ms_per_msg,
         broker_cpu_s: m.cpu_s,
+        client_cpu_s: m.client_cpu_s,
         notes: target.notes(),
         config: cfg,
     })
@@ -313,12 +327,13 @@ async fn consume<T: Target>(target: Arc<T>, cfg: &RunConfig) -> crate::target::R
         }
         all
     };
-    let (stats, cpu_s) = with_cpu(cfg.pid, run).await;
+    let (stats, cpu_s, client_cpu_s) = with_cpu(cfg.pid, run).await;
     Ok(Measured {
         stats,
         e2e: None,
         elapsed: t0.elapsed(),
         cpu_s,
+        client_cpu_s,
     })
 }
 
@@ -401,7 +416,7 @@ async fn flow<T: Target>(target: Arc<T>, cfg: &RunConfig) -> Measured {
             }
         }));
     }
-    let (produced, cpu_s) = with_cpu(cfg.pid, async {
+    let (produced, cpu_s, client_cpu_s) = with_cpu(cfg.pid, async {
         let produced = produce(target.clone(), cfg, cfg.rate, None, t0).await;
         drain(&sink, produced.messages, Duration::from_secs(10)).await;
         produced
@@ -418,6 +433,7 @@ async fn flow<T: Target>(target: Arc<T>, cfg: &RunConfig) -> Measured {
         e2e: Some(e2e),
         elapsed,
         cpu_s,
+        client_cpu_s,
     }
 }
 
@@ -443,7 +459,7 @@ async fn fanin<T: Target>(target: Arc<T>, cfg: &RunConfig) -> crate::target::Res
         ..cfg.clone()
     };
     let started = Instant::now();
-    let (produced, cpu_s) = with_cpu(cfg.pid, async {
+    let (produced, cpu_s, client_cpu_s) = with_cpu(cfg.pid, async {
         let rate = Some(cfg.rate.unwrap_or(100.0));
         let produced = produce(target.clone(), &trickle, rate, None, t0).await;
         drain(&sink, produced.messages, Duration::from_secs(10)).await;
@@ -461,5 +477,6 @@ async fn fanin<T: Target>(target: Arc<T>, cfg: &RunConfig) -> crate::target::Res
         e2e: Some(e2e),
         elapsed,
         cpu_s,
+        client_cpu_s,
     })
 }

@@ -556,10 +556,15 @@ async fn serve(
     let listener = tokio::net::TcpListener::bind(cfg.listen_addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen_addr))?;
-    if let Some(path) = addr_file {
-        write_addr_file(&path, &listener.local_addr()?.to_string())?;
-    }
-    narad_infra::server::run(listener, cfg, shutdown_signal()).await?;
+    let addr = listener.local_addr()?.to_string();
+    // written once this process holds the data directory and serves: a second broker that
+    // the directory's lock refuses leaves no address behind
+    let announce = move || match &addr_file {
+        Some(path) => write_addr_file(path, &addr)
+            .map_err(|e| format!("cannot write --addr-file {}: {e}", path.display())),
+        None => Ok(()),
+    };
+    narad_infra::server::run_announced(listener, cfg, shutdown_signal(), announce).await?;
     Ok(())
 }
 

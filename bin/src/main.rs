@@ -253,7 +253,8 @@ struct StartArgs {
     /// Optional TOML config file (same keys as `narad serve`).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Write the bound address to this file once listening (useful with --port 0).
+    /// Write the bound address to this file once listening with the data directory held (useful
+    /// with --port 0; a start refused by the data directory's lock writes nothing).
     #[arg(long)]
     addr_file: Option<PathBuf>,
     /// With --dev: a local cluster of this many nodes (1 to 7), each a process of its own,
@@ -294,7 +295,7 @@ struct ServeArgs {
     listen: Option<std::net::SocketAddr>,
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Write the bound address to this file once listening.
+    /// Write the bound address to this file once listening with the data directory held.
     #[arg(long)]
     addr_file: Option<PathBuf>,
     #[command(flatten)]

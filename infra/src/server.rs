@@ -50,6 +50,10 @@ pub enum ServerError {
     DataDirInUse { dir: String, holder: String },
     #[error("cluster: {0}")]
     Cluster(String),
+    /// What the caller of [`run_announced`] could not do once the node served (write
+    /// `--addr-file`).
+    #[error("{0}")]
+    Announce(String),
 }
 
 /// The file whose exclusive lock says a process serves the data directory.
@@ -497,18 +501,31 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    run_observed(listener, config, shutdown, |_, _| {}).await
+    run_observed(listener, config, shutdown, |_, _| Ok(())).await
+}
+
+/// [`run`], calling `announce` once the node holds its data directory and serves the
+/// listener: where `--addr-file` is written, so that a second broker refused by the data
+/// directory's lock never leaves an address behind for a script to find. An error from
+/// `announce` shuts the node down and is returned.
+pub async fn run_announced(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    announce: impl FnOnce() -> Result<(), String>,
+) -> Result<(), ServerError> {
+    run_observed(listener, config, shutdown, |_, _| announce()).await
 }
 
 /// [`run`], handing the node's state and its task supervisor to `observe` once every task is
-/// started. The test hook: tests inject a failing task through it and check that shutdown
-/// leaves nothing running.
+/// started (an error from it shuts the node down and is returned). The test hook: tests inject
+/// a failing task through it and check that shutdown leaves nothing running.
 #[doc(hidden)]
 pub async fn run_observed(
     listener: TcpListener,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    observe: impl FnOnce(&Arc<AppState>, &Arc<Supervisor>),
+    observe: impl FnOnce(&Arc<AppState>, &Arc<Supervisor>) -> Result<(), String>,
 ) -> Result<(), ServerError> {
     // before anything reads or writes the data directory; held until this returns
     let _data_dir_lock = lock_data_dir(&config.data_dir)?;
@@ -620,6 +637,7 @@ pub async fn run_observed(
             .clone()
             .map(|a| Arc::new(narad_replay::ArchiveReader::new(a))),
         auth,
+        users_loaded: AtomicBool::new(false),
         body_budget: http::budget::BodyBudget::new(
             config.max_request_bytes_in_flight,
             config.max_request_bytes_per_user(),
@@ -697,7 +715,7 @@ pub async fn run_observed(
     tasks.spawn(API_TASK, move |stop| async move {
         let _ = served_tx.send(crate::conn::serve(listener, serving, stop).await);
     });
-    observe(&state, &tasks);
+    let announced = observe(&state, &tasks);
 
     // Only a failed open ends the wait early; a successful one keeps waiting for the signal.
     let open_failed = async {
@@ -706,7 +724,10 @@ pub async fn run_observed(
             _ => std::future::pending().await,
         }
     };
-    let failed: Option<ServerError> = tokio::select! {
+    let failed: Option<ServerError> = if let Err(e) = announced {
+        Some(ServerError::Announce(e))
+    } else {
+        tokio::select! {
         () = shutdown => None,
         e = open_failed => Some(e),
         // only shutdown stops it: ended (or panicked) before that, the node cannot serve
@@ -716,6 +737,7 @@ pub async fn run_observed(
                 std::io::Error::other("the API listener stopped by itself").into()
             }
         }),
+        }
     };
     shut_down(
         &state,
@@ -813,6 +835,7 @@ mod tests {
                 },
                 move |state, tasks| {
                     let _ = node.set((state.clone(), tasks.clone()));
+                    Ok(())
                 },
             )
         });

@@ -195,6 +195,11 @@ async fn a_second_broker_on_the_same_data_directory_refuses_to_start() {
     let said = std::fs::read_to_string(&log).unwrap()
         + &std::fs::read_to_string(dir.path().join("second.err")).unwrap();
     assert!(said.contains("in use by another narad process"), "{said}");
+    // and it left no address for a script waiting on --addr-file to find
+    assert!(
+        !dir.path().join("second.addr").exists(),
+        "the refused broker wrote its --addr-file"
+    );
     let r = s.post_json("/v1/topics/t/produce", &json!("after")).await;
     assert_eq!(r.status(), reqwest::StatusCode::ACCEPTED);
     s.kill9();

@@ -74,6 +74,7 @@ fn router_serves_every_listed_route() {
             metrics: std::sync::Arc::new(narad_infra::metrics::Metrics::new()),
             archive: None,
             auth: None,
+            users_loaded: Default::default(),
             body_budget: narad_infra::http::budget::BodyBudget::new(1 << 30, 1 << 28),
             schemas: Default::default(),
             restore_notice: Default::default(),

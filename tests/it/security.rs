@@ -1,6 +1,8 @@
 //! Security on (production mode): the auth matrix over every route, privilege escalation,
 //! throttling, the seeded root user, schemas, and the separate metrics listener.
 
+use std::time::{Duration, Instant};
+
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -1743,4 +1745,81 @@ async fn schema_with_heavy_regexes_is_refused_quickly() {
     );
     let r = s.produce("rx", "", r#""ABC""#).await;
     expect_error(r, StatusCode::BAD_REQUEST, "schema_violation").await;
+}
+
+/// A fresh node whose archive cannot be read stays not ready (it restores from the archive
+/// before it seeds its root user). Until its users are loaded, the root's right password and a
+/// wrong one get the same answer, `503 not_ready` (retry), never a `401` that tells a client
+/// its credentials are wrong, and however many come, none is throttled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_its_users_are_loaded_a_node_says_not_ready_not_unauthorized() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr_file = dir.path().join("addr");
+    let log = dir.path().join("log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = std::process::Command::new(BIN)
+        .args(["server", "start", "--port", "0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--addr-file")
+        .arg(&addr_file)
+        .env("NARAD_ADMIN_PASSWORD", ROOT_PW)
+        // an S3 archive on a loopback port nothing listens on: the restore retries, never done
+        .env("NARAD_ARCHIVE_URL", "s3://restore-pending")
+        .env("NARAD_ARCHIVE_ENDPOINT", "http://127.0.0.1:1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    // killed however the test ends
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Killed(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let addr = loop {
+        if let Ok(a) = std::fs::read_to_string(&addr_file) {
+            break a;
+        }
+        if let Some(status) = child.0.try_wait().unwrap() {
+            panic!(
+                "narad exited ({status}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "narad did not bind in time");
+        poll_pause().await;
+    };
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("http://{addr}{p}");
+    // the restore has failed at least once: the node is in the state a client can meet for
+    // as long as the archive stays out of reach
+    loop {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        if said.contains("cannot restore from the archive") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no restore attempt: {said}");
+        poll_pause().await;
+    }
+    for round in 0..12 {
+        for pw in [ROOT_PW, "not-the-password-1"] {
+            let r = http
+                .get(url("/v1/topics"))
+                .basic_auth("admin", Some(pw))
+                .send()
+                .await
+                .unwrap();
+            assert_ne!(r.status(), StatusCode::UNAUTHORIZED, "round {round}");
+            expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "not_ready").await;
+        }
+    }
+    let r = http.get(url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
 }

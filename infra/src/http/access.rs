@@ -8,6 +8,7 @@
 //! the topic exists, so names do not leak to those who may not use them.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -17,7 +18,7 @@ use narad_auth::{AuthError, UserRecord};
 use narad_core::broker::{Broker, BrokerError, TopicMeta};
 use narad_wire::ErrorCode;
 
-use super::{ApiError, SharedState};
+use super::{ApiError, AppState, SharedState};
 use crate::metrics::AuthLabels;
 
 /// The client's address, when known (for throttling failed logins per address). An
@@ -218,6 +219,17 @@ pub async fn authenticate(state: &SharedState, req: &mut Request) -> Result<(), 
     let caller = match &state.auth {
         None => Caller::Open,
         Some(_) if is_public(req.uri().path()) => Caller::Open,
+        Some(auth) if !users_loaded(state, auth) => {
+            // Before the root user is seeded, restored or mirrored no credentials can be
+            // checked: a right password would be refused as wrong (and counted towards a
+            // throttle). Every caller is told the same, that the node is not ready, so the
+            // answer says nothing of the credentials.
+            return Err(ApiError::new(
+                ErrorCode::NotReady,
+                "the broker is still loading its users; retry shortly",
+            )
+            .into_response());
+        }
         Some(auth) => {
             let header = req
                 .headers()
@@ -246,6 +258,18 @@ pub async fn authenticate(state: &SharedState, req: &mut Request) -> Result<(), 
     };
     req.extensions_mut().insert(caller);
     Ok(())
+}
+
+/// Whether the user store holds the root user yet (latched: it is never removed).
+fn users_loaded(state: &AppState, auth: &narad_auth::Authenticator) -> bool {
+    if state.users_loaded.load(Ordering::Acquire) {
+        return true;
+    }
+    let loaded = auth.store().get(narad_auth::store::ROOT_USER).is_some();
+    if loaded {
+        state.users_loaded.store(true, Ordering::Release);
+    }
+    loaded
 }
 
 /// Counts an answer that refused an authenticated caller (`forbidden`).

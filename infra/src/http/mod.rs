@@ -53,6 +53,11 @@ pub struct AppState {
     pub archive: Option<Arc<narad_replay::ArchiveReader>>,
     /// Users and credential checks; `None` when security is off.
     pub auth: Option<Arc<narad_auth::Authenticator>>,
+    /// Latched once the user store holds the root user (seeded or restored at start, or
+    /// mirrored from a cluster's metastore): until then no credentials can be checked, and
+    /// requests are told to retry (`503 not_ready`) rather than that their credentials are
+    /// wrong.
+    pub users_loaded: AtomicBool,
     /// Request bytes in flight, node-wide (`max_request_bytes_in_flight`).
     pub body_budget: budget::BodyBudget,
     /// Compiled JSON Schemas of topics, by topic incarnation and version.
