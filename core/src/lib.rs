@@ -23,6 +23,7 @@
 //! - [`broker`]: wires topics, logs and queues together; no HTTP here.
 //! - [`clock`]: the injected wall clock and its sleeps (a manual one for tests).
 //! - [`supervisor`]: named background task groups: panics counted and reported, ordered stop.
+//! - [`loggate`]: a bound on the log lines requests can cause.
 
 pub mod broker;
 pub mod catalog;
@@ -30,6 +31,7 @@ pub mod clock;
 pub mod fsutil;
 pub mod handle;
 pub mod log;
+pub mod loggate;
 pub mod metrics;
 pub mod queue;
 pub mod record;

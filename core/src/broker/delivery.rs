@@ -593,13 +593,21 @@ impl crate::queue::DueSource for ReadAhead<'_> {
                 None
             }
             Err(e) => {
-                tracing::error!(topic = %self.topic, partition = self.partition, offset = o, error = %e, "cannot read record for delivery");
+                // every consume that reaches a damaged record fails here: a few lines per
+                // window, the rest counted into the next
+                if let Some(suppressed) = READ_FAILURES_LOGGED.admit() {
+                    tracing::error!(topic = %self.topic, partition = self.partition, offset = o, error = %e, suppressed, "cannot read record for delivery");
+                }
                 self.failed.get_or_insert(e);
                 None
             }
         }
     }
 }
+
+/// Lines about records that cannot be read for delivery: at most 10 per 10 s.
+static READ_FAILURES_LOGGED: crate::loggate::LogGate =
+    crate::loggate::LogGate::new(10, std::time::Duration::from_secs(10));
 
 /// How many more passes one dispatch makes, at most, for misses (see `Broker::dispatch`).
 const MAX_DISPATCH_REPEATS: usize = 8;

@@ -21,7 +21,7 @@ mod users;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -251,18 +251,34 @@ fn client_message(msg: &str, dir: Option<&str>) -> String {
     }
 }
 
+/// The server-side failures requests are answered with (storage, metadata, file
+/// descriptors): a client can ask again as fast as it likes, so at most 20 lines per 10 s,
+/// the rest counted into the next (the answers and `narad_http_requests_total` count every
+/// one).
+static SERVER_FAILURES_LOGGED: narad_core::loggate::LogGate =
+    narad_core::loggate::LogGate::new(20, Duration::from_secs(10));
+
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         let code = broker_error_code(&e);
         let full = e.to_string();
+        let logged = || SERVER_FAILURES_LOGGED.admit();
         match code {
             ErrorCode::TooManyOpenFiles => {
-                tracing::error!(error = %full, "out of file descriptors")
+                if let Some(suppressed) = logged() {
+                    tracing::error!(error = %full, suppressed, "out of file descriptors");
+                }
             }
             ErrorCode::StorageUnavailable | ErrorCode::StorageFailed => {
-                tracing::error!(error = %full, "storage failure");
+                if let Some(suppressed) = logged() {
+                    tracing::error!(error = %full, suppressed, "storage failure");
+                }
             }
-            ErrorCode::MetadataFailed => tracing::error!(error = %full, "metadata failure"),
+            ErrorCode::MetadataFailed => {
+                if let Some(suppressed) = logged() {
+                    tracing::error!(error = %full, suppressed, "metadata failure");
+                }
+            }
             // a client's own mistake or a state it can act on: the message is all it needs
             _ => return Self::new(code, full),
         }
