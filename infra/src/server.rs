@@ -724,20 +724,19 @@ pub async fn run_observed(
             _ => std::future::pending().await,
         }
     };
-    let failed: Option<ServerError> = if let Err(e) = announced {
-        Some(ServerError::Announce(e))
-    } else {
-        tokio::select! {
-        () = shutdown => None,
-        e = open_failed => Some(e),
-        // only shutdown stops it: ended (or panicked) before that, the node cannot serve
-        r = served_rx => Some(match r {
-            Ok(Err(e)) => e.into(),
-            Ok(Ok(())) | Err(_) => {
-                std::io::Error::other("the API listener stopped by itself").into()
-            }
-        }),
-        }
+    let failed: Option<ServerError> = match announced {
+        Err(e) => Some(ServerError::Announce(e)),
+        Ok(()) => tokio::select! {
+            () = shutdown => None,
+            e = open_failed => Some(e),
+            // only shutdown stops it: ended (or panicked) before that, the node cannot serve
+            r = served_rx => Some(match r {
+                Ok(Err(e)) => e.into(),
+                Ok(Ok(())) | Err(_) => {
+                    std::io::Error::other("the API listener stopped by itself").into()
+                }
+            }),
+        },
     };
     shut_down(
         &state,
