@@ -234,3 +234,101 @@ async fn running_out_of_descriptors_is_a_503_that_passes() {
     assert!(s.log().contains("accepting again"), "{}", s.log());
     assert!(!s.log().contains("storage_failed"), "{}", s.log());
 }
+
+/// A topic created while descriptors run out is made whole or refused. For margins of 1 to 24
+/// descriptors above what the server holds (its soft RLIMIT_NOFILE lowered with
+/// `prlimit --pid`), four 4-partition creates at once answer 201 or `503 too_many_open_files`;
+/// once the limit is back, every partition of every topic that was created takes a produce.
+/// (The reads that froze a partition when they found no descriptor are tested on their own,
+/// in `broker::partition::tests`: this interleaving did not hit them here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_created_while_descriptors_run_out_is_whole_or_refused() {
+    if std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: prlimit (util-linux) is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let pid = s.child.as_ref().unwrap().id();
+    let hard: String = std::fs::read_to_string(format!("/proc/{pid}/limits"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_owned))
+        .expect("the hard limit");
+    let soft = |n: String| {
+        let ok = std::process::Command::new("prlimit")
+            .arg(format!("--pid={pid}"))
+            .arg(format!("--nofile={n}:{hard}"))
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "prlimit --pid {pid} --nofile={n}:{hard}");
+    };
+    let held = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    // connections accepted before the limit goes down carry the creates, four at a time (so
+    // partitions open side by side, as when clients create topics at once)
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(&addr).await.unwrap();
+        let (head, _) = raw(&mut c, "GET /healthz HTTP/1.1\r\nHost: narad\r\n\r\n").await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        clients.push(c);
+    }
+    let mut created = Vec::new();
+    let mut refused = 0;
+    for margin in 1..=24 {
+        soft((held() + margin).to_string());
+        let answers = futures_util::future::join_all(clients.iter_mut().enumerate().map(
+            |(i, c)| async move {
+                let name = format!("m{margin}-{i}");
+                let body = format!(r#"{{"name":"{name}","partitions":4}}"#);
+                let request = format!(
+                    "POST /v1/topics HTTP/1.1\r\nHost: narad\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let (head, body) = raw(c, &request).await;
+                (name, head, body)
+            },
+        ))
+        .await;
+        soft(hard.clone());
+        for (name, head, body) in answers {
+            if head.starts_with("http/1.1 201") {
+                created.push(name);
+            } else {
+                assert!(head.starts_with("http/1.1 503"), "{name}: {head}\n{body}");
+                let v: Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(v["code"], "too_many_open_files", "{body}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        refused > 0,
+        "no create ran out of descriptors: the test tested nothing"
+    );
+    for name in &created {
+        for p in 0..4 {
+            let r = s
+                .produce(name, &format!("?partition={p}"), "{\"n\": 1}")
+                .await;
+            let status = r.status();
+            assert_eq!(
+                status,
+                StatusCode::ACCEPTED,
+                "{name} partition {p}: {}",
+                r.text().await.unwrap()
+            );
+        }
+    }
+}

@@ -179,17 +179,25 @@ impl PendingSync {
 impl DeliveryJournal {
     /// Replays every journal file in `dir` into `apply` (in no particular order: counts are
     /// merged with max) and returns the journal, set to write a new generation. Unreadable
-    /// files are logged and skipped: the counts they held fall back to the snapshot's. Blocking.
-    pub fn open(dir: &Path, mut apply: impl FnMut(u64, u32)) -> Self {
+    /// files are logged and skipped: the counts they held fall back to the snapshot's. Only a
+    /// shortage of file descriptors fails the open (it says nothing of the files, and a
+    /// journal that had not seen them would write over a generation still on disk). Blocking.
+    pub fn open(dir: &Path, mut apply: impl FnMut(u64, u32)) -> std::io::Result<Self> {
         let mut on_disk = BTreeSet::new();
         match std::fs::read_dir(dir) {
             Ok(entries) => {
-                for e in entries.flatten() {
+                for e in entries {
+                    let e = match e {
+                        Ok(e) => e,
+                        Err(e) if crate::log::is_out_of_descriptors(&e) => return Err(e),
+                        Err(_) => continue,
+                    };
                     if let Some(generation) = e.file_name().to_str().and_then(parse_name) {
                         on_disk.insert(generation);
                     }
                 }
             }
+            Err(e) if crate::log::is_out_of_descriptors(&e) => return Err(e),
             Err(e) => {
                 tracing::error!(dir = %dir.display(), error = %e, "cannot list the deliveries journals; delivery counts fall back to the queue snapshot");
             }
@@ -209,6 +217,7 @@ impl DeliveryJournal {
                 Err(e) => Err(e),
             };
             match result {
+                Err(e) if crate::log::is_out_of_descriptors(&e) => return Err(e),
                 Ok(r) if r.ignored_bytes > 0 => {
                     tracing::warn!(path = %path.display(), records = r.records, ignored_bytes = r.ignored_bytes, "deliveries journal ends in a torn or damaged tail; it was ignored");
                 }
@@ -219,7 +228,7 @@ impl DeliveryJournal {
             }
         }
         let generation = on_disk.last().map_or(0, |g| g.saturating_add(1));
-        Self {
+        Ok(Self {
             dir: dir.to_owned(),
             generation,
             file: None,
@@ -229,7 +238,7 @@ impl DeliveryJournal {
             on_disk,
             broken: false,
             buf: Vec::new(),
-        }
+        })
     }
 
     /// Whether journal files are on disk (a snapshot would let them go).
@@ -401,7 +410,7 @@ mod tests {
     #[test]
     fn generations_are_replayed_rotated_and_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let mut j = DeliveryJournal::open(dir.path(), |_, _| panic!("empty"));
+        let mut j = DeliveryJournal::open(dir.path(), |_, _| panic!("empty")).unwrap();
         assert_eq!(j.rotate(), None, "nothing written yet");
         j.append(&[(1, 1), (2, 1)]).unwrap();
         j.append(&[(1, 2)]).unwrap();
@@ -415,7 +424,8 @@ mod tests {
         let mut j = DeliveryJournal::open(dir.path(), |o, c| {
             let e = counts.entry(o).or_insert(0);
             *e = c.max(*e);
-        });
+        })
+        .unwrap();
         assert_eq!(counts, BTreeMap::from([(1, 2), (2, 2)]));
         assert!(j.has_files());
         // nothing new since open: every file on disk is covered
@@ -432,7 +442,7 @@ mod tests {
     #[test]
     fn journals_that_are_not_regular_files_are_skipped() {
         let dir = tempfile::tempdir().unwrap();
-        let mut j = DeliveryJournal::open(dir.path(), |_, _| {});
+        let mut j = DeliveryJournal::open(dir.path(), |_, _| {}).unwrap();
         j.append(&[(7, 3)]).unwrap();
         drop(j);
         std::os::unix::fs::symlink("/dev/zero", dir.path().join(file_name(5))).unwrap();
@@ -446,7 +456,7 @@ mod tests {
         let path = dir.path().to_owned();
         std::thread::spawn(move || {
             let mut counts = Vec::new();
-            let j = DeliveryJournal::open(&path, |o, c| counts.push((o, c)));
+            let j = DeliveryJournal::open(&path, |o, c| counts.push((o, c))).unwrap();
             let _ = done_tx.send((counts, j.generation));
         });
         let (counts, generation) = done
@@ -461,7 +471,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("p");
         std::fs::create_dir(&dir).unwrap();
-        let mut j = DeliveryJournal::open(&dir, |_, _| {});
+        let mut j = DeliveryJournal::open(&dir, |_, _| {}).unwrap();
         j.append(&[(1, 1)]).unwrap();
         j.rotate();
         std::fs::remove_dir_all(&dir).unwrap();
@@ -475,14 +485,14 @@ mod tests {
         j.rotate();
         j.append(&[(2, 2)]).unwrap();
         let mut got = Vec::new();
-        DeliveryJournal::open(&dir, |o, c| got.push((o, c)));
+        DeliveryJournal::open(&dir, |o, c| got.push((o, c))).unwrap();
         assert_eq!(got, vec![(2, 2)]);
     }
 
     #[test]
     fn generations_on_disk_are_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let mut j = DeliveryJournal::open(dir.path(), |_, _| {});
+        let mut j = DeliveryJournal::open(dir.path(), |_, _| {}).unwrap();
         // snapshots that never become durable: nothing is removed
         for i in 0..40u64 {
             j.append(&[(i, 1)]).unwrap();
@@ -493,7 +503,7 @@ mod tests {
             MAX_GENERATIONS
         );
         let mut got = Vec::new();
-        DeliveryJournal::open(dir.path(), |o, _| got.push(o));
+        DeliveryJournal::open(dir.path(), |o, _| got.push(o)).unwrap();
         got.sort_unstable();
         assert_eq!(
             got,
@@ -505,7 +515,7 @@ mod tests {
     #[test]
     fn a_big_generation_asks_for_a_snapshot() {
         let dir = tempfile::tempdir().unwrap();
-        let mut j = DeliveryJournal::open(dir.path(), |_, _| {});
+        let mut j = DeliveryJournal::open(dir.path(), |_, _| {}).unwrap();
         let n = JOURNAL_SNAPSHOT_BYTES / RECORD_LEN as u64;
         let entries: Vec<(u64, u32)> = (0..n - 1).map(|o| (o, 1)).collect();
         j.append(&entries).unwrap();
@@ -520,7 +530,7 @@ mod tests {
     fn journal_files_are_private() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let mut j = DeliveryJournal::open(dir.path(), |_, _| {});
+        let mut j = DeliveryJournal::open(dir.path(), |_, _| {}).unwrap();
         j.append(&[(1, 1)]).unwrap();
         let meta = std::fs::metadata(dir.path().join(file_name(0))).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);

@@ -208,10 +208,14 @@ impl Partition {
                 queue.hold(offset, deadline);
             }
         }
-        let freeze = read_freeze_marker(&dir);
+        let freeze = read_freeze_marker(&dir)?;
         let journal = DeliveryJournal::open(&dir, |offset, count| {
             queue.restore_counts([(offset, count)]);
-        });
+        })
+        .map_err(|source| LogError::Io {
+            path: dir.clone(),
+            source,
+        })?;
         if journal.has_files() {
             // the first snapshot takes the journals in and lets them go
             queue.force_dirty();
@@ -592,22 +596,27 @@ fn read_moved_leases(dir: &Path) -> Vec<(u64, i64)> {
 /// holds before the owner asks the cluster whether it may thaw.
 pub const DEFAULT_FREEZE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The token of the freeze marker in `dir`, if there is one. A marker that cannot be read
-/// still freezes (token 0, which no mover uses): better unavailable than written past a
-/// flip.
-/// The freeze marker's token and move id (an 8-byte marker predates move ids; a marker that
-/// cannot be read keeps the partition frozen under token 0, which no flip names).
-fn read_freeze_marker(dir: &Path) -> Option<(u64, Option<u64>)> {
+/// The freeze marker's token and move id, if there is one (an 8-byte marker predates move
+/// ids). A marker that cannot be read keeps the partition frozen under token 0, which no flip
+/// names: better unavailable than written past a flip. But a read that failed for want of a
+/// file descriptor says nothing of the marker, and a freeze taken from it would hold until a
+/// restart (on a single node nothing ever thaws it): the open fails instead, as any open
+/// does when descriptors run out, and is tried again once they are given back.
+fn read_freeze_marker(dir: &Path) -> Result<Option<(u64, Option<u64>)>, LogError> {
     let word = |b: &[u8], at: usize| {
         b.get(at..at + 8)
             .map(|t| u64::from_le_bytes(t.try_into().expect("8 bytes")))
     };
-    match std::fs::read(dir.join(FREEZE_MARKER)) {
-        Ok(b) => Some((word(&b, 0).unwrap_or(0), word(&b, 8))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+    let path = dir.join(FREEZE_MARKER);
+    match std::fs::read(&path) {
+        Ok(b) => Ok(Some((word(&b, 0).unwrap_or(0), word(&b, 8)))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) if crate::log::is_out_of_descriptors(&source) => {
+            Err(LogError::Io { path, source })
+        }
         Err(e) => {
             tracing::error!(dir = %dir.display(), error = %e, "cannot read the partition's freeze marker: it stays frozen");
-            Some((0, None))
+            Ok(Some((0, None)))
         }
     }
 }
@@ -640,4 +649,68 @@ fn read_snapshot(dir: &Path) -> Option<QueueSnapshot> {
 
 pub(super) fn write_snapshot(dir: &Path, snap: &QueueSnapshot) -> std::io::Result<()> {
     crate::fsutil::write_file_atomic(&dir.join(QUEUE_STATE_FILE), &snap.encode())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With no file descriptor left, the freeze marker and the deliveries journals cannot be
+    /// read: that fails the partition's open (to be tried again), where before it froze the
+    /// partition until a restart. The test lowers its own process's RLIMIT_NOFILE, so it
+    /// runs only under cargo nextest (a process per test); plain `cargo test` skips it.
+    #[test]
+    fn reads_that_find_no_descriptor_fail_the_open_and_freeze_nothing() {
+        if std::env::var_os("NEXTEST").is_none() {
+            eprintln!("skipped: needs a process of its own (cargo nextest)");
+            return;
+        }
+        let prlimit = |nofile: &str| {
+            std::process::Command::new("prlimit")
+                .arg(format!("--pid={}", std::process::id()))
+                .arg(format!("--nofile={nofile}"))
+                .status()
+        };
+        let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+        let (soft, hard) = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                (w[3].to_owned(), w[4].to_owned())
+            })
+            .expect("the open-files limits");
+        let held = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        if !prlimit(&format!("{}:{hard}", held + 8)).is_ok_and(|s| s.success()) {
+            eprintln!("skipped: prlimit (util-linux) is not installed");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        // every descriptor left is taken, then given back before the limit is restored
+        let mut fillers = Vec::new();
+        let err = loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => fillers.push(f),
+                Err(e) => break e,
+            }
+        };
+        let marker = read_freeze_marker(dir.path());
+        let journal = DeliveryJournal::open(dir.path(), |_, _| {});
+        drop(fillers);
+        assert!(prlimit(&format!("{soft}:{hard}")).unwrap().success());
+        assert!(crate::log::is_out_of_descriptors(&err), "{err}");
+        assert!(
+            matches!(&marker, Err(e) if e.is_out_of_descriptors()),
+            "{marker:?}"
+        );
+        assert!(
+            journal
+                .as_ref()
+                .is_err_and(crate::log::is_out_of_descriptors),
+            "the journal opened without seeing the directory"
+        );
+        // descriptors back: no marker, no freeze
+        assert_eq!(read_freeze_marker(dir.path()).unwrap(), None);
+        assert!(DeliveryJournal::open(dir.path(), |_, _| {}).is_ok());
+    }
 }

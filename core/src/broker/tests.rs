@@ -1250,7 +1250,7 @@ async fn an_old_journal_never_lowers_a_snapshot_count() {
     b.shutdown().await;
     drop(b);
     // a journal left from before the snapshot: 0 and 2 at lower or settled counts, 1 higher
-    let mut old = journal::DeliveryJournal::open(&pdir, |_, _| {});
+    let mut old = journal::DeliveryJournal::open(&pdir, |_, _| {}).unwrap();
     old.append(&[(0, 2), (1, 3), (2, 9)]).unwrap();
     drop(old);
     let b = open(dir.path()).await;
