@@ -147,7 +147,9 @@ async fn with_cpu<F: std::future::Future>(
     let out = f.await;
     let after = pid.and_then(procstat::cpu_seconds);
     let own_after = procstat::cpu_seconds(me);
-    let diff = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
+    // (clock ticks are 10 ms: rounded to the millisecond, a difference prints as it was read)
+    let diff =
+        |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| ((b - a) * 1e3).round() / 1e3);
     (out, diff(before, after), diff(own_before, own_after))
 }
 
