@@ -136,6 +136,18 @@ fn post_topic(name: &str) -> String {
     )
 }
 
+/// Whether `prlimit` (util-linux) is here; says the test is skipped when it is not.
+fn have_prlimit() -> bool {
+    let here = std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !here {
+        eprintln!("skipped: prlimit (util-linux) is not installed");
+    }
+    here
+}
+
 /// Polls `f` until it is true, at most `limit`.
 async fn eventually(limit: Duration, what: &str, mut f: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -151,12 +163,7 @@ async fn eventually(limit: Duration, what: &str, mut f: impl AsyncFnMut() -> boo
 /// once the clients go the same create succeeds and everything is served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_out_of_descriptors_is_a_503_that_passes() {
-    if std::process::Command::new("prlimit")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: prlimit (util-linux) is not installed");
+    if !have_prlimit() {
         return;
     }
     const NOFILE: usize = 256;
@@ -243,12 +250,7 @@ async fn running_out_of_descriptors_is_a_503_that_passes() {
 /// in `broker::partition::tests`: this interleaving did not hit them here.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_created_while_descriptors_run_out_is_whole_or_refused() {
-    if std::process::Command::new("prlimit")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: prlimit (util-linux) is not installed");
+    if !have_prlimit() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
