@@ -564,7 +564,7 @@ async fn serve(
             .map_err(|e| format!("cannot write --addr-file {}: {e}", path.display())),
         None => Ok(()),
     };
-    narad_infra::server::run_announced(listener, cfg, shutdown_signal(), announce).await?;
+    narad_infra::server::run(listener, cfg, shutdown_signal(), announce).await?;
     Ok(())
 }
 

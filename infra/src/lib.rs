@@ -1,7 +1,7 @@
 //! Narad infra: configuration, the HTTP API, metrics, logging, and the server entry point.
 //!
 //! ```text
-//!   bin (clap) ──► config::ServerConfig ──► server::run(listener, config, shutdown)
+//!   bin (clap) ──► config::ServerConfig ──► server::run(listener, config, shutdown, announce)
 //!                                               │
 //!                      conn::serve: accept ──► limits (slots, header/idle timeouts, eviction)
 //!                                               │ (tls handshake) ──► hyper http1, per connection

@@ -50,7 +50,7 @@ pub enum ServerError {
     DataDirInUse { dir: String, holder: String },
     #[error("cluster: {0}")]
     Cluster(String),
-    /// What the caller of [`run_announced`] could not do once the node served (write
+    /// What the caller of [`run`] could not do once the node served (write
     /// `--addr-file`).
     #[error("{0}")]
     Announce(String),
@@ -495,20 +495,11 @@ impl Opening {
 }
 
 /// Serves the API on `listener` until `shutdown` resolves (or the broker fails to open),
-/// then shuts down in order (see [`shut_down`]).
+/// then shuts down in order (see [`shut_down`]). `announce` is called once the node holds its
+/// data directory and serves the listener: where `--addr-file` is written, so that a second
+/// broker refused by the directory's lock never leaves an address behind for a script to
+/// find. An error from it shuts the node down and is returned.
 pub async fn run(
-    listener: TcpListener,
-    config: ServerConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ServerError> {
-    run_observed(listener, config, shutdown, |_, _| Ok(())).await
-}
-
-/// [`run`], calling `announce` once the node holds its data directory and serves the
-/// listener: where `--addr-file` is written, so that a second broker refused by the data
-/// directory's lock never leaves an address behind for a script to find. An error from
-/// `announce` shuts the node down and is returned.
-pub async fn run_announced(
     listener: TcpListener,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,

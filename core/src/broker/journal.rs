@@ -186,12 +186,7 @@ impl DeliveryJournal {
         let mut on_disk = BTreeSet::new();
         match std::fs::read_dir(dir) {
             Ok(entries) => {
-                for e in entries {
-                    let e = match e {
-                        Ok(e) => e,
-                        Err(e) if crate::log::is_out_of_descriptors(&e) => return Err(e),
-                        Err(_) => continue,
-                    };
+                for e in entries.flatten() {
                     if let Some(generation) = e.file_name().to_str().and_then(parse_name) {
                         on_disk.insert(generation);
                     }

@@ -176,7 +176,7 @@ impl Partition {
             tracing::warn!(dir = %dir.display(), bytes, "recovered partition after truncating a torn tail");
         }
         let stats = log.stats();
-        let snapshot = read_snapshot(&dir);
+        let snapshot = read_snapshot(&dir)?;
         let mut snapshot = snapshot.unwrap_or_default();
         if snapshot.frontier > stats.next_offset {
             tracing::error!(
@@ -203,7 +203,7 @@ impl Partition {
         // Counts handed out after the snapshot (the queue ignores settled offsets, and a
         // count already in the snapshot is never lowered).
         let now = env.clock.now_ms();
-        for (offset, deadline) in read_moved_leases(&dir) {
+        for (offset, deadline) in read_moved_leases(&dir)? {
             if deadline > now {
                 queue.hold(offset, deadline);
             }
@@ -568,28 +568,45 @@ impl Partition {
     }
 }
 
+/// Reads one of the partition's own files at open: `Ok(None)` when it is not there. A
+/// shortage of file descriptors fails the open, to be tried again: it says nothing of the
+/// file, and taken as a missing or unreadable one it would reset the queue, drop leases or
+/// freeze the partition. Any other error is the caller's to judge (`Ok(Some(Err(_)))`).
+fn read_own(path: &Path) -> Result<Option<std::io::Result<Vec<u8>>>, LogError> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(Ok(b))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) if crate::log::is_out_of_descriptors(&source) => Err(LogError::Io {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(e) => Ok(Some(Err(e))),
+    }
+}
+
 /// The leases a previous owner handed over ([`MOVED_LEASES`]); none if the file is
-/// missing, damaged or implausibly large.
-fn read_moved_leases(dir: &Path) -> Vec<(u64, i64)> {
-    let Ok(data) = std::fs::read(dir.join(MOVED_LEASES)) else {
-        return Vec::new();
+/// missing, unreadable, damaged or implausibly large.
+fn read_moved_leases(dir: &Path) -> Result<Vec<(u64, i64)>, LogError> {
+    let Some(Ok(data)) = read_own(&dir.join(MOVED_LEASES))? else {
+        return Ok(Vec::new());
     };
     if data.len() < 4 || (data.len() - 4) % 16 != 0 || data.len() > 64 << 20 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     let (body, crc) = data.split_at(data.len() - 4);
     if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
         tracing::warn!(dir = %dir.display(), "moved leases file does not check; its messages are delivered again at once");
-        return Vec::new();
+        return Ok(Vec::new());
     }
-    body.chunks_exact(16)
+    Ok(body
+        .chunks_exact(16)
         .map(|c| {
             (
                 u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
                 i64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
             )
         })
-        .collect()
+        .collect())
 }
 
 /// How long a freeze holds without its mover renewing it, and how long one found at open
@@ -598,27 +615,21 @@ pub const DEFAULT_FREEZE_TTL: std::time::Duration = std::time::Duration::from_se
 
 /// The freeze marker's token and move id, if there is one (an 8-byte marker predates move
 /// ids). A marker that cannot be read keeps the partition frozen under token 0, which no flip
-/// names: better unavailable than written past a flip. But a read that failed for want of a
-/// file descriptor says nothing of the marker, and a freeze taken from it would hold until a
-/// restart (on a single node nothing ever thaws it): the open fails instead, as any open
-/// does when descriptors run out, and is tried again once they are given back.
+/// names: better unavailable than written past a flip ([`read_own`]: not for want of a
+/// descriptor, which would hold until a restart on a single node, where nothing thaws it).
 fn read_freeze_marker(dir: &Path) -> Result<Option<(u64, Option<u64>)>, LogError> {
     let word = |b: &[u8], at: usize| {
         b.get(at..at + 8)
             .map(|t| u64::from_le_bytes(t.try_into().expect("8 bytes")))
     };
-    let path = dir.join(FREEZE_MARKER);
-    match std::fs::read(&path) {
-        Ok(b) => Ok(Some((word(&b, 0).unwrap_or(0), word(&b, 8)))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) if crate::log::is_out_of_descriptors(&source) => {
-            Err(LogError::Io { path, source })
-        }
-        Err(e) => {
+    Ok(match read_own(&dir.join(FREEZE_MARKER))? {
+        None => None,
+        Some(Ok(b)) => Some((word(&b, 0).unwrap_or(0), word(&b, 8))),
+        Some(Err(e)) => {
             tracing::error!(dir = %dir.display(), error = %e, "cannot read the partition's freeze marker: it stays frozen");
-            Ok(Some((0, None)))
+            Some((0, None))
         }
-    }
+    })
 }
 
 fn write_freeze_marker(dir: &Path, token: u64, move_id: u64) -> std::io::Result<()> {
@@ -637,14 +648,20 @@ fn remove_freeze_marker(dir: &Path) -> std::io::Result<()> {
     crate::log::segment::sync_dir(dir)
 }
 
-fn read_snapshot(dir: &Path) -> Option<QueueSnapshot> {
+fn read_snapshot(dir: &Path) -> Result<Option<QueueSnapshot>, LogError> {
     let path = dir.join(QUEUE_STATE_FILE);
-    let data = std::fs::read(&path).ok()?;
-    let snap = QueueSnapshot::decode(&data);
+    let snap = match read_own(&path)? {
+        None => return Ok(None),
+        Some(Ok(data)) => QueueSnapshot::decode(&data),
+        Some(Err(e)) => {
+            tracing::error!(path = %path.display(), error = %e, "cannot read the queue state");
+            None
+        }
+    };
     if snap.is_none() {
-        tracing::error!(path = %path.display(), "queue state is corrupt; starting from the beginning of the log (messages will be redelivered)");
+        tracing::error!(path = %path.display(), "queue state is corrupt or unreadable; starting from the beginning of the log (messages will be redelivered)");
     }
-    snap
+    Ok(snap)
 }
 
 pub(super) fn write_snapshot(dir: &Path, snap: &QueueSnapshot) -> std::io::Result<()> {
@@ -686,6 +703,13 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
+        // a queue state and handed-over leases that the reads below must not take as absent
+        write_snapshot(dir.path(), &QueueSnapshot::default()).unwrap();
+        std::fs::write(
+            dir.path().join(MOVED_LEASES),
+            crc32c::crc32c(&[]).to_le_bytes(),
+        )
+        .unwrap();
         // every descriptor left is taken, then given back before the limit is restored
         let mut fillers = Vec::new();
         let err = loop {
@@ -696,6 +720,8 @@ mod tests {
         };
         let marker = read_freeze_marker(dir.path());
         let journal = DeliveryJournal::open(dir.path(), |_, _| {});
+        let snapshot = read_snapshot(dir.path());
+        let leases = read_moved_leases(dir.path());
         drop(fillers);
         assert!(prlimit(&format!("{soft}:{hard}")).unwrap().success());
         assert!(crate::log::is_out_of_descriptors(&err), "{err}");
@@ -709,7 +735,16 @@ mod tests {
                 .is_err_and(crate::log::is_out_of_descriptors),
             "the journal opened without seeing the directory"
         );
-        // descriptors back: no marker, no freeze
+        assert!(
+            matches!(&snapshot, Err(e) if e.is_out_of_descriptors()),
+            "the queue state taken as absent"
+        );
+        assert!(
+            matches!(&leases, Err(e) if e.is_out_of_descriptors()),
+            "{leases:?}"
+        );
+        // descriptors back: the state is read, no marker, no freeze
+        assert!(read_snapshot(dir.path()).unwrap().is_some());
         assert_eq!(read_freeze_marker(dir.path()).unwrap(), None);
         assert!(DeliveryJournal::open(dir.path(), |_, _| {}).is_ok());
     }

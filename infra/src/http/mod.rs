@@ -262,25 +262,15 @@ impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         let code = broker_error_code(&e);
         let full = e.to_string();
-        let logged = || SERVER_FAILURES_LOGGED.admit();
-        match code {
-            ErrorCode::TooManyOpenFiles => {
-                if let Some(suppressed) = logged() {
-                    tracing::error!(error = %full, suppressed, "out of file descriptors");
-                }
-            }
-            ErrorCode::StorageUnavailable | ErrorCode::StorageFailed => {
-                if let Some(suppressed) = logged() {
-                    tracing::error!(error = %full, suppressed, "storage failure");
-                }
-            }
-            ErrorCode::MetadataFailed => {
-                if let Some(suppressed) = logged() {
-                    tracing::error!(error = %full, suppressed, "metadata failure");
-                }
-            }
+        let what = match code {
+            ErrorCode::TooManyOpenFiles => "out of file descriptors",
+            ErrorCode::StorageUnavailable | ErrorCode::StorageFailed => "storage failure",
+            ErrorCode::MetadataFailed => "metadata failure",
             // a client's own mistake or a state it can act on: the message is all it needs
             _ => return Self::new(code, full),
+        };
+        if let Some(suppressed) = SERVER_FAILURES_LOGGED.admit() {
+            tracing::error!(error = %full, suppressed, "{what}");
         }
         // (the log line has the whole path; the client gets it under <data-dir>)
         let msg = client_message(&full, DATA_DIR.get().map(String::as_str));
