@@ -559,13 +559,36 @@ async fn serve(
     let addr = listener.local_addr()?.to_string();
     // written once this process holds the data directory and serves: a second broker that
     // the directory's lock refuses leaves no address behind
-    let announce = move || match &addr_file {
-        Some(path) => write_addr_file(path, &addr)
-            .map_err(|e| format!("cannot write --addr-file {}: {e}", path.display())),
+    let written = std::sync::atomic::AtomicBool::new(false);
+    let announce = || match &addr_file {
+        Some(path) => {
+            write_addr_file(path, &addr)
+                .map_err(|e| format!("cannot write --addr-file {}: {e}", path.display()))?;
+            written.store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
         None => Ok(()),
     };
-    narad_infra::server::run(listener, cfg, shutdown_signal(), announce).await?;
+    let result = narad_infra::server::run(listener, cfg, shutdown_signal(), announce).await;
+    // and gone once it no longer serves (stopped, or failed after it started): a script
+    // polling for the file finds no address of a process that has exited
+    if let Some(path) = &addr_file
+        && written.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        remove_addr_file(path, &addr);
+    }
+    result?;
     Ok(())
+}
+
+/// Removes `--addr-file` if it still holds `addr` (another process may have written its own
+/// address there since).
+fn remove_addr_file(path: &std::path::Path, addr: &str) {
+    if std::fs::read_to_string(path).is_ok_and(|held| held == addr)
+        && let Err(e) = std::fs::remove_file(path)
+    {
+        tracing::warn!(path = %path.display(), error = %e, "cannot remove --addr-file");
+    }
 }
 
 /// Writes `addr` to `--addr-file` whole (a temporary file renamed over it), so a reader

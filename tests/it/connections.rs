@@ -305,3 +305,54 @@ pub(crate) async fn check_tls_timeouts(addr: &str, ca: &str) {
     let t = closed_within(&mut idle, Duration::from_secs(10), "idle TLS keep-alive").await;
     eprintln!("idle TLS keep-alive closed after {t:?}");
 }
+
+/// From the black-box review: an answer given before the request's body had arrived (a bad
+/// query, an unknown route, a refused caller) closed the connection without saying so, and a
+/// keep-alive client's next request on it failed. Such an answer now carries
+/// `Connection: close`; an answer given after the body was read keeps the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_the_body_says_the_connection_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "t", "partitions": 1})).await;
+    let addr = addr(&s);
+    // the head and a tenth of the body: the rest is still on its way when the answer goes
+    for (head, want) in [
+        ("POST /v1/topics/t/produce?partition=x", 400),
+        ("POST /v1/topics/t/produce?nonsense=1", 400),
+        ("POST /v1/no/such/route", 404),
+        ("DELETE /v1/topics/t/produce", 405),
+    ] {
+        let mut c = TcpStream::connect(&addr).await.unwrap();
+        let req =
+            format!("{head} HTTP/1.1\r\nHost: narad\r\nContent-Length: 100\r\n\r\n0123456789");
+        c.write_all(req.as_bytes()).await.unwrap();
+        let (status, headers, body) = read_http_response(&mut c).await.expect(head);
+        assert_eq!(status, want, "{head}: {body}");
+        assert!(body.starts_with('{'), "{head}: not JSON: {body}");
+        assert!(
+            headers.lines().any(|l| l == "connection: close"),
+            "{head}: answered before its body without saying the connection closes:\n{headers}"
+        );
+        closed_within(&mut c, Duration::from_secs(5), head).await;
+    }
+    // answers given after the whole body was read, an error among them: the same
+    // connection serves the next request
+    let mut c = TcpStream::connect(&addr).await.unwrap();
+    for (head, want) in [
+        ("POST /v1/topics/t/produce", 202),
+        ("POST /v1/topics/missing/produce", 404),
+        ("POST /v1/topics/t/produce", 202),
+    ] {
+        let req = format!("{head} HTTP/1.1\r\nHost: narad\r\nContent-Length: 10\r\n\r\n0123456789");
+        c.write_all(req.as_bytes()).await.unwrap();
+        let (status, headers, body) = read_http_response(&mut c).await.expect(head);
+        assert_eq!(status, want, "{head}: {body}");
+        assert!(
+            !headers.contains("connection: close"),
+            "{head}: a read body closed the connection:\n{headers}"
+        );
+    }
+    c.write_all(HEALTHZ).await.unwrap();
+    assert_eq!(read_response(&mut c).await.map(|r| r.0), Some(200));
+}

@@ -177,6 +177,12 @@ impl Server {
             loop {
                 if let Some(st) = c.try_wait().unwrap() {
                     assert!(st.success(), "narad exited with {st}; log:\n{}", self.log());
+                    // a stopped broker leaves no address for a script to find
+                    let addr_file = self.data_dir.with_extension("addr");
+                    assert!(
+                        !addr_file.exists(),
+                        "a stopped broker left its --addr-file behind"
+                    );
                     break;
                 }
                 assert!(Instant::now() < deadline, "narad did not stop on SIGTERM");

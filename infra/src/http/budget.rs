@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -73,23 +74,36 @@ impl Drop for Taken {
 #[derive(Debug, Clone)]
 pub struct Held {
     principal: Option<String>,
-    taken: Arc<Mutex<Vec<Taken>>>,
+    inner: Arc<HeldInner>,
+}
+
+#[derive(Debug, Default)]
+struct HeldInner {
+    taken: Mutex<Vec<Taken>>,
+    /// The handler read the request's body to its end.
+    body_read: AtomicBool,
 }
 
 impl Held {
     pub fn new(principal: Option<String>) -> Self {
         Self {
             principal,
-            taken: Arc::default(),
+            inner: Arc::default(),
         }
     }
 
     fn add(&self, taken: Taken) {
-        self.taken.lock().push(taken);
+        self.inner.taken.lock().push(taken);
     }
 
     pub fn release(&self) {
-        self.taken.lock().clear();
+        self.inner.taken.lock().clear();
+    }
+
+    /// Whether the handler read the request's body to its end (false for a route that
+    /// reads none, and for a body it stopped reading: too large, too slow, budget spent).
+    pub fn body_read(&self) -> bool {
+        self.inner.body_read.load(Ordering::Relaxed)
     }
 }
 
@@ -295,7 +309,10 @@ impl http_body::Body for Budgeted {
         let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Ready(None) => {
+                self.held.inner.body_read.store(true, Ordering::Relaxed);
+                return Poll::Ready(None);
+            }
             Poll::Pending => {
                 let due = self.due;
                 // a client's slowness, in real (monotonic) time: no clock of the broker's
@@ -318,6 +335,10 @@ impl http_body::Body for Budgeted {
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
             }
+        }
+        if self.inner.is_end_stream() {
+            // (a reader that stops at the announced length never polls for the end)
+            self.held.inner.body_read.store(true, Ordering::Relaxed);
         }
         Poll::Ready(Some(Ok(frame)))
     }

@@ -517,17 +517,26 @@ where
 {
     let method = method_label(req.method());
     let started = Instant::now();
-    let resp = match access::authenticate(state, &mut req).await {
-        Err(refused) => refused,
+    let has_body = !http_body::Body::is_end_stream(req.body());
+    let (resp, body_read) = match access::authenticate(state, &mut req).await {
+        Err(refused) => (refused, false),
         Ok(()) => {
             let held = budget::limit(state, &mut req, route);
             let resp = handler(req).await;
             held.release();
             access::count_refusal(state, &resp);
-            resp
+            (resp, held.body_read())
         }
     };
-    let resp = json_errors(resp).await;
+    let mut resp = json_errors(resp).await;
+    if has_body && !body_read {
+        // Answered before the body was read (refused, a bad query, too large, too slow):
+        // what is left of it cannot be told apart from a next request, so hyper closes the
+        // connection after this answer unless the rest had already arrived. Said, so that
+        // a keep-alive client does not send its next request into a closing socket.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     let labels = HttpLabels {
         route: route.unwrap_or("unmatched"),
         method,
