@@ -190,6 +190,18 @@ async fn attach_rules() {
         (topic["parent"].as_str(), topic["fanout_delay_ms"].as_i64()),
         (Some("p"), Some(1000))
     );
+    // the remote children's routes: a local child exists, on the wrong route (409); a
+    // topic that is no child of the parent is not found there (404)
+    for action in ["pause", "resume", "skip"] {
+        let r = s
+            .post_json(&format!("/v1/topics/p/children/d/{action}"), &json!({}))
+            .await;
+        expect_error(r, StatusCode::CONFLICT, "fanout_conflict").await;
+        let r = s
+            .post_json(&format!("/v1/topics/q/children/d/{action}"), &json!({}))
+            .await;
+        expect_error(r, StatusCode::NOT_FOUND, "not_a_child").await;
+    }
     let r = s
         .http
         .delete(s.url("/v1/topics/q/children/c"))

@@ -300,17 +300,7 @@ pub async fn skip(
         }
     };
     let broker = state.broker()?.clone();
-    broker.topic_meta(&parent)?;
-    let c = broker
-        .remote_children(&parent)
-        .into_iter()
-        .find(|c| c.name == child)
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::NotAChild,
-                format!("'{child}' is not a remote child of '{parent}'"),
-            )
-        })?;
+    let c = remote_child(&broker, &parent, &child)?;
     let (list, _) = match state.ingress() {
         None => (broker.children(&parent)?, Vec::new()),
         Some(ingress) => ingress.children(&broker.topic_meta(&parent)?).await?,
@@ -356,6 +346,41 @@ pub async fn skip(
     ))
 }
 
+/// The remote child `child` of `parent`: `404 topic_not_found` without the parent, `409
+/// fanout_conflict` for a local child of it (these routes are for remote children: the
+/// request names a child that exists, on the wrong route), else `404 not_a_child`.
+fn remote_child(
+    broker: &narad_core::broker::Broker,
+    parent: &str,
+    child: &str,
+) -> Result<std::sync::Arc<RemoteChild>, ApiError> {
+    broker.topic_meta(parent)?;
+    if let Some(c) = broker
+        .remote_children(parent)
+        .into_iter()
+        .find(|c| c.name == child)
+    {
+        return Ok(c);
+    }
+    let local = broker
+        .with_topic_meta(child, |m| {
+            m.parent.as_ref().is_some_and(|l| l.parent == parent)
+        })
+        .unwrap_or(false);
+    if local {
+        return Err(ApiError::new(
+            ErrorCode::FanoutConflict,
+            format!(
+                "'{child}' is a local child of '{parent}': pause, resume and skip are for remote children (a local child is detached with DELETE)"
+            ),
+        ));
+    }
+    Err(ApiError::new(
+        ErrorCode::NotAChild,
+        format!("'{child}' is not a remote child of '{parent}'"),
+    ))
+}
+
 /// `POST /v1/topics/{parent}/children/{child}/pause`: the child's cursors ship nothing until
 /// it is resumed (its lag grows; the parent keeps the records as its retention allows).
 pub async fn pause(
@@ -389,17 +414,7 @@ async fn pause_or_resume(
 ) -> ApiResult {
     caller.require_admin()?;
     let broker = state.broker()?.clone();
-    broker.topic_meta(parent)?;
-    let c = broker
-        .remote_children(parent)
-        .into_iter()
-        .find(|c| c.name == child)
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::NotAChild,
-                format!("'{child}' is not a remote child of '{parent}'"),
-            )
-        })?;
+    let c = remote_child(&broker, parent, child)?;
     if !paused {
         // resuming runs the checks again: the target may have changed while paused
         let remote = broker.remote(&c.remote)?;
