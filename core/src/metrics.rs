@@ -29,6 +29,9 @@ pub struct CoreMetrics {
     /// WAL checkpoints done (segments synced, covered WAL files removed) and their duration.
     pub wal_checkpoints: Counter,
     pub wal_checkpoint_seconds: Histogram,
+    /// Writebacks: segment files synced ahead of their checkpoint, and their duration.
+    pub wal_writebacks: Counter,
+    pub wal_writeback_seconds: Histogram,
     pub torn_tails_truncated: Counter,
     pub segments_rolled: Counter,
     pub segments_deleted: Counter,
@@ -67,6 +70,8 @@ impl Default for CoreMetrics {
             appended_bytes: Counter::default(),
             wal_checkpoints: Counter::default(),
             wal_checkpoint_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            wal_writebacks: Counter::default(),
+            wal_writeback_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             torn_tails_truncated: Counter::default(),
             segments_rolled: Counter::default(),
             segments_deleted: Counter::default(),
@@ -212,6 +217,16 @@ impl CoreMetrics {
             "narad_storage_wal_checkpoint_duration_seconds",
             "time to sync the segments a write-ahead log checkpoint covers",
             self.wal_checkpoint_seconds.clone(),
+        );
+        r.register(
+            "narad_storage_wal_writebacks",
+            "segment syncs ahead of a write-ahead log checkpoint (every few MiB of segment bytes)",
+            self.wal_writebacks.clone(),
+        );
+        r.register(
+            "narad_storage_wal_writeback_duration_seconds",
+            "time to sync the segment files one writeback covers",
+            self.wal_writeback_seconds.clone(),
         );
         r.register(
             "narad_storage_torn_tails_truncated",

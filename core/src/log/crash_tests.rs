@@ -58,6 +58,7 @@ async fn run_case(seed: u64) {
     let clock = ManualClock::new(1_000);
     let wal_cfg = WalConfig {
         rotate_bytes: 1024 + rng.below(16 * 1024),
+        writeback_bytes: 256 + rng.below(8 * 1024),
     };
     let (wal, _) = Wal::open_faulty(
         &root.join("wal"),
@@ -293,6 +294,102 @@ async fn a_failed_wal_fsync_acknowledges_nothing_after_it() {
         .unwrap();
 }
 
+/// Segment files are synced every `writeback_bytes` ahead of their checkpoint. A failed
+/// writeback sync poisons the log as a failed checkpoint does (after an `fdatasync` error a
+/// later sync of the same file may succeed without the pages it lost), and after a restart
+/// every acknowledged record is there: the WAL files that cover them were kept.
+#[tokio::test]
+async fn a_failed_writeback_sync_poisons_the_log_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let disk = FaultDisk::new();
+    let metrics = Arc::new(CoreMetrics::default());
+    let wal_cfg = WalConfig {
+        writeback_bytes: 1000,
+        ..WalConfig::default()
+    };
+    let (wal, _) = Wal::open_faulty(
+        &root.join("wal"),
+        root,
+        wal_cfg.clone(),
+        metrics.clone(),
+        disk.clone(),
+    )
+    .unwrap();
+    let cfg = LogConfig {
+        wal: Some(wal.clone()),
+        ..LogConfig::default()
+    };
+    let clock = ManualClock::new(1_000);
+    let (log, _) =
+        PartitionLog::open(&root.join("p0"), cfg, clock.clone(), metrics.clone()).unwrap();
+    let rec = |i: u64| {
+        vec![NewRecord {
+            payload: Bytes::from(format!("{i:04}").repeat(100)),
+            ..NewRecord::default()
+        }]
+    };
+    let mut acked = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // 400-byte records: a writeback every few appends
+    while metrics.wal_writebacks.get() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no writeback ran");
+        let i = acked.len() as u64;
+        assert_eq!(log.append(rec(i)).await.unwrap().base_offset, i);
+        acked.push(i);
+        tokio::task::yield_now().await;
+    }
+    disk.fail_next_sync_of("/p0/");
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failed writeback poisoned nothing"
+        );
+        let i = acked.len() as u64;
+        match log.append(rec(i)).await {
+            Ok(a) => {
+                assert_eq!(a.base_offset, i);
+                acked.push(i);
+            }
+            Err(LogError::Poisoned(reason)) => {
+                assert!(reason.contains("writeback"), "{reason}");
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        tokio::task::yield_now().await;
+    }
+    log.close().await;
+    drop(log);
+    let w = wal.clone();
+    tokio::task::spawn_blocking(move || w.shutdown())
+        .await
+        .unwrap();
+    drop(wal);
+    // the segment's writes since its last good sync may all be lost
+    disk.write_crash_images(&mut Rng::new(11));
+    let (wal, _) = Wal::open(&root.join("wal"), root, wal_cfg, metrics.clone()).unwrap();
+    let cfg = LogConfig {
+        wal: Some(wal.clone()),
+        ..LogConfig::default()
+    };
+    let (log, _) = PartitionLog::open(&root.join("p0"), cfg, clock, metrics).unwrap();
+    let got = log.read(0, acked.len() + 10, usize::MAX).unwrap();
+    assert!(
+        got.len() >= acked.len(),
+        "{} of {} acknowledged",
+        got.len(),
+        acked.len()
+    );
+    for i in &acked {
+        assert_eq!(got[*i as usize].payload, rec(*i)[0].payload, "record {i}");
+    }
+    log.close().await;
+    tokio::task::spawn_blocking(move || wal.shutdown())
+        .await
+        .unwrap();
+}
+
 fn small(wal: &Wal) -> LogConfig {
     LogConfig {
         segment_max_bytes: 1 << 30,
@@ -305,7 +402,10 @@ fn open_wal(root: &Path, rotate_bytes: u64) -> Result<(Wal, WalReplay), LogError
     Wal::open(
         &root.join("wal"),
         root,
-        WalConfig { rotate_bytes },
+        WalConfig {
+            rotate_bytes,
+            ..WalConfig::default()
+        },
         Arc::new(CoreMetrics::default()),
     )
 }

@@ -88,6 +88,8 @@ pub(crate) mod faults {
         crash_at_sync: Option<u64>,
         /// This sync fails with an I/O error (and the process goes on).
         fail_sync: Option<u64>,
+        /// The next sync of a file whose path contains this fails with an I/O error.
+        fail_sync_of: Option<String>,
     }
 
     #[derive(Debug, Default)]
@@ -138,6 +140,11 @@ pub(crate) mod faults {
         pub fn fail_sync(&self, n: u64) {
             let mut s = self.state.lock();
             s.fail_sync = Some(s.syncs + n);
+        }
+
+        /// The next sync of a file whose path contains `needle` fails with an I/O error.
+        pub fn fail_next_sync_of(&self, needle: &str) {
+            self.state.lock().fail_sync_of = Some(needle.to_owned());
         }
 
         pub fn crash_now(&self) {
@@ -193,7 +200,14 @@ pub(crate) mod faults {
                 s.crashed = true;
                 return Err(dead());
             }
-            if s.fail_sync == Some(s.syncs) {
+            let named = s
+                .fail_sync_of
+                .as_deref()
+                .is_some_and(|n| path.to_string_lossy().contains(n));
+            if named {
+                s.fail_sync_of = None;
+            }
+            if named || s.fail_sync == Some(s.syncs) {
                 // After a failed fsync the kernel may have dropped the dirty pages or kept
                 // them: the writes stay pending, so a later crash may keep or lose them.
                 return Err(io::Error::other("simulated fsync failure"));

@@ -7,6 +7,8 @@
 //!                        ─► write the round to wal/<seq>.wal ─► ONE fdatasync
 //!                        ─► pwrite each partition's frames into its segment (page cache)
 //!                        ─► publish, reply
+//!  every 2 MiB of segment bytes ─► checkpoint thread: fdatasync the segment files written
+//!                             since (writeback: keeps each flush small; removes nothing)
 //!  WAL file ≥ rotate_bytes ─► next file; checkpoint thread: fdatasync every segment file the
 //!                             old files wrote ─► remove (or recycle) those WAL files
 //!  open ─► replay every WAL file into the segments it names (compare, repair) ─► fsync
@@ -49,7 +51,7 @@ use std::os::unix::fs::FileExt;
 use std::panic::AssertUnwindSafe;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -93,12 +95,16 @@ const WRITER_TASK: &str = "log_writer";
 pub struct WalConfig {
     /// Start a new WAL file (and checkpoint the old ones) past this size.
     pub rotate_bytes: u64,
+    /// Sync the segment files written since the last writeback once this many segment
+    /// bytes have gathered (see [`Job::Writeback`]).
+    pub writeback_bytes: u64,
 }
 
 impl Default for WalConfig {
     fn default() -> Self {
         Self {
             rotate_bytes: 64 * 1024 * 1024,
+            writeback_bytes: 2 * 1024 * 1024,
         }
     }
 }
@@ -178,6 +184,8 @@ pub(super) struct WalInner {
     /// A preallocated file ready to be the next WAL file, and its path.
     spare: Mutex<Option<(File, PathBuf)>>,
     spares_made: AtomicU32,
+    /// A [`Job::Writeback`] is queued or running (at most one at a time).
+    writeback_pending: AtomicBool,
     #[cfg(test)]
     pub(super) faults: Option<Arc<super::disk::faults::FaultDisk>>,
     /// Tests: stop as a killed process would (no final checkpoint, no more checkpoints).
@@ -313,6 +321,7 @@ impl Wal {
             next_log_id: AtomicU32::new(1),
             spare: Mutex::new(None),
             spares_made: AtomicU32::new(0),
+            writeback_pending: AtomicBool::new(false),
             #[cfg(test)]
             faults,
             #[cfg(test)]
@@ -335,6 +344,8 @@ impl Wal {
             pos,
             registered: HashSet::new(),
             dirty: HashMap::new(),
+            unflushed: HashMap::new(),
+            unflushed_bytes: 0,
             buf: Vec::new(),
             ckpt: ckpt_tx,
             rotate_retry_at: 0,
@@ -787,6 +798,12 @@ enum Job {
     },
     /// Zero-fill a spare of this size.
     Prepare { bytes: u64 },
+    /// Sync these segment files, removing nothing: the checkpoint of a busy node would
+    /// otherwise flush a whole WAL file's worth of segment bytes (64 MiB) in one go, and every
+    /// WAL sync queued behind that flush would wait for it (the latency spike every
+    /// rotation). Synced a few MiB at a time, the flushes stay small and the checkpoint
+    /// finds little left to do. Durability does not depend on it.
+    Writeback { files: Vec<Arc<DataFile>> },
 }
 
 fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
@@ -804,6 +821,11 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
                 {
                     tracing::warn!(error = %e, "could not preallocate a WAL file; syncs stay slower");
                 }
+                continue;
+            }
+            Job::Writeback { files } => {
+                writeback(inner, &files);
+                inner.writeback_pending.store(false, Ordering::Release);
                 continue;
             }
         };
@@ -862,6 +884,29 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
     }
 }
 
+/// Syncs segment files ahead of their checkpoint. A failed sync poisons the WAL as a failed
+/// checkpoint does: after an `fdatasync` error the kernel may have dropped the pages it could
+/// not write, and a later sync of the same file can succeed without them.
+fn writeback(inner: &WalInner, files: &[Arc<DataFile>]) {
+    if inner.poisoned().is_some() {
+        return;
+    }
+    #[cfg(test)]
+    if inner.abandoned.load(Ordering::SeqCst) {
+        return;
+    }
+    let started = Instant::now();
+    if let Err(e) = files.iter().try_for_each(|f| f.sync_data()) {
+        inner.poison(format!("writeback fsync of a segment failed: {e}"));
+        return;
+    }
+    inner.metrics.wal_writebacks.inc();
+    inner
+        .metrics
+        .wal_writeback_seconds
+        .observe(started.elapsed().as_secs_f64());
+}
+
 /// Renames a checkpointed WAL file to be the next spare, if none is waiting and it is fully
 /// allocated (at least `spare_bytes`). Its old entries stay, but fail their CRC under the
 /// number it gets next.
@@ -918,6 +963,9 @@ struct Writer {
     registered: HashSet<u32>,
     /// Segment files the current file's entries wrote, to sync at its checkpoint.
     dirty: HashMap<(u32, u64), Arc<DataFile>>,
+    /// Segment files written since the last [`Job::Writeback`], and how many bytes.
+    unflushed: HashMap<(u32, u64), Arc<DataFile>>,
+    unflushed_bytes: u64,
     buf: Vec<u8>,
     ckpt: std::sync::mpsc::Sender<Job>,
     /// After a failed rotation, the next attempt waits until the file reaches this size.
@@ -1110,6 +1158,9 @@ impl Writer {
                     self.dirty
                         .entry((g.log.id, base))
                         .or_insert_with(|| file.clone());
+                    self.unflushed
+                        .entry((g.log.id, base))
+                        .or_insert_with(|| file.clone());
                     encoded.push(Encoded {
                         log: g.log,
                         file,
@@ -1173,6 +1224,10 @@ impl Writer {
                 e.failed = Some(reason);
             }
         }
+        self.unflushed_bytes += encoded
+            .iter()
+            .map(|e| (e.frames.end - e.frames.start) as u64)
+            .sum::<u64>();
         self.pos += buf.len() as u64;
         self.appended += buf.len() as u64;
         m.appended_bytes.inc_by(buf.len() as u64);
@@ -1191,6 +1246,7 @@ impl Writer {
             }
         }
         self.buf = buf;
+        self.writeback();
         if !self.spare_requested && self.appended >= (self.cfg.rotate_bytes / 4).min(1 << 20) {
             // a busy node: preallocate a file in the background, and move to it when ready
             self.spare_requested = true;
@@ -1206,6 +1262,22 @@ impl Writer {
 
     fn rotate(&mut self) {
         let _ = self.rotate_then(None);
+    }
+
+    /// Hands the segment files written since the last writeback to the checkpointer once
+    /// `writeback_bytes` have gathered and no writeback is pending (else they wait for the
+    /// next round: one pending at a time bounds the queue).
+    fn writeback(&mut self) {
+        if self.unflushed_bytes < self.cfg.writeback_bytes
+            || self.inner.writeback_pending.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let files = self.unflushed.drain().map(|(_, f)| f).collect();
+        self.unflushed_bytes = 0;
+        if self.ckpt.send(Job::Writeback { files }).is_err() {
+            self.inner.writeback_pending.store(false, Ordering::Release);
+        }
     }
 
     /// Starts the next WAL file and hands the old ones to the checkpointer, which tells
@@ -1225,6 +1297,9 @@ impl Writer {
                     spare_bytes: self.cfg.rotate_bytes,
                     done,
                 });
+                // (the checkpoint syncs them all)
+                self.unflushed.clear();
+                self.unflushed_bytes = 0;
                 self.file = file;
                 self.seq = seq;
                 self.nonce = nonce;
