@@ -57,11 +57,10 @@ fn reply(
     batch: bool,
 ) -> ApiResult {
     let text = if batch {
-        serde_json::to_string(&render::Batch { messages: msgs })
+        render::batch_text(msgs)
     } else {
-        serde_json::to_string(&msgs[0])
-    }
-    .expect("messages serialise");
+        render::message_text(&msgs[0])
+    };
     super::budget::reply(&state.body_budget, held, StatusCode::OK, text)
 }
 
