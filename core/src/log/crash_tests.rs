@@ -228,6 +228,55 @@ async fn acknowledged_appends_survive_simulated_crashes() {
     }
 }
 
+/// A WAL over `disk`'s model, and the log in `root/p0` appending through it.
+fn open_faulty_p0(
+    root: &Path,
+    wal_cfg: &WalConfig,
+    disk: &Arc<FaultDisk>,
+    metrics: &Arc<CoreMetrics>,
+) -> (Wal, PartitionLog) {
+    let (wal, _) = Wal::open_faulty(
+        &root.join("wal"),
+        root,
+        wal_cfg.clone(),
+        metrics.clone(),
+        disk.clone(),
+    )
+    .unwrap();
+    let log = open_p0_with(root, &wal, metrics);
+    (wal, log)
+}
+
+fn open_p0_with(root: &Path, wal: &Wal, metrics: &Arc<CoreMetrics>) -> PartitionLog {
+    let cfg = LogConfig {
+        wal: Some(wal.clone()),
+        ..LogConfig::default()
+    };
+    let clock = ManualClock::new(1_000);
+    PartitionLog::open(&root.join("p0"), cfg, clock, metrics.clone())
+        .unwrap()
+        .0
+}
+
+/// Stops `log` and `wal`, rewrites every file as the disk could have left it at a crash
+/// (`seed` picks how), and opens both again on the real disk.
+async fn crash_and_reopen_p0(
+    root: &Path,
+    (wal, log): (Wal, PartitionLog),
+    wal_cfg: &WalConfig,
+    disk: &FaultDisk,
+    seed: u64,
+    metrics: &Arc<CoreMetrics>,
+) -> (Wal, PartitionLog) {
+    log.close().await;
+    drop(log);
+    stop(wal, false).await;
+    disk.write_crash_images(&mut Rng::new(seed));
+    let (wal, _) = Wal::open(&root.join("wal"), root, wal_cfg.clone(), metrics.clone()).unwrap();
+    let log = open_p0_with(root, &wal, metrics);
+    (wal, log)
+}
+
 /// An `fdatasync` error on the WAL: nothing of that round is acknowledged, every later
 /// append fails (the log does not pretend the disk is fine), and after a restart every
 /// acknowledged record is there.
@@ -237,21 +286,8 @@ async fn a_failed_wal_fsync_acknowledges_nothing_after_it() {
     let root = dir.path();
     let disk = FaultDisk::new();
     let metrics = Arc::new(CoreMetrics::default());
-    let (wal, _) = Wal::open_faulty(
-        &root.join("wal"),
-        root,
-        WalConfig::default(),
-        metrics.clone(),
-        disk.clone(),
-    )
-    .unwrap();
-    let cfg = LogConfig {
-        wal: Some(wal.clone()),
-        ..LogConfig::default()
-    };
-    let clock = ManualClock::new(1_000);
-    let (log, _) =
-        PartitionLog::open(&root.join("p0"), cfg, clock.clone(), metrics.clone()).unwrap();
+    let wal_cfg = WalConfig::default();
+    let (wal, log) = open_faulty_p0(root, &wal_cfg, &disk, &metrics);
     let rec = |s: &'static str| {
         vec![NewRecord {
             payload: Bytes::from_static(s.as_bytes()),
@@ -266,32 +302,11 @@ async fn a_failed_wal_fsync_acknowledges_nothing_after_it() {
     assert!(matches!(err, LogError::Poisoned(_)), "{err}");
     assert!(log.is_poisoned().is_some());
     assert_eq!(metrics.log_poisoned.get(), 1);
-    log.close().await;
-    drop(log);
-    let w = wal.clone();
-    tokio::task::spawn_blocking(move || w.shutdown())
-        .await
-        .unwrap();
-    drop(wal);
-    disk.write_crash_images(&mut Rng::new(7));
-    let (wal, _) = Wal::open(
-        &root.join("wal"),
-        root,
-        WalConfig::default(),
-        metrics.clone(),
-    )
-    .unwrap();
-    let cfg = LogConfig {
-        wal: Some(wal.clone()),
-        ..LogConfig::default()
-    };
-    let (log, _) = PartitionLog::open(&root.join("p0"), cfg, clock, metrics).unwrap();
+    let (wal, log) = crash_and_reopen_p0(root, (wal, log), &wal_cfg, &disk, 7, &metrics).await;
     let got = log.read(0, 10, usize::MAX).unwrap();
     assert_eq!(got[0].payload, "one");
     log.close().await;
-    tokio::task::spawn_blocking(move || wal.shutdown())
-        .await
-        .unwrap();
+    stop(wal, false).await;
 }
 
 /// Segment files are synced every `writeback_bytes` ahead of their checkpoint. A failed
@@ -308,21 +323,7 @@ async fn a_failed_writeback_sync_poisons_the_log_and_loses_nothing() {
         writeback_bytes: 1000,
         ..WalConfig::default()
     };
-    let (wal, _) = Wal::open_faulty(
-        &root.join("wal"),
-        root,
-        wal_cfg.clone(),
-        metrics.clone(),
-        disk.clone(),
-    )
-    .unwrap();
-    let cfg = LogConfig {
-        wal: Some(wal.clone()),
-        ..LogConfig::default()
-    };
-    let clock = ManualClock::new(1_000);
-    let (log, _) =
-        PartitionLog::open(&root.join("p0"), cfg, clock.clone(), metrics.clone()).unwrap();
+    let (wal, log) = open_faulty_p0(root, &wal_cfg, &disk, &metrics);
     let rec = |i: u64| {
         vec![NewRecord {
             payload: Bytes::from(format!("{i:04}").repeat(100)),
@@ -359,21 +360,8 @@ async fn a_failed_writeback_sync_poisons_the_log_and_loses_nothing() {
         }
         tokio::task::yield_now().await;
     }
-    log.close().await;
-    drop(log);
-    let w = wal.clone();
-    tokio::task::spawn_blocking(move || w.shutdown())
-        .await
-        .unwrap();
-    drop(wal);
     // the segment's writes since its last good sync may all be lost
-    disk.write_crash_images(&mut Rng::new(11));
-    let (wal, _) = Wal::open(&root.join("wal"), root, wal_cfg, metrics.clone()).unwrap();
-    let cfg = LogConfig {
-        wal: Some(wal.clone()),
-        ..LogConfig::default()
-    };
-    let (log, _) = PartitionLog::open(&root.join("p0"), cfg, clock, metrics).unwrap();
+    let (wal, log) = crash_and_reopen_p0(root, (wal, log), &wal_cfg, &disk, 11, &metrics).await;
     let got = log.read(0, acked.len() + 10, usize::MAX).unwrap();
     assert!(
         got.len() >= acked.len(),
@@ -385,9 +373,7 @@ async fn a_failed_writeback_sync_poisons_the_log_and_loses_nothing() {
         assert_eq!(got[*i as usize].payload, rec(*i)[0].payload, "record {i}");
     }
     log.close().await;
-    tokio::task::spawn_blocking(move || wal.shutdown())
-        .await
-        .unwrap();
+    stop(wal, false).await;
 }
 
 fn small(wal: &Wal) -> LogConfig {
