@@ -355,4 +355,28 @@ async fn an_answer_before_the_body_says_the_connection_closes() {
     }
     c.write_all(HEALTHZ).await.unwrap();
     assert_eq!(read_response(&mut c).await.map(|r| r.0), Some(200));
+    // a client that waits for `100 Continue` before its body: one announcing more than the
+    // route reads is refused at once (it never uploads the body), one within it is told to go on
+    let mut c = TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/topics/t/produce HTTP/1.1\r\nHost: narad\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        9 << 20
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    let (status, headers, body) = read_http_response(&mut c).await.expect("an answer");
+    assert_eq!(status, 413, "{headers}\n{body}");
+    assert!(body.contains("body_too_large"), "{body}");
+    assert!(
+        headers.lines().any(|l| l == "connection: close"),
+        "{headers}"
+    );
+    let mut c = TcpStream::connect(&addr).await.unwrap();
+    c.write_all(
+        b"POST /v1/topics/t/produce HTTP/1.1\r\nHost: narad\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(read_response(&mut c).await.map(|r| r.0), Some(100));
+    c.write_all(b"0123456789").await.unwrap();
+    assert_eq!(read_response(&mut c).await.map(|r| r.0), Some(202));
 }

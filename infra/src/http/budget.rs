@@ -242,6 +242,33 @@ pub fn limit(state: &SharedState, req: &mut Request, route: Option<&str>) -> Hel
     held
 }
 
+/// A request that asks to hear back before it sends its body (`Expect: 100-continue`) and
+/// announces more than its route reads is answered 413 at once, so the client never uploads
+/// what would be refused (RFC 9110, 10.1.1). Without `Expect`, the body is read up to the
+/// limit first: answering before the client has sent its body would leave most clients a
+/// broken pipe instead of the 413.
+pub fn refuse_announced_overflow(
+    state: &SharedState,
+    req: &Request,
+    route: Option<&str>,
+) -> Option<ApiError> {
+    let expects = req
+        .headers()
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if !expects {
+        return None;
+    }
+    let (limit, _) = body_limit(state, req.method(), route);
+    let announced = content_length(req.headers())?;
+    (limit > 0 && announced > limit).then(|| {
+        ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("request body exceeds {limit} bytes (announced {announced})"),
+        )
+    })
+}
+
 /// Whom a request's bytes are counted for: its user (`None` with security off).
 fn principal(req: &Request) -> Option<String> {
     req.extensions()

@@ -520,13 +520,16 @@ where
     let has_body = !http_body::Body::is_end_stream(req.body());
     let (resp, body_read) = match access::authenticate(state, &mut req).await {
         Err(refused) => (refused, false),
-        Ok(()) => {
-            let held = budget::limit(state, &mut req, route);
-            let resp = handler(req).await;
-            held.release();
-            access::count_refusal(state, &resp);
-            (resp, held.body_read())
-        }
+        Ok(()) => match budget::refuse_announced_overflow(state, &req, route) {
+            Some(too_large) => (too_large.into_response(), false),
+            None => {
+                let held = budget::limit(state, &mut req, route);
+                let resp = handler(req).await;
+                held.release();
+                access::count_refusal(state, &resp);
+                (resp, held.body_read())
+            }
+        },
     };
     let mut resp = json_errors(resp).await;
     if has_body && !body_read {
