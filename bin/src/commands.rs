@@ -591,30 +591,11 @@ fn remove_addr_file(path: &std::path::Path, addr: &str) {
     }
 }
 
-/// Writes `addr` to `--addr-file` whole (a temporary file renamed over it), so a reader
-/// polling for the file never sees a part of it. The temporary file is `<name>.<pid>.tmp`
-/// beside it, created new (`O_EXCL`): a symbolic link or another file planted at that name
-/// is never written through or replaced, whatever the directory (it may be a shared one).
+/// Writes `addr` to `--addr-file` whole (`fsutil::write_file_atomic`: a sibling temporary
+/// file created new, renamed over it), so a reader polling for the file never sees a part of
+/// it, and a link or another file planted at the temporary name is never written through.
 pub(crate) fn write_addr_file(path: &std::path::Path, addr: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut name = path.file_name().unwrap_or_default().to_owned();
-    name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = path.with_file_name(name);
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(addr.as_bytes()));
-    if let Err(e) = written {
-        // (a file this call created and could not fill; never one that was already there)
-        if e.kind() != std::io::ErrorKind::AlreadyExists {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    narad_core::fsutil::write_file_atomic(path, addr.as_bytes())
 }
 
 pub(crate) async fn shutdown_signal() {
@@ -1319,17 +1300,12 @@ mod tests {
         // the old temporary name: another file, left alone
         let sibling = dir.path().join("broker.tmp");
         std::fs::write(&sibling, "mine").unwrap();
+        // a link planted at the temporary name: never written through
+        std::os::unix::fs::symlink(&precious, dir.path().join("broker.addr.tmp")).unwrap();
         write_addr_file(&path, "127.0.0.1:1").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "127.0.0.1:1");
         assert_eq!(std::fs::read_to_string(&sibling).unwrap(), "mine");
-        // a link planted at the temporary name: refused, its target untouched
-        let tmp = dir
-            .path()
-            .join(format!("broker.addr.{}.tmp", std::process::id()));
-        std::os::unix::fs::symlink(&precious, &tmp).unwrap();
-        assert!(write_addr_file(&path, "127.0.0.1:2").is_err());
         assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "127.0.0.1:1");
-        assert!(tmp.symlink_metadata().unwrap().file_type().is_symlink());
+        assert!(!path.symlink_metadata().unwrap().file_type().is_symlink());
     }
 }
