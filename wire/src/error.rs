@@ -90,6 +90,9 @@ error_codes! {
     RouteNotFound = 1013, "route_not_found", 404;
     /// The path exists, the method does not.
     MethodNotAllowed = 1014, "method_not_allowed", 405;
+    /// A `Transfer-Encoding` other than `chunked` (`gzip, chunked`, say): the body's
+    /// transfer coding is not one the server decodes.
+    UnsupportedTransferEncoding = 1015, "unsupported_transfer_encoding", 501;
 
     // ── 1100: authentication and authorisation ──
     /// Credentials missing, malformed or wrong (with `WWW-Authenticate`).

@@ -518,17 +518,20 @@ where
     let method = method_label(req.method());
     let started = Instant::now();
     let has_body = !http_body::Body::is_end_stream(req.body());
-    let (resp, body_read) = match access::authenticate(state, &mut req).await {
-        Err(refused) => (refused, false),
-        Ok(()) => match budget::refuse_announced_overflow(state, &req, route) {
-            Some(too_large) => (too_large.into_response(), false),
-            None => {
-                let held = budget::limit(state, &mut req, route);
-                let resp = handler(req).await;
-                held.release();
-                access::count_refusal(state, &resp);
-                (resp, held.body_read())
-            }
+    let (resp, body_read) = match unsupported_transfer_coding(&req) {
+        Some(refused) => (refused.into_response(), false),
+        None => match access::authenticate(state, &mut req).await {
+            Err(refused) => (refused, false),
+            Ok(()) => match budget::refuse_announced_overflow(state, &req, route) {
+                Some(too_large) => (too_large.into_response(), false),
+                None => {
+                    let held = budget::limit(state, &mut req, route);
+                    let resp = handler(req).await;
+                    held.release();
+                    access::count_refusal(state, &resp);
+                    (resp, held.body_read())
+                }
+            },
         },
     };
     let mut resp = json_errors(resp).await;
@@ -549,6 +552,38 @@ where
         .metrics
         .observe_http(&labels, started.elapsed().as_secs_f64());
     resp
+}
+
+/// `501 unsupported_transfer_encoding` for a body framed with any transfer coding but one
+/// `chunked`. hyper undoes the chunking of `Transfer-Encoding: gzip, chunked` and hands over
+/// the gzip bytes as if they were the body, so without this check they would be stored as the
+/// message (RFC 9112 §6.1: a server that does not understand a transfer coding answers 501).
+/// Compression belongs in `Content-Encoding`. Checked before authentication: it is about the
+/// framing, like hyper's own 400s, and costs one header lookup.
+fn unsupported_transfer_coding(req: &Request) -> Option<ApiError> {
+    let mut chunked = 0;
+    let mut other = false;
+    for value in req.headers().get_all(header::TRANSFER_ENCODING) {
+        for coding in value
+            .as_bytes()
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+        {
+            if coding.eq_ignore_ascii_case(b"chunked") {
+                chunked += 1;
+            } else if !coding.is_empty() {
+                other = true;
+            }
+        }
+    }
+    // `chunked, chunked` too: hyper undoes one chunking, and the other would be stored
+    (other || chunked > 1).then(|| {
+        ApiError::new(
+            ErrorCode::UnsupportedTransferEncoding,
+            "only the chunked transfer coding is supported; send compressed bodies with \
+             Content-Encoding",
+        )
+    })
 }
 
 /// The matched route's pattern from [`ROUTES`] (a fixed set: a metric label with no copy
