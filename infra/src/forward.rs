@@ -1035,8 +1035,9 @@ impl Ingress {
         }
         for (node, items) in by_node {
             if node == self.me() {
-                for (i, h) in items {
-                    let r = self.broker.settle(topic, &h, action).await;
+                let (at, inner): (Vec<usize>, Vec<String>) = items.into_iter().unzip();
+                let results = self.broker.settle_many(topic, &inner, action).await;
+                for (i, r) in at.into_iter().zip(results) {
                     out[i] = Some(r.map_err(ApiError::from));
                 }
                 continue;
@@ -1960,14 +1961,12 @@ impl Service for DataService {
                         return Ok(Bytes::new());
                     };
                     caught_up(&broker, req.catalog).await?;
-                    let mut out = Vec::with_capacity(req.handles.len());
-                    for h in &req.handles {
-                        let r = broker
-                            .settle(&req.topic, h, action)
-                            .await
-                            .map_err(ApiError::from);
-                        out.push(SettleOutcome::of(r));
-                    }
+                    let out: Vec<SettleOutcome> = broker
+                        .settle_many(&req.topic, &req.handles, action)
+                        .await
+                        .into_iter()
+                        .map(|r| SettleOutcome::of(r.map_err(ApiError::from)))
+                        .collect();
                     Ok(Bytes::from(
                         serde_json::to_vec(&out).expect("outcomes serialise"),
                     ))

@@ -391,36 +391,106 @@ impl Broker {
         handle: &str,
         action: AckAction,
     ) -> Result<(), BrokerError> {
-        self.check_running()?;
-        let h = self.handles.decode(handle).map_err(|e| match e {
-            HandleError::Malformed => BrokerError::HandleMalformed(e),
-            HandleError::OtherEpoch => BrokerError::LeaseGone(e.to_string()),
-        })?;
-        let topic = self.topic(topic_name)?;
-        if topic.id() != h.topic_id {
-            return Err(BrokerError::LeaseGone(
-                "receipt handle belongs to another topic (or an earlier topic of this name)".into(),
-            ));
+        let mut results = self.settle_many(topic_name, &[handle], action).await;
+        results.pop().expect("one result per handle")
+    }
+
+    /// Settles each handle as [`Broker::settle`] would alone, in order, with one result per
+    /// handle. The handles of one partition share the wait for a freeze to end, one lock of
+    /// its queue and the metrics; the line of waiting readers is served once at the end.
+    pub async fn settle_many<H: AsRef<str>>(
+        &self,
+        topic_name: &str,
+        handles: &[H],
+        action: AckAction,
+    ) -> Vec<Result<(), BrokerError>> {
+        let mut results: Vec<Result<(), BrokerError>> = Vec::with_capacity(handles.len());
+        // (index into `results`, the handle) of the handles still to apply
+        let mut pending: Vec<(usize, ReceiptHandle)> = Vec::with_capacity(handles.len());
+        let topic = self.topic(topic_name);
+        for (i, handle) in handles.iter().enumerate() {
+            let decoded = self.check_running().and_then(|()| {
+                self.handles.decode(handle.as_ref()).map_err(|e| match e {
+                    HandleError::Malformed => BrokerError::HandleMalformed(e),
+                    HandleError::OtherEpoch => BrokerError::LeaseGone(e.to_string()),
+                })
+            });
+            let checked = decoded.and_then(|h| match &topic {
+                Err(_) => Err(BrokerError::TopicNotFound(topic_name.to_owned())),
+                Ok(topic) if topic.id() != h.topic_id => Err(BrokerError::LeaseGone(
+                    "receipt handle belongs to another topic (or an earlier topic of this name)"
+                        .into(),
+                )),
+                Ok(_) => Ok(h),
+            });
+            match checked {
+                Ok(h) => {
+                    pending.push((i, h));
+                    results.push(Ok(()));
+                }
+                Err(e) => results.push(Err(e)),
+            }
         }
+        let Ok(topic) = topic else {
+            return results;
+        };
+        // by partition, in order within each
+        pending.sort_by_key(|&(i, h)| (h.partition, i));
+        let mut served = false;
+        for group in pending.chunk_by(|a, b| a.1.partition == b.1.partition) {
+            served |= self
+                .settle_in_partition(&topic, topic_name, group, action, &mut results)
+                .await;
+        }
+        if served && action != AckAction::Extend {
+            // Freed capacity (ack) or a released message (nack): serve the line.
+            self.dispatch(&topic).await;
+        }
+        results
+    }
+
+    /// [`Broker::settle_many`] for the handles of one partition (`group`, all naming it):
+    /// writes each one's result into `results`, and says whether any was applied.
+    async fn settle_in_partition(
+        &self,
+        topic: &Arc<Topic>,
+        topic_name: &str,
+        group: &[(usize, ReceiptHandle)],
+        action: AckAction,
+        results: &mut [Result<(), BrokerError>],
+    ) -> bool {
+        let partition = group[0].1.partition;
+        let mut group: Vec<(usize, ReceiptHandle)> = group.to_vec();
         // a partition frozen for a move settles once it thaws; one that moved away (or
-        // came back since the lease) has no lease of this handle
+        // came back since the lease) has no lease of these handles
         let deadline = tokio::time::Instant::now() + SETTLE_FREEZE_WAIT;
         let (part, _busy) = loop {
             let parts = topic.partitions();
-            let Some(part) = parts.get(h.partition as usize).cloned() else {
-                return Err(BrokerError::LeaseGone(
-                    "receipt handle names no partition of this topic".into(),
-                ));
+            let Some(part) = parts.get(partition as usize).cloned() else {
+                for &(i, _) in &group {
+                    results[i] = Err(BrokerError::LeaseGone(
+                        "receipt handle names no partition of this topic".into(),
+                    ));
+                }
+                return false;
             };
             {
                 let meta = topic.meta.read();
-                if !meta.owners.is_empty()
-                    && (!self.is_local(&meta, h.partition)
-                        || meta.owner_epoch(h.partition) != h.owner_epoch)
-                {
-                    return Err(BrokerError::LeaseGone(
-                        "the partition moved to another node since this lease: the message will be delivered again".into(),
-                    ));
+                if !meta.owners.is_empty() {
+                    let local = self.is_local(&meta, partition);
+                    let epoch = meta.owner_epoch(partition);
+                    group.retain(|&(i, h)| {
+                        let moved = !local || epoch != h.owner_epoch;
+                        if moved {
+                            results[i] = Err(BrokerError::LeaseGone(
+                                "the partition moved to another node since this lease: the message will be delivered again".into(),
+                            ));
+                        }
+                        !moved
+                    });
+                    if group.is_empty() {
+                        return false;
+                    }
                 }
             }
             let waiter = part.clone();
@@ -431,43 +501,57 @@ impl Broker {
                 break (part, busy);
             }
             if tokio::time::timeout_at(deadline, thawed).await.is_err() {
-                return Err(BrokerError::PartitionMoving {
-                    topic: topic_name.to_owned(),
-                    partition: h.partition,
-                });
+                for &(i, _) in &group {
+                    results[i] = Err(BrokerError::PartitionMoving {
+                        topic: topic_name.to_owned(),
+                        partition,
+                    });
+                }
+                return false;
             }
         };
         let cfg = topic.config();
         let now = self.clock.now_ms();
-        let result = {
+        let mut outcomes = [0u64; crate::metrics::ACK_OUTCOMES.len()];
+        let mut applied = false;
+        {
             let mut q = part.queue.lock();
-            match action {
-                AckAction::Ack => q.ack(h.offset, h.nonce, now),
-                AckAction::Extend => q
-                    .extend(h.offset, h.nonce, now, cfg.visibility_timeout_ms)
-                    .map(|_| ()),
-                AckAction::Nack => q.nack(h.offset, h.nonce, now),
+            for &(i, h) in &group {
+                let result = match action {
+                    AckAction::Ack => q.ack(h.offset, h.nonce, now),
+                    AckAction::Extend => q
+                        .extend(h.offset, h.nonce, now, cfg.visibility_timeout_ms)
+                        .map(|_| ()),
+                    AckAction::Nack => q.nack(h.offset, h.nonce, now),
+                };
+                let outcome = match (&result, action) {
+                    (Ok(()), AckAction::Ack) => 0,
+                    (Ok(()), AckAction::Extend) => 1,
+                    (Ok(()), AckAction::Nack) => 2,
+                    (Err(LeaseError::Stale), _) => 3,
+                    (Err(LeaseError::AckSetFull), _) => 4,
+                };
+                outcomes[outcome] += 1;
+                applied |= result.is_ok();
+                results[i] = match result {
+                    Ok(()) => Ok(()),
+                    Err(LeaseError::Stale) => {
+                        Err(BrokerError::LeaseGone(LeaseError::Stale.to_string()))
+                    }
+                    Err(e @ LeaseError::AckSetFull) => Err(BrokerError::AckSetFull(e)),
+                };
             }
-        };
-        let outcome = match (&result, action) {
-            (Ok(()), AckAction::Ack) => "acked",
-            (Ok(()), AckAction::Extend) => "extended",
-            (Ok(()), AckAction::Nack) => "nacked",
-            (Err(LeaseError::Stale), _) => "stale",
-            (Err(LeaseError::AckSetFull), _) => "ack_set_full",
-        };
-        topic.series.ack(&self.metrics, &topic.label, outcome).inc();
-        match result {
-            Ok(()) => {
-                if action != AckAction::Extend {
-                    // Freed capacity (ack) or a released message (nack): serve the line.
-                    self.dispatch(&topic).await;
-                }
-                Ok(())
-            }
-            Err(LeaseError::Stale) => Err(BrokerError::LeaseGone(LeaseError::Stale.to_string())),
-            Err(e @ LeaseError::AckSetFull) => Err(BrokerError::AckSetFull(e)),
         }
+        // in the order of `crate::metrics::ACK_OUTCOMES`
+        for (n, outcome) in outcomes.into_iter().zip(crate::metrics::ACK_OUTCOMES) {
+            if n > 0 {
+                topic
+                    .series
+                    .ack(&self.metrics, &topic.label, outcome)
+                    .inc_by(n);
+            }
+        }
+        applied
     }
 
     pub(super) fn arm_timer(&self, topic: &Topic, at: i64) {

@@ -1568,3 +1568,65 @@ async fn a_link_at_another_incarnations_offsets_is_refused() {
     })
     .await;
 }
+
+/// A batch settle answers each handle as settling it alone would, in the batch's order,
+/// whatever partitions, duplicates, foreign or broken handles it mixes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_many_answers_each_handle_as_settling_it_alone_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("t", 3)).await.unwrap();
+    b.create_topic(create("u", 1)).await.unwrap();
+    for i in 0..9 {
+        b.produce("t", vec![msg(&format!("m{i}"))]).await.unwrap();
+    }
+    b.produce("u", vec![msg("other")]).await.unwrap();
+    let got = b.consume("t", None, 9, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 9);
+    let partitions: std::collections::BTreeSet<u32> = got.iter().map(|d| d.partition).collect();
+    assert_eq!(partitions.len(), 3, "the messages span every partition");
+    let other = b.consume("u", None, 1, Duration::ZERO).await.unwrap();
+    let h = |i: usize| got[i].receipt_handle.clone();
+    let batch = vec![
+        h(4),
+        "not a handle".to_owned(),
+        h(0),
+        other[0].receipt_handle.clone(),
+        h(4), // settled a moment ago, in this same batch
+        h(8),
+        h(2),
+    ];
+    let results = b.settle_many("t", &batch, AckAction::Ack).await;
+    assert_eq!(results.len(), batch.len());
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert!(matches!(results[1], Err(BrokerError::HandleMalformed(_))));
+    assert!(results[2].is_ok(), "{:?}", results[2]);
+    assert!(matches!(results[3], Err(BrokerError::LeaseGone(_))));
+    assert!(matches!(results[4], Err(BrokerError::LeaseGone(_))));
+    assert!(results[5].is_ok() && results[6].is_ok(), "{results:?}");
+    // extend then nack the rest in one batch each; only those come back
+    let rest: Vec<String> = [1, 3, 5, 6, 7].iter().map(|&i| h(i)).collect();
+    let extended = b.settle_many("t", &rest, AckAction::Extend).await;
+    assert!(extended.iter().all(Result::is_ok), "{extended:?}");
+    let nacked = b.settle_many("t", &rest, AckAction::Nack).await;
+    assert!(nacked.iter().all(Result::is_ok), "{nacked:?}");
+    let again = b.consume("t", None, 9, Duration::ZERO).await.unwrap();
+    let mut offsets: Vec<(u32, u64)> = again
+        .iter()
+        .map(|d| (d.partition, d.record.offset))
+        .collect();
+    offsets.sort_unstable();
+    let mut want: Vec<(u32, u64)> = [1, 3, 5, 6, 7]
+        .iter()
+        .map(|&i| (got[i].partition, got[i].record.offset))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(offsets, want);
+    // a topic that is gone: each well-formed handle says so, a broken one is still broken
+    let gone = b
+        .settle_many("nope", &[h(1), "x".to_owned()], AckAction::Ack)
+        .await;
+    assert!(matches!(gone[0], Err(BrokerError::TopicNotFound(_))));
+    assert!(matches!(gone[1], Err(BrokerError::HandleMalformed(_))));
+    b.shutdown().await;
+}

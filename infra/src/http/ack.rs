@@ -132,16 +132,17 @@ pub(super) async fn ack_parts(
             .collect();
         return Ok(json_response(StatusCode::OK, &AckResults { results }));
     }
-    let mut results = Vec::with_capacity(req.receipt_handles.len());
-    for h in &req.receipt_handles {
-        let r = match broker.settle(&topic, h, act).await {
+    let results = broker
+        .settle_many(&topic, &req.receipt_handles, act)
+        .await
+        .into_iter()
+        .map(|r| match r {
             Ok(()) => AckResult::applied(),
             Err(e) => {
                 let e = ApiError::from(e);
                 AckResult::failed(e.code, e.message)
             }
-        };
-        results.push(r);
-    }
+        })
+        .collect();
     Ok(json_response(StatusCode::OK, &AckResults { results }))
 }
