@@ -139,22 +139,8 @@ fn write_str(out: &mut String, s: &str) {
 }
 
 /// An integer in decimal, without the formatting machinery.
-fn write_int(out: &mut String, n: i128) {
-    let mut buf = [0u8; 40];
-    let mut at = buf.len();
-    let mut v = n.unsigned_abs();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    if n < 0 {
-        out.push('-');
-    }
-    out.extend(buf[at..].iter().map(|&d| char::from(d)));
+fn write_int(out: &mut String, n: impl itoa::Integer) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Nesting a JSON payload may have and still be served as JSON: the reply wraps it two or
@@ -239,9 +225,9 @@ impl MessageJson<'_> {
         out.push_str("{\"topic\":");
         write_str(out, self.topic);
         out.push_str(",\"partition\":");
-        write_int(out, self.partition.into());
+        write_int(out, self.partition);
         out.push_str(",\"offset\":");
-        write_int(out, self.offset.into());
+        write_int(out, self.offset);
         if let Some(k) = &self.key {
             out.push_str(",\"key\":");
             write_str(out, k);
@@ -270,14 +256,14 @@ impl MessageJson<'_> {
         out.push_str(",\"payload_encoding\":");
         write_str(out, self.payload_encoding);
         out.push_str(",\"timestamp_ms\":");
-        write_int(out, self.timestamp_ms.into());
+        write_int(out, self.timestamp_ms);
         if let Some(d) = self.delay_ms {
             out.push_str(",\"delay_ms\":");
-            write_int(out, d.into());
+            write_int(out, d);
         }
         if let Some(c) = self.delivery_count {
             out.push_str(",\"delivery_count\":");
-            write_int(out, c.into());
+            write_int(out, c);
         }
         if let Some(h) = self.receipt_handle {
             out.push_str(",\"receipt_handle\":");
