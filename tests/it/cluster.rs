@@ -38,23 +38,50 @@ struct Node {
     env: Vec<(String, String)>,
 }
 
-/// A free UDP port on loopback (bound, then released for the node to take), never one this
-/// process handed out before (the kernel may offer a released port again at once: two
-/// members of one test then listed the same address).
+/// A free UDP port on loopback (bound, then released for the node to take), never one handed
+/// out in the last two minutes by this or another test process: the kernel may offer a
+/// released port again at once, and nextest runs tests as parallel processes, so two members
+/// (of one test or of two) once listed the same address and one could not bind it. The ports
+/// handed out are kept in a file in the temporary directory, under an exclusive lock.
 fn udp_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    loop {
+    use std::io::{Read, Seek, Write};
+    const KEEP_SECS: u64 = 120;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(std::env::temp_dir().join("narad-it-udp-ports"))
+        .unwrap();
+    file.lock().unwrap();
+    let now = u64::try_from(crate::support::wall_clock_ms() / 1000).unwrap();
+    let mut text = String::new();
+    file.read_to_string(&mut text).unwrap();
+    // "<port> <unix seconds>" per line; the stale ones are dropped
+    let mut given: Vec<(u16, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (p, t) = l.split_once(' ')?;
+            Some((p.parse().ok()?, t.parse().ok()?))
+        })
+        .filter(|&(_, t)| now.saturating_sub(t) < KEEP_SECS)
+        .collect();
+    let port = loop {
         let port = std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let mut given = GIVEN.lock().unwrap();
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
+        if !given.iter().any(|&(p, _)| p == port) {
+            break port;
         }
-    }
+    };
+    given.push((port, now));
+    let text: String = given.iter().map(|(p, t)| format!("{p} {t}\n")).collect();
+    file.set_len(0).unwrap();
+    file.rewind().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    port
 }
 
 impl Node {
