@@ -1630,3 +1630,51 @@ async fn settle_many_answers_each_handle_as_settling_it_alone_would() {
     assert!(matches!(gone[1], Err(BrokerError::HandleMalformed(_))));
     b.shutdown().await;
 }
+
+/// The descriptors of this process open on files under `dir` whose name ends in `.log` (the
+/// segments; a deleted one reads `<path> (deleted)`).
+fn open_segments_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|p| p.to_string_lossy().into_owned())
+        .filter(|p| p.starts_with(&prefix) && p.trim_end_matches(" (deleted)").ends_with(".log"))
+        .collect()
+}
+
+/// From a black-box review: a segment written to and then closed (its topic deleted, or the
+/// partition idle) stayed open in the WAL writer until the WAL file it was written through
+/// was checkpointed, which on a quiet node may be never: create, produce, delete, repeated,
+/// ran the broker out of descriptors. They are now synced and let go when the log closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_topics_segments_are_not_held_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    for round in 0..3 {
+        b.create_topic(create("t", 8)).await.unwrap();
+        for p in 0..8 {
+            let m = ProduceMessage {
+                partition: Some(p),
+                ..msg("x")
+            };
+            b.produce("t", vec![m]).await.unwrap();
+        }
+        let held = open_segments_under(dir.path());
+        assert!(held.len() >= 8, "round {round}: {held:?}");
+        b.delete_topic("t").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let still = open_segments_under(dir.path());
+            if still.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: segments of the deleted topic still open: {still:?}"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+    b.shutdown().await;
+}

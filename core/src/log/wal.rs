@@ -804,6 +804,9 @@ enum Job {
     /// rotation). Synced a few MiB at a time, the flushes stay small and the checkpoint
     /// finds little left to do. Durability does not depend on it.
     Writeback { files: Vec<Arc<DataFile>> },
+    /// Sync the segment files of a closed log and drop them (see `Writer::release`); counted
+    /// as a writeback, and a failure poisons the same way.
+    Release { files: Vec<Arc<DataFile>> },
 }
 
 fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
@@ -826,6 +829,10 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
             Job::Writeback { files } => {
                 writeback(inner, &files);
                 inner.writeback_pending.store(false, Ordering::Release);
+                continue;
+            }
+            Job::Release { files } => {
+                writeback(inner, &files);
                 continue;
             }
         };
@@ -1082,6 +1089,7 @@ impl Writer {
                     index.clear();
                     bytes = 0;
                     log.close_writer();
+                    self.release(log.id);
                     let _ = reply.send(());
                 }
                 Cmd::Checkpoint { reply } => {
@@ -1277,6 +1285,31 @@ impl Writer {
         self.unflushed_bytes = 0;
         if self.ckpt.send(Job::Writeback { files }).is_err() {
             self.inner.writeback_pending.store(false, Ordering::Release);
+        }
+    }
+
+    /// Hands the segment files of a closed log to the checkpointer, which syncs them and lets
+    /// them go. Until the WAL file that wrote them was checkpointed they were kept open for its
+    /// checkpoint to sync: a node that deletes topics or closes idle partitions faster than it
+    /// fills a WAL file ran out of descriptors (found by a black-box review: create, produce,
+    /// delete, repeated, held every deleted segment open). Jobs run in order, so the sync comes
+    /// before the checkpoint that removes the WAL file covering them.
+    fn release(&mut self, log: u32) {
+        let mut files: Vec<Arc<DataFile>> = Vec::new();
+        for map in [&mut self.dirty, &mut self.unflushed] {
+            map.retain(|&(id, _), f| {
+                if id == log {
+                    if !files.iter().any(|g| Arc::ptr_eq(g, f)) {
+                        files.push(f.clone());
+                    }
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        if !files.is_empty() {
+            let _ = self.ckpt.send(Job::Release { files });
         }
     }
 
