@@ -93,14 +93,19 @@ impl<'a> Query<'a> {
     pub fn u64(&self, name: &str) -> Result<Option<u64>, ApiError> {
         self.str(name)
             .map(|v| {
-                v.parse::<u64>().map_err(|_| {
-                    ApiError::new(
-                        ErrorCode::InvalidParameter,
-                        format!(
-                            "query parameter '{name}' must be a non-negative integer, got '{v}'"
-                        ),
-                    )
-                })
+                // digits only: `str::parse` would also take "+5"
+                let digits = !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit());
+                digits
+                    .then(|| v.parse::<u64>().ok())
+                    .flatten()
+                    .ok_or_else(|| {
+                        ApiError::new(
+                            ErrorCode::InvalidParameter,
+                            format!(
+                                "query parameter '{name}' must be a non-negative integer, got '{v}'"
+                            ),
+                        )
+                    })
             })
             .transpose()
     }
@@ -166,7 +171,12 @@ pub fn parse_time_ms(v: &str) -> Option<i64> {
     if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
         return None;
     }
-    let num = |s: &str| s.parse::<i64>().ok();
+    // digits only: `str::parse` would also take a sign ("+5")
+    let num = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse::<i64>().ok())
+            .flatten()
+    };
     let year = num(v.get(0..4)?)?;
     let month = num(v.get(5..7)?)?;
     let day = num(v.get(8..10)?)?;
@@ -176,7 +186,19 @@ pub fn parse_time_ms(v: &str) -> Option<i64> {
     let hour = num(v.get(11..13)?)?;
     let min = num(v.get(14..16)?)?;
     let sec = num(v.get(17..19)?)?;
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || min > 59 || sec > 60 {
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    if !(1..=12).contains(&month)
+        || !(1..=month_days).contains(&day)
+        || hour > 23
+        || min > 59
+        || sec > 60
+    {
         return None;
     }
     let mut rest = &v[19..];
@@ -204,7 +226,11 @@ pub fn parse_time_ms(v: &str) -> Option<i64> {
             if rest.len() != 6 || rest.as_bytes()[3] != b':' {
                 return None;
             }
-            sign * (num(&rest[1..3])? * 60 + num(&rest[4..6])?)
+            let (h, m) = (num(rest.get(1..3)?)?, num(rest.get(4..6)?)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            sign * (h * 60 + m)
         }
     };
     // days from civil (Howard Hinnant's algorithm)
@@ -230,8 +256,16 @@ mod tests {
         assert_eq!(q.u32("partition").unwrap(), Some(2));
         assert!(Query::parse(Some("key=a&key=b"), &["key"]).is_err());
         assert!(Query::parse(Some("nope=1"), &["key"]).is_err());
-        let q = Query::parse(Some("partition=-1"), &["partition"]).unwrap();
-        assert!(q.u32("partition").is_err());
+        for bad in [
+            "partition=-1",
+            "partition=%2B2",
+            "partition=+2",
+            "partition=",
+            "partition=2x",
+        ] {
+            let q = Query::parse(Some(bad), &["partition"]).unwrap();
+            assert!(q.u32("partition").is_err(), "{bad}");
+        }
         // a name is matched decoded, so an escaped repeat is still a repeat
         let q = Query::parse(Some("k%65y=a+b&max"), &["key", "max"]).unwrap();
         assert_eq!((q.str("key"), q.str("max")), (Some("a b"), Some("")));
@@ -279,7 +313,26 @@ mod tests {
             parse_time_ms("2023-11-14T23:13:20+01:00"),
             Some(1_700_000_000_000)
         );
-        for bad in ["yesterday", "2023-13-01T00:00:00Z", "2023-11-14T22:13:20"] {
+        assert_eq!(
+            parse_time_ms("2024-02-29T00:00:00Z"),
+            Some(1_709_164_800_000)
+        );
+        assert_eq!(parse_time_ms("-1"), Some(-1), "unix ms before 1970");
+        for bad in [
+            "yesterday",
+            "2023-13-01T00:00:00Z",
+            "2023-11-14T22:13:20",
+            "2026-02-30T00:00:00Z",
+            "2023-02-29T00:00:00Z",
+            "1900-02-29T00:00:00Z",
+            "2023-04-31T00:00:00Z",
+            "2023-11-14T22:13:20+99:00",
+            "2023-11-14T22:13:20+01:60",
+            "2023-11-14T22:13:20+1:000",
+            "+023-11-14T22:13:20Z",
+            "2023-+1-14T22:13:20Z",
+            "2023-11-14T22:13:20.Z",
+        ] {
             assert_eq!(parse_time_ms(bad), None, "{bad}");
         }
     }
