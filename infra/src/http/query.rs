@@ -164,8 +164,10 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
 /// Parses a point in time: RFC 3339 (`2026-11-29T10:00:00Z`, `...+01:00`, fractional seconds)
 /// or unix milliseconds.
 pub fn parse_time_ms(v: &str) -> Option<i64> {
-    if let Ok(ms) = v.parse::<i64>() {
-        return Some(ms);
+    // unix milliseconds: digits, with a leading `-` for times before 1970 (not `+`)
+    let unsigned = v.strip_prefix('-').unwrap_or(v);
+    if !unsigned.is_empty() && unsigned.bytes().all(|c| c.is_ascii_digit()) {
+        return v.parse::<i64>().ok();
     }
     let b = v.as_bytes();
     if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
@@ -332,6 +334,10 @@ mod tests {
             "+023-11-14T22:13:20Z",
             "2023-+1-14T22:13:20Z",
             "2023-11-14T22:13:20.Z",
+            "+1",
+            "--1",
+            "-",
+            "99999999999999999999",
         ] {
             assert_eq!(parse_time_ms(bad), None, "{bad}");
         }
