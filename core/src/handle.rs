@@ -14,8 +14,9 @@
 //! SipHash is a keyed pseudorandom function built as a MAC for short inputs (Aumasson and
 //! Bernstein, 2012). With a secret 128-bit key a guessed 64-bit tag is right with probability
 //! 2^-64, and every guess is a request; the key changes at every start. It replaced
-//! HMAC-SHA256 truncated to 16 bytes (format version 2), which cost about three times as much
-//! per handle, and every consumed message makes one handle and every settle checks one. A
+//! HMAC-SHA256 truncated to 16 bytes (format version 2), which was 14% of the broker's CPU in
+//! a batch consume + ack profile: every consumed message makes one handle and every settle
+//! checks one. A
 //! version-2 handle can only come from a process before the upgrade: it is stale.
 
 use std::hash::Hasher;

@@ -460,17 +460,21 @@ impl Broker {
         results: &mut [Result<(), BrokerError>],
     ) -> bool {
         let partition = group[0].1.partition;
-        let mut group: Vec<(usize, ReceiptHandle)> = group.to_vec();
+        // every handle of `group` starts with `Ok(())` in `results`: one turned into an error
+        // below (its partition moved) is left out of what follows
+        let live = |results: &[Result<(), BrokerError>], i: usize| results[i].is_ok();
         // a partition frozen for a move settles once it thaws; one that moved away (or
         // came back since the lease) has no lease of these handles
         let deadline = tokio::time::Instant::now() + SETTLE_FREEZE_WAIT;
         let (part, _busy) = loop {
             let parts = topic.partitions();
             let Some(part) = parts.get(partition as usize).cloned() else {
-                for &(i, _) in &group {
-                    results[i] = Err(BrokerError::LeaseGone(
-                        "receipt handle names no partition of this topic".into(),
-                    ));
+                for &(i, _) in group {
+                    if live(results, i) {
+                        results[i] = Err(BrokerError::LeaseGone(
+                            "receipt handle names no partition of this topic".into(),
+                        ));
+                    }
                 }
                 return false;
             };
@@ -479,16 +483,14 @@ impl Broker {
                 if !meta.owners.is_empty() {
                     let local = self.is_local(&meta, partition);
                     let epoch = meta.owner_epoch(partition);
-                    group.retain(|&(i, h)| {
-                        let moved = !local || epoch != h.owner_epoch;
-                        if moved {
+                    for &(i, h) in group {
+                        if live(results, i) && (!local || epoch != h.owner_epoch) {
                             results[i] = Err(BrokerError::LeaseGone(
                                 "the partition moved to another node since this lease: the message will be delivered again".into(),
                             ));
                         }
-                        !moved
-                    });
-                    if group.is_empty() {
+                    }
+                    if !group.iter().any(|&(i, _)| live(results, i)) {
                         return false;
                     }
                 }
@@ -501,11 +503,13 @@ impl Broker {
                 break (part, busy);
             }
             if tokio::time::timeout_at(deadline, thawed).await.is_err() {
-                for &(i, _) in &group {
-                    results[i] = Err(BrokerError::PartitionMoving {
-                        topic: topic_name.to_owned(),
-                        partition,
-                    });
+                for &(i, _) in group {
+                    if live(results, i) {
+                        results[i] = Err(BrokerError::PartitionMoving {
+                            topic: topic_name.to_owned(),
+                            partition,
+                        });
+                    }
                 }
                 return false;
             }
@@ -516,7 +520,10 @@ impl Broker {
         let mut applied = false;
         {
             let mut q = part.queue.lock();
-            for &(i, h) in &group {
+            for &(i, h) in group {
+                if !live(results, i) {
+                    continue;
+                }
                 let result = match action {
                     AckAction::Ack => q.ack(h.offset, h.nonce, now),
                     AckAction::Extend => q
