@@ -122,8 +122,8 @@ error_codes! {
     TopicReplaced = 1208, "topic_replaced", 409;
 
     // ── 1300: produce ──
-    /// A batch with no message or more than `max_batch_messages`, or an ack batch with no
-    /// handle or more than 100.
+    /// A batch with no message, more than `max_batch_messages`, or spanning more partitions
+    /// than `max_open_logs`; or an ack batch with no handle or more than 100.
     InvalidBatch = 1301, "invalid_batch", 400;
     /// A message field is malformed (encoding, type, `delay_ms` range); names the message.
     InvalidMessage = 1302, "invalid_message", 400;

@@ -195,6 +195,12 @@ pub enum BrokerError {
         "user '{owner}' already owns {max} topics, the most one user may (max_topics_per_user); delete one first"
     )]
     TooManyOwnedTopics { owner: String, max: usize },
+    /// A batch spans more partitions than the node may keep open at once (`max_open_logs`):
+    /// it can never be written whole, so it is refused (not retryable) and nothing is written.
+    #[error(
+        "the batch spans {partitions} partitions, but this node keeps at most {max} partition logs open (max_open_logs); split it into batches of at most {max} partitions"
+    )]
+    BatchSpansTooManyLogs { partitions: usize, max: usize },
     /// `max_open_logs` logs are open and every one is in use: retry shortly.
     #[error(
         "{max} partition logs are open, the most the node allows (max_open_logs), and none is idle; retry shortly"

@@ -84,6 +84,17 @@ impl Broker {
                 });
             }
         }
+        // Every partition's log stays open until the batch is written, so a batch that spans
+        // more partitions than may be open at once would wait for a slot it holds itself:
+        // refuse it for good rather than with a retryable 503 it can never get past.
+        let spanned = placed.len().min(1) + placed.windows(2).filter(|w| w[0].0 != w[1].0).count();
+        let max_open = self.open_logs.max();
+        if spanned > max_open {
+            return Err(BrokerError::BatchSpansTooManyLogs {
+                partitions: spanned,
+                max: max_open,
+            });
+        }
         let parts = topic.partitions();
         // a partition frozen for a move takes nothing; one being frozen waits for these
         let mut busy = Vec::new();

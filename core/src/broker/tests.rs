@@ -879,6 +879,32 @@ async fn open_logs_stay_within_max_open_logs() {
     drop(held);
     b.log_of(&parts[2]).await.unwrap();
     assert!(b.open_log_count() <= 2);
+    // a batch over more partitions than may be open at once could never be written whole:
+    // refused for good (not the retryable 503), and nothing of it is written
+    let before = b
+        .consume("t", None, 100, Duration::ZERO)
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(before, 0, "every message is leased by the consume above");
+    let e = b
+        .produce("t", vec![to(0), to(1), to(4), to(1)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BrokerError::BatchSpansTooManyLogs {
+                partitions: 3,
+                max: 2
+            }
+        ),
+        "{e:?}"
+    );
+    // two partitions fit
+    b.produce("t", vec![to(3), to(0), to(3)]).await.unwrap();
+    let got = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 3, "only the batch that fitted was written");
     b.shutdown().await;
     drop(b);
     // a restart recovers every partition but keeps at most the budget open
@@ -894,8 +920,8 @@ async fn open_logs_stay_within_max_open_logs() {
     let got = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
     assert_eq!(
         got.len(),
-        10,
-        "unacked messages come back after the restart"
+        13,
+        "unacked messages come back after the restart (and none of the refused batch)"
     );
     b.shutdown().await;
 }

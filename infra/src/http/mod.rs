@@ -199,6 +199,8 @@ pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
         BrokerError::TooManyPartitions { .. } => ErrorCode::TooManyPartitions,
         BrokerError::TooManyOwnedTopics { .. } => ErrorCode::TooManyOwnedTopics,
         BrokerError::TooManyOpenLogs { .. } => ErrorCode::TooManyOpenLogs,
+        // (never retryable: the batch is what has to change)
+        BrokerError::BatchSpansTooManyLogs { .. } => ErrorCode::InvalidBatch,
         // Out of file descriptors: the node is short of a resource, not broken; it passes
         // once descriptors are given back (idle logs close, clients disconnect, topics are
         // deleted), so 503 + Retry-After.

@@ -136,9 +136,9 @@ impl<'a> Query<'a> {
     }
 }
 
-/// Parses a wait duration: `500ms`, `2s`, `1.5s`, `1m`, or a bare number of seconds.
+/// Parses a wait duration: `500ms`, `2s`, `1.5s`, `1m`, or a bare number of seconds. The
+/// number is decimal digits with at most one `.` (no sign, exponent, spaces, `inf` or `NaN`).
 pub fn parse_duration(v: &str) -> Option<Duration> {
-    let v = v.trim();
     let (num, unit_ms) = if let Some(n) = v.strip_suffix("ms") {
         (n, 1.0)
     } else if let Some(n) = v.strip_suffix('s') {
@@ -150,10 +150,13 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
     } else {
         (v, 1000.0)
     };
-    let x: f64 = num.parse().ok()?;
-    if !x.is_finite() || x < 0.0 || num.starts_with('+') {
+    let plain = num.bytes().any(|c| c.is_ascii_digit())
+        && num.bytes().all(|c| c.is_ascii_digit() || c == b'.')
+        && num.bytes().filter(|&c| c == b'.').count() <= 1;
+    if !plain {
         return None;
     }
+    let x: f64 = num.parse().ok()?;
     let ms = x * unit_ms;
     if ms > 1e12 {
         return Some(Duration::from_millis(1_000_000_000_000));
@@ -294,7 +297,12 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
         assert_eq!(parse_duration("1m"), Some(Duration::from_secs(60)));
         assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
-        for bad in ["abc", "-1s", "", "1d", "NaNs", "+2s"] {
+        assert_eq!(parse_duration("0.5s"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration(".5"), Some(Duration::from_millis(500)));
+        for bad in [
+            "abc", "-1s", "", "1d", "NaNs", "+2s", "1e1", "1E1s", " 2", "2 ", "2 s", "inf", ".",
+            "1.2.3", "0x10", "1_000ms",
+        ] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
     }
