@@ -17,4 +17,5 @@ pub mod soak;
 pub mod stats;
 pub mod target;
 pub mod tiering;
+pub mod wire;
 pub mod workload;

@@ -1,17 +1,16 @@
-//! Narad over its HTTP API: one keep-alive HTTP/1.1 connection per worker, driven with hyper's
-//! connection-level client so the load generator adds no pooling or retry behaviour of its own.
+//! Narad over its HTTP API: one keep-alive HTTP/1.1 connection per worker, driven by a
+//! minimal client of its own ([`crate::wire`]) so the load generator adds no pooling or retry
+//! behaviour of its own, and little CPU.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, StatusCode};
 use narad_wire::{AckBatch, AckResults, CreateTopic, ErrorBody, Messages};
 pub use narad_wire::{Message, Settle};
 
 use crate::target::{BenchError, Conn, Received, Result, Target};
+use crate::wire::Wire;
 
 /// The address and topic a run uses.
 #[derive(Clone)]
@@ -37,44 +36,32 @@ fn credentials() -> Option<&'static hyper::header::HeaderValue> {
     .as_ref()
 }
 
-/// One HTTP/1.1 connection.
+/// One HTTP/1.1 keep-alive connection ([`crate::wire::Wire`]: each request written and its
+/// response read by the calling task, without a connection task of its own).
 pub struct Http {
     addr: String,
-    tx: Option<SendRequest<Full<Bytes>>>,
+    conn: Option<Wire>,
 }
 
 impl Http {
     pub async fn connect(addr: &str) -> Result<Self> {
         let mut h = Self {
             addr: addr.to_owned(),
-            tx: None,
+            conn: None,
         };
         h.ensure().await?;
         Ok(h)
     }
 
-    async fn ensure(&mut self) -> Result<&mut SendRequest<Full<Bytes>>> {
-        if self.tx.as_ref().is_none_or(|tx| tx.is_closed()) {
-            let stream = tokio::net::TcpStream::connect(&self.addr)
+    async fn ensure(&mut self) -> Result<&mut Wire> {
+        // (a keep-alive connection the server closed while idle is redialled, not written to)
+        if self.conn.as_ref().is_none_or(Wire::is_stale) {
+            let wire = Wire::connect(&self.addr)
                 .await
                 .map_err(|e| BenchError::new("connect", e))?;
-            stream
-                .set_nodelay(true)
-                .map_err(|e| BenchError::new("connect", e))?;
-            let (tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| BenchError::new("connect", e))?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            self.tx = Some(tx);
+            self.conn = Some(wire);
         }
-        let tx = self.tx.as_mut().expect("connected above");
-        if tx.ready().await.is_err() {
-            self.tx = None;
-            return Err(BenchError::new("io", "connection closed"));
-        }
-        Ok(self.tx.as_mut().expect("connected above"))
+        Ok(self.conn.as_mut().expect("connected above"))
     }
 
     /// Sends one request; any transport failure drops the connection so the next call redials.
@@ -84,30 +71,18 @@ impl Http {
         path: &str,
         body: Bytes,
     ) -> Result<(StatusCode, Bytes)> {
-        let host = self.addr.clone();
-        let tx = self.ensure().await?;
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(hyper::header::HOST, host);
-        if let Some(auth) = credentials() {
-            req = req.header(hyper::header::AUTHORIZATION, auth);
-        }
-        let req = req
-            .body(Full::new(body))
-            .map_err(|e| BenchError::new("request", e))?;
-        let res = match tx.send_request(req).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.tx = None;
-                return Err(BenchError::new("io", e));
+        let auth = credentials().map(hyper::header::HeaderValue::as_bytes);
+        self.ensure().await?;
+        let wire = self.conn.as_mut().expect("connected above");
+        match wire.request(&method, path, &self.addr, auth, &body).await {
+            Ok(r) => {
+                if r.close {
+                    self.conn = None;
+                }
+                Ok((r.status, r.body))
             }
-        };
-        let status = res.status();
-        match res.into_body().collect().await {
-            Ok(b) => Ok((status, b.to_bytes())),
             Err(e) => {
-                self.tx = None;
+                self.conn = None;
                 Err(BenchError::new("io", e))
             }
         }
