@@ -265,7 +265,9 @@ pub struct ServerConfig {
     /// Most partition logs open at once. Each open log holds one file descriptor per segment
     /// plus one for writing; past the bound the least recently used idle logs are closed
     /// (reopening costs a scan of the active segment), and with none idle a request that
-    /// needs one more answers `503 too_many_open_logs` with `Retry-After`. 0 (default):
+    /// needs one more answers `503 too_many_open_logs` with `Retry-After`; a produce batch
+    /// that spans more partitions than this can never be written whole and answers
+    /// `400 invalid_batch`. 0 (default):
     /// sized at start from the file-descriptor limit (RLIMIT_NOFILE, whose soft value the
     /// server first raises to the hard one) after `max_connections` and a reserve, at most
     /// 65536. A value that cannot fit in the limit (2 descriptors a log) refuses to start.
