@@ -559,9 +559,9 @@ impl Broker {
         for w in topic.waiters.lock().drain() {
             let _ = w.tx.send(Vec::new());
         }
-        for p in topic.partitions().iter() {
-            p.retire().await;
-        }
+        // (all at once: each close waits for its segments' sync on the checkpoint thread)
+        let parts = topic.partitions();
+        futures_util::future::join_all(parts.iter().map(|p| p.retire())).await;
         let (dir, leftovers) = (topic.dir.clone(), self.leftovers.clone());
         tokio::task::spawn_blocking(move || {
             if let Err(e) = std::fs::remove_dir_all(&dir) {

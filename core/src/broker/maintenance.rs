@@ -216,9 +216,9 @@ impl Broker {
         self.stop_fanout().await;
         self.tasks.shutdown(TASK_STOP_GRACE).await;
         self.persist_partitions(true).await;
-        for (_, p) in self.all_partitions() {
-            p.close().await;
-        }
+        // (all at once: each close waits for its segments' sync on the checkpoint thread)
+        let all = self.all_partitions();
+        futures_util::future::join_all(all.iter().map(|(_, p)| p.close())).await;
         // Acks that raced the close.
         self.persist_partitions(true).await;
         // Every segment synced, the WAL files removed: the next start replays nothing.

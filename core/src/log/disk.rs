@@ -76,6 +76,8 @@ pub(crate) mod faults {
     #[derive(Debug, Default)]
     pub struct FaultDisk {
         state: Mutex<State>,
+        /// Wakes syncs held by [`FaultDisk::hold_syncs_of`].
+        gate: parking_lot::Condvar,
     }
 
     #[derive(Debug, Default)]
@@ -90,6 +92,10 @@ pub(crate) mod faults {
         fail_sync: Option<u64>,
         /// The next sync of a file whose path contains this fails with an I/O error.
         fail_sync_of: Option<String>,
+        /// Syncs of files whose path contains this wait until released.
+        hold_syncs_of: Option<String>,
+        /// How many syncs wait now.
+        held: usize,
     }
 
     #[derive(Debug, Default)]
@@ -147,6 +153,33 @@ pub(crate) mod faults {
             self.state.lock().fail_sync_of = Some(needle.to_owned());
         }
 
+        /// Syncs of files whose path contains `needle` wait (the calling thread blocks) until
+        /// [`FaultDisk::release_held`]: a disk that is slow for those files, for as long as a
+        /// test needs to look at what runs meanwhile.
+        pub fn hold_syncs_of(&self, needle: &str) {
+            self.state.lock().hold_syncs_of = Some(needle.to_owned());
+        }
+
+        /// How many syncs are waiting in [`FaultDisk::hold_syncs_of`].
+        pub fn held(&self) -> usize {
+            self.state.lock().held
+        }
+
+        pub fn release_held(&self) {
+            self.state.lock().hold_syncs_of = None;
+            self.gate.notify_all();
+        }
+
+        /// Writes to files whose path contains `needle` that no sync has made durable yet.
+        pub fn pending_writes_of(&self, needle: &str) -> usize {
+            let s = self.state.lock();
+            s.files
+                .iter()
+                .filter(|(p, _)| p.to_string_lossy().contains(needle))
+                .map(|(_, m)| m.pending.len())
+                .sum()
+        }
+
         pub fn crash_now(&self) {
             self.state.lock().crashed = true;
         }
@@ -192,6 +225,18 @@ pub(crate) mod faults {
 
         pub(super) fn sync(&self, path: &Path, file: &File) -> io::Result<()> {
             let mut s = self.state.lock();
+            let held = |s: &State| {
+                s.hold_syncs_of
+                    .as_deref()
+                    .is_some_and(|n| path.to_string_lossy().contains(n))
+            };
+            if held(&s) {
+                s.held += 1;
+                while held(&s) {
+                    self.gate.wait(&mut s);
+                }
+                s.held -= 1;
+            }
             if s.crashed {
                 return Err(dead());
             }

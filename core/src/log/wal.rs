@@ -804,9 +804,13 @@ enum Job {
     /// rotation). Synced a few MiB at a time, the flushes stay small and the checkpoint
     /// finds little left to do. Durability does not depend on it.
     Writeback { files: Vec<Arc<DataFile>> },
-    /// Sync the segment files of a closed log and drop them (see `Writer::release`); counted
-    /// as a writeback, and a failure poisons the same way.
-    Release { files: Vec<Arc<DataFile>> },
+    /// Sync the segment files of a closed log and drop them (see `Writer::release`), then
+    /// tell `done`, which the log's close awaits; counted as a writeback, and a failure
+    /// poisons the same way.
+    Release {
+        files: Vec<Arc<DataFile>>,
+        done: oneshot::Sender<()>,
+    },
 }
 
 fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
@@ -831,8 +835,10 @@ fn checkpointer(inner: &WalInner, rx: &std::sync::mpsc::Receiver<Job>) {
                 inner.writeback_pending.store(false, Ordering::Release);
                 continue;
             }
-            Job::Release { files } => {
+            Job::Release { files, done } => {
                 writeback(inner, &files);
+                drop(files);
+                let _ = done.send(());
                 continue;
             }
         };
@@ -1089,8 +1095,7 @@ impl Writer {
                     index.clear();
                     bytes = 0;
                     log.close_writer();
-                    self.release(log.id);
-                    let _ = reply.send(());
+                    self.release(log.id, reply);
                 }
                 Cmd::Checkpoint { reply } => {
                     self.commit(&mut groups);
@@ -1293,8 +1298,13 @@ impl Writer {
     /// checkpoint to sync: a node that deletes topics or closes idle partitions faster than it
     /// fills a WAL file ran out of descriptors (found by a black-box review: create, produce,
     /// delete, repeated, held every deleted segment open). Jobs run in order, so the sync comes
-    /// before the checkpoint that removes the WAL file covering them.
-    fn release(&mut self, log: u32) {
+    /// before the checkpoint that removes the WAL file covering them. `closed` is told once
+    /// they are synced and dropped, and the log's close waits for that: a node that closes
+    /// logs faster than the checkpointer syncs them (partitions far past `max_open_logs`,
+    /// each produce reopening one and evicting another) would otherwise pile up descriptors
+    /// in the checkpointer's queue, beyond what `max_open_logs` bounds (found by the next
+    /// review: 8,000 descriptors on a node allowed 16 logs).
+    fn release(&mut self, log: u32, closed: oneshot::Sender<()>) {
         let mut files: Vec<Arc<DataFile>> = Vec::new();
         for map in [&mut self.dirty, &mut self.unflushed] {
             map.retain(|&(id, _), f| {
@@ -1308,8 +1318,14 @@ impl Writer {
                 }
             });
         }
-        if !files.is_empty() {
-            let _ = self.ckpt.send(Job::Release { files });
+        if files.is_empty() {
+            let _ = closed.send(());
+        } else {
+            // (if the checkpointer is gone the job is dropped, and `closed` with it)
+            let _ = self.ckpt.send(Job::Release {
+                files,
+                done: closed,
+            });
         }
     }
 
