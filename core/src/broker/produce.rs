@@ -24,6 +24,35 @@ impl Broker {
         };
         let n = cfg.partitions;
         let total = messages.len();
+        let max_open = self.open_logs.max();
+        // Messages with neither key nor partition go round-robin, from one cursor step per
+        // batch. The broker chooses their partitions, so it keeps them within what may be open
+        // at once (`max_open_logs`, less the partitions the others name): a batch of them is
+        // never refused for a spread it did not ask for.
+        let keyless = messages
+            .iter()
+            .filter(|m| m.partition.is_none() && m.key.is_none())
+            .count() as u64;
+        let (rr_base, rr_window) = if keyless == 0 {
+            (0, 1)
+        } else {
+            let mut named: Vec<u32> = messages
+                .iter()
+                .filter_map(|m| match (m.partition, &m.key) {
+                    (Some(p), _) => Some(p),
+                    (None, Some(k)) => Some(partition_for_key(k, n)),
+                    (None, None) => None,
+                })
+                .collect();
+            named.sort_unstable();
+            named.dedup();
+            let room = max_open.saturating_sub(named.len()).max(1) as u64;
+            (
+                topic.produce_rr.fetch_add(keyless, Ordering::Relaxed),
+                room.min(u64::from(n)),
+            )
+        };
+        let mut keyless_seen = 0u64;
         let mut placed: Vec<(u32, usize, NewRecord)> = Vec::with_capacity(total);
         let mut bytes = 0u64;
         for (index, m) in messages.into_iter().enumerate() {
@@ -54,7 +83,9 @@ impl Broker {
                 (Some(p), _) => p,
                 (None, Some(k)) => partition_for_key(k, n),
                 (None, None) => {
-                    (topic.produce_rr.fetch_add(1, Ordering::Relaxed) % u64::from(n)) as u32
+                    let j = keyless_seen;
+                    keyless_seen += 1;
+                    (rr_base.wrapping_add(j % rr_window) % u64::from(n)) as u32
                 }
             };
             placed.push((
@@ -88,7 +119,6 @@ impl Broker {
         // more partitions than may be open at once would wait for a slot it holds itself:
         // refuse it for good rather than with a retryable 503 it can never get past.
         let spanned = placed.len().min(1) + placed.windows(2).filter(|w| w[0].0 != w[1].0).count();
-        let max_open = self.open_logs.max();
         if spanned > max_open {
             return Err(BrokerError::BatchSpansTooManyLogs {
                 partitions: spanned,

@@ -905,6 +905,25 @@ async fn open_logs_stay_within_max_open_logs() {
     b.produce("t", vec![to(3), to(0), to(3)]).await.unwrap();
     let got = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
     assert_eq!(got.len(), 3, "only the batch that fitted was written");
+    // messages without key or partition are the broker's to place: a batch of them stays
+    // within the budget (beside one named partition, within what is left of it), and
+    // batch after batch still reaches every partition
+    let mut reached = std::collections::BTreeSet::new();
+    for round in 0..5 {
+        let keyless: Vec<_> = (0..7).map(|_| msg("k")).collect();
+        let placed = b.produce("t", keyless).await.unwrap();
+        let spread: std::collections::BTreeSet<u32> = placed.iter().map(|p| p.partition).collect();
+        assert!(spread.len() <= 2, "round {round}: {spread:?}");
+        reached.extend(spread);
+        let mut mixed: Vec<_> = (0..4).map(|_| msg("k")).collect();
+        mixed.push(to(4));
+        let placed = b.produce("t", mixed).await.unwrap();
+        let spread: std::collections::BTreeSet<u32> = placed.iter().map(|p| p.partition).collect();
+        assert!(spread.len() <= 2, "round {round}: {spread:?}");
+    }
+    assert_eq!(reached.len(), 5, "{reached:?}");
+    let got = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 5 * 12);
     b.shutdown().await;
     drop(b);
     // a restart recovers every partition but keeps at most the budget open
@@ -920,7 +939,7 @@ async fn open_logs_stay_within_max_open_logs() {
     let got = b.consume("t", None, 100, Duration::ZERO).await.unwrap();
     assert_eq!(
         got.len(),
-        13,
+        13 + 5 * 12,
         "unacked messages come back after the restart (and none of the refused batch)"
     );
     b.shutdown().await;
