@@ -76,6 +76,11 @@ pub fn raise_nofile() -> NoFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub max_open_logs: usize,
+    /// The connections served at once: `max_connections`, or the share of the limit this
+    /// plan gives connections if that is less. At the cap a new client closes the idle
+    /// connection idle the longest or is answered `503 too_many_connections`; past what the
+    /// limit holds it would instead wait unseen while the accept loop backs off.
+    pub max_connections: usize,
     /// Things an operator should hear about (logged as warnings at start).
     pub warnings: Vec<String>,
 }
@@ -83,8 +88,9 @@ pub struct Plan {
 /// Shares `nofile` descriptors between the reserve, up to `max_connections` connections and
 /// the open logs. `max_open_logs` 0 sizes the logs' share from what is left; an explicit
 /// value that cannot fit (at [`MIN_FDS_PER_LOG`] each) is an error naming the numbers.
-/// Connections above what the limit allows only warn: the connection cap predates this
-/// check, and the accept loop survives running out.
+/// `max_connections` above that share is lowered to it (with a warning): a connection over
+/// the limit could not be accepted, and idle keep-alive connections holding every
+/// descriptor below a higher cap would shut new clients out until they time out.
 pub fn plan(nofile: u64, max_connections: usize, max_open_logs: usize) -> Result<Plan, String> {
     let mut warnings = Vec::new();
     let connections = max_connections as u64;
@@ -92,9 +98,10 @@ pub fn plan(nofile: u64, max_connections: usize, max_open_logs: usize) -> Result
     let conn_share = connections.min(nofile / 2);
     if connections > conn_share {
         warnings.push(format!(
-            "max_connections {connections} is more than half the open-files limit ({nofile}); connections beyond what the limit allows wait in the listen backlog"
+            "max_connections {connections} is more than half the open-files limit ({nofile}); serving at most {conn_share} connections at once (idle ones are closed for new clients, else 503 too_many_connections); raise the limit (ulimit -n, systemd LimitNOFILE=) to serve more"
         ));
     }
+    let max_connections = usize::try_from(conn_share).unwrap_or(max_connections);
     let left = nofile.saturating_sub(RESERVED_FDS + conn_share);
     if max_open_logs == 0 {
         let auto = (left / FDS_PER_LOG).clamp(AUTO_MIN_OPEN_LOGS, AUTO_MAX_OPEN_LOGS);
@@ -105,6 +112,7 @@ pub fn plan(nofile: u64, max_connections: usize, max_open_logs: usize) -> Result
         }
         return Ok(Plan {
             max_open_logs: auto as usize,
+            max_connections,
             warnings,
         });
     }
@@ -116,6 +124,7 @@ pub fn plan(nofile: u64, max_connections: usize, max_open_logs: usize) -> Result
     }
     Ok(Plan {
         max_open_logs,
+        max_connections,
         warnings,
     })
 }
@@ -141,6 +150,10 @@ mod tests {
         assert_eq!(p.max_open_logs, 112);
         assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
         assert!(p.warnings[0].contains("max_connections"));
+        // and serves no more connections than that share: idle ones make room for new
+        // clients before descriptors run out
+        assert_eq!(p.max_connections, 512);
+        assert_eq!(plan(65_536, 10_000, 0).unwrap().max_connections, 10_000);
         let p = plan(64, 10_000, 0).unwrap();
         assert_eq!(p.max_open_logs, AUTO_MIN_OPEN_LOGS as usize);
         assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);

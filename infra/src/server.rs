@@ -543,6 +543,7 @@ pub async fn run_observed(
     tracing::info!(
         open_files_limit = nofile.soft,
         max_open_logs = plan.max_open_logs,
+        max_connections = plan.max_connections,
         max_topics = config.max_topics,
         max_partitions = config.max_partitions,
         "resource limits"
@@ -696,7 +697,7 @@ pub async fn run_observed(
     let serving = Arc::new(crate::conn::Serving {
         router: http::router(state.clone()),
         hot: Some(state.clone()),
-        limiter: crate::limits::ConnectionLimiter::new(config.max_connections),
+        limiter: crate::limits::ConnectionLimiter::new(plan.max_connections),
         tls,
         timeouts: config.connection_timeouts(),
         refused: metrics.connections_refused.clone(),
