@@ -157,18 +157,21 @@ async fn eventually(limit: Duration, what: &str, mut f: impl AsyncFnMut() -> boo
     }
 }
 
-/// The server runs with a small RLIMIT_NOFILE (`prlimit`) and idle clients take every
-/// descriptor it has left: a create then answers `503 too_many_open_files` (not
-/// `500 storage_failed`) with `Retry-After`, the accept loop backs off without dying, and
-/// once the clients go the same create succeeds and everything is served again.
+/// The server's RLIMIT_NOFILE is lowered under it after start (`prlimit --pid`, as another
+/// process's share of a system-wide limit could), so its plan allows more connections than
+/// descriptors are left, and silent clients take every descriptor: a create then answers
+/// `503 too_many_open_files` (not `500 storage_failed`) with `Retry-After`, the accept loop
+/// backs off without dying, and once the clients go the same create succeeds and everything
+/// is served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_out_of_descriptors_is_a_503_that_passes() {
     if !have_prlimit() {
         return;
     }
     const NOFILE: usize = 256;
+    const AT_START: usize = 2048;
     let dir = tempfile::tempdir().unwrap();
-    let limit = format!("--nofile={NOFILE}:{NOFILE}");
+    let limit = format!("--nofile={AT_START}:{AT_START}");
     let s = Server::start_wrapped(
         dir.path(),
         true,
@@ -181,10 +184,18 @@ async fn running_out_of_descriptors_is_a_503_that_passes() {
     assert!(
         s.log()
             .lines()
-            .any(|l| l.contains("resource limits") && l.contains(&NOFILE.to_string())),
+            .any(|l| l.contains("resource limits") && l.contains(&AT_START.to_string())),
         "the limit did not apply; log:\n{}",
         s.log()
     );
+    let pid = s.child.as_ref().unwrap().id();
+    let lowered = std::process::Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={NOFILE}:{AT_START}"))
+        .status()
+        .unwrap()
+        .success();
+    assert!(lowered, "prlimit --pid {pid}");
     s.create_topic(json!({"name": "before", "partitions": 1}))
         .await;
     let addr = s.base.trim_start_matches("http://").to_owned();
@@ -240,6 +251,55 @@ async fn running_out_of_descriptors_is_a_503_that_passes() {
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(s.log().contains("accepting again"), "{}", s.log());
     assert!(!s.log().contains("storage_failed"), "{}", s.log());
+}
+
+/// From a black-box review: with a small open-files limit, idle keep-alive clients held every
+/// descriptor while far below `max_connections` (10000), so new clients waited unseen until
+/// the idle ones timed out. The server now serves at most the connections its descriptor plan
+/// gives them (half the limit): a new client closes the connection idle the longest and is
+/// served, and the accept loop never runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_make_room_before_descriptors_run_out() {
+    if !have_prlimit() {
+        return;
+    }
+    const NOFILE: usize = 256;
+    let dir = tempfile::tempdir().unwrap();
+    let limit = format!("--nofile={NOFILE}:{NOFILE}");
+    let s = Server::start_wrapped(dir.path(), true, &[], None, &["prlimit", &limit, "--"]).await;
+    assert!(
+        s.log().lines().any(|l| l.contains("resource limits")
+            && l.contains("max_connections")
+            && l.contains("128")),
+        "the connections were not sized from the limit; log:\n{}",
+        s.log()
+    );
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    // more idle keep-alive clients than the limit has descriptors, each served once
+    let mut idle = Vec::new();
+    for i in 0..NOFILE + 16 {
+        let mut c = TcpStream::connect(&addr).await.unwrap();
+        let (head, _) = raw(&mut c, "GET /healthz HTTP/1.1\r\nHost: narad\r\n\r\n").await;
+        assert!(head.starts_with("http/1.1 200"), "client {i}: {head}");
+        idle.push(c);
+    }
+    s.create_topic(json!({"name": "after", "partitions": 2}))
+        .await;
+    let r = s.produce("after", "", "{\"n\": 1}").await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    let evicted = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("narad_http_connections_closed_total") && l.contains("evicted_idle")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(
+        evicted >= 16.0,
+        "idle connections evicted: {evicted}\n{metrics}"
+    );
+    assert!(!s.log().contains("accept failed"), "{}", s.log());
 }
 
 /// A topic created while descriptors run out is made whole or refused. For margins of 1 to 24
