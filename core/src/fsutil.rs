@@ -17,7 +17,7 @@ pub const DIR_MODE: u32 = 0o700;
 /// directory. The one copy of this routine: every metadata, index, cursor and queue file goes
 /// through it.
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = parent_dir(path);
     let mut tmp_name = path.file_name().unwrap_or_default().to_owned();
     tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
@@ -28,6 +28,14 @@ pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     drop(f);
     std::fs::rename(&tmp, path)?;
     sync_dir(dir)
+}
+
+/// The directory `path` is in: `.` for a bare file name (whose `parent()` is empty, which
+/// names no directory to open and sync).
+fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 /// Creates `path` (which must not exist) for writing, mode `0600`.
@@ -66,6 +74,16 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// From a black-box review: `--addr-file addr` (a bare name) wrote the file, then failed
+    /// to sync its directory `""` and stopped the server.
+    #[test]
+    fn a_bare_file_name_is_in_the_current_directory() {
+        assert_eq!(parent_dir(Path::new("addr")), Path::new("."));
+        assert_eq!(parent_dir(Path::new("./addr")), Path::new("."));
+        assert_eq!(parent_dir(Path::new("d/addr")), Path::new("d"));
+        assert_eq!(parent_dir(Path::new("/addr")), Path::new("/"));
+    }
 
     #[test]
     fn files_and_directories_are_private() {
