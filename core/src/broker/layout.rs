@@ -138,11 +138,16 @@ impl Broker {
         }
         let Some(slot) = self.reserve_log_slot().await else {
             self.metrics.log_opens_refused.inc();
-            tracing::warn!(
-                dir = %part.dir.display(),
-                max_open_logs = self.open_logs.max(),
-                "partition log not opened: max_open_logs logs are open and none is idle"
-            );
+            // (clients that retry at once can cause thousands a second: counted in
+            // narad_storage_log_opens_refused_total, a few lines per window)
+            if let Some(suppressed) = OPEN_REFUSALS_LOGGED.admit() {
+                tracing::warn!(
+                    dir = %part.dir.display(),
+                    max_open_logs = self.open_logs.max(),
+                    suppressed,
+                    "partition log not opened: max_open_logs logs are open and none is idle"
+                );
+            }
             return Err(BrokerError::TooManyOpenLogs {
                 max: self.open_logs.max(),
             });
@@ -177,6 +182,10 @@ impl Broker {
         crate::log::segment::sync_dir(&self.cfg.data_dir)
     }
 }
+
+/// Lines about uses refused at `max_open_logs`: at most 10 per 10 s.
+static OPEN_REFUSALS_LOGGED: crate::loggate::LogGate =
+    crate::loggate::LogGate::new(10, std::time::Duration::from_secs(10));
 
 /// Removes topic directories that no metadata entry names (left by a delete interrupted by a
 /// crash, or a create that failed half-way).

@@ -27,14 +27,17 @@ impl Broker {
         let max_open = self.open_logs.max();
         // Messages with neither key nor partition go round-robin, from one cursor step per
         // batch. The broker chooses their partitions, so it keeps them within what may be open
-        // at once (`max_open_logs`, less the partitions the others name): a batch of them is
-        // never refused for a spread it did not ask for.
+        // at once (`max_open_logs`, less the partitions the others name; among those when
+        // they name that many already): a batch is never refused for a spread it did not ask
+        // for. Held to a window narrower than the topic, the cursor moves by the partitions
+        // the batch used, not by its messages, so batch after batch of one size still
+        // reaches every partition.
         let keyless = messages
             .iter()
             .filter(|m| m.partition.is_none() && m.key.is_none())
             .count() as u64;
-        let (rr_base, rr_window) = if keyless == 0 {
-            (0, 1)
+        let (rr_base, rr_window, rr_among) = if keyless == 0 {
+            (0, 1, Vec::new())
         } else {
             let mut named: Vec<u32> = messages
                 .iter()
@@ -46,11 +49,23 @@ impl Broker {
                 .collect();
             named.sort_unstable();
             named.dedup();
-            let room = max_open.saturating_sub(named.len()).max(1) as u64;
-            (
-                topic.produce_rr.fetch_add(keyless, Ordering::Relaxed),
-                room.min(u64::from(n)),
-            )
+            let room = max_open.saturating_sub(named.len()) as u64;
+            if room == 0 {
+                let width = named.len() as u64;
+                let base = topic
+                    .produce_rr
+                    .fetch_add(keyless.min(width), Ordering::Relaxed);
+                (base, width, named)
+            } else {
+                let width = room.min(u64::from(n));
+                let step = if width < u64::from(n) {
+                    keyless.min(width)
+                } else {
+                    keyless
+                };
+                let base = topic.produce_rr.fetch_add(step, Ordering::Relaxed);
+                (base, width, Vec::new())
+            }
         };
         let mut keyless_seen = 0u64;
         let mut placed: Vec<(u32, usize, NewRecord)> = Vec::with_capacity(total);
@@ -83,9 +98,13 @@ impl Broker {
                 (Some(p), _) => p,
                 (None, Some(k)) => partition_for_key(k, n),
                 (None, None) => {
-                    let j = keyless_seen;
+                    let slot = rr_base.wrapping_add(keyless_seen % rr_window);
                     keyless_seen += 1;
-                    (rr_base.wrapping_add(j % rr_window) % u64::from(n)) as u32
+                    if rr_among.is_empty() {
+                        (slot % u64::from(n)) as u32
+                    } else {
+                        rr_among[(slot % rr_window) as usize]
+                    }
                 }
             };
             placed.push((
