@@ -1707,41 +1707,6 @@ fn open_segments_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// With far more partitions than `max_open_logs`, every produce reopens one log and evicts
-/// another; what is open after each stays within the budget (an open log: its segment for
-/// reading and for writing). A black-box review found 8,000 descriptors on a node allowed 16
-/// logs: the evicted logs' segments waited, still open, in the checkpointer's queue. Here the
-/// checkpointer keeps up with a test's syncs either way; the ordering that bounds it on a slow
-/// disk is `log::crash_tests::a_logs_close_waits_for_its_segments_to_be_synced`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn evicting_logs_keeps_open_segments_within_the_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = open_limited(
-        dir.path(),
-        Limits {
-            max_open_logs: 2,
-            ..Limits::default()
-        },
-    )
-    .await;
-    b.create_topic(create("t", 6)).await.unwrap();
-    let mut most = 0;
-    for _ in 0..30 {
-        for p in 0..6 {
-            let m = ProduceMessage {
-                partition: Some(p),
-                ..msg("x")
-            };
-            b.produce("t", vec![m]).await.unwrap();
-            most = most.max(open_segments_under(dir.path()).len());
-        }
-    }
-    assert!(b.metrics.logs_evicted.get() >= 150);
-    // an open log holds its one segment for reading and for writing
-    assert!(most <= 2 * 2, "{most} segment descriptors open for 2 logs");
-    b.shutdown().await;
-}
-
 /// From a black-box review: a segment written to and then closed (its topic deleted, or the
 /// partition idle) stayed open in the WAL writer until the WAL file it was written through
 /// was checkpointed, which on a quiet node may be never: create, produce, delete, repeated,
