@@ -316,10 +316,9 @@ impl Ingress {
             .iter()
             .map(|m| m.partition.is_some() || (strict && m.key.is_some()))
             .collect();
-        let keyless = msgs
-            .iter()
-            .filter(|m| m.partition.is_none() && m.key.is_none());
-        let mut rr = self.broker.produce_cursor(topic, keyless.count() as u64)?;
+        // keyless messages spread as on a single node (within `max_open_logs`, which a wide
+        // batch would otherwise exceed at an owner)
+        let mut spread = self.broker.keyless_spread(topic, msgs)?;
         for m in msgs.iter_mut() {
             if m.partition.is_none() {
                 m.partition = Some(match &m.key {
@@ -328,10 +327,7 @@ impl Ingress {
                         let p = narad_core::topic::partition_for_key(k, n);
                         self.live_partition(p, n, &owner, &[])
                     }
-                    None => {
-                        rr = rr.wrapping_add(1);
-                        self.live_partition((rr % u64::from(n)) as u32, n, &owner, &[])
-                    }
+                    None => self.live_partition(spread.place(), n, &owner, &[]),
                 });
             }
         }

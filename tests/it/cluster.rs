@@ -1740,6 +1740,49 @@ async fn a_batch_of_small_messages_is_forwarded_to_their_owners() {
     assert_eq!(r["accepted"], 30, "{r}");
 }
 
+/// A keyless batch taken by one member is spread within `max_open_logs` as on a single node:
+/// placed over all 60 partitions, each owner would be handed about 20 and refuse the batch
+/// (`400 invalid_batch`: more partitions than its 16 open logs), a spread the client did not
+/// ask for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_keyless_batch_through_a_member_stays_within_max_open_logs() {
+    use reqwest::Method;
+    use std::collections::BTreeSet;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready_with(root.path(), &[("NARAD_MAX_OPEN_LOGS", "16")]).await;
+    let anyone = ("x", "y");
+    topic_everywhere(
+        &nodes,
+        serde_json::json!({"name": "wide", "partitions": 60}),
+    )
+    .await;
+    let mut used = BTreeSet::new();
+    for round in 0..8 {
+        let msgs: Vec<Value> = (0..200)
+            .map(|i| serde_json::json!({ "payload": format!("r{round}m{i}") }))
+            .collect();
+        let (st, r) = nodes[round % 3]
+            .call(
+                anyone,
+                Method::POST,
+                "/v1/topics/wide/produce/batch",
+                Some(serde_json::json!({ "messages": msgs })),
+            )
+            .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "round {round}: {r}");
+        let this: BTreeSet<u64> = r["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["partition"].as_u64().unwrap())
+            .collect();
+        assert!(this.len() <= 16, "round {round} spanned {this:?}");
+        used.extend(this);
+    }
+    // batch after batch, the cursor still reaches every partition
+    assert_eq!(used.len(), 60, "used only {used:?}");
+}
+
 /// Consumers long-polling through one member leave a delivery token at every other owner;
 /// the members' single connection carries at most 256 calls at once, Raft's included, so a
 /// token must hold none open. Three hundred readers (far below `max_connections`) all wait

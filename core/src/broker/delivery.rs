@@ -354,15 +354,6 @@ impl Broker {
         topic.timer.notify_one();
     }
 
-    /// Moves the topic's producers' round-robin cursor on by `n` messages and returns where
-    /// it was (a cluster member places keyless messages with it).
-    pub fn produce_cursor(&self, topic_name: &str, n: u64) -> Result<u64, BrokerError> {
-        Ok(self
-            .topic(topic_name)?
-            .produce_rr
-            .fetch_add(n, Ordering::Relaxed))
-    }
-
     /// Moves the topic's readers' round-robin cursor on and returns where it was (a cluster
     /// member rotates the owners it reads from with it).
     pub fn consume_cursor(&self, topic_name: &str) -> Result<u64, BrokerError> {

@@ -53,6 +53,7 @@ use crate::topic::{
 };
 pub use fanout::{ChildInfo, CopyForwarder, LinkStart, ParentLink};
 use partition::{LogEnv, OpenLogs, Partition};
+pub use produce::KeylessSpread;
 pub use remotes::{
     BlockedRecord, LinkStatus, ORIGIN_HEADER, RemoteChildInfo, RemoteShipper, ShipBatch,
     ShipFailure, state_rank,

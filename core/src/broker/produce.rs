@@ -24,50 +24,7 @@ impl Broker {
         };
         let n = cfg.partitions;
         let total = messages.len();
-        let max_open = self.open_logs.max();
-        // Messages with neither key nor partition go round-robin, from one cursor step per
-        // batch. The broker chooses their partitions, so it keeps them within what may be open
-        // at once (`max_open_logs`, less the partitions the others name; among those when
-        // they name that many already): a batch is never refused for a spread it did not ask
-        // for. Held to a window narrower than the topic, the cursor moves by the partitions
-        // the batch used, not by its messages, so batch after batch of one size still
-        // reaches every partition.
-        let keyless = messages
-            .iter()
-            .filter(|m| m.partition.is_none() && m.key.is_none())
-            .count() as u64;
-        let (rr_base, rr_window, rr_among) = if keyless == 0 {
-            (0, 1, Vec::new())
-        } else {
-            let mut named: Vec<u32> = messages
-                .iter()
-                .filter_map(|m| match (m.partition, &m.key) {
-                    (Some(p), _) => Some(p),
-                    (None, Some(k)) => Some(partition_for_key(k, n)),
-                    (None, None) => None,
-                })
-                .collect();
-            named.sort_unstable();
-            named.dedup();
-            let room = max_open.saturating_sub(named.len()) as u64;
-            if room == 0 {
-                let width = named.len() as u64;
-                let base = topic
-                    .produce_rr
-                    .fetch_add(keyless.min(width), Ordering::Relaxed);
-                (base, width, named)
-            } else {
-                let width = room.min(u64::from(n));
-                let step = if width < u64::from(n) {
-                    keyless.min(width)
-                } else {
-                    keyless
-                };
-                let base = topic.produce_rr.fetch_add(step, Ordering::Relaxed);
-                (base, width, Vec::new())
-            }
-        };
-        let mut keyless_seen = 0u64;
+        let mut spread = self.spread(&topic, n, &messages);
         let mut placed: Vec<(u32, usize, NewRecord)> = Vec::with_capacity(total);
         let mut bytes = 0u64;
         for (index, m) in messages.into_iter().enumerate() {
@@ -97,15 +54,7 @@ impl Broker {
                 }
                 (Some(p), _) => p,
                 (None, Some(k)) => partition_for_key(k, n),
-                (None, None) => {
-                    let slot = rr_base.wrapping_add(keyless_seen % rr_window);
-                    keyless_seen += 1;
-                    if rr_among.is_empty() {
-                        (slot % u64::from(n)) as u32
-                    } else {
-                        rr_among[(slot % rr_window) as usize]
-                    }
-                }
+                (None, None) => spread.place(),
             };
             placed.push((
                 partition,
@@ -138,6 +87,7 @@ impl Broker {
         // more partitions than may be open at once would wait for a slot it holds itself:
         // refuse it for good rather than with a retryable 503 it can never get past.
         let spanned = placed.len().min(1) + placed.windows(2).filter(|w| w[0].0 != w[1].0).count();
+        let max_open = self.open_logs.max();
         if spanned > max_open {
             return Err(BrokerError::BatchSpansTooManyLogs {
                 partitions: spanned,
@@ -235,5 +185,94 @@ impl Broker {
         messages.inc_by(total as u64);
         volume.inc_by(bytes);
         Ok(results)
+    }
+}
+
+/// Where a request's messages with neither key nor partition go: round-robin, from one step
+/// of the topic's cursor per request. The broker chooses their partitions, so it keeps them
+/// within what may be open at once (`max_open_logs`, less the partitions the request's other
+/// messages name; among those when they name that many already): a batch is never refused
+/// for a spread it did not ask for. Held to a window narrower than the topic, the cursor
+/// moves by the partitions the batch used, not by its messages, so batch after batch of one
+/// size still reaches every partition. A single node and a cluster member taking a produce
+/// for other owners place with the same spread (the member with its own `max_open_logs`:
+/// members are expected to share their storage settings).
+#[derive(Debug)]
+pub struct KeylessSpread {
+    base: u64,
+    window: u64,
+    /// The partitions the request names, when they leave no room for others.
+    among: Vec<u32>,
+    partitions: u32,
+    seen: u64,
+}
+
+impl KeylessSpread {
+    /// The partition of the request's next keyless message.
+    pub fn place(&mut self) -> u32 {
+        let slot = self.base.wrapping_add(self.seen % self.window);
+        self.seen += 1;
+        if self.among.is_empty() {
+            (slot % u64::from(self.partitions.max(1))) as u32
+        } else {
+            self.among[(slot % self.window) as usize]
+        }
+    }
+}
+
+impl Broker {
+    /// The spread of `messages`' keyless messages on topic `topic_name` (moves its cursor).
+    pub fn keyless_spread(
+        &self,
+        topic_name: &str,
+        messages: &[ProduceMessage],
+    ) -> Result<KeylessSpread, BrokerError> {
+        let topic = self.topic(topic_name)?;
+        let n = topic.meta.read().config.partitions;
+        Ok(self.spread(&topic, n, messages))
+    }
+
+    fn spread(&self, topic: &Topic, n: u32, messages: &[ProduceMessage]) -> KeylessSpread {
+        let keyless = messages
+            .iter()
+            .filter(|m| m.partition.is_none() && m.key.is_none())
+            .count() as u64;
+        let mut spread = KeylessSpread {
+            base: 0,
+            window: 1,
+            among: Vec::new(),
+            partitions: n,
+            seen: 0,
+        };
+        if keyless == 0 {
+            return spread;
+        }
+        let mut named: Vec<u32> = messages
+            .iter()
+            .filter_map(|m| match (m.partition, &m.key) {
+                (Some(p), _) => Some(p),
+                (None, Some(k)) => Some(partition_for_key(k, n)),
+                (None, None) => None,
+            })
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        let room = self.open_logs.max().saturating_sub(named.len()) as u64;
+        if room == 0 {
+            spread.window = named.len() as u64;
+            spread.base = topic
+                .produce_rr
+                .fetch_add(keyless.min(spread.window), Ordering::Relaxed);
+            spread.among = named;
+        } else {
+            spread.window = room.min(u64::from(n));
+            let step = if spread.window < u64::from(n) {
+                keyless.min(spread.window)
+            } else {
+                keyless
+            };
+            spread.base = topic.produce_rr.fetch_add(step, Ordering::Relaxed);
+        }
+        spread
     }
 }
