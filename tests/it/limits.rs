@@ -148,6 +148,12 @@ fn have_prlimit() -> bool {
     here
 }
 
+/// A dev server started under `prlimit --nofile=<nofile>:<nofile>`.
+async fn under_nofile(dir: &std::path::Path, nofile: usize, env: &[(&str, &str)]) -> Server {
+    let limit = format!("--nofile={nofile}:{nofile}");
+    Server::start_wrapped(dir, true, env, None, &["prlimit", &limit, "--"]).await
+}
+
 /// Polls `f` until it is true, at most `limit`.
 async fn eventually(limit: Duration, what: &str, mut f: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -171,14 +177,11 @@ async fn running_out_of_descriptors_is_a_503_that_passes() {
     const NOFILE: usize = 256;
     const AT_START: usize = 2048;
     let dir = tempfile::tempdir().unwrap();
-    let limit = format!("--nofile={AT_START}:{AT_START}");
-    let s = Server::start_wrapped(
+    // silent clients must hold their descriptors for the whole test
+    let s = under_nofile(
         dir.path(),
-        true,
-        // silent clients must hold their descriptors for the whole test
+        AT_START,
         &[("NARAD_HEADER_READ_TIMEOUT_MS", "300000")],
-        None,
-        &["prlimit", &limit, "--"],
     )
     .await;
     assert!(
@@ -265,8 +268,7 @@ async fn idle_connections_make_room_before_descriptors_run_out() {
     }
     const NOFILE: usize = 256;
     let dir = tempfile::tempdir().unwrap();
-    let limit = format!("--nofile={NOFILE}:{NOFILE}");
-    let s = Server::start_wrapped(dir.path(), true, &[], None, &["prlimit", &limit, "--"]).await;
+    let s = under_nofile(dir.path(), NOFILE, &[]).await;
     assert!(
         s.log().lines().any(|l| l.contains("resource limits")
             && l.contains("max_connections")
