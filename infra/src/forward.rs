@@ -318,7 +318,7 @@ impl Ingress {
             .collect();
         // keyless messages spread as on a single node (within `max_open_logs`, which a wide
         // batch would otherwise exceed at an owner)
-        let mut spread = self.broker.keyless_spread(topic, msgs)?;
+        let spread = self.broker.keyless_spread(topic, msgs)?;
         for m in msgs.iter_mut() {
             if m.partition.is_none() {
                 m.partition = Some(match &m.key {

@@ -24,7 +24,7 @@ impl Broker {
         };
         let n = cfg.partitions;
         let total = messages.len();
-        let mut spread = self.spread(&topic, n, &messages);
+        let spread = self.spread(&topic, n, &messages);
         let mut placed: Vec<(u32, usize, NewRecord)> = Vec::with_capacity(total);
         let mut bytes = 0u64;
         for (index, m) in messages.into_iter().enumerate() {
@@ -188,35 +188,26 @@ impl Broker {
     }
 }
 
-/// Where a request's messages with neither key nor partition go: round-robin, from one step
-/// of the topic's cursor per request. The broker chooses their partitions, so it keeps them
-/// within what may be open at once (`max_open_logs`, less the partitions the request's other
-/// messages name; among those when they name that many already): a batch is never refused
-/// for a spread it did not ask for. Held to a window narrower than the topic, the cursor
-/// moves by the partitions the batch used, not by its messages, so batch after batch of one
-/// size still reaches every partition. A single node and a cluster member taking a produce
-/// for other owners place with the same spread (the member with its own `max_open_logs`:
-/// members are expected to share their storage settings).
-#[derive(Debug)]
+/// Where a request's messages with neither key nor partition go: all to one partition, the
+/// next of the topic's round-robin cursor, which moves one partition per request (sticky, as
+/// Kafka's producers place keyless records). Batch after batch reaches every partition, and a
+/// batch costs the same however many partitions the topic has: spread over all of them, a
+/// batch of 100 cost twice the CPU per message on 64 partitions as on one (a group, a
+/// segment write and a reply per partition). The partition is one the request may open
+/// beside the ones its other messages name: among those when they already name
+/// `max_open_logs` (a batch is never refused for a spread it did not ask for). A single node
+/// and a cluster member taking a produce for other owners place with the same spread (the
+/// member with its own `max_open_logs`: members are expected to share their storage
+/// settings).
+#[derive(Debug, Clone, Copy)]
 pub struct KeylessSpread {
-    base: u64,
-    window: u64,
-    /// The partitions the request names, when they leave no room for others.
-    among: Vec<u32>,
-    partitions: u32,
-    seen: u64,
+    partition: u32,
 }
 
 impl KeylessSpread {
-    /// The partition of the request's next keyless message.
-    pub fn place(&mut self) -> u32 {
-        let slot = self.base.wrapping_add(self.seen % self.window);
-        self.seen += 1;
-        if self.among.is_empty() {
-            (slot % u64::from(self.partitions.max(1))) as u32
-        } else {
-            self.among[(slot % self.window) as usize]
-        }
+    /// The partition of the request's keyless messages.
+    pub fn place(&self) -> u32 {
+        self.partition
     }
 }
 
@@ -236,43 +227,32 @@ impl Broker {
         let keyless = messages
             .iter()
             .filter(|m| m.partition.is_none() && m.key.is_none())
-            .count() as u64;
-        let mut spread = KeylessSpread {
-            base: 0,
-            window: 1,
-            among: Vec::new(),
-            partitions: n,
-            seen: 0,
-        };
+            .count();
         if keyless == 0 {
-            return spread;
+            return KeylessSpread { partition: 0 };
         }
-        let mut named: Vec<u32> = messages
-            .iter()
-            .filter_map(|m| match (m.partition, &m.key) {
-                (Some(p), _) => Some(p),
-                (None, Some(k)) => Some(partition_for_key(k, n)),
-                (None, None) => None,
-            })
-            .collect();
-        named.sort_unstable();
-        named.dedup();
-        let room = self.open_logs.max().saturating_sub(named.len()) as u64;
-        if room == 0 {
-            spread.window = named.len() as u64;
-            spread.base = topic
-                .produce_rr
-                .fetch_add(keyless.min(spread.window), Ordering::Relaxed);
-            spread.among = named;
-        } else {
-            spread.window = room.min(u64::from(n));
-            let step = if spread.window < u64::from(n) {
-                keyless.min(spread.window)
-            } else {
-                keyless
-            };
-            spread.base = topic.produce_rr.fetch_add(step, Ordering::Relaxed);
+        let slot = topic.produce_rr.fetch_add(1, Ordering::Relaxed);
+        let max_open = self.open_logs.max();
+        // (fewer named messages than the budget name fewer partitions: no key is hashed)
+        if messages.len() - keyless >= max_open {
+            let mut named: Vec<u32> = messages
+                .iter()
+                .filter_map(|m| match (m.partition, &m.key) {
+                    (Some(p), _) => Some(p),
+                    (None, Some(k)) => Some(partition_for_key(k, n)),
+                    (None, None) => None,
+                })
+                .collect();
+            named.sort_unstable();
+            named.dedup();
+            if named.len() >= max_open {
+                return KeylessSpread {
+                    partition: named[(slot % named.len() as u64) as usize],
+                };
+            }
         }
-        spread
+        KeylessSpread {
+            partition: (slot % u64::from(n.max(1))) as u32,
+        }
     }
 }
