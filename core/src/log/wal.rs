@@ -7,8 +7,9 @@
 //!                        ─► write the round to wal/<seq>.wal ─► ONE fdatasync
 //!                        ─► pwrite each partition's frames into its segment (page cache)
 //!                        ─► publish, reply
-//!  every 2 MiB of segment bytes ─► checkpoint thread: fdatasync the segment files written
-//!                             since (writeback: keeps each flush small; removes nothing)
+//!  every 2 MiB of segment bytes (more with many files: ~256 KiB a file) ─► checkpoint
+//!                             thread: fdatasync the segment files written since
+//!                             (writeback: keeps each flush small; removes nothing)
 //!  WAL file ≥ rotate_bytes ─► next file; checkpoint thread: fdatasync every segment file the
 //!                             old files wrote ─► remove (or recycle) those WAL files
 //!  open ─► replay every WAL file into the segments it names (compare, repair) ─► fsync
@@ -1280,10 +1281,18 @@ impl Writer {
     /// Hands the segment files written since the last writeback to the checkpointer once
     /// `writeback_bytes` have gathered and no writeback is pending (else they wait for the
     /// next round: one pending at a time bounds the queue).
+    ///
+    /// Each file synced costs an `fdatasync` whatever it holds, so with many files written the
+    /// writeback waits for about an eighth of `writeback_bytes` a file (up to a quarter of
+    /// `rotate_bytes`): spread over 64 partitions, 2 MiB made 64 syncs of 32 KiB, and the
+    /// checkpoint thread took 13% of a batch produce's CPU against 2% on one partition.
     fn writeback(&mut self) {
-        if self.unflushed_bytes < self.cfg.writeback_bytes
-            || self.inner.writeback_pending.swap(true, Ordering::AcqRel)
-        {
+        let per_file = (self.unflushed.len() as u64).saturating_mul(self.cfg.writeback_bytes / 8);
+        let due = self
+            .cfg
+            .writeback_bytes
+            .max(per_file.min(self.cfg.rotate_bytes / 4));
+        if self.unflushed_bytes < due || self.inner.writeback_pending.swap(true, Ordering::AcqRel) {
             return;
         }
         let files = self.unflushed.drain().map(|(_, f)| f).collect();
