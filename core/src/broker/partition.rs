@@ -469,9 +469,12 @@ impl Partition {
         };
         match log {
             Some(log) => {
+                // the figures once the close has written the appends still queued (a
+                // producer's append in flight holds no reference to the log: taken before,
+                // they stayed behind until it reopened, in /metrics too)
+                log.close().await;
                 *self.last_stats.lock() = log.stats();
                 *self.last_sealed.lock() = log.sealed_segments();
-                log.close().await;
                 drop(log);
                 self.slot.lock().take();
                 self.release_journal_file();
@@ -493,9 +496,9 @@ impl Partition {
         let _guard = self.opening.lock().await;
         let log = self.log.lock().take();
         if let Some(log) = log {
+            log.close().await;
             *self.last_stats.lock() = log.stats();
             *self.last_sealed.lock() = log.sealed_segments();
-            log.close().await;
         }
         self.slot.lock().take();
     }
@@ -671,6 +674,75 @@ pub(super) fn write_snapshot(dir: &Path, snap: &QueueSnapshot) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log closed (idle or evicted) keeps the figures it has once the appends still queued
+    /// for it are written: a producer's append in flight holds no reference to the log, so
+    /// figures taken before the close stayed one record behind until the log reopened, in
+    /// the topic's stats and /metrics alike (found by a black-box review).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_closed_logs_figures_count_the_appends_it_wrote_while_closing() {
+        use crate::log::disk::faults::FaultDisk;
+        use crate::log::wal::{Wal, WalConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let disk = FaultDisk::new();
+        let metrics = Arc::new(CoreMetrics::default());
+        let (wal, _) = Wal::open_faulty(
+            &root.join("wal"),
+            root,
+            WalConfig::default(),
+            metrics.clone(),
+            disk.clone(),
+        )
+        .unwrap();
+        let env = LogEnv {
+            cfg: LogConfig {
+                wal: Some(wal.clone()),
+                ..LogConfig::default()
+            },
+            clock: crate::clock::ManualClock::new(1_000),
+            metrics,
+            max_ack_ranges: 1024,
+        };
+        let part = Partition::open(0, root.join("p0"), &env).unwrap();
+        let record = || crate::record::NewRecord {
+            key: None,
+            headers: Vec::new(),
+            payload: bytes::Bytes::from_static(b"m"),
+            delay_ms: 0,
+        };
+        let log = part.open_log().unwrap();
+        log.submit(vec![record()]).unwrap().await.unwrap().unwrap();
+        // the next append waits in the WAL's sync; its producer holds no reference
+        disk.hold_syncs_of(".wal");
+        let appended = log.submit(vec![record()]).unwrap();
+        drop(log);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while disk.held() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sync was not held"
+            );
+            tokio::task::yield_now().await;
+        }
+        let (closed, ()) = tokio::join!(part.close_if_unused(), async {
+            tokio::task::yield_now().await;
+            disk.release_held();
+        });
+        assert!(closed);
+        appended.await.unwrap().unwrap();
+        assert!(part.open_log().is_none());
+        let stats = part.stats();
+        assert_eq!(stats.next_offset, 2, "{stats:?}");
+        assert_eq!(
+            stats.bytes,
+            std::fs::metadata(root.join("p0").join("00000000000000000000.log"))
+                .unwrap()
+                .len(),
+            "{stats:?}"
+        );
+        wal.shutdown();
+    }
 
     /// With no file descriptor left, the freeze marker and the deliveries journals cannot be
     /// read: that fails the partition's open (to be tried again), where before it froze the
