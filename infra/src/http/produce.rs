@@ -299,7 +299,9 @@ fn decompress(encoding: Option<&str>, body: Bytes, limit: usize) -> Result<Bytes
         None | Some("") | Some("identity") => return Ok(body),
         Some("zstd") => zstd::stream::read::Decoder::new(&body[..])
             .and_then(|d| d.take(limit as u64 + 1).read_to_end(&mut out)),
-        Some("gzip") => flate2::read::GzDecoder::new(&body[..])
+        // every member of the stream (RFC 1952 allows several, as `cat a.gz b.gz` makes);
+        // bytes after the last that are not a member are an error, not ignored
+        Some("gzip") => flate2::read::MultiGzDecoder::new(&body[..])
             .take(limit as u64 + 1)
             .read_to_end(&mut out),
         Some(other) => {
