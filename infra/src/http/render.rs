@@ -139,7 +139,7 @@ fn write_str(out: &mut String, s: &str) {
 }
 
 /// An integer in decimal, without the formatting machinery.
-fn write_int(out: &mut String, n: impl itoa::Integer) {
+pub(super) fn write_int(out: &mut String, n: impl itoa::Integer) {
     out.push_str(itoa::Buffer::new().format(n));
 }
 
