@@ -351,6 +351,9 @@ fn message(i: usize, m: BatchMessage<'_>, body: &Bytes) -> Result<ProduceMessage
     let bad = |code: ErrorCode, m: String| ApiError::new(code, format!("message {i}: {m}"));
     let encoding = m.payload_encoding.as_deref().unwrap_or("json");
     let as_string = || -> Result<Cow<'_, str>, ApiError> {
+        if let Some(s) = plain_string(m.payload.get()) {
+            return Ok(Cow::Borrowed(s));
+        }
         serde_json::from_str::<Cow<'_, str>>(m.payload.get()).map_err(|_| {
             bad(
                 ErrorCode::InvalidMessage,
@@ -360,12 +363,9 @@ fn message(i: usize, m: BatchMessage<'_>, body: &Bytes) -> Result<ProduceMessage
     };
     let payload = match encoding {
         "json" => share(body, m.payload.get().trim()),
-        "utf8" => match plain_string(m.payload.get()) {
-            Some(s) => share(body, s),
-            None => match as_string()? {
-                Cow::Borrowed(s) => share(body, s),
-                Cow::Owned(s) => Bytes::from(s),
-            },
+        "utf8" => match as_string()? {
+            Cow::Borrowed(s) => share(body, s),
+            Cow::Owned(s) => Bytes::from(s),
         },
         "base64" => Bytes::from(STANDARD.decode(as_string()?.as_bytes()).map_err(|e| {
             bad(
@@ -386,10 +386,12 @@ fn message(i: usize, m: BatchMessage<'_>, body: &Bytes) -> Result<ProduceMessage
     if let Some(k) = &m.key {
         check_key(k, Some(i))?;
     }
-    let headers: Vec<(String, Bytes)> = match m.headers {
-        Some(h) => h.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect(),
-        None => Vec::new(),
-    };
+    let headers: Vec<(String, Bytes)> = m
+        .headers
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, Bytes::from(v)))
+        .collect();
     if !headers.is_empty() {
         check_headers(&headers, &format!("message {i}: "))?;
     }
@@ -637,6 +639,11 @@ mod tests {
         assert!(utf8_payload(control).is_err());
         let not_string = r#"{"messages":[{"payload":{"a":1},"payload_encoding":"utf8"}]}"#;
         assert!(utf8_payload(not_string).is_err());
+        // base64 text takes the same path: plain, or unescaped first
+        let b64 = r#"{"messages":[{"payload":"aGk=","payload_encoding":"base64"}]}"#;
+        assert_eq!(utf8_payload(b64).unwrap(), "hi");
+        let b64 = r#"{"messages":[{"payload":"aGk\u003d","payload_encoding":"base64"}]}"#;
+        assert_eq!(utf8_payload(b64).unwrap(), "hi");
         assert_eq!(plain_string(r#""abc""#), Some("abc"));
         assert_eq!(plain_string(r#""a\"c""#), None);
         assert_eq!(plain_string("12"), None);
