@@ -256,6 +256,28 @@ async fn topic_lifecycle_and_validation() {
         let r = s.http.request(method, s.url(path)).send().await.unwrap();
         expect_error(r, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed").await;
     }
+    // HEAD on consume is refused, and leases nothing: served as a GET without its body it
+    // hid messages for their visibility timeout (found by a black-box review, `curl -I`)
+    s.create_topic(json!({"name": "probed"})).await;
+    assert_eq!(
+        s.produce("probed", "", "kept").await.status(),
+        StatusCode::ACCEPTED
+    );
+    for path in [
+        "/v1/topics/probed/consume",
+        "/v1/topics/probed/consume?max=10",
+        "/v1/topics/prob%65d/consume",
+    ] {
+        let r = s.http.head(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
+        assert_eq!(r.headers()["allow"], "GET", "{path}");
+    }
+    let got = s
+        .consume("probed", "")
+        .await
+        .expect("the message, not leased");
+    assert_eq!(got["payload"], "kept", "{got}");
+    assert_eq!(got["delivery_count"], 1, "{got}");
     let metrics = s.get("/metrics").await.text().await.unwrap();
     for series in [
         r#"narad_http_requests_total{route="/v1/topics/{topic}/produce",method="POST",status="202"} "#,
