@@ -299,11 +299,12 @@ impl Ingress {
         let n = meta.config.partitions;
         let owner = |p: u32| meta.owners.get(p as usize).copied().unwrap_or(self.me());
         // pinned messages are judged before anything is written (400 for the whole request)
-        for m in msgs.iter() {
+        for (index, m) in msgs.iter().enumerate() {
             if let Some(p) = m.partition
                 && p >= n
             {
                 return Err(BrokerError::PartitionOutOfRange {
+                    index: Some(index),
                     partition: p,
                     partitions: n,
                 }
@@ -486,6 +487,7 @@ impl Ingress {
         if let Some(p) = partition {
             if p >= meta.config.partitions {
                 return Err(BrokerError::PartitionOutOfRange {
+                    index: None,
                     partition: p,
                     partitions: meta.config.partitions,
                 }

@@ -19,6 +19,7 @@ impl Broker {
             let n = topic.config().partitions;
             if p >= n {
                 return Err(BrokerError::PartitionOutOfRange {
+                    index: None,
                     partition: p,
                     partitions: n,
                 });

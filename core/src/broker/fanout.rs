@@ -783,6 +783,7 @@ impl Broker {
             }
             if partition >= meta.config.partitions {
                 return Err(BrokerError::PartitionOutOfRange {
+                    index: None,
                     partition,
                     partitions: meta.config.partitions,
                 });

@@ -139,6 +139,12 @@ impl BrokerConfig {
 /// `max` × the largest message would otherwise be hundreds of MiB in one reply.
 pub const MAX_READ_BYTES: usize = 4 << 20;
 
+/// `message <i>: ` when an error is about one message of a produce, as every per-message error
+/// of a batch names it.
+fn message_at(index: Option<usize>) -> String {
+    index.map(|i| format!("message {i}: ")).unwrap_or_default()
+}
+
 /// Errors of broker operations, classified by what the caller should do.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -152,8 +158,13 @@ pub enum BrokerError {
     InvalidMessage { index: usize, reason: String },
     #[error("message {index} is {size} bytes; this topic's max_message_bytes is {max}")]
     MessageTooLarge { index: usize, size: usize, max: u64 },
-    #[error("partition {partition} is out of range: the topic has {partitions} partitions")]
-    PartitionOutOfRange { partition: u32, partitions: u32 },
+    /// `index`: the message of a produce that names the partition.
+    #[error("{}partition {partition} is out of range: the topic has {partitions} partitions", message_at(*.index))]
+    PartitionOutOfRange {
+        index: Option<usize>,
+        partition: u32,
+        partitions: u32,
+    },
     #[error("{0}")]
     HandleMalformed(HandleError),
     #[error("{0}")]
@@ -411,6 +422,7 @@ impl Topic {
             .get(p as usize)
             .cloned()
             .ok_or(BrokerError::PartitionOutOfRange {
+                index: None,
                 partition: p,
                 partitions: parts.len() as u32,
             })

@@ -766,6 +766,7 @@ impl Broker {
             .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))?;
         if p >= meta.config.partitions {
             return Err(BrokerError::PartitionOutOfRange {
+                index: None,
                 partition: p,
                 partitions: meta.config.partitions,
             });

@@ -48,6 +48,7 @@ impl Broker {
             let partition = match (m.partition, &m.key) {
                 (Some(p), _) if p >= n => {
                     return Err(BrokerError::PartitionOutOfRange {
+                        index: Some(index),
                         partition: p,
                         partitions: n,
                     });

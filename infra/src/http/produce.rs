@@ -311,9 +311,15 @@ fn decompress(encoding: Option<&str>, body: Bytes, limit: usize) -> Result<Bytes
         }
     };
     read.map_err(|e| {
+        // (trailing bytes that are not a member read as a member cut short: say what is wanted)
+        let hint = if encoding.map(str::trim) == Some("gzip") {
+            " (a gzip body is one or more whole members, with nothing after the last)"
+        } else {
+            ""
+        };
         ApiError::new(
             ErrorCode::InvalidEncoding,
-            format!("cannot decompress body: {e}"),
+            format!("cannot decompress body: {e}{hint}"),
         )
     })?;
     if out.len() > limit {
