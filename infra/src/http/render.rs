@@ -64,6 +64,12 @@ fn escaped_len(s: &str) -> usize {
     let mut n = b.len();
     let mut i = 0;
     while i < b.len() {
+        if let Some(chunk) = b.get(i..i + 32)
+            && !any_needs_escape(chunk)
+        {
+            i += 32;
+            continue;
+        }
         if let Some(chunk) = b.get(i..i + 8)
             && !word_needs_escape(chunk)
         {
@@ -78,6 +84,15 @@ fn escaped_len(s: &str) -> usize {
         i += 1;
     }
     n
+}
+
+/// Whether any byte of `chunk` needs escaping in a JSON string: a control byte, `"` or `\`.
+/// A fold without branches, which the compiler turns into vector compares: 32 bytes a step
+/// where the word below takes 8.
+fn any_needs_escape(chunk: &[u8]) -> bool {
+    chunk.iter().fold(0u8, |acc, &c| {
+        acc | u8::from(c < 0x20) | u8::from(c == b'"') | u8::from(c == b'\\')
+    }) != 0
 }
 
 /// Whether any of these 8 bytes needs escaping in a JSON string: a control byte, `"` or `\`.
@@ -100,6 +115,12 @@ fn write_str(out: &mut String, s: &str) {
     out.push('"');
     let (mut start, mut i) = (0, 0);
     while i < b.len() {
+        if let Some(chunk) = b.get(i..i + 32)
+            && !any_needs_escape(chunk)
+        {
+            i += 32;
+            continue;
+        }
         if let Some(chunk) = b.get(i..i + 8)
             && !word_needs_escape(chunk)
         {
@@ -382,7 +403,7 @@ mod tests {
 
     /// The hand-written writer gives exactly serde_json's text, for every kind of payload,
     /// key, header and optional field (seeded random cases, escapes and multi-byte characters
-    /// at every position of the 8-byte words the fast path skips).
+    /// at every position of the 32- and 8-byte chunks the fast paths skip).
     #[test]
     fn written_json_is_serde_json_byte_for_byte() {
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
@@ -392,8 +413,9 @@ mod tests {
             seed ^= seed << 17;
             seed % n
         };
-        let pieces: [&[u8]; 14] = [
+        let pieces: [&[u8]; 15] = [
             b"x",
+            b"0123456789abcdef0123456789abcdef01234567",
             b"plain text ",
             b"\"",
             b"\\",
