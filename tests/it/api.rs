@@ -271,6 +271,12 @@ async fn topic_lifecycle_and_validation() {
         let r = s.http.head(s.url(path)).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
         assert_eq!(r.headers()["allow"], "GET", "{path}");
+        // and no other method's 405 there lists HEAD (the router's own did)
+        for method in [reqwest::Method::POST, reqwest::Method::DELETE] {
+            let r = s.http.request(method, s.url(path)).send().await.unwrap();
+            assert_eq!(r.headers()["allow"], "GET", "{path}");
+            expect_error(r, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed").await;
+        }
     }
     let got = s
         .consume("probed", "")

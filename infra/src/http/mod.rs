@@ -439,7 +439,9 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/topics/{topic}/produce/batch", post(produce::batch))
         .route(
             "/v1/topics/{topic}/consume",
-            get(consume::consume).head(consume_head),
+            get(consume::consume)
+                .head(consume_head)
+                .fallback(consume_head),
         )
         .route("/v1/topics/{topic}/ack", post(ack::ack))
         .route(
@@ -502,7 +504,8 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 /// `HEAD` on consume, which the router would otherwise serve as a `GET` without its body: a
 /// consume leases what it returns, so a `HEAD` (`curl -I`, a monitoring probe) would hide
 /// messages for their visibility timeout and count a delivery with no receipt handle sent
-/// (found by a black-box review). Refused like any other method there.
+/// (found by a black-box review). Refused like any other method there, and every 405 there
+/// says `Allow: GET` (the router's own would list HEAD too).
 async fn consume_head(method: Method, uri: axum::http::Uri) -> Response {
     let mut resp = method_not_allowed(method, uri).await.into_response();
     resp.headers_mut()
