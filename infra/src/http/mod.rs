@@ -440,8 +440,8 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/topics/{topic}/consume",
             get(consume::consume)
-                .head(consume_head)
-                .fallback(consume_head),
+                .head(consume_not_allowed)
+                .fallback(consume_not_allowed),
         )
         .route("/v1/topics/{topic}/ack", post(ack::ack))
         .route(
@@ -501,12 +501,12 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
     )
 }
 
-/// `HEAD` on consume, which the router would otherwise serve as a `GET` without its body: a
-/// consume leases what it returns, so a `HEAD` (`curl -I`, a monitoring probe) would hide
-/// messages for their visibility timeout and count a delivery with no receipt handle sent
-/// (found by a black-box review). Refused like any other method there, and every 405 there
-/// says `Allow: GET` (the router's own would list HEAD too).
-async fn consume_head(method: Method, uri: axum::http::Uri) -> Response {
+/// Any method but `GET` on consume, `HEAD` among them: the router would serve a `HEAD` as a
+/// `GET` without its body, and a consume leases what it returns, so `curl -I` or a monitoring
+/// probe would hide messages for their visibility timeout and count a delivery with no
+/// receipt handle sent (found by a black-box review). Every 405 here says `Allow: GET` (the
+/// router's own would list HEAD too).
+async fn consume_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
     let mut resp = method_not_allowed(method, uri).await.into_response();
     resp.headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static("GET"));
