@@ -529,6 +529,21 @@ async fn batch_produce_is_all_or_none() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::ACCEPTED);
+    // a zstd stream that declares no size and a 128 MiB window (zstd's default bound) is
+    // refused before its decoder allocates it: the window may be at most the batch limit
+    let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+    enc.window_log(27).unwrap();
+    enc.include_contentsize(false).unwrap();
+    enc.write_all(&body).unwrap();
+    let r = s
+        .http
+        .post(s.url("/v1/topics/t/produce/batch"))
+        .header("content-encoding", "zstd")
+        .body(enc.finish().unwrap())
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_encoding").await;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&body).unwrap();
     let r = s

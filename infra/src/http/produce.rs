@@ -292,7 +292,45 @@ fn zstd_declared_size(body: &[u8]) -> Option<usize> {
         .and_then(|n| usize::try_from(n).ok())
 }
 
-fn decompress(encoding: Option<&str>, body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
+/// The log2 of the largest window a zstd frame may make its decoder keep: the batch limit
+/// (`max_batch_bytes`), rounded up to a power of two. A window larger than the content is
+/// never needed, and compressors that know the content's size fit the window to it (the
+/// `zstd` tool does); a frame asking for more (up to 128 MiB by default, whatever it holds) is
+/// refused instead of allocated.
+fn zstd_window_log(limit: usize) -> u32 {
+    limit
+        .max(1 << 10)
+        .checked_next_power_of_two()
+        .map_or(31, usize::trailing_zeros)
+        .min(31)
+}
+
+/// What a zstd decoder keeps besides its window: a block (128 KiB at most) and its context.
+const ZSTD_DECODER_EXTRA: usize = 256 * 1024;
+
+/// Memory a compressed batch may take while it inflates, to reserve in the body budget:
+/// the inflated copy (`cap`, what a zstd frame declares if it does, else the limit), and a
+/// zstd decoder's window (no larger than the content its frame declares).
+fn inflating_cost(zstd: bool, body: &[u8], limit: usize) -> (usize, usize) {
+    if !zstd {
+        return (limit, limit);
+    }
+    let declared = zstd_declared_size(body);
+    let cap = declared.unwrap_or(limit).min(limit);
+    let window = declared
+        .unwrap_or(usize::MAX)
+        .min(1 << zstd_window_log(limit));
+    (cap, cap + window + ZSTD_DECODER_EXTRA)
+}
+
+/// Inflates `body` into at most `cap` bytes; a zstd frame's window may be at most
+/// `2^window_log` bytes.
+fn decompress(
+    encoding: Option<&str>,
+    body: Bytes,
+    limit: usize,
+    window_log: u32,
+) -> Result<Bytes, ApiError> {
     let gzip = match encoding.map(str::trim) {
         None | Some("" | "identity") => return Ok(body),
         Some("zstd") => false,
@@ -317,15 +355,20 @@ fn decompress(encoding: Option<&str>, body: Bytes, limit: usize) -> Result<Bytes
             .take(limit as u64 + 1)
             .read_to_end(&mut out)
     } else {
-        zstd::stream::read::Decoder::new(&body[..])
-            .and_then(|d| d.take(limit as u64 + 1).read_to_end(&mut out))
+        zstd::stream::read::Decoder::new(&body[..]).and_then(|mut d| {
+            d.window_log_max(window_log)?;
+            d.take(limit as u64 + 1).read_to_end(&mut out)
+        })
     };
     read.map_err(|e| {
         // (trailing bytes that are not a member read as a member cut short: say what is wanted)
         let hint = if gzip {
-            " (a gzip body is one or more whole members, with nothing after the last)"
+            " (a gzip body is one or more whole members, with nothing after the last)".to_owned()
         } else {
-            ""
+            format!(
+                " (a zstd body is one or more whole frames, each with a window of at most {} bytes)",
+                1u64 << window_log
+            )
         };
         ApiError::new(
             ErrorCode::InvalidEncoding,
@@ -441,14 +484,14 @@ pub async fn batch(
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("(invalid)"));
     // a compressed body's inflated copy is request memory too: as much as one zstd frame
-    // says it holds (and may then hold no more), else the whole limit
+    // says it holds (and may then hold no more), else the whole limit; and a zstd decoder's
+    // window
     let inflated = match encoding.map(str::trim) {
         None | Some("" | "identity") => None,
-        Some("zstd") => Some(zstd_declared_size(&body).unwrap_or(limit).min(limit)),
-        Some(_) => Some(limit),
+        Some(e) => Some(inflating_cost(e == "zstd", &body, limit)),
     };
-    if let Some(n) = inflated {
-        state.body_budget.reserve(&held, n)?;
+    if let Some((_, cost)) = inflated {
+        state.body_budget.reserve(&held, cost)?;
     }
     let body = match inflated {
         None => body,
@@ -457,11 +500,12 @@ pub async fn batch(
         // black-box review saw `/healthz` go from 1 to 45 ms behind four such clients). The
         // task holds the request's budget until it ends, so clients that hang up at once
         // cannot pile up inflations beyond what the budget allows.
-        Some(cap) => {
+        Some((cap, _)) => {
             let encoding = encoding.map(str::to_owned);
+            let window_log = zstd_window_log(limit);
             tokio::task::spawn_blocking(move || {
                 let _held = held;
-                decompress(encoding.as_deref(), body, cap)
+                decompress(encoding.as_deref(), body, cap, window_log)
             })
             .await
             .map_err(|e| ApiError::new(ErrorCode::InternalError, e.to_string()))??
@@ -654,6 +698,53 @@ mod tests {
             .map_err(|e| ApiError::new(ErrorCode::InvalidJson, e.to_string()))?;
         let m = parsed.messages.into_iter().next().expect("one message");
         message(0, m, &body).map(|m| m.payload)
+    }
+
+    /// A zstd decoder's window is bounded by the batch limit and counted with the inflated
+    /// copy: a frame that declares its content counts that much twice, one that does not
+    /// counts the limit twice.
+    #[test]
+    fn inflating_counts_the_zstd_window() {
+        let mib = 1 << 20;
+        assert_eq!(zstd_window_log(16 * mib), 24);
+        assert_eq!(zstd_window_log(16 * mib + 1), 25);
+        assert_eq!(zstd_window_log(1), 10);
+        let body = vec![b'x'; 100_000];
+        let declared = zstd::encode_all(&body[..], 3).unwrap();
+        assert_eq!(
+            inflating_cost(true, &declared, 16 * mib),
+            (100_000, 200_000 + ZSTD_DECODER_EXTRA)
+        );
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        enc.include_contentsize(false).unwrap();
+        std::io::Write::write_all(&mut enc, &body).unwrap();
+        let undeclared = enc.finish().unwrap();
+        assert_eq!(
+            inflating_cost(true, &undeclared, 16 * mib),
+            (16 * mib, 32 * mib + ZSTD_DECODER_EXTRA)
+        );
+        assert_eq!(inflating_cost(false, &undeclared, mib), (mib, mib));
+        // a window past the bound is refused, one at it inflates
+        for (window_log, ok) in [(24, true), (27, false)] {
+            let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+            enc.window_log(window_log).unwrap();
+            enc.include_contentsize(false).unwrap();
+            std::io::Write::write_all(&mut enc, &body).unwrap();
+            let stream = Bytes::from(enc.finish().unwrap());
+            let got = decompress(Some("zstd"), stream, 16 * mib, zstd_window_log(16 * mib));
+            match (got, ok) {
+                (Ok(b), true) => assert_eq!(b.len(), body.len()),
+                (Err(e), false) => {
+                    assert_eq!(e.code, ErrorCode::InvalidEncoding);
+                    assert!(
+                        e.message.contains("window of at most 16777216"),
+                        "{}",
+                        e.message
+                    );
+                }
+                (got, _) => panic!("window 2^{window_log}: {:?}", got.map(|b| b.len())),
+            }
+        }
     }
 
     #[test]
