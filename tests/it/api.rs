@@ -586,7 +586,7 @@ async fn batch_produce_is_all_or_none() {
         .http
         .post(s.url("/v1/topics/t/produce/batch"))
         .header("content-encoding", "br")
-        .body(body)
+        .body(body.clone())
         .send()
         .await
         .unwrap();
@@ -596,7 +596,50 @@ async fn batch_produce_is_all_or_none() {
         "unsupported_encoding",
     )
     .await;
-    assert_eq!(stored(&s).await, 106);
+    // two Content-Encoding headers are one list (zstd, then gzip over it), not the first
+    // alone; and a single message's body is its payload as sent, so a compressed one is
+    // refused rather than stored compressed (both found by a black-box review)
+    let r = s
+        .http
+        .post(s.url("/v1/topics/t/produce/batch"))
+        .header("content-encoding", "zstd")
+        .header("content-encoding", "gzip")
+        .body(zstd::encode_all(&body[..], 3).unwrap())
+        .send()
+        .await
+        .unwrap();
+    expect_error(
+        r,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_encoding",
+    )
+    .await;
+    for encoding in ["gzip", "zstd", "br"] {
+        let r = s
+            .http
+            .post(s.url("/v1/topics/t/produce"))
+            .header("content-encoding", encoding)
+            .body(zstd::encode_all(&b"hello"[..], 3).unwrap())
+            .send()
+            .await
+            .unwrap();
+        expect_error(
+            r,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_encoding",
+        )
+        .await;
+    }
+    let r = s
+        .http
+        .post(s.url("/v1/topics/t/produce"))
+        .header("content-encoding", "identity")
+        .body("plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    assert_eq!(stored(&s).await, 107);
 }
 
 async fn stored(s: &Server) -> u64 {

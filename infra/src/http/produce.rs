@@ -162,6 +162,20 @@ fn delay(v: Option<u64>) -> Option<i64> {
     v.map(|d| i64::try_from(d).unwrap_or(i64::MAX))
 }
 
+/// The request's `Content-Encoding`, trimmed (`None`: absent, empty or `identity`). Several
+/// headers make one list (RFC 9110, 5.3), which no route decodes: it is refused whole, not
+/// read as its first member.
+fn content_encoding(headers: &HeaderMap) -> Option<String> {
+    let mut values = headers.get_all(header::CONTENT_ENCODING).iter();
+    let first = values.next()?;
+    let mut list = first.to_str().unwrap_or("(invalid)").trim().to_owned();
+    for v in values {
+        list.push_str(", ");
+        list.push_str(v.to_str().unwrap_or("(invalid)").trim());
+    }
+    (!matches!(list.as_str(), "" | "identity")).then_some(list)
+}
+
 pub async fn single(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
@@ -198,6 +212,15 @@ pub(super) async fn single_message(
         ));
     }
     let partition = q.u32("partition")?;
+    if let Some(encoding) = content_encoding(headers) {
+        // the body is the payload as sent: stored compressed, it would read back compressed
+        return Err(ApiError::new(
+            ErrorCode::UnsupportedEncoding,
+            format!(
+                "Content-Encoding '{encoding}' is not supported here: a single message's body is stored as sent (send it uncompressed, or use /produce/batch, which takes zstd or gzip)"
+            ),
+        ));
+    }
     let broker = state.broker()?.clone();
     let payload = read_body(body, MAX_MESSAGE_BYTES_LIMIT as usize).await?;
     if payload.is_empty() {
@@ -480,16 +503,13 @@ pub async fn batch(
     let broker = state.broker()?.clone();
     let limit = state.cfg.max_batch_bytes;
     let body = read_body(body, limit).await?;
-    let encoding = headers
-        .get(header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("(invalid)"));
+    let encoding = content_encoding(&headers);
     // a compressed body's inflated copy is request memory too: as much as one zstd frame
     // says it holds (and may then hold no more), else the whole limit; and a zstd decoder's
     // window
-    let inflated = match encoding.map(str::trim) {
-        None | Some("" | "identity") => None,
-        Some(e) => Some(inflating_cost(e == "zstd", &body, limit)),
-    };
+    let inflated = encoding
+        .as_deref()
+        .map(|e| inflating_cost(e == "zstd", &body, limit));
     if let Some((_, cost)) = inflated {
         state.body_budget.reserve(&held, cost)?;
     }
@@ -501,7 +521,6 @@ pub async fn batch(
         // task holds the request's budget until it ends, so clients that hang up at once
         // cannot pile up inflations beyond what the budget allows.
         Some((cap, _)) => {
-            let encoding = encoding.map(str::to_owned);
             let window_log = zstd_window_log(limit);
             tokio::task::spawn_blocking(move || {
                 let _held = held;
