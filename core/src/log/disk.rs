@@ -15,11 +15,17 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 #[cfg(test)]
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Segments are allocated this far ahead of their writes (see [`DataFile::preallocate`]).
+const PREALLOCATE_STEP: u64 = 1 << 20;
 
 /// A file the log writes: a segment or a write-ahead log file.
 #[derive(Debug)]
 pub(crate) struct DataFile {
     file: File,
+    /// Bytes from the start known to be allocated (`u64::MAX`: the filesystem cannot tell).
+    allocated: AtomicU64,
     #[cfg(test)]
     fault: Option<(Arc<faults::FaultDisk>, PathBuf)>,
 }
@@ -28,6 +34,7 @@ impl DataFile {
     pub fn new(file: File) -> Self {
         Self {
             file,
+            allocated: AtomicU64::new(0),
             #[cfg(test)]
             fault: None,
         }
@@ -39,8 +46,32 @@ impl DataFile {
         disk.track(&path, &file);
         Self {
             file,
+            allocated: AtomicU64::new(0),
             fault: Some((disk, path)),
         }
+    }
+
+    /// Allocates the file's blocks up to at least `end`, a step (1 MiB) at a time, keeping
+    /// its size (`fallocate` with `KEEP_SIZE`: what a reader or recovery sees is unchanged).
+    /// A growing segment otherwise allocates as it goes: in a profile of batch produce,
+    /// ext4's delayed allocation in the writer's segment writes was 9% of its samples. Best
+    /// effort: a filesystem that cannot allocate ahead allocates as it writes.
+    pub fn preallocate(&self, end: u64) {
+        let have = self.allocated.load(Ordering::Relaxed);
+        if end <= have {
+            return;
+        }
+        let to = end
+            .div_ceil(PREALLOCATE_STEP)
+            .saturating_mul(PREALLOCATE_STEP);
+        let done = rustix::fs::fallocate(
+            &self.file,
+            rustix::fs::FallocateFlags::KEEP_SIZE,
+            have,
+            to - have,
+        );
+        self.allocated
+            .store(if done.is_ok() { to } else { u64::MAX }, Ordering::Relaxed);
     }
 
     pub fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
@@ -327,5 +358,39 @@ pub(crate) mod faults {
             image.resize(pos + bytes.len(), 0);
         }
         image[pos..pos + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    /// Allocating ahead never changes what the file holds or its size (recovery reads up to
+    /// the size), and is done once a step.
+    #[test]
+    fn preallocating_keeps_the_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg");
+        let f = DataFile::new(crate::fsutil::create_new_private(&path).unwrap());
+        f.write_all_at(b"0123456789", 0).unwrap();
+        f.preallocate(10);
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(m.len(), 10);
+        assert_eq!(std::fs::read(&path).unwrap(), b"0123456789");
+        let have = f.allocated.load(Ordering::Relaxed);
+        if have != u64::MAX {
+            // (a filesystem that can allocate ahead did)
+            assert_eq!(have, PREALLOCATE_STEP);
+            assert!(
+                m.blocks() * 512 >= PREALLOCATE_STEP,
+                "{} blocks",
+                m.blocks()
+            );
+            f.preallocate(PREALLOCATE_STEP + 1);
+            assert_eq!(f.allocated.load(Ordering::Relaxed), 2 * PREALLOCATE_STEP);
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), 10);
+        }
     }
 }
