@@ -51,19 +51,22 @@ impl DataFile {
         }
     }
 
-    /// Allocates the file's blocks up to at least `end`, a step (1 MiB) at a time, keeping
-    /// its size (`fallocate` with `KEEP_SIZE`: what a reader or recovery sees is unchanged).
-    /// A growing segment otherwise allocates as it goes: in a profile of batch produce,
-    /// ext4's delayed allocation in the writer's segment writes was 9% of its samples. Best
-    /// effort: a filesystem that cannot allocate ahead allocates as it writes.
-    pub fn preallocate(&self, end: u64) {
+    /// Allocates the file's blocks up to at least `end`, a step (1 MiB) at a time but not
+    /// past `cap` (the segment's size limit), keeping its size (`fallocate` with `KEEP_SIZE`:
+    /// what a reader or recovery sees is unchanged). A growing segment otherwise allocates as
+    /// it goes: in a profile of batch produce, ext4's delayed allocation in the writer's
+    /// segment writes was 9% of its samples. Best effort: a filesystem that cannot allocate
+    /// ahead allocates as it writes. [`DataFile::release_unused`] gives back what was not
+    /// used.
+    pub fn preallocate(&self, end: u64, cap: u64) {
         let have = self.allocated.load(Ordering::Relaxed);
         if end <= have {
             return;
         }
         let to = end
             .div_ceil(PREALLOCATE_STEP)
-            .saturating_mul(PREALLOCATE_STEP);
+            .saturating_mul(PREALLOCATE_STEP)
+            .min(cap.max(end));
         let done = rustix::fs::fallocate(
             &self.file,
             rustix::fs::FallocateFlags::KEEP_SIZE,
@@ -72,6 +75,22 @@ impl DataFile {
         );
         self.allocated
             .store(if done.is_ok() { to } else { u64::MAX }, Ordering::Relaxed);
+    }
+
+    /// Gives back the blocks allocated past the file's end (a segment sealed or closed):
+    /// truncating a file to its own length frees them on ext4 and changes nothing it holds.
+    /// A deleted segment's blocks are freed only once its last descriptor closes, and the
+    /// writer keeps descriptors until the next checkpoint: without this, every segment
+    /// deleted meanwhile held a step's worth of disk (a black-box review measured 376 MB held
+    /// for 18.5 MB of data with 64 KiB segments).
+    pub fn release_unused(&self) {
+        let have = self.allocated.swap(0, Ordering::Relaxed);
+        if have == 0 || have == u64::MAX {
+            return;
+        }
+        if let Ok(m) = self.file.metadata() {
+            let _ = self.file.set_len(m.len());
+        }
     }
 
     pub fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
@@ -375,7 +394,7 @@ mod tests {
         let path = dir.path().join("seg");
         let f = DataFile::new(crate::fsutil::create_new_private(&path).unwrap());
         f.write_all_at(b"0123456789", 0).unwrap();
-        f.preallocate(10);
+        f.preallocate(10, 1 << 30);
         let m = std::fs::metadata(&path).unwrap();
         assert_eq!(m.len(), 10);
         assert_eq!(std::fs::read(&path).unwrap(), b"0123456789");
@@ -388,9 +407,18 @@ mod tests {
                 "{} blocks",
                 m.blocks()
             );
-            f.preallocate(PREALLOCATE_STEP + 1);
-            assert_eq!(f.allocated.load(Ordering::Relaxed), 2 * PREALLOCATE_STEP);
+            // never past the segment's limit (but always to what is written)
+            f.preallocate(PREALLOCATE_STEP + 1, PREALLOCATE_STEP + 100);
+            assert_eq!(f.allocated.load(Ordering::Relaxed), PREALLOCATE_STEP + 100);
+            f.preallocate(PREALLOCATE_STEP + 200, PREALLOCATE_STEP + 100);
+            assert_eq!(f.allocated.load(Ordering::Relaxed), PREALLOCATE_STEP + 200);
             assert_eq!(std::fs::metadata(&path).unwrap().len(), 10);
+            // sealed: the blocks past the end go back
+            f.release_unused();
+            let m = std::fs::metadata(&path).unwrap();
+            assert_eq!(m.len(), 10);
+            assert!(m.blocks() * 512 < PREALLOCATE_STEP, "{} blocks", m.blocks());
+            assert_eq!(std::fs::read(&path).unwrap(), b"0123456789");
         }
     }
 }

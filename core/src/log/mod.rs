@@ -1125,6 +1125,12 @@ impl Shared {
         }
     }
 
+    /// A closing log gives back what its active segment had allocated ahead.
+    fn release_unused_space(&self) {
+        let file = self.writer.lock().file.clone();
+        file.release_unused();
+    }
+
     /// The WAL thread has answered everything queued before the close.
     fn close_writer(&self) {
         self.writer.lock().closed = true;
@@ -1187,11 +1193,12 @@ impl Shared {
             active.meta.lock().sealed = true;
             segments.push(seg.clone());
         }
-        {
+        let sealed = {
             let mut w = self.writer.lock();
             w.active = seg;
-            w.file = Arc::new(file);
-        }
+            std::mem::replace(&mut w.file, Arc::new(file))
+        };
+        sealed.release_unused();
         self.age_changed.notify_one();
         self.metrics.segments_rolled.inc();
         Ok(())

@@ -1096,6 +1096,7 @@ impl Writer {
                     index.clear();
                     bytes = 0;
                     log.close_writer();
+                    log.release_unused_space();
                     self.release(log.id, reply);
                 }
                 Cmd::Checkpoint { reply } => {
@@ -1231,8 +1232,10 @@ impl Writer {
         // bytes whose WAL entry is not durable, so replay knows where every segment's durable
         // data ends (the end of its last entry) and cuts anything past it.
         for e in &mut encoded {
-            e.file
-                .preallocate(e.start_pos + (e.frames.end - e.frames.start) as u64);
+            e.file.preallocate(
+                e.start_pos + (e.frames.end - e.frames.start) as u64,
+                e.log.cfg.segment_max_bytes,
+            );
             if let Err(err) = e.file.write_all_at(&buf[e.frames.clone()], e.start_pos) {
                 // (the records are in the WAL: they come back at the next start)
                 let reason = format!("write to {} failed: {err}", e.log.dir.display());
