@@ -176,6 +176,26 @@ fn content_encoding(headers: &HeaderMap) -> Option<String> {
     (!matches!(list.as_str(), "" | "identity")).then_some(list)
 }
 
+/// A compressed batch body's coding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Coding {
+    Gzip,
+    Zstd,
+}
+
+/// The coding of a batch body (`None`: not compressed), or `415` for one it does not decode.
+fn batch_coding(headers: &HeaderMap) -> Result<Option<Coding>, ApiError> {
+    match content_encoding(headers).as_deref() {
+        None => Ok(None),
+        Some("gzip") => Ok(Some(Coding::Gzip)),
+        Some("zstd") => Ok(Some(Coding::Zstd)),
+        Some(other) => Err(ApiError::new(
+            ErrorCode::UnsupportedEncoding,
+            format!("Content-Encoding '{other}' is not supported (use zstd or gzip)"),
+        )),
+    }
+}
+
 pub async fn single(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
@@ -334,8 +354,8 @@ const ZSTD_DECODER_EXTRA: usize = 256 * 1024;
 /// Memory a compressed batch may take while it inflates, to reserve in the body budget:
 /// the inflated copy (`cap`, what a zstd frame declares if it does, else the limit), and a
 /// zstd decoder's window (no larger than the content its frame declares).
-fn inflating_cost(zstd: bool, body: &[u8], limit: usize) -> (usize, usize) {
-    if !zstd {
+fn inflating_cost(coding: Coding, body: &[u8], limit: usize) -> (usize, usize) {
+    if coding == Coding::Gzip {
         return (limit, limit);
     }
     let declared = zstd_declared_size(body);
@@ -349,22 +369,12 @@ fn inflating_cost(zstd: bool, body: &[u8], limit: usize) -> (usize, usize) {
 /// Inflates `body` into at most `cap` bytes; a zstd frame's window may be at most
 /// `2^window_log` bytes.
 fn decompress(
-    encoding: Option<&str>,
+    coding: Coding,
     body: Bytes,
     limit: usize,
     window_log: u32,
 ) -> Result<Bytes, ApiError> {
-    let gzip = match encoding.map(str::trim) {
-        None | Some("" | "identity") => return Ok(body),
-        Some("zstd") => false,
-        Some("gzip") => true,
-        Some(other) => {
-            return Err(ApiError::new(
-                ErrorCode::UnsupportedEncoding,
-                format!("Content-Encoding '{other}' is not supported (use zstd or gzip)"),
-            ));
-        }
-    };
+    let gzip = coding == Coding::Gzip;
     // Room for exactly what may be read (the limit and one byte to tell it was passed), so the
     // buffer never doubles past it: grown by doubling, telling 16 MiB + 1 from 16 MiB took a
     // 32 MiB buffer beside the 16 MiB one, ~3× what the budget counted (found by a black-box
@@ -502,15 +512,14 @@ pub async fn batch(
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
     let limit = state.cfg.max_batch_bytes;
+    // (a coding it cannot decode is refused before the body is read)
+    let coding = batch_coding(&headers)?;
     let body = read_body(body, limit).await?;
-    let encoding = content_encoding(&headers);
     // a compressed body's inflated copy is request memory too: as much as one zstd frame
     // says it holds (and may then hold no more), else the whole limit; and a zstd decoder's
     // window
-    let inflated = encoding
-        .as_deref()
-        .map(|e| inflating_cost(e == "zstd", &body, limit));
-    if let Some((_, cost)) = inflated {
+    let inflated = coding.map(|c| (c, inflating_cost(c, &body, limit)));
+    if let Some((_, (_, cost))) = inflated {
         state.body_budget.reserve(&held, cost)?;
     }
     let body = match inflated {
@@ -520,11 +529,11 @@ pub async fn batch(
         // black-box review saw `/healthz` go from 1 to 45 ms behind four such clients). The
         // task holds the request's budget until it ends, so clients that hang up at once
         // cannot pile up inflations beyond what the budget allows.
-        Some((cap, _)) => {
+        Some((coding, (cap, _))) => {
             let window_log = zstd_window_log(limit);
             tokio::task::spawn_blocking(move || {
                 let _held = held;
-                decompress(encoding.as_deref(), body, cap, window_log)
+                decompress(coding, body, cap, window_log)
             })
             .await
             .map_err(|e| ApiError::new(ErrorCode::InternalError, e.to_string()))??
@@ -731,7 +740,7 @@ mod tests {
         let body = vec![b'x'; 100_000];
         let declared = zstd::encode_all(&body[..], 3).unwrap();
         assert_eq!(
-            inflating_cost(true, &declared, 16 * mib),
+            inflating_cost(Coding::Zstd, &declared, 16 * mib),
             (100_000, 200_000 + ZSTD_DECODER_EXTRA)
         );
         let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
@@ -739,10 +748,10 @@ mod tests {
         std::io::Write::write_all(&mut enc, &body).unwrap();
         let undeclared = enc.finish().unwrap();
         assert_eq!(
-            inflating_cost(true, &undeclared, 16 * mib),
+            inflating_cost(Coding::Zstd, &undeclared, 16 * mib),
             (16 * mib, 32 * mib + ZSTD_DECODER_EXTRA)
         );
-        assert_eq!(inflating_cost(false, &undeclared, mib), (mib, mib));
+        assert_eq!(inflating_cost(Coding::Gzip, &undeclared, mib), (mib, mib));
         // a window past the bound is refused, one at it inflates
         for (window_log, ok) in [(24, true), (27, false)] {
             let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
@@ -750,7 +759,7 @@ mod tests {
             enc.include_contentsize(false).unwrap();
             std::io::Write::write_all(&mut enc, &body).unwrap();
             let stream = Bytes::from(enc.finish().unwrap());
-            let got = decompress(Some("zstd"), stream, 16 * mib, zstd_window_log(16 * mib));
+            let got = decompress(Coding::Zstd, stream, 16 * mib, zstd_window_log(16 * mib));
             match (got, ok) {
                 (Ok(b), true) => assert_eq!(b.len(), body.len()),
                 (Err(e), false) => {
