@@ -232,8 +232,11 @@ pub(super) async fn single_message(
         ));
     }
     let partition = q.u32("partition")?;
+    let broker = state.broker()?.clone();
+    let payload = read_body(body, MAX_MESSAGE_BYTES_LIMIT as usize).await?;
     if let Some(encoding) = content_encoding(headers) {
         // the body is the payload as sent: stored compressed, it would read back compressed
+        // (refused once it is read, as a body too large is: see `batch`)
         return Err(ApiError::new(
             ErrorCode::UnsupportedEncoding,
             format!(
@@ -241,8 +244,6 @@ pub(super) async fn single_message(
             ),
         ));
     }
-    let broker = state.broker()?.clone();
-    let payload = read_body(body, MAX_MESSAGE_BYTES_LIMIT as usize).await?;
     if payload.is_empty() {
         return Err(ApiError::new(
             ErrorCode::EmptyMessage,
@@ -512,9 +513,11 @@ pub async fn batch(
     Query::parse(uri.query(), &[])?;
     let broker = state.broker()?.clone();
     let limit = state.cfg.max_batch_bytes;
-    // (a coding it cannot decode is refused before the body is read)
-    let coding = batch_coding(&headers)?;
+    // (a coding it cannot decode is refused once the body is read, as a body too large is:
+    // answered before it, most clients would see a broken pipe instead of the 415)
+    let coding = batch_coding(&headers);
     let body = read_body(body, limit).await?;
+    let coding = coding?;
     // a compressed body's inflated copy is request memory too: as much as one zstd frame
     // says it holds (and may then hold no more), else the whole limit; and a zstd decoder's
     // window
