@@ -290,6 +290,16 @@ pub struct ServerConfig {
     /// than this (its connection slot and body budget come back). Allow for the largest batch
     /// over the slowest link you serve.
     pub body_read_timeout_ms: u64,
+    /// Slowest a request's body may arrive, on average, after `body_grace_ms`: a body must
+    /// have `(elapsed − grace) × rate` bytes in by any time, else it is answered
+    /// `408 body_timeout`. Bounds how long a producer that announces a body and sends it
+    /// slowly or not at all holds its reservation of the body budget (one that stops is cut
+    /// at the grace; one that trickles pays for the time in bytes). 0: only
+    /// `body_read_timeout_ms` applies. The default, 128 KiB/s, is 1 Mbit/s.
+    pub body_min_bytes_per_s: u64,
+    /// Time a request's body may take before `body_min_bytes_per_s` starts to count, from
+    /// the start of the request.
+    pub body_grace_ms: u64,
     /// Client connections served at once. One more takes the place of the keep-alive
     /// connection idle the longest (closed); with none idle it is answered
     /// `503 too_many_connections` with `Retry-After: 1` and closed. Keep it below the
@@ -425,6 +435,8 @@ impl Default for ServerConfig {
             max_batch_bytes: 16 * 1024 * 1024,
             max_request_bytes_in_flight: 256 * 1024 * 1024,
             body_read_timeout_ms: 60_000,
+            body_min_bytes_per_s: 128 * 1024,
+            body_grace_ms: 5_000,
             shutdown_grace_ms: 10_000,
             max_connections: 10_000,
             header_read_timeout_ms: 10_000,
@@ -609,6 +621,15 @@ impl ServerConfig {
         }
         if !(100..=3_600_000).contains(&self.body_read_timeout_ms) {
             return bad("body_read_timeout_ms", "must be between 100 and 3600000");
+        }
+        if self.body_min_bytes_per_s > 1 << 30 {
+            return bad(
+                "body_min_bytes_per_s",
+                "must be at most 1073741824 (0: off)",
+            );
+        }
+        if !(100..=3_600_000).contains(&self.body_grace_ms) {
+            return bad("body_grace_ms", "must be between 100 and 3600000");
         }
         let floor = (2 * self.max_batch_bytes).max(2 * crate::http::MAX_BODY_LIMIT);
         if !(floor..=1 << 40).contains(&self.max_request_bytes_in_flight) {

@@ -420,6 +420,137 @@ async fn a_stalled_body_costs_bounded_time() {
     assert_eq!(r.status(), StatusCode::ACCEPTED);
 }
 
+/// Sends `head` and then `body` in `chunks` pieces `every` apart, and returns the reply's
+/// status line, or what the connection gave before it closed.
+async fn paced_request(
+    addr: &str,
+    head: &str,
+    body: &[u8],
+    chunks: usize,
+    every: Duration,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = c.into_split();
+    let reader = tokio::spawn(async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&got).into_owned();
+        text.lines().next().unwrap_or_default().to_owned()
+    });
+    wr.write_all(head.as_bytes()).await.unwrap();
+    let size = body.len().div_ceil(chunks.max(1)).max(1);
+    for piece in body.chunks(size) {
+        if reader.is_finished() || wr.write_all(piece).await.is_err() {
+            break;
+        }
+        // the client being slow on purpose, not a wait for a condition
+        #[allow(clippy::disallowed_methods)]
+        tokio::time::sleep(every).await;
+    }
+    tokio::time::timeout(Duration::from_secs(30), reader)
+        .await
+        .expect("no answer within 30 s")
+        .unwrap()
+}
+
+/// A producer that announces a body and then stops, or sends it slower than
+/// `body_min_bytes_per_s`, is cut after `body_grace_ms` (not after `body_read_timeout_ms`,
+/// here a minute), so its reservation of the body budget comes back; one that sends in
+/// pauses but faster than that rate on average is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_behind_the_minimum_rate_is_cut_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("NARAD_BODY_GRACE_MS", "1500"),
+        ("NARAD_BODY_MIN_BYTES_PER_S", "1000"),
+    ];
+    let s = Server::start_with(dir.path(), &env).await;
+    s.create_topic(json!({"name": "pace", "partitions": 1}))
+        .await;
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    let budget = || async {
+        let text = s.get("/metrics").await.text().await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+            .expect("budget gauge")
+    };
+    // announces a megabyte and sends 5 bytes: holds the megabyte until cut
+    let stalled = {
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let head = "POST /v1/topics/pace/produce HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{\"a\":";
+            let line = paced_request(&addr, head, b"", 1, Duration::ZERO).await;
+            (line, started.elapsed())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while budget().await < 1_000_000.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the announced body was not reserved"
+        );
+        poll_pause().await;
+    }
+    let (line, took) = stalled.await.unwrap();
+    assert!(line.starts_with("HTTP/1.1 408"), "{line}");
+    assert!(
+        took < Duration::from_secs(20),
+        "a stalled body held its request {took:?}"
+    );
+    // 3,000 bytes at ~300 B/s: behind 1,000 B/s once the grace is spent
+    let body = format!("{{\"p\":\"{}\"}}", "x".repeat(2990));
+    let head = format!(
+        "POST /v1/topics/pace/produce HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let started = Instant::now();
+    let line = paced_request(
+        &addr,
+        &head,
+        body.as_bytes(),
+        30,
+        Duration::from_millis(333),
+    )
+    .await;
+    assert!(
+        line.starts_with("HTTP/1.1 408"),
+        "a trickle was served: {line}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
+    // 24,000 bytes in 6 pieces 400 ms apart (6,000 B/s, past the grace): served
+    let body = format!("{{\"p\":\"{}\"}}", "y".repeat(23990));
+    let head = format!(
+        "POST /v1/topics/pace/produce HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let line = paced_request(&addr, &head, body.as_bytes(), 6, Duration::from_millis(400)).await;
+    assert!(
+        line.starts_with("HTTP/1.1 202"),
+        "a paced body was cut: {line}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while budget().await != 0.0 {
+        assert!(Instant::now() < deadline, "the budget was not given back");
+        poll_pause().await;
+    }
+}
+
 /// Bug 3: with a 1 s visibility timeout, A leases and never acks, B long-polls and gets it at
 /// ~1 s and never acks, C long-polls: C must get it when B's lease ends (~2 s), not a 204 when
 /// its own wait runs out (leases made inside a dispatch did not re-arm the topic's timer).

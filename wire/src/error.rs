@@ -80,7 +80,8 @@ error_codes! {
     BodyUnreadable = 1008, "body_unreadable", 400;
     /// The request body (or a batch once decompressed) is larger than the route reads.
     BodyTooLarge = 1009, "body_too_large", 413;
-    /// The request body did not arrive whole within `body_read_timeout_ms`.
+    /// The request body did not arrive whole within `body_read_timeout_ms`, or fell behind
+    /// `body_min_bytes_per_s` after `body_grace_ms`.
     BodyTimeout = 1010, "body_timeout", 408;
     /// A `Content-Encoding` other than identity, zstd or gzip.
     UnsupportedEncoding = 1011, "unsupported_encoding", 415;

@@ -14,8 +14,10 @@
 //! without this one authenticated user with no grants could fill the budget and starve every
 //! producer.
 //!
-//! A body must also arrive whole within `body_read_timeout_ms` of the request's start: a
-//! client that sends its body slowly, or stops, costs bounded time (`408 body_timeout`).
+//! A body must also arrive whole within `body_read_timeout_ms` of the request's start, and,
+//! after `body_grace_ms`, keep arriving at `body_min_bytes_per_s` on average: a client that
+//! sends its body slowly, or stops, costs bounded time (`408 body_timeout`), and one that
+//! announces a large body and stalls holds its reservation for the grace, not the timeout.
 
 use std::collections::HashMap;
 use std::future::Future as _;
@@ -107,7 +109,8 @@ impl Held {
     }
 }
 
-/// Returned by a body that did not arrive within `body_read_timeout_ms`.
+/// Returned by a body that did not arrive within `body_read_timeout_ms`, or fell behind
+/// `body_min_bytes_per_s` after `body_grace_ms`.
 #[derive(Debug, thiserror::Error)]
 #[error("the request body did not arrive in time")]
 pub struct BodyTimeout;
@@ -227,14 +230,20 @@ pub fn limit(state: &SharedState, req: &mut Request, route: Option<&str>) -> Hel
     };
     if let Some(announced) = announced {
         let inner = std::mem::replace(req.body_mut(), Body::empty());
-        let timeout = std::time::Duration::from_millis(state.cfg.body_read_timeout_ms);
+        let cfg = &state.cfg;
+        let start = tokio::time::Instant::now();
         *req.body_mut() = Body::new(Budgeted {
             inner,
             budget: state.body_budget.clone(),
             held: held.clone(),
             announced,
             free: 0,
-            due: tokio::time::Instant::now() + timeout,
+            pace: Pace {
+                due: start + std::time::Duration::from_millis(cfg.body_read_timeout_ms),
+                grace_end: start + std::time::Duration::from_millis(cfg.body_grace_ms),
+                min_rate: cfg.body_min_bytes_per_s,
+                received: 0,
+            },
             deadline: None,
         });
     }
@@ -308,11 +317,37 @@ struct Budgeted {
     announced: usize,
     /// Bytes still covered by that reservation.
     free: usize,
-    /// When the whole body must have arrived.
-    due: tokio::time::Instant,
-    /// A timer for `due`, made only once the body keeps the handler waiting (most bodies
-    /// have arrived whole with their headers and never need one).
+    /// How fast the body must arrive.
+    pace: Pace,
+    /// A timer for the pace's next deadline, made only once the body keeps the handler
+    /// waiting (most bodies have arrived whole with their headers and never need one).
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// When a body's bytes must have arrived: all of them by `due`; after `grace_end`,
+/// `min_rate` bytes a second more (so each byte received buys `1 / min_rate` s).
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    due: tokio::time::Instant,
+    grace_end: tokio::time::Instant,
+    /// Bytes a second (0: only `due`).
+    min_rate: u64,
+    received: u64,
+}
+
+impl Pace {
+    /// The time by which more of the body must have arrived.
+    fn deadline(&self) -> tokio::time::Instant {
+        if self.min_rate == 0 {
+            return self.due;
+        }
+        // (received ≤ 2^64 and rate ≥ 1: the quotient of nanoseconds fits a u128 easily)
+        let ns = u128::from(self.received) * 1_000_000_000 / u128::from(self.min_rate);
+        let bought = std::time::Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
+        self.grace_end
+            .checked_add(bought)
+            .map_or(self.due, |t| t.min(self.due))
+    }
 }
 
 impl http_body::Body for Budgeted {
@@ -341,12 +376,16 @@ impl http_body::Body for Budgeted {
                 return Poll::Ready(None);
             }
             Poll::Pending => {
-                let due = self.due;
+                let due = self.pace.deadline();
                 // a client's slowness, in real (monotonic) time: no clock of the broker's
                 #[allow(clippy::disallowed_methods)]
                 let deadline = self
                     .deadline
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+                if deadline.deadline() != due {
+                    // bytes arrived since it was set: the body has bought more time
+                    deadline.as_mut().reset(due);
+                }
                 return match deadline.as_mut().poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout)))),
                     Poll::Pending => Poll::Pending,
@@ -354,6 +393,7 @@ impl http_body::Body for Budgeted {
             }
         };
         if let Some(data) = frame.data_ref() {
+            self.pace.received = self.pace.received.saturating_add(data.len() as u64);
             let covered = data.len().min(self.free);
             self.free -= covered;
             let extra = data.len() - covered;
@@ -382,6 +422,32 @@ impl http_body::Body for Budgeted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_byte_received_buys_time_after_the_grace() {
+        use std::time::Duration;
+        let start = tokio::time::Instant::now();
+        let mut pace = Pace {
+            due: start + Duration::from_secs(60),
+            grace_end: start + Duration::from_secs(5),
+            min_rate: 1000,
+            received: 0,
+        };
+        // nothing yet: cut at the end of the grace
+        assert_eq!(pace.deadline(), start + Duration::from_secs(5));
+        pace.received = 1500;
+        assert_eq!(pace.deadline(), start + Duration::from_millis(6500));
+        // never past the whole body's timeout
+        pace.received = 10_000_000;
+        assert_eq!(pace.deadline(), start + Duration::from_secs(60));
+        pace.received = u64::MAX;
+        pace.min_rate = 1;
+        assert_eq!(pace.deadline(), start + Duration::from_secs(60));
+        // no rate: the timeout alone
+        pace.received = 0;
+        pace.min_rate = 0;
+        assert_eq!(pace.deadline(), start + Duration::from_secs(60));
+    }
 
     #[test]
     fn the_budget_is_shared_and_given_back() {

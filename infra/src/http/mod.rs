@@ -305,7 +305,7 @@ pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiErro
         } else if late {
             ApiError::new(
                 ErrorCode::BodyTimeout,
-                "the request body did not arrive within body_read_timeout_ms",
+                "the request body did not arrive within body_read_timeout_ms, or fell behind body_min_bytes_per_s after body_grace_ms",
             )
         } else if too_large {
             ApiError::new(
