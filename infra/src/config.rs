@@ -298,7 +298,7 @@ pub struct ServerConfig {
     /// `body_read_timeout_ms` applies. The default, 128 KiB/s, is 1 Mbit/s.
     pub body_min_bytes_per_s: u64,
     /// Time a request's body may take before `body_min_bytes_per_s` starts to count, from
-    /// the start of the request.
+    /// when the server starts reading it (and, for a produce, reserves its budget).
     pub body_grace_ms: u64,
     /// Client connections served at once. One more takes the place of the keep-alive
     /// connection idle the longest (closed); with none idle it is answered

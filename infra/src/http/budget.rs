@@ -240,7 +240,8 @@ pub fn limit(state: &SharedState, req: &mut Request, route: Option<&str>) -> Hel
             free: 0,
             pace: Pace {
                 due: start + std::time::Duration::from_millis(cfg.body_read_timeout_ms),
-                grace_end: start + std::time::Duration::from_millis(cfg.body_grace_ms),
+                grace: std::time::Duration::from_millis(cfg.body_grace_ms),
+                grace_end: None,
                 min_rate: cfg.body_min_bytes_per_s,
                 received: 0,
             },
@@ -329,7 +330,10 @@ struct Budgeted {
 #[derive(Debug, Clone, Copy)]
 struct Pace {
     due: tokio::time::Instant,
-    grace_end: tokio::time::Instant,
+    grace: std::time::Duration,
+    /// `grace` after the handler first asked for the body: when it takes budget for it (and
+    /// when a client that sent `Expect: 100-continue` is told to send it).
+    grace_end: Option<tokio::time::Instant>,
     /// Bytes a second (0: only `due`).
     min_rate: u64,
     received: u64,
@@ -345,7 +349,7 @@ impl Pace {
         let ns = u128::from(self.received) * 1_000_000_000 / u128::from(self.min_rate);
         let bought = std::time::Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
         self.grace_end
-            .checked_add(bought)
+            .and_then(|end| end.checked_add(bought))
             .map_or(self.due, |t| t.min(self.due))
     }
 }
@@ -358,6 +362,10 @@ impl http_body::Body for Budgeted {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.pace.grace_end.is_none() {
+            let grace = self.pace.grace;
+            self.pace.grace_end = tokio::time::Instant::now().checked_add(grace);
+        }
         if self.announced > 0 {
             // the handler has begun to read: the whole announced body, before any of it
             let n = std::mem::take(&mut self.announced);
@@ -429,7 +437,8 @@ mod tests {
         let start = tokio::time::Instant::now();
         let mut pace = Pace {
             due: start + Duration::from_secs(60),
-            grace_end: start + Duration::from_secs(5),
+            grace: Duration::from_secs(5),
+            grace_end: Some(start + Duration::from_secs(5)),
             min_rate: 1000,
             received: 0,
         };
