@@ -292,13 +292,14 @@ pub struct ServerConfig {
     pub body_read_timeout_ms: u64,
     /// Slowest a request's body may arrive, on average, after `body_grace_ms`: a body must
     /// have `(elapsed − grace) × rate` bytes in by any time, else it is answered
-    /// `408 body_timeout`. Bounds how long a producer that announces a body and sends it
-    /// slowly or not at all holds its reservation of the body budget (one that stops is cut
+    /// `408 body_timeout`. Bounds how long a client that sends its body slowly or not at all
+    /// holds its connection slot and what it sent of the body budget (one that stops is cut
     /// at the grace; one that trickles pays for the time in bytes). 0: only
     /// `body_read_timeout_ms` applies. The default, 128 KiB/s, is 1 Mbit/s.
     pub body_min_bytes_per_s: u64,
     /// Time a request's body may take before `body_min_bytes_per_s` starts to count, from
-    /// when the server starts reading it (and, for a produce, reserves its budget).
+    /// when the server starts reading it (when a produce checks that its announced length fits
+    /// in the budget).
     pub body_grace_ms: u64,
     /// Client connections served at once. One more takes the place of the keep-alive
     /// connection idle the longest (closed); with none idle it is answered

@@ -348,7 +348,8 @@ async fn request_bodies_in_flight_have_a_node_budget() {
     s.create_topic(json!({"name": "budget", "partitions": 1}))
         .await;
     let addr = s.base.trim_start_matches("http://").to_owned();
-    // two producers announce 8 MiB bodies and send them slowly: 16 MiB held
+    // two producers send all but the last byte of 8 MiB bodies and stop: 16 MiB - 2 held
+    // (bytes are counted as they arrive)
     let mut holders = Vec::new();
     for _ in 0..2 {
         let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
@@ -357,12 +358,14 @@ async fn request_bodies_in_flight_have_a_node_budget() {
             8 << 20
         );
         c.write_all(head.as_bytes()).await.unwrap();
-        c.write_all(b"{\"slow\":").await.unwrap();
+        let mut body = vec![b' '; (8 << 20) - 1];
+        body[0] = b'[';
+        c.write_all(&body).await.unwrap();
         holders.push(c);
     }
-    // the server has taken both reservations
+    // the server has counted both
     let deadline = Instant::now() + Duration::from_secs(20);
-    let held = "narad_http_request_bytes_in_flight 16777216";
+    let held = "narad_http_request_bytes_in_flight 16777214";
     while !s.get("/metrics").await.text().await.unwrap().contains(held) {
         assert!(Instant::now() < deadline, "the budget never filled");
         poll_pause().await;
@@ -485,7 +488,7 @@ async fn a_body_behind_the_minimum_rate_is_cut_after_the_grace() {
             .map(|v| v.trim().parse::<f64>().unwrap())
             .expect("budget gauge")
     };
-    // announces a megabyte and sends 5 bytes: holds the megabyte until cut
+    // announces a megabyte and sends 5 bytes: holds the 5 bytes until cut
     let stalled = {
         let addr = addr.clone();
         tokio::spawn(async move {
@@ -496,10 +499,18 @@ async fn a_body_behind_the_minimum_rate_is_cut_after_the_grace() {
         })
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while budget().await < 1_000_000.0 {
+    loop {
+        let held = budget().await;
+        assert!(
+            held < 1_000_000.0,
+            "the announced body was reserved: {held}"
+        );
+        if held >= 5.0 {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "the announced body was not reserved"
+            "the body's bytes were not counted"
         );
         poll_pause().await;
     }
@@ -686,11 +697,11 @@ async fn replies_are_capped_by_their_size_on_the_wire() {
     assert!(text.contains(r#""payload_encoding":"base64""#));
 }
 
-/// From the black-box review: a body's `Content-Length` was reserved from the node's budget
+/// From the black-box reviews: a body's `Content-Length` was reserved from the node's budget
 /// before the route's limit or the caller's permission was checked, so 16 silent sockets of
-/// any user held the whole budget. Now only produce routes reserve up front (after the
-/// produce grant is checked, at most the route's limit), and a JSON route counts only bytes
-/// that arrived.
+/// any user held the whole budget; then produce routes alone reserved it (after the produce
+/// grant), and 16 producers announcing 16 MiB and sending 3 bytes, reconnecting each time
+/// they were cut, held it all the same. Every route now counts only bytes that arrived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn announced_bodies_cannot_lock_out_producers() {
     use tokio::io::AsyncWriteExt;
@@ -713,13 +724,48 @@ async fn announced_bodies_cannot_lock_out_producers() {
             .unwrap();
         holders.push(c);
     }
+    // and produce bodies announced at their routes' limits, a few bytes sent
+    for path in ["produce", "produce/batch"] {
+        for _ in 0..16 {
+            let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let head = format!(
+                "POST /v1/topics/open/{path} HTTP/1.1\r\nHost: x\r\nContent-Length: 16777216\r\n\r\n{{\"a\""
+            );
+            c.write_all(head.as_bytes()).await.unwrap();
+            holders.push(c);
+        }
+    }
+    // (each has been read as far as it was sent: 32 × 4 bytes)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = s.get("/metrics").await.text().await.unwrap();
+        let held = text
+            .lines()
+            .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+            .expect("budget gauge");
+        assert!(
+            held < 1_048_576.0,
+            "announced produce bodies took budget: {held}"
+        );
+        if held >= 128.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the produce bodies were not read"
+        );
+        poll_pause().await;
+    }
     let r = s.produce("open", "", "{\"still\":\"served\"}").await;
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     let text = s.get("/metrics").await.text().await.unwrap();
-    assert!(
-        !text.contains("narad_http_request_bytes_in_flight 16"),
-        "announced JSON bodies took budget"
-    );
+    let held = text
+        .lines()
+        .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
+        .map(|v| v.trim().parse::<f64>().unwrap())
+        .expect("budget gauge");
+    assert!(held < 4096.0, "announced bodies took budget: {held}");
     drop(holders);
 }
 

@@ -1,12 +1,19 @@
 //! The node-wide budget of request bytes in flight.
 //!
 //! Every request body is counted against one semaphore of bytes while its request is being
-//! served: by its `Content-Length` (capped at its route's body limit) when the handler starts
-//! reading it — after the caller's permission was checked, so a user without the grant never
-//! holds any — and so before a byte of it is read; else chunk by chunk as it arrives; plus
-//! what decompression inflates it to; plus the replies of consume and replay, held until
-//! the socket has taken them. When the budget is spent the request is answered `503 server_busy` with
-//! `Retry-After`, instead of many concurrent 16 MiB batches growing the process without bound.
+//! served, chunk by chunk as it arrives; plus what decompression inflates it to; plus the
+//! replies of consume and replay, held until the socket has taken them. When the budget is
+//! spent the request is answered `503 server_busy` with `Retry-After`, instead of many
+//! concurrent 16 MiB batches growing the process without bound. A produce whose
+//! `Content-Length` (capped at its route's body limit) does not fit in what is free when the
+//! handler starts reading it — after the caller's permission was checked — is answered so
+//! before a byte of its body is read.
+//!
+//! Bytes are counted as they arrive, not reserved as announced: a reservation for bytes not
+//! yet sent costs its client nothing, and a black-box review held the whole budget with
+//! sixteen connections announcing 16 MiB and sending 3 bytes, reconnecting as each was cut
+//! (every produce, consume and replay `503` 99.7% of the time). Counted as they arrive,
+//! holding the budget takes sending it.
 //!
 //! No one user (with security on) may hold more than a quarter of the budget (at least one
 //! largest body): routes that need a body's content to
@@ -16,8 +23,8 @@
 //!
 //! A body must also arrive whole within `body_read_timeout_ms` of the request's start, and,
 //! after `body_grace_ms`, keep arriving at `body_min_bytes_per_s` on average: a client that
-//! sends its body slowly, or stops, costs bounded time (`408 body_timeout`), and one that
-//! announces a large body and stalls holds its reservation for the grace, not the timeout.
+//! sends its body slowly, or stops, costs bounded time (`408 body_timeout`): one that stops
+//! is cut at the grace, not the timeout.
 
 use std::collections::HashMap;
 use std::future::Future as _;
@@ -53,7 +60,7 @@ pub struct BodyBudget {
 /// Bytes taken from the budget for one principal; given back when dropped.
 #[derive(Debug)]
 pub struct Taken {
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
     n: usize,
     principal: String,
     holders: Arc<Mutex<HashMap<String, usize>>>,
@@ -94,8 +101,20 @@ impl Held {
         }
     }
 
-    fn add(&self, taken: Taken) {
-        self.inner.taken.lock().push(taken);
+    /// Adds `taken` to what the request holds: into its last holding when they are the same
+    /// principal's (a body counted chunk by chunk holds one permit, not one per chunk: a
+    /// client sending a byte at a time must not make the server keep a record per byte).
+    fn add(&self, mut taken: Taken) {
+        let mut held = self.inner.taken.lock();
+        if let Some(last) = held.last_mut()
+            && last.principal == taken.principal
+            && let (Some(into), Some(p)) = (last.permit.as_mut(), taken.permit.take())
+        {
+            into.merge(p);
+            last.n += std::mem::take(&mut taken.n);
+            return;
+        }
+        held.push(taken);
     }
 
     pub fn release(&self) {
@@ -154,11 +173,22 @@ impl BodyBudget {
             .map_err(|_| BudgetSpent)?;
         *holders.entry(key.to_owned()).or_default() += n;
         Ok(Some(Taken {
-            _permit: permit,
+            permit: Some(permit),
             n,
             principal: key.to_owned(),
             holders: self.holders.clone(),
         }))
+    }
+
+    /// Whether `n` more bytes would fit now for `principal` (taking nothing).
+    fn fits(&self, principal: &Option<String>, n: usize) -> bool {
+        if self.bytes.available_permits() < n {
+            return false;
+        }
+        let Some(key) = principal else {
+            return true;
+        };
+        self.holders.lock().get(key).copied().unwrap_or(0) + n <= self.per_principal
     }
 
     /// Counts `n` more bytes (decompressed output, say) for the request that holds `held`.
@@ -219,9 +249,10 @@ pub fn spent() -> ApiError {
 /// `route`: the route's path pattern, `None` for a request no route matched.
 pub fn limit(state: &SharedState, req: &mut Request, route: Option<&str>) -> Held {
     let held = Held::new(principal(req));
-    // Only produce routes reserve their announced body, and never more than the route
-    // reads (a larger one is refused 413 once that much has arrived: answering before the
-    // client has sent its body would leave most clients a broken pipe instead of the 413).
+    // Only produce routes check up front that their announced body fits, and never for more
+    // than the route reads (a larger one is refused 413 once that much has arrived: answering
+    // before the client has sent its body would leave most clients a broken pipe instead of
+    // the 413).
     let announced = match body_limit(state, req.method(), route) {
         // a route that reads no body: nothing to count or time
         (0, _) => None,
@@ -237,7 +268,6 @@ pub fn limit(state: &SharedState, req: &mut Request, route: Option<&str>) -> Hel
             budget: state.body_budget.clone(),
             held: held.clone(),
             announced,
-            free: 0,
             pace: Pace {
                 due: start + std::time::Duration::from_millis(cfg.body_read_timeout_ms),
                 grace: std::time::Duration::from_millis(cfg.body_grace_ms),
@@ -309,15 +339,14 @@ fn content_length(h: &HeaderMap) -> Option<usize> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
-/// A request body that takes budget for every chunk beyond what was reserved up front.
+/// A request body that takes budget for every chunk as it arrives.
 struct Budgeted {
     inner: Body,
     budget: BodyBudget,
     held: Held,
-    /// The `Content-Length` (≤ the route's limit), taken from the budget at the first read.
+    /// The `Content-Length` (≤ the route's limit) of a produce: at the first read, it must
+    /// fit in what is free, else `503` before any of the body is read.
     announced: usize,
-    /// Bytes still covered by that reservation.
-    free: usize,
     /// How fast the body must arrive.
     pace: Pace,
     /// A timer for the pace's next deadline, made only once the body keeps the handler
@@ -367,14 +396,13 @@ impl http_body::Body for Budgeted {
             self.pace.grace_end = tokio::time::Instant::now().checked_add(grace);
         }
         if self.announced > 0 {
-            // the handler has begun to read: the whole announced body, before any of it
+            // the handler has begun to read: would the whole announced body fit now? (Taken
+            // as it arrives: a body that does not fit by then, after others took the room,
+            // is 503 part-way)
             let n = std::mem::take(&mut self.announced);
-            match self.budget.try_take(&self.held.principal, n) {
-                Ok(Some(t)) => self.held.add(t),
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+            if !self.budget.fits(&self.held.principal, n) {
+                return Poll::Ready(Some(Err(Box::new(BudgetSpent))));
             }
-            self.free = n;
         }
         let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
@@ -402,10 +430,7 @@ impl http_body::Body for Budgeted {
         };
         if let Some(data) = frame.data_ref() {
             self.pace.received = self.pace.received.saturating_add(data.len() as u64);
-            let covered = data.len().min(self.free);
-            self.free -= covered;
-            let extra = data.len() - covered;
-            match self.budget.try_take(&self.held.principal, extra) {
+            match self.budget.try_take(&self.held.principal, data.len()) {
                 Ok(Some(t)) => self.held.add(t),
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
@@ -456,6 +481,25 @@ mod tests {
         pace.received = 0;
         pace.min_rate = 0;
         assert_eq!(pace.deadline(), start + Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_body_counted_a_byte_at_a_time_holds_one_permit() {
+        let b = BodyBudget::new(1000, 250);
+        let held = Held::new(Some("a".into()));
+        for _ in 0..200 {
+            b.reserve(&held, 1).unwrap();
+        }
+        assert_eq!(held.inner.taken.lock().len(), 1);
+        assert_eq!(b.in_use(), 200);
+        assert_eq!(b.holders.lock()["a"], 200);
+        assert!(b.fits(&Some("a".into()), 50));
+        assert!(!b.fits(&Some("a".into()), 51), "past the principal's share");
+        assert!(b.fits(&None, 800));
+        assert!(!b.fits(&None, 801), "past the node's budget");
+        held.release();
+        assert_eq!(b.in_use(), 0);
+        assert!(b.holders.lock().is_empty());
     }
 
     #[test]
