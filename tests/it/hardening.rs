@@ -365,8 +365,7 @@ async fn request_bodies_in_flight_have_a_node_budget() {
     }
     // the server has counted both
     let deadline = Instant::now() + Duration::from_secs(20);
-    let held = "narad_http_request_bytes_in_flight 16777214";
-    while !s.get("/metrics").await.text().await.unwrap().contains(held) {
+    while budget_in_use(&s).await != (16 << 20) - 2 {
         assert!(Instant::now() < deadline, "the budget never filled");
         poll_pause().await;
     }
@@ -423,6 +422,40 @@ async fn a_stalled_body_costs_bounded_time() {
     assert_eq!(r.status(), StatusCode::ACCEPTED);
 }
 
+/// Bytes of the node's body budget in use now (`narad_http_request_bytes_in_flight`).
+fn budget_in(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("budget gauge") as u64
+}
+
+async fn budget_in_use(s: &Server) -> u64 {
+    budget_in(&s.get("/metrics").await.text().await.unwrap())
+}
+
+/// Polls until at least `at_least` bytes of the budget are in use, failing if ever
+/// `below` or more are (a body counted for what it announced, not what it sent).
+async fn wait_for_budget(s: &Server, at_least: u64, below: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = budget_in_use(s).await;
+        assert!(
+            held < below,
+            "bodies hold {held} bytes: more than they sent"
+        );
+        if held >= at_least {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{held} bytes counted, not {at_least}"
+        );
+        poll_pause().await;
+    }
+}
+
 /// Sends `head` and then `body` in `chunks` pieces `every` apart, and returns the reply's
 /// status line, or what the connection gave before it closed.
 async fn paced_request(
@@ -468,7 +501,7 @@ async fn paced_request(
 
 /// A producer that announces a body and then stops, or sends it slower than
 /// `body_min_bytes_per_s`, is cut after `body_grace_ms` (not after `body_read_timeout_ms`,
-/// here a minute), so its reservation of the body budget comes back; one that sends in
+/// here a minute), so its connection and what it sent of the body budget come back; one that sends in
 /// pauses but faster than that rate on average is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_behind_the_minimum_rate_is_cut_after_the_grace() {
@@ -481,13 +514,6 @@ async fn a_body_behind_the_minimum_rate_is_cut_after_the_grace() {
     s.create_topic(json!({"name": "pace", "partitions": 1}))
         .await;
     let addr = s.base.trim_start_matches("http://").to_owned();
-    let budget = || async {
-        let text = s.get("/metrics").await.text().await.unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
-            .map(|v| v.trim().parse::<f64>().unwrap())
-            .expect("budget gauge")
-    };
     // announces a megabyte and sends 5 bytes: holds the 5 bytes until cut
     let stalled = {
         let addr = addr.clone();
@@ -498,22 +524,7 @@ async fn a_body_behind_the_minimum_rate_is_cut_after_the_grace() {
             (line, started.elapsed())
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let held = budget().await;
-        assert!(
-            held < 1_000_000.0,
-            "the announced body was reserved: {held}"
-        );
-        if held >= 5.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the body's bytes were not counted"
-        );
-        poll_pause().await;
-    }
+    wait_for_budget(&s, 5, 1_000_000).await;
     let (line, took) = stalled.await.unwrap();
     assert!(line.starts_with("HTTP/1.1 408"), "{line}");
     assert!(
@@ -556,7 +567,7 @@ async fn a_body_behind_the_minimum_rate_is_cut_after_the_grace() {
         "a paced body was cut: {line}"
     );
     let deadline = Instant::now() + Duration::from_secs(10);
-    while budget().await != 0.0 {
+    while budget_in_use(&s).await != 0 {
         assert!(Instant::now() < deadline, "the budget was not given back");
         poll_pause().await;
     }
@@ -736,36 +747,11 @@ async fn announced_bodies_cannot_lock_out_producers() {
         }
     }
     // (each has been read as far as it was sent: 32 × 4 bytes)
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = s.get("/metrics").await.text().await.unwrap();
-        let held = text
-            .lines()
-            .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
-            .map(|v| v.trim().parse::<f64>().unwrap())
-            .expect("budget gauge");
-        assert!(
-            held < 1_048_576.0,
-            "announced produce bodies took budget: {held}"
-        );
-        if held >= 128.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the produce bodies were not read"
-        );
-        poll_pause().await;
-    }
+    wait_for_budget(&s, 128, 1 << 20).await;
     let r = s.produce("open", "", "{\"still\":\"served\"}").await;
     assert_eq!(r.status(), StatusCode::ACCEPTED);
-    let text = s.get("/metrics").await.text().await.unwrap();
-    let held = text
-        .lines()
-        .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
-        .map(|v| v.trim().parse::<f64>().unwrap())
-        .expect("budget gauge");
-    assert!(held < 4096.0, "announced bodies took budget: {held}");
+    let held = budget_in_use(&s).await;
+    assert!(held < 4096, "announced bodies took budget: {held}");
     drop(holders);
 }
 
@@ -807,12 +793,7 @@ async fn replies_in_flight_share_the_node_budget() {
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let text = s.get("/metrics").await.text().await.unwrap();
-        let held: u64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
+        let held = budget_in_use(&s).await;
         if held > 15_000_000 {
             break;
         }
@@ -911,11 +892,7 @@ async fn a_user_without_grants_cannot_starve_producers() {
             .text()
             .await
             .unwrap();
-        let held: u64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
+        let held = budget_in(&text);
         let waiting = answered.iter().filter(|a| !**a).count() as u64;
         let settled = held > 0 && held == waiting * 1_048_000;
         if settled && last == Some(held) {
