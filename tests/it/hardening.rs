@@ -501,8 +501,8 @@ async fn paced_request(
 
 /// A producer that announces a body and then stops, or sends it slower than
 /// `body_min_bytes_per_s`, is cut after `body_grace_ms` (not after `body_read_timeout_ms`,
-/// here a minute), so its connection and what it sent of the body budget come back; one that sends in
-/// pauses but faster than that rate on average is served.
+/// here a minute), so its connection and what it sent of the body budget come back; one
+/// that sends in pauses but faster than that rate on average is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_behind_the_minimum_rate_is_cut_after_the_grace() {
     let dir = tempfile::tempdir().unwrap();
