@@ -276,6 +276,8 @@ pub fn limit(state: &SharedState, req: &mut Request, route: Option<&str>) -> Hel
                 received: 0,
             },
             deadline: None,
+            small: Vec::new(),
+            next: None,
         });
     }
     req.extensions_mut().insert(held.clone());
@@ -339,6 +341,9 @@ fn content_length(h: &HeaderMap) -> Option<usize> {
     h.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
+/// Chunks smaller than this are copied together before they are handed on.
+const GATHER: usize = 16 * 1024;
+
 /// A request body that takes budget for every chunk as it arrives.
 struct Budgeted {
     inner: Body,
@@ -349,6 +354,10 @@ struct Budgeted {
     announced: usize,
     /// How fast the body must arrive.
     pace: Pace,
+    /// Small chunks copied together, up to `GATHER` bytes (see `poll_frame`).
+    small: Vec<u8>,
+    /// A frame that came after gathered chunks (a large one, or trailers), for the next poll.
+    next: Option<Frame<Bytes>>,
     /// A timer for the pace's next deadline, made only once the body keeps the handler
     /// waiting (most bodies have arrived whole with their headers and never need one).
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -383,6 +392,30 @@ impl Pace {
     }
 }
 
+impl Budgeted {
+    /// Counts a chunk that arrived: budget and pace.
+    fn count(&mut self, n: usize) -> Result<(), BudgetSpent> {
+        self.pace.received = self.pace.received.saturating_add(n as u64);
+        if let Some(t) = self.budget.try_take(&self.held.principal, n)? {
+            self.held.add(t);
+        }
+        Ok(())
+    }
+
+    /// The small chunks gathered so far, as one frame.
+    fn gathered(&mut self) -> Frame<Bytes> {
+        Frame::data(Bytes::from(std::mem::take(&mut self.small)))
+    }
+
+    fn ready(&mut self, frame: Frame<Bytes>) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
+        if http_body::Body::is_end_stream(self) {
+            // (a reader that stops at the announced length never polls for the end)
+            self.held.inner.body_read.store(true, Ordering::Relaxed);
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+}
+
 impl http_body::Body for Budgeted {
     type Data = Bytes;
     type Error = axum::BoxError;
@@ -391,64 +424,103 @@ impl http_body::Body for Budgeted {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.pace.grace_end.is_none() {
-            let grace = self.pace.grace;
-            self.pace.grace_end = tokio::time::Instant::now().checked_add(grace);
+        let this = &mut *self;
+        if let Some(next) = this.next.take() {
+            return this.ready(next);
         }
-        if self.announced > 0 {
+        if this.pace.grace_end.is_none() {
+            this.pace.grace_end = tokio::time::Instant::now().checked_add(this.pace.grace);
+        }
+        if this.announced > 0 {
             // the handler has begun to read: would the whole announced body fit now? (Taken
             // as it arrives: a body that does not fit by then, after others took the room,
             // is 503 part-way)
-            let n = std::mem::take(&mut self.announced);
-            if !self.budget.fits(&self.held.principal, n) {
+            let n = std::mem::take(&mut this.announced);
+            if !this.budget.fits(&this.held.principal, n) {
                 return Poll::Ready(Some(Err(Box::new(BudgetSpent))));
             }
         }
-        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => frame,
-            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => {
-                self.held.inner.body_read.store(true, Ordering::Relaxed);
-                return Poll::Ready(None);
-            }
-            Poll::Pending => {
-                let due = self.pace.deadline();
-                // a client's slowness, in real (monotonic) time: no clock of the broker's
-                #[allow(clippy::disallowed_methods)]
-                let deadline = self
-                    .deadline
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
-                if deadline.deadline() != due {
-                    // bytes arrived since it was set: the body has bought more time
-                    deadline.as_mut().reset(due);
+        loop {
+            let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => frame,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) if this.small.is_empty() => {
+                    this.held.inner.body_read.store(true, Ordering::Relaxed);
+                    return Poll::Ready(None);
                 }
-                return match deadline.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout)))),
-                    Poll::Pending => Poll::Pending,
-                };
+                Poll::Ready(None) => {
+                    let frame = this.gathered();
+                    return this.ready(frame);
+                }
+                Poll::Pending => {
+                    let due = this.pace.deadline();
+                    // a client's slowness, in real (monotonic) time: no clock of the broker's
+                    #[allow(clippy::disallowed_methods)]
+                    let deadline = this
+                        .deadline
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+                    if deadline.deadline() != due {
+                        // bytes arrived since it was set: the body has bought more time
+                        deadline.as_mut().reset(due);
+                    }
+                    return match deadline.as_mut().poll(cx) {
+                        Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout)))),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            };
+            let Some(data) = frame.data_ref() else {
+                // trailers, after what was gathered
+                if this.small.is_empty() {
+                    return this.ready(frame);
+                }
+                this.next = Some(frame);
+                let frame = this.gathered();
+                return this.ready(frame);
+            };
+            if let Err(e) = this.count(data.len()) {
+                return Poll::Ready(Some(Err(Box::new(e))));
             }
-        };
-        if let Some(data) = frame.data_ref() {
-            self.pace.received = self.pace.received.saturating_add(data.len() as u64);
-            match self.budget.try_take(&self.held.principal, data.len()) {
-                Ok(Some(t)) => self.held.add(t),
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+            // A chunk is a slice of the connection's read buffer and keeps all of it alive:
+            // a body sent a byte at a time held ~1.2 KiB per byte that the budget did not see
+            // (a black-box review: +800 MiB RSS, 0.74 MiB counted). Small chunks are copied
+            // together instead; a large one, or the whole body at once, goes as it is.
+            if this.small.is_empty() && (data.len() >= GATHER || this.inner.is_end_stream()) {
+                return this.ready(frame);
+            }
+            if data.len() >= GATHER {
+                this.next = Some(frame);
+                let frame = this.gathered();
+                return this.ready(frame);
+            }
+            if this.small.capacity() == 0 {
+                this.small.reserve_exact(GATHER);
+            }
+            this.small.extend_from_slice(data);
+            if this.small.len() >= GATHER || this.inner.is_end_stream() {
+                let frame = this.gathered();
+                return this.ready(frame);
             }
         }
-        if self.inner.is_end_stream() {
-            // (a reader that stops at the announced length never polls for the end)
-            self.held.inner.body_read.store(true, Ordering::Relaxed);
-        }
-        Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.is_end_stream() && self.small.is_empty() && self.next.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let mut hint = self.inner.size_hint();
+        let waiting = self
+            .next
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, Bytes::len);
+        let gathered = (self.small.len() + waiting) as u64;
+        hint.set_lower(hint.lower() + gathered);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + gathered);
+        }
+        hint
     }
 }
 
@@ -481,6 +553,90 @@ mod tests {
         pace.received = 0;
         pace.min_rate = 0;
         assert_eq!(pace.deadline(), start + Duration::from_secs(60));
+    }
+
+    fn budgeted(budget: &BodyBudget, frames: Vec<Frame<Bytes>>) -> (Budgeted, Held) {
+        let held = Held::new(None);
+        let stream =
+            futures_util::stream::iter(frames.into_iter().map(Ok::<_, std::convert::Infallible>));
+        let start = tokio::time::Instant::now();
+        let body = Budgeted {
+            inner: Body::new(http_body_util::StreamBody::new(stream)),
+            budget: budget.clone(),
+            held: held.clone(),
+            announced: 0,
+            pace: Pace {
+                due: start + std::time::Duration::from_secs(60),
+                grace: std::time::Duration::from_secs(5),
+                grace_end: None,
+                min_rate: 0,
+                received: 0,
+            },
+            deadline: None,
+            small: Vec::new(),
+            next: None,
+        };
+        (body, held)
+    }
+
+    /// What `body` yields: its data frames' lengths, the bytes, and whether trailers came last.
+    async fn drain(mut body: Budgeted) -> (Vec<usize>, Vec<u8>, bool) {
+        use http_body_util::BodyExt as _;
+        let (mut sizes, mut bytes, mut trailers) = (Vec::new(), Vec::new(), false);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.unwrap();
+            assert!(!trailers, "a frame after the trailers");
+            match frame.into_data() {
+                Ok(d) => {
+                    sizes.push(d.len());
+                    bytes.extend_from_slice(&d);
+                }
+                Err(f) => trailers = f.is_trailers(),
+            }
+        }
+        (sizes, bytes, trailers)
+    }
+
+    #[tokio::test]
+    async fn small_chunks_are_gathered_and_large_ones_pass() {
+        let budget = BodyBudget::new(1 << 30, 1 << 30);
+        // a byte at a time: copied together, GATHER bytes a frame, all counted
+        let want: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+        let frames = want
+            .iter()
+            .map(|&b| Frame::data(Bytes::copy_from_slice(&[b])))
+            .collect();
+        let (body, held) = budgeted(&budget, frames);
+        let (sizes, bytes, _) = drain(body).await;
+        assert_eq!(bytes, want);
+        assert_eq!(sizes, [GATHER, GATHER, 40_000 - 2 * GATHER]);
+        assert_eq!(budget.in_use(), 40_000);
+        assert!(held.body_read());
+        held.release();
+        // a large chunk goes as it is, after what was gathered before it; trailers too
+        let mut trailer = HeaderMap::new();
+        trailer.insert("x-t", "1".parse().unwrap());
+        let frames = vec![
+            Frame::data(Bytes::from_static(b"ab")),
+            Frame::data(Bytes::from(vec![7u8; GATHER + 1])),
+            Frame::data(Bytes::from_static(b"c")),
+            Frame::trailers(trailer),
+        ];
+        let (body, held) = budgeted(&budget, frames);
+        let (sizes, bytes, trailers) = drain(body).await;
+        assert_eq!(sizes, [2, GATHER + 1, 1]);
+        assert_eq!(&bytes[..2], b"ab");
+        assert_eq!(bytes[GATHER + 3], b'c');
+        assert!(trailers);
+        assert!(held.body_read());
+        held.release();
+        // the whole body in one small chunk is not copied
+        let one = Bytes::from_static(b"{\"whole\":1}");
+        let (body, held) = budgeted(&budget, vec![Frame::data(one.clone())]);
+        let (sizes, _, _) = drain(body).await;
+        assert_eq!(sizes, [one.len()]);
+        held.release();
+        assert_eq!(budget.in_use(), 0);
     }
 
     #[test]
