@@ -489,6 +489,9 @@ pub enum ConfigError {
     Env { var: String, message: String },
     #[error("config key {key}: {message}")]
     Invalid { key: String, message: String },
+    /// A value of the wrong type or out of its type's range (the message names the key).
+    #[error("configuration: {message}")]
+    Value { message: String },
 }
 
 impl ServerConfig {
@@ -555,13 +558,12 @@ impl ServerConfig {
             };
             table.insert(key, value);
         }
-        let mut cfg: Self =
-            table
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Invalid {
-                    key: "(config)".into(),
-                    message: e.to_string(),
-                })?;
+        let mut cfg: Self = table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Value {
+                // (toml ends its message with a line naming the key)
+                message: e.to_string().trim().replace('\n', " "),
+            })?;
         cfg.validate()?;
         ignored.sort();
         cfg.ignored_env = ignored;
@@ -1030,6 +1032,11 @@ mod tests {
         let e = ServerConfig::load(None, vec![("NARAD_DEFAULT_PARTITIONS".into(), "0".into())])
             .unwrap_err();
         assert!(e.to_string().contains("default_partitions"), "{e}");
+        // a value its type cannot hold: one line that names the key
+        let e = ServerConfig::load(None, vec![("NARAD_BODY_GRACE_MS".into(), "-1".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`body_grace_ms`") && !e.contains('\n'), "{e}");
         let e = ServerConfig::load(
             None,
             vec![("NARAD_HEADER_READ_TIMEOUT_MS".into(), "0".into())],
