@@ -740,6 +740,15 @@ impl ServerConfig {
             .max(self.max_batch_bytes.max(crate::http::MAX_BODY_LIMIT))
     }
 
+    /// Most of the body budget replies may hold at once: all of it but one largest request
+    /// body, so readers that leave their replies unread cannot refuse every produce (a
+    /// larger reply is still served when no other reply holds any of the share).
+    pub fn max_reply_bytes_in_flight(&self) -> usize {
+        self.max_request_bytes_in_flight
+            .saturating_sub(self.max_batch_bytes.max(crate::http::MAX_BODY_LIMIT))
+            .max(1)
+    }
+
     pub fn connection_timeouts(&self) -> crate::limits::Timeouts {
         crate::limits::Timeouts {
             header_read: std::time::Duration::from_millis(self.header_read_timeout_ms),

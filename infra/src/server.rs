@@ -633,7 +633,8 @@ pub async fn run_observed(
         body_budget: http::budget::BodyBudget::new(
             config.max_request_bytes_in_flight,
             config.max_request_bytes_per_user(),
-        ),
+        )
+        .with_reply_share(config.max_reply_bytes_in_flight()),
         schemas: crate::schema::SchemaCache::default(),
         restore_notice: std::sync::OnceLock::new(),
         cluster: cluster.clone(),

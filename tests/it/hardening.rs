@@ -782,7 +782,8 @@ async fn replies_in_flight_share_the_node_budget() {
             StatusCode::ACCEPTED
         );
     }
-    // four replays whose ~4 MB replies are never read hold ~16 MB of the 16 MiB
+    // four replays whose ~4 MB replies are never read: two fit in the replies' share (the
+    // 16 MiB less one largest body, 8 MiB), the others are refused
     let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
     let mut readers = Vec::new();
     for _ in 0..4 {
@@ -799,7 +800,11 @@ async fn replies_in_flight_share_the_node_budget() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let held = budget_in_use(&s).await;
-        if held > 15_000_000 {
+        assert!(
+            held <= 8 << 20,
+            "replies hold {held} bytes, past their share"
+        );
+        if held > 7_000_000 {
             break;
         }
         assert!(
@@ -812,6 +817,13 @@ async fn replies_in_flight_share_the_node_budget() {
     expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
     let v: Value = s.get("/v1/topics/big").await.json().await.unwrap();
     assert_eq!(v["partition_stats"][0]["in_flight"], 0, "leases kept: {v}");
+    // and what replies cannot take is the producers' (a black-box review held the whole
+    // budget with unread replies and refused every produce)
+    let body = format!("\"{}\"", "p".repeat(1_000_000));
+    assert_eq!(
+        s.produce("big", "", body).await.status(),
+        StatusCode::ACCEPTED
+    );
     drop(readers);
     // the budget comes back and the messages are delivered, counted once
     loop {

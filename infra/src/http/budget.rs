@@ -55,6 +55,8 @@ pub struct BodyBudget {
     per_principal: usize,
     /// Bytes each principal holds now (entries go when they reach 0).
     holders: Arc<Mutex<HashMap<String, usize>>>,
+    /// The part of the budget replies may hold (`None`: all of it), and its size.
+    replies: Option<(Arc<Semaphore>, usize)>,
 }
 
 /// Bytes taken from the budget for one principal; given back when dropped.
@@ -147,7 +149,17 @@ impl BodyBudget {
             limit,
             per_principal,
             holders: Arc::default(),
+            replies: None,
         }
+    }
+
+    /// Replies may hold no more than `share` of the budget together (one larger than that
+    /// takes all of it, so it waits for none but is served only when no other reply holds
+    /// any).
+    pub fn with_reply_share(mut self, share: usize) -> Self {
+        let share = share.clamp(1, self.limit.min(Semaphore::MAX_PERMITS));
+        self.replies = Some((Arc::new(Semaphore::new(share)), share));
+        self
     }
 
     /// Bytes held by requests now.
@@ -203,19 +215,34 @@ impl BodyBudget {
 /// A reply of `text` (JSON), its bytes held against the budget for as long as they exist:
 /// the permit lives inside the reply's buffer, which hyper keeps until the socket has taken
 /// it (or the connection is dropped). Replies are request memory too, and many concurrent
-/// large replies must not grow the process without bound.
+/// large replies must not grow the process without bound. Replies together hold no more than
+/// their share of the budget (see `with_reply_share`), so readers that leave them unread
+/// cannot take the room every producer needs.
 pub fn reply(
     budget: &BodyBudget,
     held: &Held,
     status: axum::http::StatusCode,
     text: String,
 ) -> Result<Response, ApiError> {
+    let share = match &budget.replies {
+        Some((replies, size)) if !text.is_empty() => {
+            let units = u32::try_from(text.len().min(*size)).map_err(|_| spent())?;
+            Some(
+                replies
+                    .clone()
+                    .try_acquire_many_owned(units)
+                    .map_err(|_| spent())?,
+            )
+        }
+        _ => None,
+    };
     let taken = budget
         .try_take(&held.principal, text.len())
         .map_err(|_| spent())?;
     let body = Bytes::from_owner(HeldBytes {
         bytes: text.into_bytes(),
         _held: taken,
+        _share: share,
     });
     let mut resp = (status, body).into_response();
     resp.headers_mut().insert(
@@ -229,6 +256,8 @@ pub fn reply(
 struct HeldBytes {
     bytes: Vec<u8>,
     _held: Option<Taken>,
+    /// Its part of the replies' share.
+    _share: Option<OwnedSemaphorePermit>,
 }
 
 impl AsRef<[u8]> for HeldBytes {
@@ -644,6 +673,31 @@ mod tests {
         assert!(held.body_read());
         held.release();
         assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn replies_hold_no_more_than_their_share() {
+        let b = BodyBudget::new(1000, 1000).with_reply_share(700);
+        let held = Held::new(None);
+        let ok = axum::http::StatusCode::OK;
+        let first = reply(&b, &held, ok, "x".repeat(600)).unwrap();
+        assert!(
+            reply(&b, &held, ok, "x".repeat(200)).is_err(),
+            "past the share"
+        );
+        // what is left beyond the share is the bodies'
+        let body = Held::new(None);
+        b.reserve(&body, 400).unwrap();
+        body.release();
+        drop(first);
+        assert_eq!(b.in_use(), 0);
+        // a reply larger than the share takes all of it
+        let large = reply(&b, &held, ok, "x".repeat(800)).unwrap();
+        assert_eq!(b.in_use(), 800);
+        assert!(reply(&b, &held, ok, "x".to_owned()).is_err());
+        drop(large);
+        assert_eq!(b.in_use(), 0);
+        reply(&b, &held, ok, "x".to_owned()).unwrap();
     }
 
     #[test]
