@@ -84,8 +84,30 @@ fn udp_port() -> u16 {
     port
 }
 
+thread_local! {
+    /// Where and why the test panicked first on this thread (see [`remember_failures`]).
+    static FAILURE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps the message of the panic that fails a test, so that it can be said again after the
+/// members' logs: those follow the panic's own report in a failed test's output, and CI shows
+/// only the tail of that output (a failure there once showed logs and no reason).
+fn remember_failures() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            FAILURE.with(|f| {
+                f.borrow_mut().get_or_insert_with(|| info.to_string());
+            });
+            report(info);
+        }));
+    });
+}
+
 impl Node {
     fn new(id: u64, root: &Path, members: &str, secret: &'static str) -> Self {
+        remember_failures();
         Self {
             id,
             child: None,
@@ -220,7 +242,10 @@ impl Node {
         if let Some(b) = body {
             r = r.json(&b);
         }
-        let r = r.send().await.unwrap();
+        let r = r
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{path} through node {}: {e}", self.id));
         let st = r.status();
         (st, r.json().await.unwrap_or(Value::Null))
     }
@@ -260,6 +285,13 @@ impl Drop for Node {
             for l in tail.iter().rev() {
                 eprintln!("{l}");
             }
+            FAILURE.with(|f| {
+                if let Some(why) = f.borrow().as_deref() {
+                    // (a message may carry a whole log; its head says what failed)
+                    let head: String = why.chars().take(2000).collect();
+                    eprintln!("── the test failed (node {} stopped): {head}", self.id);
+                }
+            });
         }
     }
 }
