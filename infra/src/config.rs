@@ -634,7 +634,7 @@ impl ServerConfig {
         if !(100..=3_600_000).contains(&self.body_grace_ms) {
             return bad("body_grace_ms", "must be between 100 and 3600000");
         }
-        let floor = (2 * self.max_batch_bytes).max(2 * crate::http::MAX_BODY_LIMIT);
+        let floor = 2 * self.largest_body();
         if !(floor..=1 << 40).contains(&self.max_request_bytes_in_flight) {
             return bad(
                 "max_request_bytes_in_flight",
@@ -733,11 +733,16 @@ impl ServerConfig {
         }
     }
 
+    /// The largest body a route reads: a batch's `max_batch_bytes`, or a single message's
+    /// route limit.
+    fn largest_body(&self) -> usize {
+        self.max_batch_bytes.max(crate::http::MAX_BODY_LIMIT)
+    }
+
     /// Most request and reply bytes one user holds at once (security on): a quarter of
     /// `max_request_bytes_in_flight`, and at least one largest body.
     pub fn max_request_bytes_per_user(&self) -> usize {
-        (self.max_request_bytes_in_flight / 4)
-            .max(self.max_batch_bytes.max(crate::http::MAX_BODY_LIMIT))
+        (self.max_request_bytes_in_flight / 4).max(self.largest_body())
     }
 
     /// Most of the body budget replies may hold at once: all of it but one largest request
@@ -745,7 +750,7 @@ impl ServerConfig {
     /// larger reply is still served when no other reply holds any of the share).
     pub fn max_reply_bytes_in_flight(&self) -> usize {
         self.max_request_bytes_in_flight
-            .saturating_sub(self.max_batch_bytes.max(crate::http::MAX_BODY_LIMIT))
+            .saturating_sub(self.largest_body())
             .max(1)
     }
 
