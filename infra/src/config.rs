@@ -323,6 +323,11 @@ pub struct ServerConfig {
     /// (its response may be several MiB) costs a bounded time and memory. Allow for your
     /// slowest readers; a long-poll that is still waiting is not writing, so never cut.
     pub response_write_timeout_ms: u64,
+    /// How long a reader may take none of its reply before that reply counts as stalled: a
+    /// reply that finds `max_request_bytes_in_flight` full closes the connection stalled
+    /// longest (at least this long) and takes the room its reply held, instead of `503`.
+    /// A client that reads at all, however slowly, is never closed so.
+    pub reply_stall_ms: u64,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
 
@@ -443,6 +448,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             keepalive_idle_timeout_ms: 60_000,
             response_write_timeout_ms: 60_000,
+            reply_stall_ms: 1_000,
             archive_url: String::new(),
             archive_endpoint: String::new(),
             archive_region: String::new(),
@@ -674,6 +680,9 @@ impl ServerConfig {
                 "must be between 100 and 3600000 (1 h)",
             );
         }
+        if !(100..=3_600_000).contains(&self.reply_stall_ms) {
+            return bad("reply_stall_ms", "must be between 100 and 3600000 (1 h)");
+        }
         if !(100..=3_600_000).contains(&self.keepalive_idle_timeout_ms) {
             return bad(
                 "keepalive_idle_timeout_ms",
@@ -760,6 +769,12 @@ impl ServerConfig {
             keepalive_idle: std::time::Duration::from_millis(self.keepalive_idle_timeout_ms),
             write_stall: std::time::Duration::from_millis(self.response_write_timeout_ms),
         }
+    }
+
+    /// How long a reader may take none of its reply before a reply without room may close
+    /// its connection (`reply_stall_ms`).
+    pub fn reply_stall(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.reply_stall_ms)
     }
 
     /// The broker's settings; `max_open_logs` is the resolved value (see

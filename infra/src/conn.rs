@@ -214,6 +214,7 @@ async fn serve_connection<I>(
                     match why {
                         CloseReason::HeaderTimeout
                         | CloseReason::WriteTimeout
+                        | CloseReason::StalledReply
                         | CloseReason::Shutdown => return,
                         // hyper closes an idle connection at once, after flushing what it holds
                         CloseReason::IdleTimeout | CloseReason::EvictedIdle => {

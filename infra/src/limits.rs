@@ -17,6 +17,11 @@
 //!   Headers: closed header_read_timeout after it began.  Busy: never cut (long-polls).
 //!   Idle: closed keepalive_idle_timeout after it began, or at once for a new client at the cap.
 //! ```
+//!
+//! In any phase, a connection whose socket has taken none of its response for
+//! `response_write_timeout_ms` is closed; and one whose socket has taken nothing for
+//! `reply_stall_ms` is closed at once when a reply that does not fit in the budget wants
+//! the room its own reply holds ([`ConnectionLimiter::cut_stalled_reply`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -73,6 +78,9 @@ pub enum CloseReason {
     Shutdown,
     /// The client read nothing of its response for `response_write_timeout_ms`.
     WriteTimeout,
+    /// The client read nothing of its response for `reply_stall_ms`, and a reply that did
+    /// not fit in the budget wanted the room it held.
+    StalledReply,
 }
 
 impl CloseReason {
@@ -83,15 +91,17 @@ impl CloseReason {
             Self::IdleTimeout => Some("idle_timeout"),
             Self::EvictedIdle => Some("evicted_idle"),
             Self::WriteTimeout => Some("write_timeout"),
+            Self::StalledReply => Some("stalled_reply"),
             Self::Shutdown => None,
         }
     }
 
-    pub const COUNTED: [&'static str; 4] = [
+    pub const COUNTED: [&'static str; 5] = [
         "header_timeout",
         "idle_timeout",
         "evicted_idle",
         "write_timeout",
+        "stalled_reply",
     ];
 }
 
@@ -113,6 +123,8 @@ struct Inner {
     evict: bool,
     /// Since when the socket has taken none of the bytes written to it.
     write_blocked: Option<Instant>,
+    /// Its stalled response's room was wanted: close now.
+    cut: bool,
 }
 
 /// One connection's phase, shared by its IO wrapper, its service and the limiter.
@@ -120,6 +132,10 @@ struct Inner {
 pub struct ConnState {
     inner: Mutex<Inner>,
     changed: Notify,
+    /// Set when its slot is given up (the connection, and what it held, is gone).
+    gone: std::sync::atomic::AtomicBool,
+    /// Notified when `gone` is set.
+    closed: Notify,
 }
 
 impl ConnState {
@@ -131,8 +147,11 @@ impl ConnState {
                 in_flight: 0,
                 evict: false,
                 write_blocked: None,
+                cut: false,
             }),
             changed: Notify::new(),
+            gone: std::sync::atomic::AtomicBool::new(false),
+            closed: Notify::new(),
         }
     }
 
@@ -168,6 +187,12 @@ impl ConnState {
             drop(s);
             self.changed.notify_one();
         }
+    }
+
+    /// As if a write had found the socket full at `at`.
+    #[cfg(test)]
+    pub(crate) fn stall_since(&self, at: Instant) {
+        self.inner.lock().write_blocked = Some(at);
     }
 
     /// The socket took bytes again.
@@ -220,6 +245,9 @@ impl ConnState {
                 Check::Until(Some(at))
             }
         };
+        if s.cut {
+            return Check::Close(CloseReason::StalledReply);
+        }
         // whatever the phase, a response (or what hyper still holds of one) may be stuck
         let stall_at = s.write_blocked.map(|since| since + t.write_stall);
         if stall_at.is_some_and(|at| at <= now) {
@@ -294,6 +322,9 @@ impl Drop for Slot {
     fn drop(&mut self) {
         // the permit (a field) is released after this, once the entry is gone
         self.limiter.open.lock().remove(&self.id);
+        // (the connection task drops its slot after the connection and its response)
+        self.state.gone.store(true, Ordering::Release);
+        self.state.closed.notify_waiters();
     }
 }
 
@@ -384,6 +415,36 @@ impl ConnectionLimiter {
         s.evict = true;
         drop(s);
         c.changed.notify_one();
+        true
+    }
+
+    /// Asks the connection whose socket has taken nothing of its response for longest, and
+    /// for at least `min`, to close (it is not closed again if asked twice); resolves once it
+    /// has, with what it held, or after `within`. False if no connection is stalled so long.
+    pub async fn cut_stalled_reply(&self, min: Duration, within: Duration) -> bool {
+        let now = Instant::now();
+        let victim = {
+            let open = self.open.lock();
+            open.values()
+                .filter_map(|c| {
+                    let s = c.inner.lock();
+                    let since = s.write_blocked?;
+                    (!s.cut && now.saturating_duration_since(since) >= min).then_some((since, c))
+                })
+                .min_by_key(|(since, _)| *since)
+                .map(|(_, c)| c.clone())
+        };
+        let Some(c) = victim else {
+            return false;
+        };
+        let closed = c.closed.notified();
+        let mut closed = std::pin::pin!(closed);
+        closed.as_mut().enable();
+        c.inner.lock().cut = true;
+        c.changed.notify_one();
+        if !c.gone.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(within, closed).await;
+        }
         true
     }
 

@@ -41,7 +41,8 @@ pub struct AuthLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CloseLabels {
-    /// `header_timeout`, `idle_timeout`, `evicted_idle` (`limits::CloseReason::COUNTED`)
+    /// `header_timeout`, `idle_timeout`, `evicted_idle`, `write_timeout`, `stalled_reply`
+    /// (`limits::CloseReason::COUNTED`)
     pub reason: &'static str,
 }
 

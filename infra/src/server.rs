@@ -619,6 +619,8 @@ pub async fn run_observed(
         }
         None => None,
     };
+    // (the API's connections: a reply that finds no room may close those whose readers stopped)
+    let api_limiter = crate::limits::ConnectionLimiter::new(plan.max_connections);
     let state = Arc::new(AppState {
         cfg: config.clone(),
         broker: std::sync::OnceLock::new(),
@@ -634,7 +636,8 @@ pub async fn run_observed(
             config.max_request_bytes_in_flight,
             config.max_request_bytes_per_user(),
         )
-        .with_reply_share(config.max_reply_bytes_in_flight()),
+        .with_reply_share(config.max_reply_bytes_in_flight())
+        .with_stalled_replies(api_limiter.clone(), config.reply_stall()),
         schemas: crate::schema::SchemaCache::default(),
         restore_notice: std::sync::OnceLock::new(),
         cluster: cluster.clone(),
@@ -698,7 +701,7 @@ pub async fn run_observed(
     let serving = Arc::new(crate::conn::Serving {
         router: http::router(state.clone()),
         hot: Some(state.clone()),
-        limiter: crate::limits::ConnectionLimiter::new(plan.max_connections),
+        limiter: api_limiter,
         tls,
         timeouts: config.connection_timeouts(),
         refused: metrics.connections_refused.clone(),

@@ -760,19 +760,21 @@ async fn announced_bodies_cannot_lock_out_producers() {
     drop(holders);
 }
 
-/// From the black-box review: concurrent large replies had no node-wide bound (16 replays of
-/// hundreds of MiB reached 10 GB). A reply's bytes are held against the same budget as
-/// request bodies until written; a consume whose reply does not fit is answered 503 and its
-/// leases are given back at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replies_in_flight_share_the_node_budget() {
+/// A server with a 16 MiB budget (8 MiB of it the replies' share) and six 1 MB messages in
+/// topic `big`, and four connections that each ask for a ~4 MB replay and read nothing of it
+/// (two of those replies fit in the share; the others are refused, or take the room of the
+/// first when it has stalled for `reply_stall_ms`): once unread replies hold most of the share.
+async fn unread_replies_hold_the_share(
+    dir: &std::path::Path,
+    reply_stall_ms: &str,
+) -> (Server, Vec<tokio::net::TcpStream>) {
     use tokio::io::AsyncWriteExt;
-    let dir = tempfile::tempdir().unwrap();
     let env = [
         ("NARAD_MAX_BATCH_BYTES", "1048576"),
         ("NARAD_MAX_REQUEST_BYTES_IN_FLIGHT", "16777216"),
+        ("NARAD_REPLY_STALL_MS", reply_stall_ms),
     ];
-    let s = Server::start_with(dir.path(), &env).await;
+    let s = Server::start_with(dir, &env).await;
     s.create_topic(json!({"name": "big", "partitions": 1, "max_message_bytes": 1048576}))
         .await;
     for i in 0..6 {
@@ -782,8 +784,6 @@ async fn replies_in_flight_share_the_node_budget() {
             StatusCode::ACCEPTED
         );
     }
-    // four replays whose ~4 MB replies are never read: two fit in the replies' share (the
-    // 16 MiB less one largest body, 8 MiB), the others are refused
     let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
     let mut readers = Vec::new();
     for _ in 0..4 {
@@ -805,7 +805,7 @@ async fn replies_in_flight_share_the_node_budget() {
             "replies hold {held} bytes, past their share"
         );
         if held > 7_000_000 {
-            break;
+            return (s, readers);
         }
         assert!(
             Instant::now() < deadline,
@@ -813,6 +813,17 @@ async fn replies_in_flight_share_the_node_budget() {
         );
         poll_pause().await;
     }
+}
+
+/// From the black-box review: concurrent large replies had no node-wide bound (16 replays of
+/// hundreds of MiB reached 10 GB). A reply's bytes are held against the same budget as
+/// request bodies until written; a consume whose reply does not fit (its readers not stalled
+/// for `reply_stall_ms`, here an hour) is answered 503 and its leases are given back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_in_flight_share_the_node_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, readers) = unread_replies_hold_the_share(dir.path(), "3600000").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
     let r = s.get("/v1/topics/big/consume?max=100").await;
     expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
     let v: Value = s.get("/v1/topics/big").await.json().await.unwrap();
@@ -836,6 +847,63 @@ async fn replies_in_flight_share_the_node_budget() {
         assert!(Instant::now() < deadline, "the budget never came back");
         poll_pause().await;
     }
+}
+
+/// From the fourth black-box review: readers that asked for replies and read nothing held
+/// the replies' share until `response_write_timeout_ms` (a minute), and every other consume
+/// and replay was 503 meanwhile. A reply that finds no room now closes the connection whose
+/// reader has read nothing for longest, once it has for `reply_stall_ms`, and takes its room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_without_room_takes_it_from_a_reader_that_stopped() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (s, mut readers) = unread_replies_hold_the_share(dir.path(), "300").await;
+    // (the response write timeout, a minute, is far off)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        // (503 while the readers have been stalled for less than 300 ms)
+        let r = s.get("/v1/topics/big/consume?max=100").await;
+        if r.status() == StatusCode::OK {
+            break r.json::<Value>().await.unwrap();
+        }
+        expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
+        assert!(
+            Instant::now() < deadline,
+            "no room was made for a reader that reads"
+        );
+        poll_pause().await;
+    };
+    let msgs = got["messages"].as_array().unwrap();
+    assert!(!msgs.is_empty());
+    assert!(msgs.iter().all(|m| m["delivery_count"] == 1), "{got:.200}");
+    assert!(budget_in_use(&s).await <= 8 << 20, "past the share");
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    let cut = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"narad_http_connections_closed_total{reason="stalled_reply"} "#)
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("stalled_reply closes counted");
+    assert!(cut >= 1, "{cut}");
+    // those readers' connections are closed: what they read ends short of a whole reply
+    let mut closed = 0;
+    for c in &mut readers {
+        let mut sink = vec![0u8; 1 << 16];
+        let mut total = 0usize;
+        let end = loop {
+            match tokio::time::timeout(Duration::from_millis(500), c.read(&mut sink)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break true,
+                Ok(Ok(n)) => total += n,
+                // open, its reply still coming (or a 503 kept alive): not one of them
+                Err(_) => break false,
+            }
+        };
+        if end && total < 4_000_000 {
+            closed += 1;
+        }
+    }
+    assert!(closed as u64 >= cut.min(4), "{closed} of {cut} closed");
 }
 
 /// From the second black-box review: routes that need a body's content to check a permission

@@ -57,6 +57,9 @@ pub struct BodyBudget {
     holders: Arc<Mutex<HashMap<String, usize>>>,
     /// The part of the budget replies may hold (`None`: all of it), and its size.
     replies: Option<(Arc<Semaphore>, usize)>,
+    /// The connections whose stalled replies may be closed to make room for a new one, and
+    /// how long a reply must have been stalled (`reply_stall_ms`).
+    stalled: Option<(Arc<crate::limits::ConnectionLimiter>, std::time::Duration)>,
 }
 
 /// Bytes taken from the budget for one principal; given back when dropped.
@@ -150,6 +153,7 @@ impl BodyBudget {
             per_principal,
             holders: Arc::default(),
             replies: None,
+            stalled: None,
         }
     }
 
@@ -159,6 +163,18 @@ impl BodyBudget {
     pub fn with_reply_share(mut self, share: usize) -> Self {
         let share = share.clamp(1, self.limit.min(Semaphore::MAX_PERMITS));
         self.replies = Some((Arc::new(Semaphore::new(share)), share));
+        self
+    }
+
+    /// A reply that finds no room closes the connection of `limiter` whose socket has taken
+    /// nothing of its own reply for longest (at least `stall`), and takes what it held,
+    /// instead of answering `503` while readers that read nothing hold the budget.
+    pub fn with_stalled_replies(
+        mut self,
+        limiter: Arc<crate::limits::ConnectionLimiter>,
+        stall: std::time::Duration,
+    ) -> Self {
+        self.stalled = Some((limiter, stall));
         self
     }
 
@@ -192,6 +208,21 @@ impl BodyBudget {
         }))
     }
 
+    /// `n` bytes of the replies' share (all of it when `n` is larger), if free now.
+    fn try_share(&self, n: usize) -> Option<OwnedSemaphorePermit> {
+        let (replies, size) = self.replies.as_ref()?;
+        let units = u32::try_from(n.min(*size)).ok()?;
+        replies.clone().try_acquire_many_owned(units).ok()
+    }
+
+    /// Whether `principal` may hold `n` more bytes under its own cap.
+    fn within_principal_cap(&self, principal: &Option<String>, n: usize) -> bool {
+        let Some(key) = principal else {
+            return true;
+        };
+        self.holders.lock().get(key).copied().unwrap_or(0) + n <= self.per_principal
+    }
+
     /// Whether `n` more bytes would fit now for `principal` (taking nothing).
     fn fits(&self, principal: &Option<String>, n: usize) -> bool {
         if self.bytes.available_permits() < n {
@@ -217,31 +248,52 @@ impl BodyBudget {
 /// it (or the connection is dropped). Replies are request memory too, and many concurrent
 /// large replies must not grow the process without bound. Replies together hold no more than
 /// their share of the budget (see `with_reply_share`), so readers that leave them unread
-/// cannot take the room every producer needs.
-pub fn reply(
+/// cannot take the room every producer needs; and a reply that finds no room closes the
+/// connections of such readers (see `with_stalled_replies`), one at a time for up to
+/// [`ROOM_WAIT`], before it is answered `503 server_busy`.
+pub async fn reply(
     budget: &BodyBudget,
     held: &Held,
     status: axum::http::StatusCode,
     text: String,
 ) -> Result<Response, ApiError> {
-    let share = match &budget.replies {
-        Some((replies, size)) if !text.is_empty() => {
-            let units = u32::try_from(text.len().min(*size)).map_err(|_| spent())?;
-            Some(
-                replies
-                    .clone()
-                    .try_acquire_many_owned(units)
-                    .map_err(|_| spent())?,
-            )
+    let n = text.len();
+    if n > budget.limit {
+        return Err(spent()); // (no room could ever be made)
+    }
+    let wants_share = budget.replies.is_some() && n > 0;
+    let mut share: Option<OwnedSemaphorePermit> = None;
+    let mut taken: Option<Option<Taken>> = None;
+    let mut until: Option<tokio::time::Instant> = None;
+    loop {
+        if wants_share && share.is_none() {
+            share = budget.try_share(n);
         }
-        _ => None,
-    };
-    let taken = budget
-        .try_take(&held.principal, text.len())
-        .map_err(|_| spent())?;
+        if (share.is_some() || !wants_share) && taken.is_none() {
+            taken = budget.try_take(&held.principal, n).ok();
+        }
+        if (share.is_some() || !wants_share) && taken.is_some() {
+            break;
+        }
+        // Readers that stopped reading may hold the room (a black-box review: 74 replay
+        // requests of a few hundred bytes, their replies never read, kept every other
+        // reader at 503 for a minute): close the connection stalled longest, then look
+        // again. Not for a caller over its own cap: others' readers do not hold that room.
+        let now = tokio::time::Instant::now();
+        let until = *until.get_or_insert(now + ROOM_WAIT);
+        let Some((limiter, stall)) = &budget.stalled else {
+            return Err(spent());
+        };
+        if now >= until
+            || !budget.within_principal_cap(&held.principal, n)
+            || !limiter.cut_stalled_reply(*stall, until - now).await
+        {
+            return Err(spent());
+        }
+    }
     let body = Bytes::from_owner(HeldBytes {
         bytes: text.into_bytes(),
-        _held: taken,
+        _held: taken.flatten(),
         _share: share,
     });
     let mut resp = (status, body).into_response();
@@ -251,6 +303,10 @@ pub fn reply(
     );
     Ok(resp)
 }
+
+/// How long a reply that finds no room may wait while the connections of stalled readers are
+/// closed to make it (each closes within milliseconds once asked).
+pub const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Reply bytes with the budget they hold (released when the last reference is dropped).
 struct HeldBytes {
@@ -692,14 +748,14 @@ mod tests {
         assert_eq!(budget.in_use(), 0);
     }
 
-    #[test]
-    fn replies_hold_no_more_than_their_share() {
+    #[tokio::test]
+    async fn replies_hold_no_more_than_their_share() {
         let b = BodyBudget::new(1000, 1000).with_reply_share(700);
         let held = Held::new(None);
         let ok = axum::http::StatusCode::OK;
-        let first = reply(&b, &held, ok, "x".repeat(600)).unwrap();
+        let first = reply(&b, &held, ok, "x".repeat(600)).await.unwrap();
         assert!(
-            reply(&b, &held, ok, "x".repeat(200)).is_err(),
+            reply(&b, &held, ok, "x".repeat(200)).await.is_err(),
             "past the share"
         );
         // what is left beyond the share is the bodies'
@@ -709,12 +765,95 @@ mod tests {
         drop(first);
         assert_eq!(b.in_use(), 0);
         // a reply larger than the share takes all of it
-        let large = reply(&b, &held, ok, "x".repeat(800)).unwrap();
+        let large = reply(&b, &held, ok, "x".repeat(800)).await.unwrap();
         assert_eq!(b.in_use(), 800);
-        assert!(reply(&b, &held, ok, "x".to_owned()).is_err());
+        assert!(reply(&b, &held, ok, "x".to_owned()).await.is_err());
         drop(large);
         assert_eq!(b.in_use(), 0);
-        reply(&b, &held, ok, "x".to_owned()).unwrap();
+        reply(&b, &held, ok, "x".to_owned()).await.unwrap();
+    }
+
+    /// A connection as its task runs it: closed when its state says so, dropping what it
+    /// holds (its unread reply) and then its slot.
+    fn serve_until_closed(
+        slot: crate::limits::Slot,
+        unread: Response,
+    ) -> tokio::task::JoinHandle<crate::limits::CloseReason> {
+        use crate::limits::{Check, Timeouts};
+        let t = Timeouts {
+            header_read: std::time::Duration::from_secs(10),
+            keepalive_idle: std::time::Duration::from_secs(60),
+            write_stall: std::time::Duration::from_secs(60),
+        };
+        tokio::spawn(async move {
+            let state = slot.state().clone();
+            loop {
+                if let Check::Close(why) = state.check(&t, tokio::time::Instant::now(), false) {
+                    drop(unread);
+                    drop(slot);
+                    return why;
+                }
+                state.changed().await;
+            }
+        })
+    }
+
+    const STALL: std::time::Duration = std::time::Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn a_reply_without_room_closes_the_reader_stalled_longest() {
+        use crate::limits::{CloseReason, ConnectionLimiter};
+        let limiter = ConnectionLimiter::new(8);
+        let b = BodyBudget::new(1000, 1000)
+            .with_reply_share(700)
+            .with_stalled_replies(limiter.clone(), STALL);
+        let ok = axum::http::StatusCode::OK;
+        let held = Held::new(None);
+        // two readers that read nothing hold the share, the first stalled since longer
+        let ms = std::time::Duration::from_millis;
+        let ago = |d| tokio::time::Instant::now().checked_sub(d).unwrap();
+        let mut readers = Vec::new();
+        for stalled in [ms(500), ms(400)] {
+            let slot = limiter.admit().await.unwrap();
+            let unread = reply(&b, &held, ok, "x".repeat(300)).await.unwrap();
+            slot.state().request_started();
+            slot.state().stall_since(ago(stalled));
+            readers.push((slot, unread));
+        }
+        // one that reads (slowly) holds the rest
+        let slot = limiter.admit().await.unwrap();
+        let reading = reply(&b, &held, ok, "x".repeat(100)).await.unwrap();
+        slot.state().write_blocked();
+        slot.state().write_progressed();
+        let (slow, slow_reply) = (slot, reading);
+        // not stalled for STALL yet: 503 at once
+        let t = std::time::Instant::now();
+        assert!(reply(&b, &held, ok, "y".repeat(250)).await.is_err());
+        assert!(t.elapsed() < ROOM_WAIT / 2, "it waited {:?}", t.elapsed());
+        readers[0].0.state().stall_since(ago(STALL + ms(200)));
+        readers[1].0.state().stall_since(ago(STALL + ms(100)));
+        let (second, first) = (readers.pop().unwrap(), readers.pop().unwrap());
+        let first = serve_until_closed(first.0, first.1);
+        let second = serve_until_closed(second.0, second.1);
+        // the reader stalled longest is closed and its room taken; no other
+        let got = reply(&b, &held, ok, "y".repeat(250)).await.unwrap();
+        assert_eq!(first.await.unwrap(), CloseReason::StalledReply);
+        assert!(!second.is_finished());
+        assert_eq!(b.in_use(), 300 + 100 + 250);
+        // a caller over its own cap closes no one
+        let b2 = BodyBudget::new(1000, 100).with_stalled_replies(limiter.clone(), STALL);
+        let alice = Held::new(Some("alice".into()));
+        let mine = reply(&b2, &alice, ok, "z".repeat(100)).await.unwrap();
+        assert!(reply(&b2, &alice, ok, "z".to_owned()).await.is_err());
+        assert!(!second.is_finished());
+        drop((mine, got));
+        // a reader that reads, however slowly, is never closed so: the next stalled one is
+        let more = reply(&b, &held, ok, "y".repeat(400)).await.unwrap();
+        assert_eq!(second.await.unwrap(), CloseReason::StalledReply);
+        assert!(reply(&b, &held, ok, "y".repeat(400)).await.is_err());
+        assert_eq!(b.in_use(), 100 + 400);
+        drop((more, slow_reply, slow));
+        assert_eq!(b.in_use(), 0);
     }
 
     #[test]

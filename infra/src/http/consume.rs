@@ -50,7 +50,7 @@ pub const WAIT_CLAMPED_HEADER: &str = "x-narad-wait-clamped";
 
 /// The reply: one message alone, or `{"messages": [...]}` when `max` was given; its bytes are
 /// held against the node's budget until written (`503 server_busy` when they do not fit).
-fn reply(
+async fn reply(
     state: &SharedState,
     held: &super::budget::Held,
     msgs: &[render::MessageJson<'_>],
@@ -61,7 +61,7 @@ fn reply(
     } else {
         render::message_text(&msgs[0])
     };
-    super::budget::reply(&state.body_budget, held, StatusCode::OK, text)
+    super::budget::reply(&state.body_budget, held, StatusCode::OK, text).await
 }
 
 pub async fn consume(
@@ -146,14 +146,14 @@ pub(super) async fn consume_parts(
                 return Ok(StatusCode::NO_CONTENT.into_response());
             }
             let text = crate::forward::Taken::read(msgs).body(max.is_some());
-            return super::budget::reply(&state.body_budget, &held, StatusCode::OK, text);
+            return super::budget::reply(&state.body_budget, &held, StatusCode::OK, text).await;
         }
         let recs = history(&broker, state.archive.as_deref(), &topic, p, from, n).await?;
         if recs.is_empty() {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         let msgs: Vec<_> = recs.iter().map(|r| render::record(&topic, p, r)).collect();
-        return reply(&state, &held, &msgs, max.is_some());
+        return reply(&state, &held, &msgs, max.is_some()).await;
     }
 
     let limit = Duration::from_millis(state.cfg.max_wait_ms);
@@ -170,7 +170,8 @@ pub(super) async fn consume_parts(
             } else {
                 let text = taken.body(max.is_some());
                 // (not sent: dropping `taken` gives the messages back)
-                let resp = super::budget::reply(&state.body_budget, &held, StatusCode::OK, text)?;
+                let resp =
+                    super::budget::reply(&state.body_budget, &held, StatusCode::OK, text).await?;
                 taken.sent();
                 resp
             }
@@ -183,7 +184,7 @@ pub(super) async fn consume_parts(
                 StatusCode::NO_CONTENT.into_response()
             } else {
                 let msgs: Vec<_> = got.iter().map(|d| render::delivery(&topic, d)).collect();
-                match reply(&state, &held, &msgs, max.is_some()) {
+                match reply(&state, &held, &msgs, max.is_some()).await {
                     Ok(resp) => resp,
                     Err(e) => {
                         // not handed out: the messages are deliverable again at once
