@@ -326,7 +326,8 @@ pub struct ServerConfig {
     /// How long a reader may take none of its reply before that reply counts as stalled: a
     /// reply that finds `max_request_bytes_in_flight` full closes the connection stalled
     /// longest (at least this long) and takes the room its reply held, instead of `503`.
-    /// A client that reads at all, however slowly, is never closed so.
+    /// A client that takes 16 KiB at least this often is never closed so (the kernel holds
+    /// 16 KiB of a response ahead of the client's window, and wakes the writer as it goes).
     pub reply_stall_ms: u64,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
@@ -448,7 +449,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             keepalive_idle_timeout_ms: 60_000,
             response_write_timeout_ms: 60_000,
-            reply_stall_ms: 1_000,
+            reply_stall_ms: 500,
             archive_url: String::new(),
             archive_endpoint: String::new(),
             archive_region: String::new(),

@@ -125,6 +125,9 @@ struct Inner {
     write_blocked: Option<Instant>,
     /// Its stalled response's room was wanted: close now.
     cut: bool,
+    /// Closed for a response its client would not take: reset, so that the kernel drops
+    /// what it still holds of it (an orphaned socket would keep it for minutes).
+    abort: bool,
 }
 
 /// One connection's phase, shared by its IO wrapper, its service and the limiter.
@@ -148,6 +151,7 @@ impl ConnState {
                 evict: false,
                 write_blocked: None,
                 cut: false,
+                abort: false,
             }),
             changed: Notify::new(),
             gone: std::sync::atomic::AtomicBool::new(false),
@@ -187,6 +191,12 @@ impl ConnState {
             drop(s);
             self.changed.notify_one();
         }
+    }
+
+    /// Whether the connection was closed for a response its client would not take (see
+    /// `Inner::abort`).
+    pub fn aborting(&self) -> bool {
+        self.inner.lock().abort
     }
 
     /// As if a write had found the socket full at `at`.
@@ -246,11 +256,13 @@ impl ConnState {
             }
         };
         if s.cut {
+            s.abort = true;
             return Check::Close(CloseReason::StalledReply);
         }
         // whatever the phase, a response (or what hyper still holds of one) may be stuck
         let stall_at = s.write_blocked.map(|since| since + t.write_stall);
         if stall_at.is_some_and(|at| at <= now) {
+            s.abort = true;
             return Check::Close(CloseReason::WriteTimeout);
         }
         let by_phase = match s.phase {
@@ -525,10 +537,13 @@ mod tests {
             c.check(&T, t1, false),
             Check::Until(Some(t1 + T.write_stall))
         );
+        assert!(!c.aborting(), "reset before its time");
         assert_eq!(
             c.check(&T, t1 + T.write_stall, false),
             Check::Close(CloseReason::WriteTimeout)
         );
+        // closed for a response its client would not take: reset, so the kernel drops it
+        assert!(c.aborting());
     }
 
     #[tokio::test]

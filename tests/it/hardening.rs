@@ -761,14 +761,8 @@ async fn announced_bodies_cannot_lock_out_producers() {
 }
 
 /// A server with a 16 MiB budget (8 MiB of it the replies' share) and six 1 MB messages in
-/// topic `big`, and four connections that each ask for a ~4 MB replay and read nothing of it
-/// (two of those replies fit in the share; the others are refused, or take the room of the
-/// first when it has stalled for `reply_stall_ms`): once unread replies hold most of the share.
-async fn unread_replies_hold_the_share(
-    dir: &std::path::Path,
-    reply_stall_ms: &str,
-) -> (Server, Vec<tokio::net::TcpStream>) {
-    use tokio::io::AsyncWriteExt;
+/// topic `big`.
+async fn big_replies_server(dir: &std::path::Path, reply_stall_ms: &str) -> Server {
     let env = [
         ("NARAD_MAX_BATCH_BYTES", "1048576"),
         ("NARAD_MAX_REQUEST_BYTES_IN_FLIGHT", "16777216"),
@@ -784,28 +778,41 @@ async fn unread_replies_hold_the_share(
             StatusCode::ACCEPTED
         );
     }
+    s
+}
+
+/// A connection with a small receive buffer that has asked for a ~4 MB replay of `big`.
+async fn replay_reader(s: &Server, rcvbuf: u32) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
     let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(rcvbuf).unwrap();
+    let mut c = sock.connect(addr).await.unwrap();
+    c.write_all(
+        b"GET /v1/topics/big/consume?partition=0&offset=0&max=100 HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    c
+}
+
+/// Four connections that each ask for a ~4 MB replay and read nothing of it (those replies
+/// that fit in the share are held; the others are refused, or take the room of an earlier
+/// one stalled for `reply_stall_ms`): returned once replies hold most of the share.
+async fn unread_replies_hold_the_share(s: &Server) -> Vec<tokio::net::TcpStream> {
     let mut readers = Vec::new();
     for _ in 0..4 {
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.set_recv_buffer_size(4096).unwrap();
-        let mut c = sock.connect(addr).await.unwrap();
-        c.write_all(
-            b"GET /v1/topics/big/consume?partition=0&offset=0&max=100 HTTP/1.1\r\nHost: x\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        readers.push(c);
+        readers.push(replay_reader(s, 4096).await);
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let held = budget_in_use(&s).await;
+        let held = budget_in_use(s).await;
         assert!(
             held <= 8 << 20,
             "replies hold {held} bytes, past their share"
         );
         if held > 7_000_000 {
-            return (s, readers);
+            return readers;
         }
         assert!(
             Instant::now() < deadline,
@@ -822,7 +829,8 @@ async fn unread_replies_hold_the_share(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_in_flight_share_the_node_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, readers) = unread_replies_hold_the_share(dir.path(), "3600000").await;
+    let s = big_replies_server(dir.path(), "3600000").await;
+    let readers = unread_replies_hold_the_share(&s).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let r = s.get("/v1/topics/big/consume?max=100").await;
     expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
@@ -853,15 +861,38 @@ async fn replies_in_flight_share_the_node_budget() {
 /// the replies' share until `response_write_timeout_ms` (a minute), and every other consume
 /// and replay was 503 meanwhile. A reply that finds no room now closes the connection whose
 /// reader has read nothing for longest, once it has for `reply_stall_ms`, and takes its room.
+/// From the fifth: a slow reader (8 KiB every 50 ms through a small receive buffer) was
+/// taken for one that reads nothing, its reply parked megabytes deep in the kernel's send
+/// buffer with the writer never woken; it is now never closed so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_without_room_takes_it_from_a_reader_that_stopped() {
     use tokio::io::AsyncReadExt;
     let dir = tempfile::tempdir().unwrap();
-    let (s, mut readers) = unread_replies_hold_the_share(dir.path(), "300").await;
+    let s = big_replies_server(dir.path(), "600").await;
+    // the slow reader asks first: without the kernel waking the writer as it reads, its
+    // reply would look stalled the longest
+    let mut slow = replay_reader(&s, 8192).await;
+    let slow_reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 8192];
+        let mut total = 0usize;
+        loop {
+            match slow.read(&mut buf).await {
+                Ok(0) | Err(_) => return (total, true),
+                Ok(n) => total += n,
+            }
+            // a reader's own pace, not a wait for a condition
+            #[allow(clippy::disallowed_methods)]
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if total > 3_000_000 {
+                return (total, false);
+            }
+        }
+    });
+    let mut readers = unread_replies_hold_the_share(&s).await;
     // (the response write timeout, a minute, is far off)
     let deadline = Instant::now() + Duration::from_secs(20);
     let got = loop {
-        // (503 while the readers have been stalled for less than 300 ms)
+        // (503 while the readers have been stalled for less than 600 ms)
         let r = s.get("/v1/topics/big/consume?max=100").await;
         if r.status() == StatusCode::OK {
             break r.json::<Value>().await.unwrap();
@@ -886,24 +917,40 @@ async fn a_reply_without_room_takes_it_from_a_reader_that_stopped() {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .expect("stalled_reply closes counted");
     assert!(cut >= 1, "{cut}");
-    // those readers' connections are closed: what they read ends short of a whole reply
-    let mut closed = 0;
+    // those readers' connections are reset (the kernel drops the rest of their replies, not
+    // kept in an orphaned socket)
+    let mut reset = 0;
     for c in &mut readers {
         let mut sink = vec![0u8; 1 << 16];
-        let mut total = 0usize;
-        let end = loop {
+        loop {
             match tokio::time::timeout(Duration::from_millis(500), c.read(&mut sink)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => break true,
-                Ok(Ok(n)) => total += n,
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    reset += 1;
+                    break;
+                }
+                Ok(Ok(0) | Err(_)) => break,
+                Ok(Ok(_)) => {}
                 // open, its reply still coming (or a 503 kept alive): not one of them
-                Err(_) => break false,
+                Err(_) => break,
             }
-        };
-        if end && total < 4_000_000 {
-            closed += 1;
         }
     }
-    assert!(closed as u64 >= cut.min(4), "{closed} of {cut} closed");
+    assert!(
+        reset as u64 >= cut.min(4),
+        "{reset} of {cut} reset; the slow reader ended: {}",
+        slow_reader.is_finished()
+    );
+    // more room wanted, and the slow reader still the one stalled longest if its reads
+    // did not show: it is not closed
+    for _ in 0..2 {
+        let _held = replay_reader(&s, 4096).await;
+        let r = s
+            .get("/v1/topics/big/consume?partition=0&offset=0&max=100")
+            .await;
+        assert!(r.status().is_success() || r.status() == StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert!(!slow_reader.is_finished(), "{:?}", slow_reader.await);
+    slow_reader.abort();
 }
 
 /// From the second black-box review: routes that need a body's content to check a permission
