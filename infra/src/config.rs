@@ -326,8 +326,10 @@ pub struct ServerConfig {
     /// How long a reader may take none of its reply before that reply counts as stalled: a
     /// reply that finds `max_request_bytes_in_flight` full closes the connection stalled
     /// longest (at least this long) and takes the room its reply held, instead of `503`.
-    /// A client that takes 16 KiB at least this often is never closed so (the kernel holds
-    /// 16 KiB of a response ahead of the client's window, and wakes the writer as it goes).
+    /// What counts is whether the writer could hand the socket more: the kernel may hold
+    /// megabytes of a response, so a reader that drains it very slowly (a review cut one
+    /// taking 20 KB/s through an 8 KiB receive buffer; none at 82-328 KB/s with the usual
+    /// buffers) can look stalled too, and is closed only while the budget is full.
     pub reply_stall_ms: u64,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
@@ -449,7 +451,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             keepalive_idle_timeout_ms: 60_000,
             response_write_timeout_ms: 60_000,
-            reply_stall_ms: 500,
+            reply_stall_ms: 1_000,
             archive_url: String::new(),
             archive_endpoint: String::new(),
             archive_region: String::new(),

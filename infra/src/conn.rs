@@ -9,15 +9,12 @@
 //!                                   eviction, or shutdown
 //! ```
 //!
-//! Every accepted socket gets `TCP_NOTSENT_LOWAT` ([`NOTSENT_LOWAT`]): the kernel takes a
-//! response only a little ahead of what the client's window lets it send, so a client that
-//! reads, however slowly, wakes the writer each time it reads (the watchdog sees it move),
-//! and one that stops holds at most that much of it in the kernel. A black-box review found
-//! a 20 KB/s reader's response parked 3.4 MB deep in an auto-tuned send buffer: the writer
-//! was not woken for minutes, and the reader was taken for one that reads nothing. A
-//! connection closed for a response its client would not take is reset (`SO_LINGER` 0), so
-//! the kernel drops what it held of it instead of keeping an orphan that probes a closed
-//! window for minutes.
+//! A connection closed for a response its client would not take (`response_write_timeout_ms`,
+//! or `reply_stall_ms` when a reply wanted its room) is reset (`SO_LINGER` 0), so that the
+//! kernel drops what it still held of the response at once: closed normally, the socket
+//! lives on as an orphan probing a closed window for minutes with megabytes of it (a
+//! black-box review counted 137 such orphans holding ~797 MiB of kernel memory after 20 s of
+//! a reader opening one every 0.1 s; reset, none and 1.5 MiB).
 //!
 //! hyper's own `header_read_timeout` is not used: in hyper 1.x its clock starts as soon as a
 //! keep-alive connection waits for its next request, so it cannot tell an idle keep-alive
@@ -118,7 +115,6 @@ pub async fn serve(
             failures = 0;
         }
         let _ = stream.set_nodelay(true);
-        let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(NOTSENT_LOWAT);
         let (serving, stopping) = (serving.clone(), stopping.clone());
         let admission = serving.limiter.try_admit();
         conns.spawn(async move {
@@ -307,14 +303,6 @@ async fn call(
         }))
     }))
 }
-
-/// How much of a response the kernel may hold beyond what it has sent (`TCP_NOTSENT_LOWAT`):
-/// the writer is woken as it goes (about every 16 KiB a slow reader takes: measured on
-/// loopback, a reader taking 8 KiB every 100 ms woke it every 0.2 s, and every 0.4 s with
-/// 32 KiB), so a reader that takes 16 KiB within `reply_stall_ms` (500 ms by default:
-/// 32 KB/s) shows that it reads. A large reply to a fast reader then goes in more writes
-/// (a 60 KB batch reply in about four).
-pub const NOTSENT_LOWAT: u32 = 16 * 1024;
 
 /// The TCP socket under a connection's stream (plaintext or TLS).
 pub trait TcpSocket {
