@@ -305,7 +305,7 @@ async fn call(
 }
 
 /// The TCP socket under a connection's stream (plaintext or TLS).
-pub trait TcpSocket {
+trait TcpSocket {
     fn tcp(&self) -> &TcpStream;
 }
 

@@ -46,14 +46,6 @@ pub(crate) async fn closed_within(
     start.elapsed()
 }
 
-/// The value of one sample in the Prometheus text.
-fn sample(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
-}
-
 fn addr(s: &Server) -> String {
     s.base.trim_start_matches("http://").to_owned()
 }

@@ -429,11 +429,7 @@ async fn a_stalled_body_costs_bounded_time() {
 
 /// Bytes of the node's body budget in use now (`narad_http_request_bytes_in_flight`).
 fn budget_in(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("narad_http_request_bytes_in_flight "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("budget gauge") as u64
+    sample(metrics, "narad_http_request_bytes_in_flight") as u64
 }
 
 async fn budget_in_use(s: &Server) -> u64 {
@@ -782,11 +778,11 @@ async fn big_replies_server(dir: &std::path::Path, reply_stall_ms: &str) -> Serv
 }
 
 /// A connection with a small receive buffer that has asked for a ~4 MB replay of `big`.
-async fn replay_reader(s: &Server, rcvbuf: u32) -> tokio::net::TcpStream {
+async fn replay_reader(s: &Server) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let addr: std::net::SocketAddr = s.base.trim_start_matches("http://").parse().unwrap();
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.set_recv_buffer_size(rcvbuf).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
     let mut c = sock.connect(addr).await.unwrap();
     c.write_all(
         b"GET /v1/topics/big/consume?partition=0&offset=0&max=100 HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -802,7 +798,7 @@ async fn replay_reader(s: &Server, rcvbuf: u32) -> tokio::net::TcpStream {
 async fn unread_replies_hold_the_share(s: &Server) -> Vec<tokio::net::TcpStream> {
     let mut readers = Vec::new();
     for _ in 0..4 {
-        readers.push(replay_reader(s, 4096).await);
+        readers.push(replay_reader(s).await);
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -889,13 +885,10 @@ async fn a_reply_without_room_takes_it_from_a_reader_that_stopped() {
     assert!(msgs.iter().all(|m| m["delivery_count"] == 1), "{got:.200}");
     assert!(budget_in_use(&s).await <= 8 << 20, "past the share");
     let metrics = s.get("/metrics").await.text().await.unwrap();
-    let cut = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(r#"narad_http_connections_closed_total{reason="stalled_reply"} "#)
-        })
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .expect("stalled_reply closes counted");
+    let cut = sample(
+        &metrics,
+        r#"narad_http_connections_closed_total{reason="stalled_reply"}"#,
+    ) as u64;
     assert!(cut >= 1, "{cut}");
     // those readers' connections are reset (the kernel drops the rest of their replies, not
     // kept in an orphaned socket)

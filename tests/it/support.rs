@@ -21,6 +21,14 @@ pub async fn poll_pause() {
     tokio::time::sleep(POLL_PAUSE).await;
 }
 
+/// The value of one sample (`name` with its labels) in the Prometheus text.
+pub fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+}
+
 /// The wall clock as the server reads it (both run on the same host), for comparing with
 /// the timestamps it returns.
 pub fn wall_clock_ms() -> i64 {

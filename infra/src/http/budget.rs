@@ -225,13 +225,7 @@ impl BodyBudget {
 
     /// Whether `n` more bytes would fit now for `principal` (taking nothing).
     fn fits(&self, principal: &Option<String>, n: usize) -> bool {
-        if self.bytes.available_permits() < n {
-            return false;
-        }
-        let Some(key) = principal else {
-            return true;
-        };
-        self.holders.lock().get(key).copied().unwrap_or(0) + n <= self.per_principal
+        self.bytes.available_permits() >= n && self.within_principal_cap(principal, n)
     }
 
     /// Counts `n` more bytes (decompressed output, say) for the request that holds `held`.
@@ -257,23 +251,48 @@ pub async fn reply(
     status: axum::http::StatusCode,
     text: String,
 ) -> Result<Response, ApiError> {
-    let n = text.len();
+    let (taken, share) = if text.is_empty() {
+        (None, None) // (an empty reply holds nothing)
+    } else {
+        room_for_reply(budget, held, text.len()).await?
+    };
+    let body = Bytes::from_owner(HeldBytes {
+        bytes: text.into_bytes(),
+        _held: taken,
+        _share: share,
+    });
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+/// `n` (> 0) bytes of the budget and of the replies' share for a reply; if there is no room,
+/// closes the connections of readers that stopped reading theirs, one at a time, for up to
+/// [`ROOM_WAIT`].
+async fn room_for_reply(
+    budget: &BodyBudget,
+    held: &Held,
+    n: usize,
+) -> Result<(Option<Taken>, Option<OwnedSemaphorePermit>), ApiError> {
     if n > budget.limit {
         return Err(spent()); // (no room could ever be made)
     }
-    let wants_share = budget.replies.is_some() && n > 0;
     let mut share: Option<OwnedSemaphorePermit> = None;
-    let mut taken: Option<Option<Taken>> = None;
+    let mut taken: Option<Taken> = None;
     let mut until: Option<tokio::time::Instant> = None;
     loop {
-        if wants_share && share.is_none() {
+        if budget.replies.is_some() && share.is_none() {
             share = budget.try_share(n);
         }
-        if (share.is_some() || !wants_share) && taken.is_none() {
-            taken = budget.try_take(&held.principal, n).ok();
+        let shared = share.is_some() || budget.replies.is_none();
+        if shared && taken.is_none() {
+            taken = budget.try_take(&held.principal, n).ok().flatten();
         }
-        if (share.is_some() || !wants_share) && taken.is_some() {
-            break;
+        if shared && taken.is_some() {
+            return Ok((taken, share));
         }
         // Readers that stopped reading may hold the room (a black-box review: 74 replay
         // requests of a few hundred bytes, their replies never read, kept every other
@@ -291,17 +310,6 @@ pub async fn reply(
             return Err(spent());
         }
     }
-    let body = Bytes::from_owner(HeldBytes {
-        bytes: text.into_bytes(),
-        _held: taken.flatten(),
-        _share: share,
-    });
-    let mut resp = (status, body).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/json"),
-    );
-    Ok(resp)
 }
 
 /// How long a reply that finds no room may wait while the connections of stalled readers are
