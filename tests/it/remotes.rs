@@ -973,6 +973,12 @@ async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_t
     })
     .await;
     check_key_order(&replay_all(&b, "orders", 2).await);
+    // (and the records written but never acknowledged before the kill: the lag counted
+    // below is the cut's alone)
+    until("the child caught up", async || {
+        children_of(&a, "src").await["children"][0]["lag_messages"] == 0
+    })
+    .await;
 
     // the target goes away: the gate opens and then lets one probe through per step
     relay.set_cut(true);
