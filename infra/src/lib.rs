@@ -23,5 +23,6 @@ pub mod metrics;
 pub mod moves;
 pub mod schema;
 pub mod server;
+pub mod sockq;
 pub mod telemetry;
 pub mod tls;

@@ -911,6 +911,100 @@ async fn a_reply_without_room_takes_it_from_a_reader_that_stopped() {
     assert!(reset as u64 >= cut.min(4), "{reset} of {cut} reset");
 }
 
+/// From the fifth black-box review: a reader that drained its reply slowly was closed as
+/// stalled while the budget was full. The kernel had taken megabytes of its reply into a
+/// send buffer it grew, and wakes the writer only once a third of that is free, so the
+/// writer saw no progress for seconds. The kernel's count of what each reader acknowledged
+/// now tells a slow reader from one that stopped: the one that stopped is closed, though the
+/// slow one has waited longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_is_not_taken_for_one_that_stopped() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let s = big_replies_server(dir.path(), "600").await;
+    // the slow reader asks first: it has waited longest
+    let mut slow = replay_reader(&s).await;
+    let taken = Arc::new(AtomicUsize::new(0));
+    let reading = {
+        let taken = taken.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                match slow.read(&mut buf).await {
+                    Ok(0) => return "closed".to_owned(),
+                    Ok(n) => taken.fetch_add(n, Ordering::Relaxed),
+                    Err(e) => return e.to_string(),
+                };
+                // a slow client's pace: 4 KiB every 100 ms
+                #[allow(clippy::disallowed_methods)]
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    // (its reply held, and the kernel's send buffer full, for a while before the next asks)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while budget_in_use(&s).await < 3_000_000 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow reader's reply is not held"
+        );
+        poll_pause().await;
+    }
+    let settle = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < settle {
+        poll_pause().await;
+    }
+    let mut stopped = replay_reader(&s).await;
+    while budget_in_use(&s).await < 7_000_000 {
+        assert!(Instant::now() < deadline, "the two replies are not held");
+        poll_pause().await;
+    }
+    // a consume that needs room gets the stopped reader's (503 until it has stalled 600 ms)
+    loop {
+        let r = s.get("/v1/topics/big/consume?max=1").await;
+        if r.status() == StatusCode::OK {
+            break;
+        }
+        expect_error(r, StatusCode::SERVICE_UNAVAILABLE, "server_busy").await;
+        assert!(Instant::now() < deadline, "no room was made");
+        poll_pause().await;
+    }
+    let mut sink = vec![0u8; 1 << 16];
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(5), stopped.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            other => break format!("{other:?}"),
+        }
+    };
+    assert!(
+        ended.contains("ConnectionReset"),
+        "the stopped reader: {ended}"
+    );
+    // the slow reader is still served: it keeps reading its reply
+    let before = taken.load(Ordering::Relaxed);
+    while taken.load(Ordering::Relaxed) < before + (64 << 10) {
+        assert!(
+            !reading.is_finished(),
+            "the slow reader was cut: {}",
+            reading.await.unwrap()
+        );
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(20),
+            "the slow reader stalled"
+        );
+        poll_pause().await;
+    }
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    let cut = sample(
+        &metrics,
+        r#"narad_http_connections_closed_total{reason="stalled_reply"}"#,
+    );
+    assert_eq!(cut, 1.0, "only the stopped reader is closed");
+    reading.abort();
+}
+
 /// From the second black-box review: routes that need a body's content to check a permission
 /// (creating a topic) count it as it arrives, so a user with no grants at all could fill the
 /// node's byte budget with stalled bodies and starve every producer. One user now holds at
