@@ -20,8 +20,9 @@
 //!
 //! In any phase, a connection whose socket has taken none of its response for
 //! `response_write_timeout_ms` is closed; and one whose socket has taken nothing for
-//! `reply_stall_ms` is closed at once when a reply that does not fit in the budget wants
-//! the room its own reply holds ([`ConnectionLimiter::cut_stalled_reply`]).
+//! `reply_stall_ms`, and whose peer acknowledges nothing more by the kernel's count, is
+//! closed when a reply that does not fit in the budget wants the room its own reply holds
+//! ([`ConnectionLimiter::cut_stalled_reply`]).
 
 use std::collections::HashMap;
 use std::future::Future;
