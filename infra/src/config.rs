@@ -326,13 +326,10 @@ pub struct ServerConfig {
     /// How long a reader may take none of its reply before that reply counts as stalled: a
     /// reply that finds `max_request_bytes_in_flight` full closes the connection stalled
     /// longest (at least this long) and takes the room its reply held, instead of `503`.
-    /// Before one is closed, the kernel's count of what its reader has acknowledged is read
-    /// twice, 400 ms apart (`/proc/self/net/tcp`): one that took at least 4 KiB meanwhile
-    /// (10 KiB/s) is reading, however long its writer has waited for room in a send buffer
-    /// the kernel grew to megabytes, and is not closed. Where the kernel's tables cannot
-    /// be read, only the writer's view counts, and a reader that drains megabytes very
-    /// slowly can look stalled (a review cut one taking 20 KB/s through an 8 KiB receive
-    /// buffer).
+    /// What counts is whether the writer could hand the socket more: the kernel may hold
+    /// megabytes of a response, so a reader that drains it very slowly (a review cut one
+    /// taking 20 KB/s through an 8 KiB receive buffer; none at 82-328 KB/s with the usual
+    /// buffers) can look stalled too, and is closed only while the budget is full.
     pub reply_stall_ms: u64,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,

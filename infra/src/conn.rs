@@ -178,10 +178,6 @@ async fn serve_connection<I>(
 {
     let state = slot.state().clone();
     state.start_headers();
-    // (to find its socket in the kernel's tables, should its reader seem to stall)
-    if let Ok(st) = rustix::fs::fstat(io.tcp()) {
-        state.set_socket(st.st_ino);
-    }
     let service = {
         let (router, hot, state) = (serving.router.clone(), serving.hot.clone(), state.clone());
         hyper::service::service_fn(move |req| {

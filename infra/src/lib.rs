@@ -23,6 +23,5 @@ pub mod metrics;
 pub mod moves;
 pub mod schema;
 pub mod server;
-pub mod sockq;
 pub mod telemetry;
 pub mod tls;

@@ -20,9 +20,8 @@
 //!
 //! In any phase, a connection whose socket has taken none of its response for
 //! `response_write_timeout_ms` is closed; and one whose socket has taken nothing for
-//! `reply_stall_ms`, and whose peer acknowledges nothing more by the kernel's count, is
-//! closed when a reply that does not fit in the budget wants the room its own reply holds
-//! ([`ConnectionLimiter::cut_stalled_reply`]).
+//! `reply_stall_ms` is closed at once when a reply that does not fit in the budget wants
+//! the room its own reply holds ([`ConnectionLimiter::cut_stalled_reply`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -124,9 +123,6 @@ struct Inner {
     evict: bool,
     /// Since when the socket has taken none of the bytes written to it.
     write_blocked: Option<Instant>,
-    /// When a look at the kernel's count found its peer had taken nothing more over
-    /// [`STALL_PROBE`] (cleared when the socket or its peer takes bytes).
-    stall_seen: Option<Instant>,
     /// Its stalled response's room was wanted: close now.
     cut: bool,
     /// Closed for a response its client would not take: reset, so that the kernel drops
@@ -143,8 +139,6 @@ pub struct ConnState {
     gone: std::sync::atomic::AtomicBool,
     /// Notified when `gone` is set.
     closed: Notify,
-    /// The inode of its TCP socket (0: unknown), to find it in the kernel's socket tables.
-    socket: AtomicU64,
 }
 
 impl ConnState {
@@ -156,24 +150,13 @@ impl ConnState {
                 in_flight: 0,
                 evict: false,
                 write_blocked: None,
-                stall_seen: None,
                 cut: false,
                 abort: false,
             }),
             changed: Notify::new(),
             gone: std::sync::atomic::AtomicBool::new(false),
             closed: Notify::new(),
-            socket: AtomicU64::new(0),
         }
-    }
-
-    /// Names the connection's TCP socket by its inode (as `fstat` gives it).
-    pub fn set_socket(&self, inode: u64) {
-        self.socket.store(inode, Ordering::Relaxed);
-    }
-
-    fn socket(&self) -> u64 {
-        self.socket.load(Ordering::Relaxed)
     }
 
     pub fn phase(&self) -> Phase {
@@ -224,25 +207,7 @@ impl ConnState {
 
     /// The socket took bytes again.
     pub fn write_progressed(&self) {
-        let mut s = self.inner.lock();
-        s.write_blocked = None;
-        s.stall_seen = None;
-    }
-
-    /// Its peer took some of what the kernel held of the response, though the socket has
-    /// taken nothing more (the writer waits for room in a send buffer the kernel may have
-    /// grown to megabytes): stalled only from now, if it takes nothing more.
-    fn peer_progressed(&self) {
-        let mut s = self.inner.lock();
-        if s.write_blocked.is_some() {
-            s.write_blocked = Some(Instant::now());
-        }
-        s.stall_seen = None;
-    }
-
-    /// A look at the kernel's count found its peer had taken nothing more.
-    fn stall_seen(&self, at: Instant) {
-        self.inner.lock().stall_seen = Some(at);
+        self.inner.lock().write_blocked = None;
     }
 
     /// A header block was read and its request handed to the router. The connection task is
@@ -322,8 +287,6 @@ pub struct ConnectionLimiter {
     limit: usize,
     open: Mutex<HashMap<u64, Arc<ConnState>>>,
     next_id: AtomicU64,
-    /// Held while [`Self::cut_stalled_reply`] looks at the stalled connections' sockets.
-    probing: tokio::sync::Mutex<()>,
 }
 
 /// What a new connection gets from [`ConnectionLimiter::try_admit`].
@@ -384,7 +347,6 @@ impl ConnectionLimiter {
             limit,
             open: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
-            probing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -471,54 +433,21 @@ impl ConnectionLimiter {
     /// Asks the connection whose socket has taken nothing of its response for longest, and
     /// for at least `min`, to close (it is not closed again if asked twice); resolves once it
     /// has, with what it held, or after `within`. False if no connection is stalled so long.
-    ///
-    /// The writer's view is not enough: the kernel may have grown a socket's send buffer to
-    /// megabytes, and wakes the writer only once a third of it is free, so a reader that
-    /// drains it slowly looks stalled for seconds (a black-box review saw one taking 20 KB/s
-    /// cut). So the kernel's count of bytes its peer has not acknowledged ([`crate::sockq`])
-    /// is read for the longest-stalled connections, twice, [`STALL_PROBE`] apart (at most
-    /// half of `within`), and one whose count fell by [`STALL_PROBE_BYTES`] is not stalled:
-    /// its stall clock starts again. One whose socket the tables do not show is judged by the
-    /// writer's view.
     pub async fn cut_stalled_reply(&self, min: Duration, within: Duration) -> bool {
-        let until = Instant::now() + within;
-        // one look at the sockets at a time (each reads the kernel's tables twice); the next
-        // caller then finds what this one closed gone, and the progress it saw noted
-        let Ok(_probing) = tokio::time::timeout(within, self.probing.lock()).await else {
-            return false;
-        };
         let now = Instant::now();
-        let mut seen = None;
-        let mut stalled: Vec<(Instant, Arc<ConnState>)> = {
+        let victim = {
             let open = self.open.lock();
             open.values()
                 .filter_map(|c| {
                     let s = c.inner.lock();
                     let since = s.write_blocked?;
-                    if s.cut || now.saturating_duration_since(since) < min {
-                        return None;
-                    }
-                    // one a recent look (of a caller before this one) found stalled
-                    if s.stall_seen
-                        .is_some_and(|at| now.saturating_duration_since(at) <= STALL_SEEN_FOR)
-                        && seen.as_ref().is_none_or(|(t, _)| since < *t)
-                    {
-                        seen = Some((since, c.clone()));
-                    }
-                    Some((since, c.clone()))
+                    (!s.cut && now.saturating_duration_since(since) >= min).then_some((since, c))
                 })
-                .collect()
+                .min_by_key(|(since, _)| *since)
+                .map(|(_, c)| c.clone())
         };
-        stalled.sort_by_key(|(since, _)| *since);
-        stalled.truncate(STALL_PROBED);
-        let probed = match seen {
-            Some((_, c)) => Probed::Stalled(c),
-            None => still_stalled(&stalled, until).await,
-        };
-        let c = match probed {
-            Probed::Stalled(c) => c,
-            Probed::Gone => return true,
-            Probed::NoneStalled => return false,
+        let Some(c) = victim else {
+            return false;
         };
         let closed = c.closed.notified();
         let mut closed = std::pin::pin!(closed);
@@ -526,8 +455,7 @@ impl ConnectionLimiter {
         c.inner.lock().cut = true;
         c.changed.notify_one();
         if !c.gone.load(Ordering::Acquire) {
-            let _ =
-                tokio::time::timeout(until.saturating_duration_since(Instant::now()), closed).await;
+            let _ = tokio::time::timeout(within, closed).await;
         }
         true
     }
@@ -536,97 +464,6 @@ impl ConnectionLimiter {
     pub async fn all_closed(&self) {
         let n = u32::try_from(self.limit).unwrap_or(u32::MAX);
         let _ = self.permits.acquire_many(n).await;
-    }
-}
-
-/// How far apart [`ConnectionLimiter::cut_stalled_reply`] reads the kernel's count of what
-/// stalled readers have not acknowledged: a reader that takes any of its response in this
-/// time is not closed as stalled.
-pub const STALL_PROBE: Duration = Duration::from_millis(400);
-
-/// What a reader must take over [`STALL_PROBE`] not to count as stalled (10 KiB/s): a
-/// reader that takes nothing may still show a little less unacknowledged for a while, as the
-/// kernel packs what its receive buffer holds (2 KiB was seen within 400 ms of filling a
-/// socket on loopback).
-pub const STALL_PROBE_BYTES: u64 = 4096;
-
-/// How many of the longest-stalled connections one look reads the counts of.
-const STALL_PROBED: usize = 16;
-
-/// For how long a connection a look found stalled may be closed without another look: the
-/// callers that waited for that look (replies that found no room at once) each close one of
-/// those it found, instead of each looking again.
-const STALL_SEEN_FOR: Duration = Duration::from_secs(1);
-
-/// What a look at stalled connections found.
-enum Probed {
-    /// The longest-stalled one whose peer took nothing.
-    Stalled(Arc<ConnState>),
-    /// One of them closed meanwhile: its room is back.
-    Gone,
-    NoneStalled,
-}
-
-/// Of `stalled` (longest first, with the instant each has been stalled since), the first
-/// whose peer acknowledges nothing over [`STALL_PROBE`] (at most half the time to `until`).
-/// Each whose peer took some is noted as making progress, and each whose peer took nothing
-/// as seen stalled.
-async fn still_stalled(stalled: &[(Instant, Arc<ConnState>)], until: Instant) -> Probed {
-    let Some((_, first)) = stalled.first() else {
-        return Probed::NoneStalled;
-    };
-    let inodes: Vec<u64> = stalled
-        .iter()
-        .map(|(_, c)| c.socket())
-        .filter(|&i| i != 0)
-        .collect();
-    if inodes.is_empty() {
-        return Probed::Stalled(first.clone());
-    }
-    let read = |inodes: Vec<u64>| async move {
-        tokio::task::spawn_blocking(move || crate::sockq::unacked(&inodes))
-            .await
-            .ok()
-            .and_then(Result::ok)
-    };
-    let Some(before) = read(inodes.clone()).await else {
-        return Probed::Stalled(first.clone()); // (no procfs: the writer's view)
-    };
-    let pause = STALL_PROBE.min(until.saturating_duration_since(Instant::now()) / 2);
-    // a measuring interval against the kernel's socket queues: real time by nature, and
-    // bounded by the caller's wait
-    #[allow(clippy::disallowed_methods)]
-    tokio::time::sleep(pause).await;
-    let Some(after) = read(inodes).await else {
-        return Probed::Stalled(first.clone());
-    };
-    let now = Instant::now();
-    let (mut found, mut gone) = (None, false);
-    for (since, c) in stalled {
-        if c.gone.load(Ordering::Acquire) {
-            gone = true;
-            continue;
-        }
-        {
-            let s = c.inner.lock();
-            if s.cut || s.write_blocked != Some(*since) {
-                continue; // the socket took bytes meanwhile, or another caller closes it
-            }
-        }
-        let ino = c.socket();
-        match (before.get(&ino), after.get(&ino)) {
-            (Some(b), Some(a)) if a + STALL_PROBE_BYTES <= *b => c.peer_progressed(),
-            _ => {
-                c.stall_seen(now);
-                found.get_or_insert_with(|| c.clone());
-            }
-        }
-    }
-    match found {
-        // (a connection that closed meanwhile gave its room back: the caller looks first)
-        _ if gone => Probed::Gone,
-        Some(c) => Probed::Stalled(c),
-        None => Probed::NoneStalled,
     }
 }
 
@@ -859,105 +696,5 @@ mod tests {
         let r = raw_error_response(narad_wire::ErrorCode::BodyTimeout, "late");
         assert!(r.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{r}");
         assert!(!r.contains("retry-after"), "{r}");
-    }
-
-    /// Sockets whose server end holds all the kernel takes of a response, its client (with
-    /// a small receive buffer) reading nothing yet.
-    fn filled_pair() -> (std::net::TcpStream, std::net::TcpStream) {
-        use std::io::Write;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        client.set_recv_buffer_size(4096).unwrap();
-        client
-            .connect(&listener.local_addr().unwrap().into())
-            .unwrap();
-        let (mut server, _) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let chunk = vec![1u8; 64 << 10];
-        while server.write(&chunk).is_ok() {}
-        (server, client.into())
-    }
-
-    /// A connection as its task runs it: closed (its socket with it) when its state says so.
-    fn close_when_told(
-        slot: Slot,
-        socket: std::net::TcpStream,
-    ) -> tokio::task::JoinHandle<CloseReason> {
-        tokio::spawn(async move {
-            let state = slot.state().clone();
-            loop {
-                if let Check::Close(why) = state.check(&T, Instant::now(), false) {
-                    drop((socket, slot));
-                    return why;
-                }
-                state.changed().await;
-            }
-        })
-    }
-
-    /// The writer's view (stalled since) is checked against the kernel's count of what each
-    /// peer acknowledged: a reader that takes some of its response is spared and its stall
-    /// clock starts again, and the stalled ones one look finds are closed by the callers
-    /// after it without another look.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_kernels_counts_spare_a_reader_that_reads() {
-        use std::io::Read;
-        let l = ConnectionLimiter::new(8);
-        let ms = Duration::from_millis;
-        let ago = |d| Instant::now().checked_sub(d).unwrap();
-        let mut conns = Vec::new();
-        let mut clients = Vec::new();
-        for stalled in [ms(3000), ms(2000), ms(1000)] {
-            let slot = l.admit().await.unwrap();
-            let (server, client) = filled_pair();
-            let inode = rustix::fs::fstat(&server).unwrap().st_ino;
-            let state = slot.state().clone();
-            state.set_socket(inode);
-            state.request_started();
-            state.stall_since(ago(stalled));
-            conns.push((state, close_when_told(slot, server)));
-            clients.push(client);
-        }
-        // the longest stalled one's client reads a little at a time
-        let mut slow = clients.remove(0);
-        let reading = std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            for _ in 0..50 {
-                if matches!(slow.read(&mut buf), Ok(0) | Err(_)) {
-                    break;
-                }
-                // a slow client's pace
-                #[allow(clippy::disallowed_methods)]
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
-        let t = Instant::now();
-        assert!(l.cut_stalled_reply(ms(500), Duration::from_secs(1)).await);
-        assert!(t.elapsed() >= STALL_PROBE / 2, "no look: {:?}", t.elapsed());
-        let (slow, slow_task) = conns.remove(0);
-        let (_, second) = conns.remove(0);
-        let closed = tokio::time::timeout(Duration::from_secs(5), second).await;
-        assert_eq!(closed.unwrap().unwrap(), CloseReason::StalledReply);
-        assert!(!slow_task.is_finished());
-        let since = slow.inner.lock().write_blocked.unwrap();
-        assert!(since >= t, "the reader's stall clock did not start again");
-        // the third was seen stalled by that look: closed at once, with no look of its own
-        let t = Instant::now();
-        assert!(l.cut_stalled_reply(ms(500), Duration::from_secs(1)).await);
-        assert!(
-            t.elapsed() < STALL_PROBE / 2,
-            "it looked again: {:?}",
-            t.elapsed()
-        );
-        let (_, third) = conns.remove(0);
-        let closed = tokio::time::timeout(Duration::from_secs(5), third).await;
-        assert_eq!(closed.unwrap().unwrap(), CloseReason::StalledReply);
-        // and the reader has not stalled for 500 ms since: nobody is closed
-        assert!(!l.cut_stalled_reply(ms(500), Duration::from_secs(1)).await);
-        assert!(!slow_task.is_finished());
-        reading.join().unwrap();
-        drop(clients);
-        slow_task.abort();
     }
 }
