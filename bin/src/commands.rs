@@ -1096,8 +1096,12 @@ async fn subscribe(c: &Client, a: SubArgs) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Acks a batch, retrying the handles that answered 503 (not applied) a few times.
+/// Acks a batch, retrying a few times the handles that answered 503 (not applied) or 504
+/// `outcome_unknown` (the member holding the lease did not answer: maybe applied). A `410`
+/// after an unknown outcome most likely means the first try was applied, and is not
+/// reported as a lost lease.
 async fn ack_with_retry(c: &Client, topic: &str, mut handles: Vec<String>) -> Result<(), BoxError> {
+    let mut unknown: std::collections::HashSet<String> = std::collections::HashSet::new();
     for attempt in 0..5u64 {
         let body = wire::AckBatch {
             receipt_handles: handles.clone(),
@@ -1111,11 +1115,13 @@ async fn ack_with_retry(c: &Client, topic: &str, mut handles: Vec<String>) -> Re
         let retry: Vec<String> = handles
             .iter()
             .zip(&results)
-            .filter(|(_, r)| r.status == 503)
+            .filter(|(_, r)| r.status == 503 || r.status == 504)
             .map(|(h, _)| h.clone())
             .collect();
         for (h, r) in handles.iter().zip(&results) {
-            if r.status == 410 {
+            if r.status == 504 {
+                unknown.insert(h.clone());
+            } else if r.status == 410 && !unknown.contains(h) {
                 eprintln!(
                     "ack of {h}: lease gone ({})",
                     r.error.as_deref().unwrap_or("")
@@ -1130,8 +1136,9 @@ async fn ack_with_retry(c: &Client, topic: &str, mut handles: Vec<String>) -> Re
         #[allow(clippy::disallowed_methods)]
         tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await;
     }
+    let maybe = handles.iter().filter(|h| unknown.contains(*h)).count();
     Err(format!(
-        "{} acks were not applied after retries; they will be redelivered",
+        "{} acks were not confirmed after retries ({maybe} of them may have been applied); those that were not will be redelivered",
         handles.len()
     )
     .into())

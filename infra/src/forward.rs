@@ -197,6 +197,31 @@ impl Ingress {
         });
     }
 
+    /// Calls `op` on member `id` (which must be a member: see [`Self::call`]); a member
+    /// that answers is taken for up, one that cannot be reached (or did not answer in time,
+    /// unless the call is a long-poll) for down.
+    async fn call_rpc(
+        self: &Arc<Self>,
+        id: u64,
+        addr: &str,
+        op: Op,
+        body: Bytes,
+        deadline: Duration,
+    ) -> Result<Bytes, RpcError> {
+        let r = self
+            .node
+            .meta
+            .rpc()
+            .call(id, addr, op, body, deadline)
+            .await;
+        match &r {
+            Ok(_) | Err(RpcError::Remote { .. }) => self.mark_up(id),
+            Err(RpcError::Timeout { .. }) if deadline > CALL_DEADLINE => {}
+            Err(_) => self.mark_down(id),
+        }
+        r
+    }
+
     /// Calls `op` on member `id`; a member that cannot be reached is taken for down.
     async fn call(
         self: &Arc<Self>,
@@ -211,21 +236,10 @@ impl Ingress {
                 format!("node {id} is not a member of this cluster"),
             )));
         };
-        let r = self
-            .node
-            .meta
-            .rpc()
-            .call(id, &addr, op, body, deadline)
-            .await;
+        let r = self.call_rpc(id, &addr, op, body, deadline).await;
         match r {
-            Ok(b) => {
-                self.mark_up(id);
-                Ok(b)
-            }
-            Err(RpcError::Remote { fault, .. }) => {
-                self.mark_up(id);
-                Err(CallError::Answered(from_fault(&fault)))
-            }
+            Ok(b) => Ok(b),
+            Err(RpcError::Remote { fault, .. }) => Err(CallError::Answered(from_fault(&fault))),
             // a long-poll that ran out is not the owner's fault
             Err(RpcError::Timeout { .. }) if deadline > CALL_DEADLINE => {
                 Err(CallError::Answered(ApiError::new(
@@ -233,13 +247,10 @@ impl Ingress {
                     format!("node {id} did not answer a wait in time"),
                 )))
             }
-            Err(e) => {
-                self.mark_down(id);
-                Err(CallError::Unreachable(ApiError::new(
-                    ErrorCode::ClusterUnavailable,
-                    format!("the partition's owner could not be reached: {e}; retry"),
-                )))
-            }
+            Err(e) => Err(CallError::Unreachable(ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("the partition's owner could not be reached: {e}; retry"),
+            ))),
         }
     }
 
@@ -760,6 +771,7 @@ impl Ingress {
                 handles,
                 action: None,
                 catalog: 0,
+                deadline_ms: None,
             };
             let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
             let Some(addr) = self.node.meta.addr_of(node) else {
@@ -1040,17 +1052,7 @@ impl Ingress {
                 }
                 continue;
             }
-            let r = match self.node.meta.addr_of(node) {
-                // a member no longer in the cluster: its leases are gone with it
-                None => Err(ApiError::new(
-                    ErrorCode::LeaseGone,
-                    format!(
-                        "the receipt handle names node {node}, which is not a member of this cluster"
-                    ),
-                )),
-                Some(_) => self.settle_on(node, topic, &items, action).await,
-            };
-            match r {
+            match self.settle_on(node, topic, &items, action).await {
                 Ok(outcomes) => {
                     for ((i, _), o) in items.into_iter().zip(outcomes) {
                         out[i] = Some(o.into_result());
@@ -1082,17 +1084,53 @@ impl Ingress {
         items: &[(usize, String)],
         action: AckAction,
     ) -> Result<Vec<SettleOutcome>, ApiError> {
+        // a member no longer in the cluster: its leases are gone with it
+        let Some(addr) = self.node.meta.addr_of(node) else {
+            return Err(ApiError::new(
+                ErrorCode::LeaseGone,
+                format!(
+                    "the receipt handle names node {node}, which is not a member of this cluster"
+                ),
+            ));
+        };
         let req = SettleRequest {
             topic: topic.to_owned(),
             handles: items.iter().map(|(_, h)| h.clone()).collect(),
             action: Some(action_name(action).to_owned()),
             catalog: self.broker.followed(),
+            deadline_ms: Some(
+                self.broker
+                    .now_ms()
+                    .saturating_add(CALL_DEADLINE.as_millis() as i64),
+            ),
         };
         let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-        let reply = self
-            .call(node, SETTLE, body, CALL_DEADLINE)
+        let reply = match self
+            .call_rpc(node, &addr, SETTLE, body, CALL_DEADLINE)
             .await
-            .map_err(CallError::api)?;
+        {
+            Ok(b) => b,
+            Err(RpcError::Remote { fault, .. }) => return Err(from_fault(&fault)),
+            // never reached the owner: surely not applied
+            Err(e) if e.not_sent() => {
+                return Err(ApiError::new(
+                    ErrorCode::ClusterUnavailable,
+                    format!(
+                        "the member that leased the message could not be reached: {e}; not applied, retry"
+                    ),
+                ));
+            }
+            // it left: the owner may have applied it, or may still (it refuses one that
+            // reaches it after `deadline_ms`, as its clock reads it)
+            Err(e) => {
+                return Err(ApiError::new(
+                    ErrorCode::OutcomeUnknown,
+                    format!(
+                        "the member that leased the message did not answer: {e}; it may or may not have been applied: retry while the lease lasts (410 lease_gone then means it was, or the lease ended)"
+                    ),
+                ));
+            }
+        };
         let outcomes: Vec<SettleOutcome> = serde_json::from_slice(&reply).map_err(|e| {
             ApiError::new(
                 ErrorCode::ClusterUnavailable,
@@ -1381,6 +1419,12 @@ struct SettleRequest {
     /// `None`: give the leases back (a consume that could not be answered).
     action: Option<String>,
     catalog: u64,
+    /// When the caller gives up waiting for the answer (its clock, ms since the epoch): a
+    /// settle that reaches the owner later is refused, not applied, so a caller that answered
+    /// "unknown" is not followed by a late apply when clocks are in step. Absent: no limit
+    /// (a give-back, which must always take effect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    deadline_ms: Option<i64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -1959,6 +2003,21 @@ impl Service for DataService {
                         return Ok(Bytes::new());
                     };
                     caught_up(&broker, req.catalog).await?;
+                    if let Some(d) = req.deadline_ms
+                        && broker.now_ms() > d
+                    {
+                        // the caller has given up and answered "unknown": applying it now
+                        // would surprise a client that retries or lets the lease run out
+                        let late = SettleOutcome::of(Err(ApiError::new(
+                            ErrorCode::ClusterUnavailable,
+                            "the settle reached the member that leased the message after its caller's deadline; not applied, retry",
+                        )));
+                        tracing::warn!(topic = %req.topic, handles = req.handles.len(), late_ms = broker.now_ms() - d, "settle refused: it arrived after its caller's deadline");
+                        let out: Vec<&SettleOutcome> = req.handles.iter().map(|_| &late).collect();
+                        return Ok(Bytes::from(
+                            serde_json::to_vec(&out).expect("outcomes serialise"),
+                        ));
+                    }
                     let out: Vec<SettleOutcome> = broker
                         .settle_many(&req.topic, &req.handles, action)
                         .await
@@ -2122,6 +2181,7 @@ impl Service for DataService {
             crate::moves::MOVE_PROGRESS => "move_progress",
             crate::moves::MOVE_REBALANCE => "move_rebalance",
             crate::moves::SEEN_ENDS => "seen_ends",
+            crate::moves::MEMBER_PROBE => "member_probe",
             _ => return None,
         })
     }

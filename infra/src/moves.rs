@@ -53,6 +53,17 @@ pub const MOVE_FREEZE: Op = Op(122);
 pub const MOVE_PROGRESS: Op = Op(123);
 pub const MOVE_REBALANCE: Op = Op(124);
 pub const SEEN_ENDS: Op = Op(125);
+/// "Does member N answer you?": the asked member probes N afresh ([`Rpc::probe`]) and
+/// answers `true` or `false` (forget asks every live member before declaring N lost).
+///
+/// [`Rpc::probe`]: narad_cluster::rpc::Rpc::probe
+pub const MEMBER_PROBE: Op = Op(126);
+/// How long forget watches a member it is asked to declare lost: it must fail every probe
+/// over this window, from this member and from every other live one.
+const LOST_FOR: Duration = Duration::from_secs(3);
+/// Probes of a member forget makes over [`LOST_FOR`], one [`PROBE_WITHIN`] each.
+const LOST_PROBES: u32 = 3;
+const PROBE_WITHIN: Duration = Duration::from_secs(1);
 /// Most partitions one [`SEEN_ENDS`] call asks about.
 const MAX_SEEN_ASK: usize = 65_536;
 
@@ -222,6 +233,19 @@ pub async fn serve(
                 .map(|&(t, p)| ingress.as_ref().map_or(0, |i| i.seen_end(t, p)))
                 .collect();
             Ok(Bytes::from(serde_json::to_vec(&ends).expect("serialises")))
+        }
+        MEMBER_PROBE => {
+            let id: u64 = match serde_json::from_slice(body) {
+                Ok(id) => id,
+                Err(_) => return Some(Err(malformed("member probe"))),
+            };
+            let answers = match mover {
+                Some(m) => m.answers(id, PROBE_WITHIN).await,
+                None => false,
+            };
+            Ok(Bytes::from(
+                serde_json::to_vec(&answers).expect("serialises"),
+            ))
         }
         MOVE_REBALANCE => match mover {
             Some(m) => m
@@ -830,17 +854,46 @@ impl Mover {
     }
 
     /// Whether member `id` answers a ping within `within`.
+    /// Whether member `id` answers a ping within `within`, dialled afresh if need be (a
+    /// remembered failed dial is not trusted: see [`narad_cluster::rpc::Rpc::probe`]). This
+    /// member answers for itself.
     async fn answers(&self, id: u64, within: Duration) -> bool {
+        if id == self.node.node_id() {
+            return true;
+        }
         match self.node.meta.addr_of(id) {
-            Some(addr) => self
-                .node
-                .meta
-                .rpc()
-                .call(id, &addr, Op::PING, Bytes::new(), within)
-                .await
-                .is_ok(),
+            Some(addr) => self.node.meta.rpc().probe(id, &addr, within).await.is_ok(),
             None => false,
         }
+    }
+
+    /// Whether member `id` is lost as far as the cluster can tell: it fails every one of
+    /// [`LOST_PROBES`] fresh probes from this member over [`LOST_FOR`], and no other member
+    /// in `others` that answers says it reaches `id` (a member cut off from this one only,
+    /// or restarting, is not lost). `Err` names who still reaches it.
+    async fn lost(&self, id: u64, others: &[u64]) -> Result<(), String> {
+        let me = self.node.node_id();
+        for i in 0..LOST_PROBES {
+            if i > 0 {
+                // (real time: a peer's liveness over a window, no broker clock involved)
+                #[allow(clippy::disallowed_methods)]
+                tokio::time::sleep(LOST_FOR / LOST_PROBES).await;
+            }
+            if self.answers(id, PROBE_WITHIN).await {
+                return Err(format!("node {id} answers this member"));
+            }
+        }
+        let body = serde_json::to_vec(&id).expect("serialises");
+        let asks = others.iter().filter(|&&n| n != me && n != id).map(|&n| {
+            let body = body.clone();
+            async move { (n, self.call::<bool>(n, MEMBER_PROBE, body).await) }
+        });
+        for (n, r) in futures_util::future::join_all(asks).await {
+            if let Ok(true) = r {
+                return Err(format!("node {n} reaches node {id}"));
+            }
+        }
+        Ok(())
     }
 
     /// The topic and the partition's owner, if the catalog still moves it here under `key`.
@@ -1736,11 +1789,20 @@ impl Mover {
                 "this member answers the request: it is not lost (decommission it instead)",
             ));
         }
-        if self.answers(id, Duration::from_secs(2)).await {
+        let members: Vec<u64> = self
+            .node
+            .meta
+            .view()
+            .membership
+            .membership()
+            .nodes()
+            .map(|(n, _)| *n)
+            .collect();
+        if let Err(why) = self.lost(id, &members).await {
             return Err(ApiError::new(
                 ErrorCode::MemberNotRemovable,
                 format!(
-                    "node {id} answers: it is not lost; decommission it instead (its data moves, nothing is lost)"
+                    "{why}: it is not lost; decommission it instead (its data moves, nothing is lost)"
                 ),
             ));
         }

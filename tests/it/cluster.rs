@@ -4773,3 +4773,4 @@ async fn a_decommissioned_leader_hands_its_leadership_on_and_leaves_last() {
         assert_eq!(r.status(), StatusCode::ACCEPTED, "partition {p}");
     }
 }
+mod faults;

@@ -233,6 +233,9 @@ error_codes! {
     MoveConflict = 2006, "move_conflict", 409;
     /// No move of that partition is in flight.
     MoveNotFound = 2007, "move_not_found", 404;
+    /// An ack, extend or nack was sent to the member holding the lease, which did not answer
+    /// in time: it may or may not have been applied. (`503` always means not applied.)
+    OutcomeUnknown = 2008, "outcome_unknown", 504;
 
     // ── 2100: remotes (other clusters topics are mirrored to) ──
     /// No remote of that name.

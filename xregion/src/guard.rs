@@ -11,7 +11,8 @@
 //!   to a public address for the check and a private one for the connection). Refused, unless
 //!   `remotes_allow_addresses` lists them: unspecified, loopback, link-local, multicast,
 //!   broadcast and reserved addresses, the cloud metadata addresses, IPv4 forms inside IPv6
-//!   (mapped, compatible, NAT64, 6to4, Teredo), and, when `refuse_private` is set,
+//!   (mapped, compatible, NAT64, 6to4, Teredo), the addresses of this host's own interfaces
+//!   (its services on allowed ports would be reachable through a remote), and, when `refuse_private` is set,
 //!   private-use and shared (CGNAT) ranges. No proxy variables are read and no redirect is
 //!   followed (the sender's business; stated here so the guard is read whole).
 
@@ -195,8 +196,26 @@ pub fn vet(ip: IpAddr, cfg: &GuardConfig) -> Result<(), GuardError> {
         .find(|(net, _)| net.contains(ip));
     match refused {
         Some((_, class)) => Err(GuardError::Address { addr: ip, class }),
+        None if is_this_hosts(ip) => Err(GuardError::Address {
+            addr: ip,
+            class: "an address of this host",
+        }),
         None => Ok(()),
     }
+}
+
+/// Whether `ip` is assigned to one of this host's interfaces (in this network namespace):
+/// a remote that resolves to it would reach this host's own services. Told by binding a UDP
+/// socket to it (nothing is sent), which the kernel allows only for local addresses; where
+/// it allows any address (the `ip_nonlocal_bind` sysctl), it cannot be told this way and is
+/// not refused on that ground.
+fn is_this_hosts(ip: IpAddr) -> bool {
+    let sysctl = match ip {
+        IpAddr::V4(_) => "/proc/sys/net/ipv4/ip_nonlocal_bind",
+        IpAddr::V6(_) => "/proc/sys/net/ipv6/ip_nonlocal_bind",
+    };
+    let any_binds = std::fs::read_to_string(sysctl).is_ok_and(|v| v.trim() != "0");
+    !any_binds && std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
 /// A remote's base URL, checked and in canonical form.
@@ -384,6 +403,48 @@ mod tests {
         }
         for ip in ["172.32.0.1", "8.8.8.8"] {
             assert!(!refused(ip, &strict), "{ip}");
+        }
+    }
+
+    /// An address of this host's own interfaces (not loopback: a global one, as a remote
+    /// name could resolve to) is refused unless listed: through it a remote reaches this
+    /// host's services on the allowed ports. A documentation address no host has is not.
+    #[test]
+    fn this_hosts_own_addresses_are_refused_unless_listed() {
+        assert!(!is_this_hosts("203.0.113.254".parse().unwrap()));
+        assert!(is_this_hosts("127.0.0.1".parse().unwrap()));
+        // this host's global addresses, as `ip` lists them (none: nothing more to check here)
+        let out = std::process::Command::new("ip")
+            .args(["-o", "addr", "show", "scope", "global"])
+            .output();
+        let own: Vec<IpAddr> = out
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                w.find(|t| *t == "inet" || *t == "inet6")?;
+                w.next()?.split('/').next()?.parse().ok()
+            })
+            .collect();
+        if own.is_empty() {
+            eprintln!("skipped: this host lists no global address");
+        }
+        for ip in own {
+            let cfg = GuardConfig::default();
+            assert_eq!(
+                vet(ip, &cfg),
+                Err(GuardError::Address {
+                    addr: ip,
+                    class: "an address of this host"
+                }),
+                "{ip}"
+            );
+            let listed = GuardConfig {
+                allow_addresses: vec![ip.to_string().parse().unwrap()],
+                ..GuardConfig::default()
+            };
+            assert_eq!(vet(ip, &listed), Ok(()), "{ip} listed");
         }
     }
 

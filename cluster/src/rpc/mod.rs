@@ -349,6 +349,34 @@ impl Rpc {
         result
     }
 
+    /// Whether node `peer` at `addr` answers a ping now, within `deadline`. Unlike
+    /// [`Self::call`] it trusts nothing remembered: a failed dial's backoff is set aside (a
+    /// node that restarted a moment ago is dialled, not reported unreachable from memory), and
+    /// if the ping over the cached connection fails, that connection is dropped and the node
+    /// dialled afresh within what is left of `deadline` (a connection to a process that died
+    /// looks alive until its idle timeout). For decisions that must not rest on a stale
+    /// failure, such as declaring a member lost.
+    pub async fn probe(
+        &self,
+        peer: NodeId,
+        addr: &str,
+        deadline: Duration,
+    ) -> Result<(), RpcError> {
+        let start = Instant::now();
+        self.inner.forget_peer(peer, false).await;
+        let first = self
+            .call(peer, addr, Op::PING, Bytes::new(), deadline / 2)
+            .await;
+        if first.is_ok() {
+            return Ok(());
+        }
+        self.inner.forget_peer(peer, true).await;
+        let left = deadline.saturating_sub(start.elapsed());
+        self.call(peer, addr, Op::PING, Bytes::new(), left)
+            .await
+            .map(|_| ())
+    }
+
     /// Stops serving and closes every connection; calls in flight fail.
     pub async fn shutdown(&self) {
         let task = self.inner.accept_loop.lock().take();
@@ -362,6 +390,20 @@ impl Rpc {
 }
 
 impl Inner {
+    /// Forgets the last failed dial to `peer` (and its backoff), and with `conn` its cached
+    /// connection too, so that the next call dials.
+    async fn forget_peer(&self, peer: NodeId, conn: bool) {
+        let Some(slot) = self.peers.lock().get(&peer).cloned() else {
+            return;
+        };
+        let mut st = slot.state.lock().await;
+        st.failed = None;
+        st.backoff = Duration::ZERO;
+        if conn {
+            st.conn = None;
+        }
+    }
+
     async fn call(
         &self,
         peer: NodeId,

@@ -374,6 +374,44 @@ async fn an_unreachable_node_fails_fast_and_is_retried_after_a_backoff() {
     b.shutdown().await;
 }
 
+/// A node that comes up where a dial just failed: a call trusts the remembered failure for
+/// its backoff, a probe dials it at once (forget once declared a member that had just
+/// restarted lost, from a remembered failure).
+#[tokio::test]
+async fn a_probe_dials_a_node_a_remembered_failure_says_is_unreachable() {
+    let a = node(1, Keys::new(SECRET, None));
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = silent.local_addr().unwrap();
+    // a failed dial is remembered for its backoff (250 ms at first)
+    let _ = a
+        .call(2, &to.to_string(), Op::PING, Bytes::new(), SEC)
+        .await;
+    drop(silent);
+    let b = Rpc::bind(
+        RpcConfig {
+            node_id: 2,
+            bind: to,
+            keys: Keys::new(SECRET, None),
+            features: 0,
+            limits: Limits::default(),
+        },
+        Arc::new(Echo),
+        Arc::new(RpcMetrics::default()),
+    )
+    .unwrap();
+    let e = a
+        .call(2, &to.to_string(), Op::PING, Bytes::new(), SEC)
+        .await
+        .unwrap_err();
+    assert!(e.not_sent(), "a call trusts the remembered failure: {e:?}");
+    a.probe(2, &to.to_string(), SEC).await.unwrap();
+    a.call(2, &to.to_string(), Op::PING, Bytes::new(), SEC)
+        .await
+        .unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test]
 async fn silent_clients_cannot_hold_every_handshake_slot_of_an_address_for_long() {
     let limits = Limits {
