@@ -112,6 +112,11 @@ pub struct Ingress {
     /// (produces it took), so that a partition whose owner is lost for good can be told
     /// how much of it was lost (see `crate::moves`). One entry per partition produced to.
     seen: Mutex<HashMap<(u64, u32), u64>>,
+    /// Per (topic id, partition): the highest durable log end its owner reported here
+    /// ([`crate::moves::WITNESS`]): so that an owner restored from an older copy of its data
+    /// directory learns, at its start, how far it had acknowledged (see
+    /// [`narad_core::broker::Broker::reopen_after`]). One entry per partition of the cluster.
+    witnessed: Mutex<HashMap<(u64, u32), u64>>,
 }
 
 /// One message's outcome in a forwarded produce.
@@ -146,6 +151,7 @@ impl Ingress {
             waits: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
+            witnessed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -432,7 +438,31 @@ impl Ingress {
     /// One past the highest offset of partition `p` of topic `topic_id` this member saw
     /// acknowledged (0 if none).
     pub fn seen_end(&self, topic_id: u64, p: u32) -> u64 {
-        self.seen.lock().get(&(topic_id, p)).copied().unwrap_or(0)
+        let seen = self.seen.lock().get(&(topic_id, p)).copied().unwrap_or(0);
+        let witnessed = self
+            .witnessed
+            .lock()
+            .get(&(topic_id, p))
+            .copied()
+            .unwrap_or(0);
+        seen.max(witnessed)
+    }
+
+    /// Takes an owner's report of its partitions' durable log ends (each only ever grows for
+    /// one topic incarnation: moves copy whole logs, rebuilds start above what was seen).
+    pub fn witness(&self, ends: &[(u64, u32, u64)]) {
+        let mut w = self.witnessed.lock();
+        for &(t, p, end) in ends {
+            let e = w.entry((t, p)).or_insert(0);
+            *e = (*e).max(end);
+        }
+    }
+
+    /// Forgets what was seen and witnessed of topics no longer in the catalog (`live`: the
+    /// incarnation ids it names).
+    pub fn prune_seen(&self, live: &std::collections::HashSet<u64>) {
+        self.witnessed.lock().retain(|(t, _), _| live.contains(t));
+        self.seen.lock().retain(|(t, _), _| live.contains(t));
     }
 
     /// `p`, or the next partition after it whose owner is not known to be down (nor in
@@ -2182,6 +2212,7 @@ impl Service for DataService {
             crate::moves::MOVE_REBALANCE => "move_rebalance",
             crate::moves::SEEN_ENDS => "seen_ends",
             crate::moves::MEMBER_PROBE => "member_probe",
+            crate::moves::WITNESS => "witness",
             _ => return None,
         })
     }

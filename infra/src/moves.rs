@@ -64,6 +64,13 @@ const LOST_FOR: Duration = Duration::from_secs(3);
 /// Probes of a member forget makes over [`LOST_FOR`], one [`PROBE_WITHIN`] each.
 const LOST_PROBES: u32 = 3;
 const PROBE_WITHIN: Duration = Duration::from_secs(1);
+/// An owner's report of its partitions' durable log ends, `[(topic id, partition, end)]`,
+/// kept by the member it is sent to (see [`Mover::witness`]).
+pub const WITNESS: Op = Op(127);
+/// How often an owner reports the ends that changed; every [`FULL_WITNESS_EVERY`]th report
+/// carries them all (for members that restarted and forgot them).
+const WITNESS_EVERY: Duration = Duration::from_millis(500);
+const FULL_WITNESS_EVERY: u64 = 20;
 /// Most partitions one [`SEEN_ENDS`] call asks about.
 const MAX_SEEN_ASK: usize = 65_536;
 
@@ -247,6 +254,19 @@ pub async fn serve(
                 serde_json::to_vec(&answers).expect("serialises"),
             ))
         }
+        WITNESS => {
+            let ends: Vec<(u64, u32, u64)> = match serde_json::from_slice(body) {
+                Ok(a) => a,
+                Err(_) => return Some(Err(malformed("witness"))),
+            };
+            if ends.len() > MAX_SEEN_ASK {
+                return Some(Err(malformed("witness")));
+            }
+            if let Some(i) = mover.and_then(|m| m.ingress.upgrade()) {
+                i.witness(&ends);
+            }
+            Ok(Bytes::new())
+        }
         MOVE_REBALANCE => match mover {
             Some(m) => m
                 .rebalance_here()
@@ -400,7 +420,7 @@ impl MoveMetrics {
         );
         r.register(
             "narad_partition_records_lost",
-            "records of partitions rebuilt from the archive after their owner was forgotten that the archive did not hold (at least: what live members saw acknowledged)",
+            "acknowledged records lost: of partitions rebuilt from the archive after their owner was forgotten that the archive did not hold, and of partitions whose log here ended below what the cluster saw acknowledged (a data directory restored from an older copy); at least: what live members saw acknowledged",
             self.lost_records.clone(),
         );
         r.register(
@@ -451,6 +471,8 @@ pub struct Mover {
     ingress: std::sync::Weak<crate::forward::Ingress>,
     /// Where partitions of a lost member are rebuilt from (`None`: no archive).
     archive: Option<Arc<narad_replay::ArchiveReader>>,
+    /// Why partitions opened at this member's start are not served yet (`None`: checked).
+    unverified: Mutex<Option<String>>,
 }
 
 impl Mover {
@@ -480,7 +502,20 @@ impl Mover {
             planning: tokio::sync::Mutex::new(()),
             ingress,
             archive,
+            unverified: Mutex::new(Some(
+                "checking this member's partitions against what the cluster acknowledged".into(),
+            )),
         })
+    }
+
+    /// Why this member is not ready for its partitions yet: at its start they are held
+    /// until checked against what the other members saw acknowledged (see
+    /// [`Mover::witness`]). `None` once checked.
+    pub fn unverified(&self) -> Option<String> {
+        if !self.broker.verifying() && self.broker.unverified().is_empty() {
+            return None;
+        }
+        self.unverified.lock().clone()
     }
 
     /// Waits until `n` more bytes may be copied (`move_max_bytes_per_sec`).
@@ -872,6 +907,10 @@ impl Mover {
     /// in `others` that answers says it reaches `id` (a member cut off from this one only,
     /// or restarting, is not lost). `Err` names who still reaches it.
     async fn lost(&self, id: u64, others: &[u64]) -> Result<(), String> {
+        if self.node.meta.addr_of(id).is_none() {
+            // not a member: nothing to reach
+            return Ok(());
+        }
         let me = self.node.node_id();
         for i in 0..LOST_PROBES {
             if i > 0 {
@@ -1905,6 +1944,177 @@ impl Mover {
             });
         }
         Ok(out)
+    }
+
+    /// Until `stop`, every [`WITNESS_EVERY`]: checks the partitions held since this member's
+    /// start ([`Mover::verify_held`]), then reports the durable ends of the partitions it owns
+    /// to every other voter (those that changed; all of them every [`FULL_WITNESS_EVERY`]th
+    /// time), which keep the highest: what an owner restored from an older copy of its data
+    /// directory is checked against. A report is one small call per voter; one lost is
+    /// repeated by the next full report.
+    pub async fn witness(self: Arc<Self>, stop: CancellationToken) {
+        let mut sent: HashMap<(u64, u32), u64> = HashMap::new();
+        let mut round: u64 = 0;
+        loop {
+            self.verify_held().await;
+            let full = round.is_multiple_of(FULL_WITNESS_EVERY);
+            round += 1;
+            let ends = self.broker.owned_ends();
+            let changed: Vec<(u64, u32, u64)> = ends
+                .iter()
+                .copied()
+                .filter(|&(t, p, e)| full || sent.get(&(t, p)) != Some(&e))
+                .collect();
+            sent = ends.iter().map(|&(t, p, e)| ((t, p), e)).collect();
+            if full && let Some(i) = self.ingress.upgrade() {
+                let live = self.broker.catalog().topics().map(|t| t.id).collect();
+                i.prune_seen(&live);
+            }
+            if !changed.is_empty() {
+                let me = self.node.node_id();
+                let voters: Vec<u64> = self
+                    .node
+                    .meta
+                    .view()
+                    .membership
+                    .membership()
+                    .voter_ids()
+                    .filter(|&v| v != me)
+                    .collect();
+                for chunk in changed.chunks(MAX_SEEN_ASK) {
+                    let body = Bytes::from(serde_json::to_vec(chunk).expect("serialises"));
+                    let calls = voters.iter().filter_map(|&v| {
+                        let addr = self.node.meta.addr_of(v)?;
+                        let rpc = self.node.meta.rpc().clone();
+                        let body = body.clone();
+                        Some(async move {
+                            let _ = rpc.call(v, &addr, WITNESS, body, WITNESS_EVERY * 2).await;
+                        })
+                    });
+                    futures_util::future::join_all(calls).await;
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = sleep(WITNESS_EVERY) => {}
+            }
+        }
+    }
+
+    /// The partitions held since this member's start: once the catalog is confirmed
+    /// current, each one this member owns is compared with what the other voters (a
+    /// majority of the voters with this one) saw acknowledged or were told by its owner, and
+    /// with the archive's end. One whose log reaches that is served; one that ends below it
+    /// (the data directory is an older copy) goes on after it with the range between
+    /// recorded as a gap, logged and counted in `narad_partition_records_lost_total`.
+    /// Partitions owned elsewhere are let go (nothing here serves them).
+    async fn verify_held(&self) {
+        if !self.broker.verifying() && self.broker.unverified().is_empty() {
+            return;
+        }
+        let not_yet = |why: String| {
+            *self.unverified.lock() = Some(why);
+        };
+        if let Err(e) = self.node.meta.read_index(Duration::from_secs(2)).await {
+            return not_yet(format!(
+                "checking this member's partitions against what the cluster acknowledged: the catalog could not be confirmed current: {e}"
+            ));
+        }
+        let view = self.node.meta.view();
+        if !self
+            .broker
+            .catch_up(view.catalog.applied(), Duration::from_secs(2))
+            .await
+        {
+            return not_yet(
+                "checking this member's partitions against what the cluster acknowledged: following the catalog".into(),
+            );
+        }
+        let me = self.node.node_id();
+        let mut owned = Vec::new();
+        for (meta, p, end) in self.broker.unverified() {
+            if meta.owner_of(p) == Some(me) {
+                owned.push((meta, p, end));
+            } else {
+                self.broker.set_verified(&meta.name, meta.id, p);
+            }
+        }
+        if !owned.is_empty() {
+            let voters: Vec<u64> = view.membership.membership().voter_ids().collect();
+            let ask: Vec<(u64, u32)> = owned.iter().map(|(t, p, _)| (t.id, *p)).collect();
+            let mut acked: Vec<u64> = match self.ingress.upgrade() {
+                Some(i) => ask.iter().map(|&(t, p)| i.seen_end(t, p)).collect(),
+                None => vec![0; ask.len()],
+            };
+            // the fewest other voters that answered one chunk
+            let mut others = usize::MAX;
+            for chunk_start in (0..ask.len()).step_by(MAX_SEEN_ASK) {
+                let chunk = &ask[chunk_start..(chunk_start + MAX_SEEN_ASK).min(ask.len())];
+                let body = serde_json::to_vec(chunk).expect("serialises");
+                let asks = voters.iter().filter(|&&v| v != me).map(|&v| {
+                    let body = body.clone();
+                    async move { self.call::<Vec<u64>>(v, SEEN_ENDS, body).await }
+                });
+                let mut ok = 0;
+                for r in futures_util::future::join_all(asks).await {
+                    if let Ok(theirs) = r
+                        && theirs.len() == chunk.len()
+                    {
+                        ok += 1;
+                        for (e, t) in acked[chunk_start..].iter_mut().zip(theirs) {
+                            *e = (*e).max(t);
+                        }
+                    }
+                }
+                others = others.min(ok);
+            }
+            let answered = usize::from(voters.contains(&me)) + others.min(voters.len());
+            if answered < voters.len() / 2 + 1 {
+                return not_yet(format!(
+                    "checking this member's partitions against what the cluster acknowledged: {answered} of {} voters answered, a majority is needed",
+                    voters.len()
+                ));
+            }
+            for ((meta, p, local_end), acked) in owned.iter().zip(acked) {
+                let mut acked = acked;
+                if let Some(a) = &self.archive {
+                    match a.archive().load_manifest(&meta.name, *p).await {
+                        Ok(Some(m)) if m.topic_id == meta.id => acked = acked.max(m.next_offset),
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(topic = %meta.name, partition = p, error = %e, "the archive's manifest could not be read to check the partition against: checked against the members alone");
+                        }
+                    }
+                }
+                if acked <= *local_end {
+                    self.broker.set_verified(&meta.name, meta.id, *p);
+                    continue;
+                }
+                match self
+                    .broker
+                    .reopen_after(&meta.name, meta.id, *p, acked)
+                    .await
+                {
+                    Ok(Some((from, to))) => {
+                        let lost = to - from;
+                        self.metrics.lost_records.inc_by(lost);
+                        tracing::error!(topic = %meta.name, partition = p, lost_from = from, lost_to = to, lost_at_least = lost, "this member's log of the partition ended below what the cluster saw acknowledged (its data directory is an older copy): it goes on after the acknowledged end, and the records between are lost here");
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(topic = %meta.name, partition = p, local_end, acked_end = acked, error = %e, "could not reopen a partition after its acknowledged end; it is not served here, retrying");
+                        return not_yet(format!(
+                            "partition {p} of '{}' ends at {local_end}, below the acknowledged {acked}, and could not be reopened after it: {e}",
+                            meta.name
+                        ));
+                    }
+                }
+            }
+        }
+        if self.broker.unverified().is_empty() {
+            self.broker.end_verifying();
+            *self.unverified.lock() = None;
+        }
     }
 
     /// For each partition: one past the highest offset any live member saw acknowledged.

@@ -326,6 +326,7 @@ const OPEN_TASK: &str = "broker_open";
 const TIERER_TASK: &str = "tierer";
 const CATALOG_TASK: &str = "cluster_catalog";
 const MOVER_TASK: &str = "partition_mover";
+const WITNESS_TASK: &str = "partition_witness";
 const TLS_TASK: &str = "tls_reloader";
 const CLUSTER_TASK: &str = "cluster_member";
 
@@ -447,7 +448,10 @@ impl Opening {
                     Some(mover.clone()),
                 )));
             let _ = self.state.mover.set(mover.clone());
+            let witness = mover.clone();
             self.tasks.spawn(MOVER_TASK, move |stop| mover.run(stop));
+            self.tasks
+                .spawn(WITNESS_TASK, move |stop| witness.witness(stop));
             // fan-out cursors here copy to child partitions the others own through it
             b.set_copy_forwarder(Arc::new(crate::forward::Copies(Arc::downgrade(&ingress))));
             let _ = self.state.ingress.set(ingress);

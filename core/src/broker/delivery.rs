@@ -28,7 +28,7 @@ impl Broker {
             // back yet: "nothing" would be a lie (a reader draining it would stop)
             if topic
                 .partition(p)
-                .is_ok_and(|part| part.is_awaiting_rebuild())
+                .is_ok_and(|part| part.is_awaiting_rebuild() || part.is_unverified())
             {
                 return Err(BrokerError::PartitionMoving {
                     topic: topic_name.to_owned(),

@@ -73,6 +73,9 @@ impl Broker {
             // else it reopens on first use. (No eviction here: at start, with more partitions
             // than slots, that would scan every partition for each one opened.)
             // (a partition frozen for a move keeps its log closed until it thaws)
+            if self.verifying.load(std::sync::atomic::Ordering::SeqCst) {
+                part.hold_unverified();
+            }
             match self.open_logs.try_acquire().filter(|_| !part.is_frozen()) {
                 Some(slot) => part.adopt_slot(slot),
                 None => part.close().await,
@@ -121,7 +124,7 @@ impl Broker {
         &self,
         part: &Partition,
     ) -> Result<Arc<crate::log::PartitionLog>, BrokerError> {
-        if part.is_frozen() || part.is_awaiting_rebuild() {
+        if part.is_frozen() || part.is_awaiting_rebuild() || part.is_unverified() {
             // frozen for a move: its files stay as the copy saw them; a placeholder for a
             // rebuild holds none of the partition's records
             return Err(BrokerError::PartitionMoving {

@@ -473,6 +473,9 @@ pub struct Broker {
     /// checkpoint ran while they were at this owner epoch): their install needs no
     /// checkpoint inside the source's freeze. By (topic id, partition) → owner epoch.
     wal_clean: Mutex<HashMap<(u64, u32), u64>>,
+    /// A cluster member's start: partitions opened now are held until checked against what
+    /// the cluster saw acknowledged (see [`Broker::unverified`]).
+    verifying: AtomicBool,
 }
 
 impl std::fmt::Debug for Broker {
@@ -574,6 +577,7 @@ impl Broker {
             shipper: std::sync::OnceLock::new(),
             moves_lock: tokio::sync::Mutex::new(()),
             wal_clean: Mutex::new(HashMap::new()),
+            verifying: AtomicBool::new(false),
         });
         let data_dir = broker.cfg.data_dir.clone();
         {
@@ -598,6 +602,11 @@ impl Broker {
             layout::sweep_orphans(&data_dir, catalog.topics().map(|m| m.dir_name()).collect());
         }
         broker.followed.send_replace(catalog.applied());
+        // (its data directory may be an older copy than the one that acknowledged: nothing
+        // opened now is served until the cluster's mover checked it)
+        broker
+            .verifying
+            .store(broker.store.replicated(), Ordering::SeqCst);
         for m in catalog.topics() {
             let topic = broker.open_topic_rebuilt((**m).clone()).await?;
             if !broker.store.replicated() {
@@ -655,3 +664,4 @@ impl Broker {
 
 #[cfg(test)]
 mod tests;
+mod verify;

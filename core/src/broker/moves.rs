@@ -142,7 +142,7 @@ fn set_aside(dir: &Path, aside: &Path) -> Result<(), BrokerError> {
 /// A placeholder waiting for its rebuild from the archive holds none of the partition's
 /// records: nothing is copied from it.
 fn refuse_placeholder(topic: &str, part: &Partition) -> Result<(), BrokerError> {
-    if part.is_awaiting_rebuild() {
+    if part.is_awaiting_rebuild() || part.is_unverified() {
         return Err(BrokerError::PartitionMoving {
             topic: topic.to_owned(),
             partition: part.index,

@@ -107,6 +107,10 @@ pub(crate) struct Partition {
     /// A placeholder for a partition this node rebuilds from the archive (its lost owner's):
     /// nothing is appended, leased, settled or read here until the rebuilt copy replaces it.
     awaiting_rebuild: AtomicBool,
+    /// Opened when a cluster member started: not served until it is checked against what
+    /// the cluster saw acknowledged (a member restored from an older copy of its data
+    /// directory must not hand out again offsets it acknowledged before).
+    unverified: AtomicBool,
     /// The freeze's token and until when it holds (see [`Partition::freeze`]).
     pub(crate) freeze: Mutex<Option<Freeze>>,
     /// Appends, takes and settles in progress (see [`Partition::enter`]).
@@ -238,6 +242,7 @@ impl Partition {
             counts_truncated: AtomicBool::new(false),
             frozen: AtomicBool::new(freeze.is_some()),
             awaiting_rebuild: AtomicBool::new(false),
+            unverified: AtomicBool::new(false),
             // a freeze found at open holds for a full term from now (the cluster decides)
             freeze: Mutex::new(freeze.map(|(token, move_id)| Freeze {
                 move_id,
@@ -254,7 +259,7 @@ impl Partition {
     /// waits until every [`Busy`] handed out before it is dropped.
     pub fn enter(self: &Arc<Self>) -> Option<Busy> {
         self.busy.fetch_add(1, Ordering::SeqCst);
-        if self.is_frozen() || self.is_awaiting_rebuild() {
+        if self.is_frozen() || self.is_awaiting_rebuild() || self.is_unverified() {
             self.leave();
             return None;
         }
@@ -278,6 +283,22 @@ impl Partition {
 
     pub(crate) fn await_rebuild(&self) {
         self.awaiting_rebuild.store(true, Ordering::SeqCst);
+    }
+
+    /// Not served until checked against what the cluster saw acknowledged (see
+    /// [`super::Broker::unverified`]).
+    pub fn is_unverified(&self) -> bool {
+        self.unverified.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn hold_unverified(&self) {
+        self.unverified.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn set_verified(&self) {
+        if self.unverified.swap(false, Ordering::SeqCst) {
+            self.thawed.notify_waiters();
+        }
     }
 
     /// Freezes the partition under `token` (for move `move_id`) until `until`: the marker is durable first (a
@@ -651,7 +672,7 @@ fn remove_freeze_marker(dir: &Path) -> std::io::Result<()> {
     crate::log::segment::sync_dir(dir)
 }
 
-fn read_snapshot(dir: &Path) -> Result<Option<QueueSnapshot>, LogError> {
+pub(super) fn read_snapshot(dir: &Path) -> Result<Option<QueueSnapshot>, LogError> {
     let path = dir.join(QUEUE_STATE_FILE);
     let snap = match read_own(&path)? {
         None => return Ok(None),

@@ -702,6 +702,10 @@ async fn readyz(State(state): State<SharedState>) -> Response {
     {
         return ApiError::new(ErrorCode::NotReady, format!("not ready: {why}")).into_response();
     }
+    // a member's partitions are served once checked against what the cluster acknowledged
+    if let Some(why) = state.mover.get().and_then(|m| m.unverified()) {
+        return ApiError::new(ErrorCode::NotReady, format!("not ready: {why}")).into_response();
+    }
     if state.ready.load(Ordering::Acquire) && !state.shutting_down.load(Ordering::Acquire) {
         let body = match state.restore_notice.get() {
             Some(detail) => serde_json::json!({"status": "ready", "detail": detail}),

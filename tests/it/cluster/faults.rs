@@ -168,3 +168,172 @@ async fn forget_refuses_a_member_that_restarted_and_answers() {
         "nothing was declared lost:\n{m}"
     );
 }
+
+/// How many `op` calls member `n` served (`narad_rpc_served_total{op,outcome="ok"}`).
+async fn served(n: &Node, op: &str) -> f64 {
+    let m = n.metrics().await;
+    let prefix = format!("narad_rpc_served_total{{op=\"{op}\",outcome=\"ok\"}}");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Produces `{"i": i}` for each `i` of `range` on partition `p` of `topic` through `n`: the
+/// offsets it was told. A `503` (not produced: a member that restarted is dialled again) is
+/// retried.
+async fn produce_offsets(n: &Node, topic: &str, p: u32, range: std::ops::Range<u32>) -> Vec<u64> {
+    let mut out = Vec::new();
+    for i in range {
+        let mut last = (StatusCode::OK, Value::Null);
+        until(&format!("produce {i}"), 20, async || {
+            last = n
+                .call(
+                    ("x", "y"),
+                    reqwest::Method::POST,
+                    &format!("/v1/topics/{topic}/produce?partition={p}"),
+                    Some(serde_json::json!({"i": i})),
+                )
+                .await;
+            last.0 != StatusCode::SERVICE_UNAVAILABLE
+        })
+        .await;
+        assert_eq!(last.0, StatusCode::ACCEPTED, "{}", last.1);
+        out.push(last.1["offset"].as_u64().unwrap());
+    }
+    out
+}
+
+/// The records of partition `p` of `topic` from offset 0, read through `n`: (offset, i).
+async fn replay_all(n: &Node, topic: &str, p: u32) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    loop {
+        let (st, r) = n
+            .call(
+                ("x", "y"),
+                reqwest::Method::GET,
+                &format!("/v1/topics/{topic}/consume?partition={p}&offset={from}&max=100"),
+                None,
+            )
+            .await;
+        if st == StatusCode::NO_CONTENT {
+            return out;
+        }
+        assert_eq!(st, StatusCode::OK, "{r}");
+        let msgs = r["messages"].as_array().unwrap();
+        for m in msgs {
+            out.push((
+                m["offset"].as_u64().unwrap(),
+                m["payload"]["i"].as_u64().unwrap(),
+            ));
+        }
+        from = out.last().unwrap().0 + 1;
+    }
+}
+
+/// A member restarted from an older copy of its data directory (a VM snapshot rolled back):
+/// its partition had acknowledged records after the copy, through itself and through
+/// another member. It must not serve the partition as if nothing happened (before: the
+/// records were gone without a word and new produces were told the same offsets again):
+/// its log goes on after the acknowledged end, the records the copy holds stay, the loss is
+/// counted and logged, and no offset a client was told of names another record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restored_from_an_older_copy_never_reuses_an_acknowledged_offset() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready_with(root.path(), &[]).await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let o = nodes.iter().position(|n| n.id != leader).unwrap();
+    let peer = (0..3).find(|&i| i != o).unwrap();
+    let p = topic_owned_by(&nodes, "rb", nodes[o].id, serde_json::json!({})).await;
+    assert_eq!(
+        produce_offsets(&nodes[o], "rb", p, 0..20).await,
+        (0..20).collect::<Vec<_>>()
+    );
+    // the copy: taken with the member stopped, as a snapshot or a backup would be
+    nodes[o].kill9();
+    let copy = root.path().join("copy");
+    assert!(run(&[
+        "cp",
+        "-a",
+        nodes[o].dir.to_str().unwrap(),
+        copy.to_str().unwrap()
+    ]));
+    nodes[o].start().await;
+    all_ready(&nodes).await;
+    let later: Vec<u64> = [
+        produce_offsets(&nodes[o], "rb", p, 20..40).await,
+        produce_offsets(&nodes[peer], "rb", p, 40..45).await,
+    ]
+    .concat();
+    assert_eq!(later, (20..45).collect::<Vec<_>>());
+    // the owner reported its end to the others since (two reports: one began after it)
+    let reports = served(&nodes[peer], "witness").await;
+    until("the owner reports its end", 20, async || {
+        served(&nodes[peer], "witness").await >= reports + 2.0
+    })
+    .await;
+    // rolled back to the copy
+    nodes[o].kill9();
+    std::fs::remove_dir_all(&nodes[o].dir).unwrap();
+    std::fs::rename(&copy, &nodes[o].dir).unwrap();
+    nodes[o].start().await;
+    all_ready(&nodes).await;
+    let next = produce_offsets(&nodes[o], "rb", p, 100..101).await[0];
+    assert!(
+        next >= 45,
+        "a produce after the rollback was told offset {next}, which an acknowledged record had"
+    );
+    let via_peer = produce_offsets(&nodes[peer], "rb", p, 101..102).await[0];
+    assert_eq!(via_peer, next + 1);
+    let read = replay_all(&nodes[peer], "rb", p).await;
+    let expected: Vec<(u64, u64)> = (0..20)
+        .map(|i| (i, i))
+        .chain([(next, 100), (next + 1, 101)])
+        .collect();
+    assert_eq!(read, expected, "what the copy holds, then the new records");
+    let m = nodes[o].metrics().await;
+    let lost = crate::support::sample(&m, "narad_partition_records_lost_total");
+    assert_eq!(lost, (next - 20) as f64, "the lost range is counted");
+    assert!(
+        nodes[o]
+            .log()
+            .contains("ended below what the cluster saw acknowledged"),
+        "the loss is logged"
+    );
+    // the queue skips the gap: the copy's 20 records and the new ones are delivered
+    let mut got = Vec::new();
+    loop {
+        let (st, r) = nodes[peer]
+            .call(
+                ("x", "y"),
+                reqwest::Method::GET,
+                "/v1/topics/rb/consume?max=100",
+                None,
+            )
+            .await;
+        if st == StatusCode::NO_CONTENT {
+            break;
+        }
+        assert_eq!(st, StatusCode::OK, "{r}");
+        let mut handles = Vec::new();
+        for m in r["messages"].as_array().unwrap() {
+            got.push(m["payload"]["i"].as_u64().unwrap());
+            handles.push(m["receipt_handle"].as_str().unwrap().to_owned());
+        }
+        let (st, res) = nodes[peer]
+            .call(
+                ("x", "y"),
+                reqwest::Method::POST,
+                "/v1/topics/rb/ack",
+                Some(serde_json::json!({"receipt_handles": handles})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{res}");
+    }
+    got.sort_unstable();
+    let want: Vec<u64> = (0..20).chain([100, 101]).collect();
+    assert_eq!(
+        got, want,
+        "the queue delivers the copy's records and the new ones"
+    );
+}
