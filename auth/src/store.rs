@@ -154,6 +154,9 @@ pub struct UserStore {
     users: RwLock<Arc<BTreeMap<String, Arc<UserRecord>>>>,
     /// Serialises changes: apply, persist, publish.
     write: Mutex<()>,
+    /// Bumped after every change is published: requests in flight (a parked long-poll)
+    /// check their caller's grants again ([`UserStore::subscribe`]).
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 pub fn validate_username(name: &str) -> Result<(), String> {
@@ -207,6 +210,7 @@ impl UserStore {
             path: Some(path),
             users: RwLock::new(Arc::new(users)),
             write: Mutex::new(()),
+            changed: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -216,6 +220,7 @@ impl UserStore {
             path: None,
             users: RwLock::new(Arc::new(BTreeMap::new())),
             write: Mutex::new(()),
+            changed: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -227,7 +232,17 @@ impl UserStore {
     /// Replaces every user (a replica following its metastore).
     pub fn replace_all(&self, users: Arc<Users>) {
         let _w = self.write.lock();
+        let same = Arc::ptr_eq(&self.users.read(), &users);
         *self.users.write() = users;
+        if !same {
+            self.changed.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Woken after every change of the users (a password, grants, a user deleted): what a
+    /// request in flight watches to check its caller again.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     pub fn get(&self, username: &str) -> Option<Arc<UserRecord>> {
@@ -264,6 +279,7 @@ impl UserStore {
             source,
         })?;
         *self.users.write() = Arc::new(next);
+        self.changed.send_modify(|v| *v += 1);
         Ok(())
     }
 }

@@ -1823,3 +1823,78 @@ async fn before_its_users_are_loaded_a_node_says_not_ready_not_unauthorized() {
     let r = http.get(url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
 }
+
+/// A parked long-poll ends when its caller's grant is revoked or its user deleted (403, 401),
+/// and a message produced after that is not leased to it: grants hold at delivery, not only
+/// at the request's start (before, the revoked reader got the next message, leased).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_consume_ends_when_its_grant_is_revoked_and_takes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Ctx {
+        s: secure(dir.path()).await,
+        n: Default::default(),
+    };
+    ctx.as_admin(Method::POST, "/v1/topics", Some(json!({"name": "g-1"})))
+        .await;
+    let consume = json!([{"action": "consume", "patterns": ["g-*"]}]);
+    ctx.user("carol", consume.clone()).await;
+    ctx.user("dave", consume).await;
+    let park = |user: &'static str| {
+        let (http, url) = (
+            ctx.s.http.clone(),
+            ctx.s.url("/v1/topics/g-1/consume?wait=20s"),
+        );
+        tokio::spawn(async move {
+            let r = http
+                .get(url)
+                .basic_auth(user, Some(PW))
+                .send()
+                .await
+                .unwrap();
+            let st = r.status().as_u16();
+            (st, r.text().await.unwrap(), Instant::now())
+        })
+    };
+    let waiters = async || {
+        ctx.as_admin(Method::GET, "/v1/topics/g-1", None).await["waiters"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let carol = park("carol");
+    let dave = park("dave");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while waiters().await < 2 {
+        assert!(Instant::now() < deadline, "the readers park");
+        poll_pause().await;
+    }
+    ctx.as_admin(
+        Method::PUT,
+        "/v1/users/carol/grants",
+        Some(json!({"grants": []})),
+    )
+    .await;
+    let revoked = Instant::now();
+    let (st, body, at) = carol.await.unwrap();
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("forbidden"), "{body}");
+    assert!(
+        at.duration_since(revoked) < Duration::from_secs(5),
+        "ended at the revoke, not at the wait's end"
+    );
+    ctx.as_admin(Method::DELETE, "/v1/users/dave", None).await;
+    let (st, body, _) = dave.await.unwrap();
+    assert_eq!(st, 401, "{body}");
+    // nobody else waits; a message produced now is there for the next reader, unleased
+    assert_eq!(waiters().await, 0);
+    ctx.as_admin(
+        Method::POST,
+        "/v1/topics/g-1/produce",
+        Some(json!({"m": 1})),
+    )
+    .await;
+    let got = ctx
+        .as_admin(Method::GET, "/v1/topics/g-1/consume?wait=5s", None)
+        .await;
+    assert_eq!(got["payload"], json!({"m": 1}), "{got}");
+    assert_eq!(got["delivery_count"], json!(1), "{got}");
+}

@@ -112,6 +112,39 @@ impl Caller {
         )))
     }
 
+    /// Whether the caller may still `action` on `topic` as the users are now, for a request
+    /// in flight whose caller changed meanwhile (a parked long-poll): `401` if the user was
+    /// deleted (or deleted and made again) or its password changed, `403` if its grants no
+    /// longer allow it.
+    pub fn still_allowed(
+        &self,
+        store: &narad_auth::store::UserStore,
+        action: Action,
+        topic: &str,
+    ) -> Result<(), ApiError> {
+        let Self::User(u) = self else { return Ok(()) };
+        match store.get(&u.username) {
+            Some(now) if now.id == u.id && now.password_hash == u.password_hash => {
+                if now.is_admin() || grant::allows(&now.grants, action, topic) {
+                    Ok(())
+                } else {
+                    Err(forbidden(format!(
+                        "user '{}' may no longer {} on topic '{topic}' (its grants changed while the request waited)",
+                        u.username,
+                        action.as_str()
+                    )))
+                }
+            }
+            _ => Err(ApiError::new(
+                ErrorCode::Unauthorized,
+                format!(
+                    "user '{}' was deleted or its password changed while the request waited",
+                    u.username
+                ),
+            )),
+        }
+    }
+
     pub fn require_admin(&self) -> Result<(), ApiError> {
         if self.is_admin() {
             return Ok(());

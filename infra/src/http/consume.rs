@@ -159,12 +159,20 @@ pub(super) async fn consume_parts(
     let limit = Duration::from_millis(state.cfg.max_wait_ms);
     let clamped = wait > limit;
     let wait = wait.min(limit);
+    // a wait ends as soon as the caller's grant is revoked (or the user deleted): nothing
+    // is leased to a caller that may no longer consume (dropping the wait gives back what it
+    // was handed)
+    let revoked = revoked(&state, &caller, &topic);
     let mut resp = match state.ingress() {
         // a cluster member: every owner's partitions
         Some(ingress) => {
-            let taken = ingress
-                .consume(&topic, partition, max.unwrap_or(1), wait)
-                .await?;
+            let taken = tokio::select! {
+                biased;
+                e = revoked => return Err(e),
+                r = ingress.consume(&topic, partition, max.unwrap_or(1), wait) => r?,
+            };
+            // (revoked in the same instant: dropping `taken` gives the messages back)
+            still_allowed(&state, &caller, &topic)?;
             if taken.is_empty() {
                 StatusCode::NO_CONTENT.into_response()
             } else {
@@ -177,9 +185,15 @@ pub(super) async fn consume_parts(
             }
         }
         None => {
-            let got = broker
-                .consume(&topic, partition, max.unwrap_or(1), wait)
-                .await?;
+            let got = tokio::select! {
+                biased;
+                e = revoked => return Err(e),
+                r = broker.consume(&topic, partition, max.unwrap_or(1), wait) => r?,
+            };
+            if let Err(e) = still_allowed(&state, &caller, &topic) {
+                broker.give_back(&topic, &got);
+                return Err(e);
+            }
             if got.is_empty() {
                 StatusCode::NO_CONTENT.into_response()
             } else {
@@ -203,4 +217,36 @@ pub(super) async fn consume_parts(
         );
     }
     Ok(resp)
+}
+
+/// Whether `caller` may still consume from `topic` as the users are now.
+fn still_allowed(
+    state: &SharedState,
+    caller: &super::access::Caller,
+    topic: &str,
+) -> Result<(), ApiError> {
+    match &state.auth {
+        Some(auth) => caller.still_allowed(auth.store(), narad_auth::Action::Consume, topic),
+        None => Ok(()),
+    }
+}
+
+/// Resolves, with the refusal, once `caller` may no longer consume from `topic` (its grant
+/// revoked, its user deleted or its password changed); never while it may. Checked at once
+/// and again after every change of the users, which a member applies as it follows its
+/// cluster.
+async fn revoked(state: &SharedState, caller: &super::access::Caller, topic: &str) -> ApiError {
+    let Some(auth) = state.auth.as_ref().filter(|_| caller.username().is_some()) else {
+        return std::future::pending().await;
+    };
+    // (subscribed before the first check: no change between the two is missed)
+    let mut changes = auth.store().subscribe();
+    loop {
+        if let Err(e) = caller.still_allowed(auth.store(), narad_auth::Action::Consume, topic) {
+            return e;
+        }
+        if changes.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }

@@ -337,3 +337,100 @@ async fn a_member_restored_from_an_older_copy_never_reuses_an_acknowledged_offse
         "the queue delivers the copy's records and the new ones"
     );
 }
+
+/// In a cluster: a reader parked through one member, its token at the partition's owner,
+/// ends with 403 as soon as its grant is revoked through a third member, and the message
+/// produced next is not leased to it (it went to the revoked reader before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_consume_in_a_cluster_ends_when_its_grant_is_revoked() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let (nodes, _) = three(root.path(), true).await;
+    all_ready(&nodes).await;
+    let admin = ("admin", ROOT_PW);
+    let (st, made) = nodes[0]
+        .call(
+            admin,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "g", "partitions": 1})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{made}");
+    let owner = made["partition_owners"][0].as_u64().unwrap();
+    let reader = nodes.iter().find(|n| n.id != owner).unwrap();
+    let third = nodes
+        .iter()
+        .find(|n| n.id != owner && n.id != reader.id)
+        .unwrap();
+    let (st, r) = third
+        .call(
+            admin,
+            Method::POST,
+            "/v1/users",
+            Some(serde_json::json!({"username": "carol", "password": ALICE_PW, "grants": [{"action": "consume", "patterns": ["g"]}]})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    until(
+        "carol logs in through the reader's member",
+        10,
+        async || reader.login("carol", ALICE_PW).await == StatusCode::OK,
+    )
+    .await;
+    let (http, url) = (
+        reader.http.clone(),
+        format!("{}/v1/topics/g/consume?wait=20s", reader.base),
+    );
+    let parked = tokio::spawn(async move {
+        let r = http
+            .get(url)
+            .basic_auth("carol", Some(ALICE_PW))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.text().await.unwrap(), Instant::now())
+    });
+    let o = nodes.iter().find(|n| n.id == owner).unwrap();
+    until("carol's token at the owner", 10, async || {
+        let (_, t) = o.call(admin, Method::GET, "/v1/topics/g", None).await;
+        t["waiters"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
+    let (st, r) = third
+        .call(
+            admin,
+            Method::PUT,
+            "/v1/users/carol/grants",
+            Some(serde_json::json!({"grants": []})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    let revoked = Instant::now();
+    let (st, body, at) = parked.await.unwrap();
+    assert_eq!(st, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        at.duration_since(revoked) < Duration::from_secs(5),
+        "ended at the revoke"
+    );
+    until("the token is withdrawn", 10, async || {
+        let (_, t) = o.call(admin, Method::GET, "/v1/topics/g", None).await;
+        t["waiters"].as_u64() == Some(0)
+    })
+    .await;
+    let (st, r) = third
+        .call(
+            admin,
+            Method::POST,
+            "/v1/topics/g/produce",
+            Some(serde_json::json!({"m": 1})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    let (st, got) = reader
+        .call(admin, Method::GET, "/v1/topics/g/consume?wait=5s", None)
+        .await;
+    assert_eq!(st, StatusCode::OK, "{got}");
+    assert_eq!(got["payload"], serde_json::json!({"m": 1}), "{got}");
+    assert_eq!(got["delivery_count"], serde_json::json!(1), "{got}");
+}
