@@ -79,6 +79,11 @@ const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// so this bounds only the owner's table: a reader beyond it queues here for a slot at that
 /// member (and waits in the other owners' lines meanwhile).
 pub const MAX_WAITS_PER_MEMBER: usize = 1024;
+/// Of those, the most one user's readers hold (a quarter, as a user's share of the byte
+/// budget): one tenant's parked long-polls cannot take every slot and leave another
+/// tenant's readers queued here until theirs end. A user's readers beyond it queue behind
+/// one another, not in front of other users'.
+pub const MAX_WAITS_PER_USER: usize = MAX_WAITS_PER_MEMBER / 4;
 /// Tokens other members may keep at this one at once (each member at most
 /// [`MAX_WAITS_PER_MEMBER`]; this bounds the table however many members there are).
 const MAX_CANCELLABLE_WAITS: usize = 4096;
@@ -105,6 +110,10 @@ pub struct Ingress {
     archive: Option<Arc<ArchiveReader>>,
     down: Mutex<HashMap<u64, Instant>>,
     waits: Mutex<HashMap<u64, Arc<Semaphore>>>,
+    /// Per (member, user): that user's share of the slots at that member
+    /// ([`MAX_WAITS_PER_USER`]); an entry goes once no reader of the user holds or waits
+    /// for it.
+    user_waits: Arc<Mutex<HashMap<(u64, String), Arc<Semaphore>>>>,
     /// Delivery tokens this member's parked readers left at other owners: (owner, token id)
     /// → the reader, which takes what that owner pushes ([`DELIVER`]).
     tokens: Mutex<HashMap<(u64, u64), tokio::sync::oneshot::Sender<Taken>>>,
@@ -149,6 +158,7 @@ impl Ingress {
             archive,
             down: Mutex::new(HashMap::new()),
             waits: Mutex::new(HashMap::new()),
+            user_waits: Arc::default(),
             tokens: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
             witnessed: Mutex::new(HashMap::new()),
@@ -517,12 +527,15 @@ impl Ingress {
     /// Leases up to `max` messages from the topic's owners, this member included, waiting up
     /// to `wait` in every owner's line when there are none: the messages as JSON objects
     /// (handles naming their owner). Dropped before [`Taken::sent`], they are given back.
+    ///
+    /// `user` (security on): whose share of the delivery-token slots a wait takes.
     pub async fn consume(
         self: &Arc<Self>,
         topic: &str,
         partition: Option<u32>,
         max: usize,
         wait: Duration,
+        user: Option<&str>,
     ) -> Result<Taken, ApiError> {
         let meta = self.broker.topic_meta(topic)?;
         if let Some(p) = partition {
@@ -550,7 +563,7 @@ impl Ingress {
                 return Ok(taken);
             }
             return self
-                .wait_in_lines(vec![owner], topic, partition, max, wait)
+                .wait_in_lines(vec![owner], topic, partition, max, wait, user)
                 .await;
         }
         let mut owners: Vec<u64> = meta.owners.clone();
@@ -592,7 +605,8 @@ impl Ingress {
         if !taken.is_empty() || wait.is_zero() {
             return Ok(taken);
         }
-        self.wait_in_lines(owners, topic, None, max, wait).await
+        self.wait_in_lines(owners, topic, None, max, wait, user)
+            .await
     }
 
     /// Nothing anywhere: waits up to `wait` in the line of every one of `owners` at once
@@ -605,6 +619,7 @@ impl Ingress {
         partition: Option<u32>,
         max: usize,
         wait: Duration,
+        user: Option<&str>,
     ) -> Result<Taken, ApiError> {
         let mut waits = Waits {
             set: tokio::task::JoinSet::new(),
@@ -629,12 +644,28 @@ impl Ingress {
             // a reader beyond the member's tokens there queues for a slot (it is woken when
             // one frees, with what is left of its wait)
             let slots = self.wait_slots(o);
+            let share = user.map(|u| UserSlots::of(&self.user_waits, o, u));
             let id = narad_core::random_u64() | 1;
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.tokens.lock().insert((o, id), tx);
             waits.remote.push((o, id));
             let stop = waits.stop.clone();
             waits.set.spawn(async move {
+                // the user's share first, then the member's slot: a user's readers beyond
+                // its share wait behind one another, never ahead of other users'
+                let _share = match &share {
+                    None => None,
+                    Some(share) => {
+                        let s = tokio::select! {
+                            s = tokio::time::timeout_at(until, share.sem.clone().acquire_owned()) => s,
+                            () = stop.cancelled() => return Ok(Taken::default()),
+                        };
+                        let Ok(Ok(s)) = s else {
+                            return Ok(Taken::default());
+                        };
+                        Some(s)
+                    }
+                };
                 let slot = tokio::select! {
                     s = tokio::time::timeout_at(until, slots.acquire_owned()) => s,
                     () = stop.cancelled() => return Ok(Taken::default()),
@@ -1174,6 +1205,45 @@ impl Ingress {
             ));
         }
         Ok(outcomes)
+    }
+}
+
+/// A reader's hold on its user's share of the delivery-token slots at one member (see
+/// [`MAX_WAITS_PER_USER`]): its semaphore, and on drop, the table entry removed once no
+/// reader of the user holds or waits for it.
+struct UserSlots {
+    sem: Arc<Semaphore>,
+    key: (u64, String),
+    table: Arc<Mutex<HashMap<(u64, String), Arc<Semaphore>>>>,
+}
+
+impl UserSlots {
+    fn of(
+        table: &Arc<Mutex<HashMap<(u64, String), Arc<Semaphore>>>>,
+        member: u64,
+        user: &str,
+    ) -> Self {
+        let key = (member, user.to_owned());
+        let sem = table
+            .lock()
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(MAX_WAITS_PER_USER)))
+            .clone();
+        Self {
+            sem,
+            key,
+            table: table.clone(),
+        }
+    }
+}
+
+impl Drop for UserSlots {
+    fn drop(&mut self) {
+        let mut table = self.table.lock();
+        // the table's and this one's: nobody else holds or waits for the share
+        if Arc::strong_count(&self.sem) == 2 {
+            table.remove(&self.key);
+        }
     }
 }
 

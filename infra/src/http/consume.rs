@@ -169,7 +169,7 @@ pub(super) async fn consume_parts(
             let taken = tokio::select! {
                 biased;
                 e = revoked => return Err(e),
-                r = ingress.consume(&topic, partition, max.unwrap_or(1), wait) => r?,
+                r = ingress.consume(&topic, partition, max.unwrap_or(1), wait, caller.username()) => r?,
             };
             // (revoked in the same instant: dropping `taken` gives the messages back)
             still_allowed(&state, &caller, &topic)?;

@@ -434,3 +434,127 @@ async fn a_parked_consume_in_a_cluster_ends_when_its_grant_is_revoked() {
     assert_eq!(got["payload"], serde_json::json!({"m": 1}), "{got}");
     assert_eq!(got["delivery_count"], serde_json::json!(1), "{got}");
 }
+
+/// One user's 1,100 parked long-polls through a member, on a topic another member owns,
+/// take at most that user's share of the member's 1,024 delivery-token slots there: another
+/// user's reader, on his own topic, still leaves its token at once and is woken by the next
+/// message (before, it queued behind all of them: woken after 15 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_parked_polls_leave_other_users_token_slots() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let (nodes, _) = three(root.path(), true).await;
+    all_ready(&nodes).await;
+    let admin = ("admin", ROOT_PW);
+    let (st, made) = nodes[0]
+        .call(
+            admin,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "hog", "partitions": 1})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{made}");
+    let owner = made["partition_owners"][0].as_u64().unwrap();
+    // the other user's topic has a partition on every member, that owner's included
+    let (st, made) = nodes[0]
+        .call(
+            admin,
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "calm", "partitions": 3})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{made}");
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let cp = owners.iter().position(|&x| x == owner).unwrap();
+    let o = nodes.iter().find(|n| n.id == owner).unwrap();
+    let via = nodes.iter().find(|n| n.id != owner).unwrap();
+    for (user, topic) in [("hoggy", "hog"), ("calmy", "calm")] {
+        let (st, r) = nodes[0]
+            .call(
+                admin,
+                Method::POST,
+                "/v1/users",
+                Some(serde_json::json!({"username": user, "password": ALICE_PW, "grants": [{"action": "consume", "patterns": [topic]}, {"action": "produce", "patterns": [topic]}]})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{r}");
+        until(&format!("{user} logs in"), 10, async || {
+            via.login(user, ALICE_PW).await == StatusCode::OK
+        })
+        .await;
+    }
+    let readers = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let waiters = async |topic: &str| {
+        let (_, t) = o
+            .call(admin, Method::GET, &format!("/v1/topics/{topic}"), None)
+            .await;
+        t["waiters"].as_u64().unwrap_or(0)
+    };
+    let mut polls = tokio::task::JoinSet::new();
+    for _ in 0..1_100 {
+        let (c, url) = (
+            readers.clone(),
+            format!("{}/v1/topics/hog/consume?wait=20s", via.base),
+        );
+        polls.spawn(async move {
+            c.get(url)
+                .basic_auth("hoggy", Some(ALICE_PW))
+                .send()
+                .await
+                .map(|r| r.status())
+        });
+    }
+    until("the hog's tokens at the owner", 20, async || {
+        waiters("hog").await >= forward_share()
+    })
+    .await;
+    let (c, url) = (
+        readers.clone(),
+        format!("{}/v1/topics/calm/consume?wait=20s", via.base),
+    );
+    let calm = tokio::spawn(async move {
+        let r = c
+            .get(url)
+            .basic_auth("calmy", Some(ALICE_PW))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.text().await.unwrap())
+    });
+    until("the other user's token at the owner", 5, async || {
+        waiters("calm").await >= 1
+    })
+    .await;
+    assert!(
+        waiters("hog").await <= forward_share() as u64,
+        "one user holds at most its share"
+    );
+    let (st, r) = via
+        .call(
+            ("calmy", ALICE_PW),
+            Method::POST,
+            "/v1/topics/calm/produce",
+            Some(serde_json::json!({"m": 1})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+    let t = Instant::now();
+    let (st, body) = calm.await.unwrap();
+    assert_eq!(st, StatusCode::OK, "{body}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "woken by the message: {:?}",
+        t.elapsed()
+    );
+    polls.abort_all();
+}
+
+/// A user's share of the delivery-token slots at one member.
+fn forward_share() -> u64 {
+    narad_infra::forward::MAX_WAITS_PER_USER as u64
+}
