@@ -113,7 +113,7 @@ pub struct Ingress {
     /// Per (member, user): that user's share of the slots at that member
     /// ([`MAX_WAITS_PER_USER`]); an entry goes once no reader of the user holds or waits
     /// for it.
-    user_waits: Arc<Mutex<HashMap<(u64, String), Arc<Semaphore>>>>,
+    user_waits: Arc<UserSlotTable>,
     /// Delivery tokens this member's parked readers left at other owners: (owner, token id)
     /// → the reader, which takes what that owner pushes ([`DELIVER`]).
     tokens: Mutex<HashMap<(u64, u64), tokio::sync::oneshot::Sender<Taken>>>,
@@ -1208,21 +1208,20 @@ impl Ingress {
     }
 }
 
+/// Per (member, user): the user's share of the delivery-token slots at that member.
+type UserSlotTable = Mutex<HashMap<(u64, String), Arc<Semaphore>>>;
+
 /// A reader's hold on its user's share of the delivery-token slots at one member (see
 /// [`MAX_WAITS_PER_USER`]): its semaphore, and on drop, the table entry removed once no
 /// reader of the user holds or waits for it.
 struct UserSlots {
     sem: Arc<Semaphore>,
     key: (u64, String),
-    table: Arc<Mutex<HashMap<(u64, String), Arc<Semaphore>>>>,
+    table: Arc<UserSlotTable>,
 }
 
 impl UserSlots {
-    fn of(
-        table: &Arc<Mutex<HashMap<(u64, String), Arc<Semaphore>>>>,
-        member: u64,
-        user: &str,
-    ) -> Self {
+    fn of(table: &Arc<UserSlotTable>, member: u64, user: &str) -> Self {
         let key = (member, user.to_owned());
         let sem = table
             .lock()
