@@ -247,7 +247,7 @@ pub async fn serve(
                 Err(_) => return Some(Err(malformed("member probe"))),
             };
             let answers = match mover {
-                Some(m) => m.answers(id, PROBE_WITHIN).await,
+                Some(m) => m.answers_fresh(id, PROBE_WITHIN).await,
                 None => false,
             };
             Ok(Bytes::from(
@@ -888,11 +888,25 @@ impl Mover {
         Ok((restored, redelivered))
     }
 
-    /// Whether member `id` answers a ping within `within`.
+    /// Whether member `id` answers a ping within `within` (over the cached connection; a
+    /// failed dial is remembered for its backoff).
+    async fn answers(&self, id: u64, within: Duration) -> bool {
+        match self.node.meta.addr_of(id) {
+            Some(addr) => self
+                .node
+                .meta
+                .rpc()
+                .call(id, &addr, Op::PING, Bytes::new(), within)
+                .await
+                .is_ok(),
+            None => false,
+        }
+    }
+
     /// Whether member `id` answers a ping within `within`, dialled afresh if need be (a
     /// remembered failed dial is not trusted: see [`narad_cluster::rpc::Rpc::probe`]). This
     /// member answers for itself.
-    async fn answers(&self, id: u64, within: Duration) -> bool {
+    async fn answers_fresh(&self, id: u64, within: Duration) -> bool {
         if id == self.node.node_id() {
             return true;
         }
@@ -918,7 +932,7 @@ impl Mover {
                 #[allow(clippy::disallowed_methods)]
                 tokio::time::sleep(LOST_FOR / LOST_PROBES).await;
             }
-            if self.answers(id, PROBE_WITHIN).await {
+            if self.answers_fresh(id, PROBE_WITHIN).await {
                 return Err(format!("node {id} answers this member"));
             }
         }

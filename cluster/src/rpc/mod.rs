@@ -352,10 +352,11 @@ impl Rpc {
     /// Whether node `peer` at `addr` answers a ping now, within `deadline`. Unlike
     /// [`Self::call`] it trusts nothing remembered: a failed dial's backoff is set aside (a
     /// node that restarted a moment ago is dialled, not reported unreachable from memory), and
-    /// if the ping over the cached connection fails, that connection is dropped and the node
-    /// dialled afresh within what is left of `deadline` (a connection to a process that died
-    /// looks alive until its idle timeout). For decisions that must not rest on a stale
-    /// failure, such as declaring a member lost.
+    /// if the ping over the cached connection fails, the node is dialled afresh on a
+    /// connection of the probe's own (closed after it; the cached one, which other calls may
+    /// be using, is left alone) within what is left of `deadline` (a connection to a process
+    /// that died looks alive until its idle timeout). For decisions that must not rest on a
+    /// stale failure, such as declaring a member lost.
     pub async fn probe(
         &self,
         peer: NodeId,
@@ -363,18 +364,33 @@ impl Rpc {
         deadline: Duration,
     ) -> Result<(), RpcError> {
         let start = Instant::now();
-        self.inner.forget_peer(peer, false).await;
+        let inner = &self.inner;
+        inner.forget_failure(peer).await;
         let first = self
             .call(peer, addr, Op::PING, Bytes::new(), deadline / 2)
             .await;
         if first.is_ok() {
             return Ok(());
         }
-        self.inner.forget_peer(peer, true).await;
+        let fresh = async {
+            let conn = inner
+                .dial(peer, addr)
+                .await
+                .map_err(|k| k.to_error(peer, false))?;
+            let r = inner
+                .call_on(&conn, peer, Op::PING, Bytes::new(), deadline / 2)
+                .await;
+            conn.close(SHUTDOWN, b"probe done");
+            r.map(|_| ())
+        };
         let left = deadline.saturating_sub(start.elapsed());
-        self.call(peer, addr, Op::PING, Bytes::new(), left)
-            .await
-            .map(|_| ())
+        match tokio::time::timeout(left, fresh).await {
+            Ok(r) => r,
+            Err(_) => Err(RpcError::Timeout {
+                peer,
+                ms: deadline.as_millis() as u64,
+            }),
+        }
     }
 
     /// Stops serving and closes every connection; calls in flight fail.
@@ -390,18 +406,14 @@ impl Rpc {
 }
 
 impl Inner {
-    /// Forgets the last failed dial to `peer` (and its backoff), and with `conn` its cached
-    /// connection too, so that the next call dials.
-    async fn forget_peer(&self, peer: NodeId, conn: bool) {
+    /// Forgets the last failed dial to `peer` (and its backoff), so that the next call dials.
+    async fn forget_failure(&self, peer: NodeId) {
         let Some(slot) = self.peers.lock().get(&peer).cloned() else {
             return;
         };
         let mut st = slot.state.lock().await;
         st.failed = None;
         st.backoff = Duration::ZERO;
-        if conn {
-            st.conn = None;
-        }
     }
 
     async fn call(
@@ -413,6 +425,18 @@ impl Inner {
         deadline: Duration,
     ) -> Result<Bytes, RpcError> {
         let conn = self.connection(peer, addr).await?;
+        self.call_on(&conn, peer, op, body, deadline).await
+    }
+
+    /// [`Inner::call`] on connection `conn`.
+    async fn call_on(
+        &self,
+        conn: &Connection,
+        peer: NodeId,
+        op: Op,
+        body: Bytes,
+        deadline: Duration,
+    ) -> Result<Bytes, RpcError> {
         let net = |reason: String| RpcError::Network { peer, reason };
         let (mut send, mut recv) = match conn.open_bi().await {
             Ok(s) => s,

@@ -335,6 +335,10 @@ impl Broker {
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
         let held = *part.freeze.lock();
         match held {
+            // a freeze this move took in an earlier attempt (before its source or its target
+            // restarted, or froze): the partition stayed frozen since, so the new attempt
+            // takes it over under its own token below, at once
+            Some(f) if f.token != token && f.move_id == Some(move_id) && !renew => {}
             Some(f) if f.token != token => {
                 return Err(BrokerError::ClusterUnavailable(format!(
                     "partition {p} of '{topic}' is frozen for another move until it thaws; retry"

@@ -313,7 +313,7 @@ impl Partition {
         until: std::time::Instant,
         drain: std::time::Duration,
     ) -> std::io::Result<bool> {
-        {
+        let earlier = {
             let mut f = self.freeze.lock();
             if let Some(f) = f.as_mut()
                 && f.token == token
@@ -321,9 +321,33 @@ impl Partition {
                 f.until = f.until.max(until);
                 return Ok(true);
             }
-            if f.is_some() {
+            if f.is_some_and(|f| f.move_id != Some(move_id)) {
                 return Err(std::io::Error::other(
                     "the partition is frozen for another move",
+                ));
+            }
+            *f
+        };
+        {
+            if let Some(held) = earlier {
+                // the same move's earlier freeze (another attempt's token): still frozen and
+                // drained since, so the new attempt's token takes it over, durably first
+                let dir = self.dir.clone();
+                tokio::task::spawn_blocking(move || write_freeze_marker(&dir, token, move_id))
+                    .await
+                    .map_err(std::io::Error::other)??;
+                let mut f = self.freeze.lock();
+                if f.is_some_and(|now| now.token == held.token) {
+                    *f = Some(Freeze {
+                        token,
+                        until: held.until.max(until),
+                        move_id: Some(move_id),
+                    });
+                    tracing::info!(dir = %self.dir.display(), move_id, "a move's new attempt took over the freeze its earlier attempt held");
+                    return Ok(true);
+                }
+                return Err(std::io::Error::other(
+                    "the partition's freeze changed while it was taken over",
                 ));
             }
         }
@@ -762,6 +786,56 @@ mod tests {
                 .len(),
             "{stats:?}"
         );
+        wal.shutdown();
+    }
+
+    /// A move's new attempt (a new token: its source or its target restarted, or froze,
+    /// while the move held its freeze) takes over the freeze the same move's earlier attempt
+    /// held, at once and durably (a restart keeps it under the new token); another move's
+    /// freeze is still refused (before, the same move was refused too, "frozen for another
+    /// move", until the freeze's 30 s term lapsed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_same_moves_new_attempt_takes_its_freeze_over() {
+        use crate::log::wal::{Wal, WalConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let metrics = Arc::new(CoreMetrics::default());
+        let (wal, _) = Wal::open(
+            &root.join("wal"),
+            root,
+            WalConfig::default(),
+            metrics.clone(),
+        )
+        .unwrap();
+        let env = LogEnv {
+            cfg: LogConfig {
+                wal: Some(wal.clone()),
+                ..LogConfig::default()
+            },
+            clock: crate::clock::ManualClock::new(1_000),
+            metrics,
+            max_ack_ranges: 1024,
+        };
+        let part = Partition::open(0, root.join("p0"), &env).unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let drain = std::time::Duration::from_secs(1);
+        assert!(part.freeze(11, 7, until, drain).await.unwrap());
+        part.close().await;
+        // restarted: the marker holds the first attempt's freeze
+        let part = Partition::open(0, root.join("p0"), &env).unwrap();
+        assert_eq!(part.freeze.lock().map(|f| f.token), Some(11));
+        assert!(part.freeze(22, 7, until, drain).await.unwrap());
+        assert_eq!(
+            part.freeze.lock().map(|f| (f.token, f.move_id)),
+            Some((22, Some(7)))
+        );
+        assert!(part.is_frozen());
+        let e = part.freeze(33, 8, until, drain).await.unwrap_err();
+        assert!(e.to_string().contains("another move"), "{e}");
+        part.close().await;
+        let part = Partition::open(0, root.join("p0"), &env).unwrap();
+        assert_eq!(part.freeze.lock().map(|f| f.token), Some(22), "durable");
+        part.close().await;
         wal.shutdown();
     }
 
