@@ -512,7 +512,8 @@ impl Mover {
     /// until checked against what the other members saw acknowledged (see
     /// [`Mover::witness`]). `None` once checked.
     pub fn unverified(&self) -> Option<String> {
-        if !self.broker.verifying() && self.broker.unverified().is_empty() {
+        // (the start's check ends only once nothing is held: no scan per probe after it)
+        if !self.broker.verifying() {
             return None;
         }
         self.unverified.lock().clone()
@@ -2023,6 +2024,8 @@ impl Mover {
     /// recorded as a gap, logged and counted in `narad_partition_records_lost_total`.
     /// Partitions owned elsewhere are let go (nothing here serves them).
     async fn verify_held(&self) {
+        // (a partition opened while the start's check ended may still be held: looked at
+        // every time, not only while the check runs)
         if !self.broker.verifying() && self.broker.unverified().is_empty() {
             return;
         }
