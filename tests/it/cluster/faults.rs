@@ -102,12 +102,6 @@ async fn a_settle_to_a_frozen_owner_is_answered_unknown_and_not_applied_late() {
             );
         }
     }
-    assert!(
-        owner
-            .log()
-            .contains("settle refused: it arrived after its caller's deadline"),
-        "the owner logs the late settle it refused"
-    );
 }
 
 /// `forget` of a member that just restarted and answers: it must be refused every time (it
