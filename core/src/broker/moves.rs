@@ -546,7 +546,7 @@ impl Broker {
         Ok(())
     }
 
-    fn replace_partition(&self, t: &Topic, p: u32, part: Arc<Partition>) {
+    pub(super) fn replace_partition(&self, t: &Topic, p: u32, part: Arc<Partition>) {
         let mut parts = t.partitions.write();
         let mut all: Vec<Arc<Partition>> = parts.iter().cloned().collect();
         if let Some(slot) = all.get_mut(p as usize) {
@@ -726,14 +726,14 @@ impl Broker {
     /// Before a partition directory's content is replaced wholesale: no WAL file may name
     /// frames written into it before (a replay at the next start would write those old
     /// frames into the new content, or refuse to start over the mismatch).
-    async fn checkpoint_wal(&self) -> Result<(), BrokerError> {
+    pub(super) async fn checkpoint_wal(&self) -> Result<(), BrokerError> {
         match &self.env.cfg.wal {
             Some(wal) => wal.checkpoint().await.map_err(BrokerError::from),
             None => Ok(()),
         }
     }
 
-    fn log_env(&self) -> LogEnv {
+    pub(super) fn log_env(&self) -> LogEnv {
         LogEnv {
             cfg: self.env.cfg.clone(),
             clock: self.env.clock.clone(),

@@ -105,15 +105,8 @@ impl Broker {
         }
         old.retire().await;
         // no WAL file may name frames of the log as it was (a replay would write them again)
-        if let Some(wal) = &self.env.cfg.wal {
-            wal.checkpoint().await.map_err(BrokerError::from)?;
-        }
-        let env = LogEnv {
-            cfg: self.env.cfg.clone(),
-            clock: self.env.clock.clone(),
-            metrics: self.env.metrics.clone(),
-            max_ack_ranges: self.env.max_ack_ranges,
-        };
+        self.checkpoint_wal().await?;
+        let env = self.log_env();
         let dir = old.dir.clone();
         let part = tokio::task::spawn_blocking(move || -> Result<Partition, BrokerError> {
             continue_at(&dir, local_end, acked_end).map_err(|source| {
@@ -138,12 +131,7 @@ impl Broker {
         }
         let part = Arc::new(part);
         part.close().await;
-        let mut parts = t.partitions.write();
-        let mut all: Vec<Arc<Partition>> = parts.iter().cloned().collect();
-        if let Some(slot) = all.get_mut(p as usize) {
-            *slot = part;
-        }
-        *parts = Arc::new(all);
+        self.replace_partition(&t, p, part);
         Ok(Some((local_end, acked_end)))
     }
 }
