@@ -336,9 +336,12 @@ impl Recorder {
                 for ((id, h), s) in items.iter().zip(st) {
                     match *s {
                         204 => self.settled(*id, h, sent_at, resp_at, acked),
-                        // the broker could not say: in a cluster, the member did not hear back
-                        // from the owner, which may have applied it
-                        503 => self.settle_unknown(*id, h, sent_at),
+                        // the broker could not say (`outcome_unknown`): in a cluster, the member
+                        // did not hear back from the owner, which may have applied it
+                        504 => self.settle_unknown(*id, h, sent_at),
+                        // 503 and every other refusal mean not applied: the lease holds, and
+                        // the message comes back when it ends (had it been applied, the drain
+                        // would wait for it in vain)
                         _ => self.settle_failed(*id),
                     }
                 }
@@ -836,8 +839,9 @@ mod tests {
         assert_eq!(rep.counts.double_lease, 1, "{rep}");
     }
 
-    /// A settle answered 503 (a cluster member that did not hear back from the owner) may
-    /// have been applied: a drain stops waiting for it once its lease would have come back.
+    /// A settle answered 504 `outcome_unknown` (a cluster member that did not hear back from
+    /// the owner) may have been applied: a drain stops waiting for it once its lease would
+    /// have come back. A 503 says not applied, so the drain waits for the message.
     #[test]
     fn a_settle_of_unknown_outcome_is_waited_for_until_its_lease_would_have_ended() {
         let r = rec();
@@ -845,7 +849,9 @@ mod tests {
         r.accepted(1, 1);
         deliver(&r, 1, 1, 10, 20, "a");
         assert_eq!(r.unsettled(Duration::ZERO), 1);
-        r.settle_outcome(&[(1, "a".into())], 30, Some(&[503]), true);
+        r.settle_outcome(&[(1, "a".into())], 25, Some(&[503]), true);
+        assert_eq!(r.unsettled(Duration::ZERO), 1, "503: not applied");
+        r.settle_outcome(&[(1, "a".into())], 30, Some(&[504]), true);
         assert_eq!(r.tally().outstanding, 1, "not known to be acked");
         assert_eq!(
             r.unsettled(Duration::from_secs(3600)),

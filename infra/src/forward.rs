@@ -1192,16 +1192,19 @@ impl Ingress {
                 ));
             }
         };
+        // the owner ran the settle: a reply that cannot be read leaves its outcome unknown
         let outcomes: Vec<SettleOutcome> = serde_json::from_slice(&reply).map_err(|e| {
             ApiError::new(
-                ErrorCode::ClusterUnavailable,
-                format!("node {node} answered an ack with a malformed reply: {e}"),
+                ErrorCode::OutcomeUnknown,
+                format!("node {node} answered an ack with a malformed reply: {e}; it may or may not have been applied"),
             )
         })?;
         if outcomes.len() != items.len() {
             return Err(ApiError::new(
-                ErrorCode::ClusterUnavailable,
-                format!("node {node} answered a different number of outcomes"),
+                ErrorCode::OutcomeUnknown,
+                format!(
+                    "node {node} answered a different number of outcomes; they may or may not have been applied"
+                ),
             ));
         }
         Ok(outcomes)

@@ -2116,7 +2116,7 @@ impl Traffic {
     }
 
     /// Stops producing, drains (every accepted message consumed and acked, 60 s at most;
-    /// a settle answered 503 may have been applied on its owner, so such a message is waited
+    /// a settle answered 504 may have been applied on its owner, so such a message is waited
     /// for only until its lease would have ended and it come back), and checks the history.
     async fn finish(self, nodes: &[Node]) -> narad_bench::lifecycle::Report {
         self.producing.store(false, Ordering::Relaxed);
