@@ -1906,7 +1906,7 @@ impl Mover {
             return Err(unavailable("no live member could take the partitions"));
         }
         let seen = self.seen_ends(&count, &owned).await;
-        let mut out = Vec::new();
+        let mut plan = Vec::with_capacity(owned.len());
         for ((t, p), seen_end) in owned.iter().zip(seen) {
             let (start, redeliver_from) = match archive.archive().load_manifest(&t.name, *p).await {
                 Ok(Some(m)) if m.topic_id == t.id => {
@@ -1927,6 +1927,21 @@ impl Mover {
                     ));
                 }
             };
+            plan.push((t, *p, seen_end, start, redeliver_from));
+        }
+        // the watch above took seconds, the plan more: a member that came back meanwhile
+        // (a restart, a freeze that ended) is not lost, and this is the last moment to say so
+        if self.answers_fresh(id, PROBE_WITHIN).await {
+            return Err(ApiError::new(
+                ErrorCode::MemberNotRemovable,
+                format!(
+                    "node {id} answers this member again: it is not lost; decommission it instead (its data moves, nothing is lost)"
+                ),
+            ));
+        }
+        let mut out = Vec::new();
+        for (t, p, seen_end, start, redeliver_from) in plan {
+            let p = &p;
             let to = *count
                 .iter()
                 .min_by_key(|&(&n, &c)| (c, n))

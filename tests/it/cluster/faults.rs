@@ -552,3 +552,56 @@ async fn one_users_parked_polls_leave_other_users_token_slots() {
 fn forward_share() -> u64 {
     narad_infra::forward::MAX_WAITS_PER_USER as u64
 }
+
+/// `forget` of a member frozen (SIGSTOP) while forget watches it, and resumed once the
+/// watch is over (the other members were asked and could not reach it) but before anything
+/// is reassigned: it answers again, so it must not be declared lost (it was, when the
+/// watch's verdict was taken as final while the plan was made).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_refuses_a_member_that_answers_again_before_anything_is_reassigned() {
+    let root = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", root.path().join("archive").display());
+    let nodes = three_with(root.path(), |n| {
+        n.archive = Some(url.clone());
+        n.env = vec![("NARAD_CLUSTER_AUTO_REBALANCE".into(), "false".into())];
+    })
+    .await;
+    all_ready(&nodes).await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let back = nodes.iter().position(|n| n.id != leader).unwrap();
+    let via = (0..3).find(|&i| i != back).unwrap();
+    let third = (0..3).find(|&i| i != back && i != via).unwrap();
+    let p = topic_owned_by(&nodes, "fz", nodes[back].id, serde_json::json!({})).await;
+    produce_on(&nodes[via], "fz", p, serde_json::json!({"before": true})).await;
+    let asked = served(&nodes[third], "member_probe").await;
+    nodes[back].signal("STOP");
+    let forget = format!("/v1/cluster/members/{}/forget", nodes[back].id);
+    let (answer, ()) = tokio::join!(
+        nodes[via].call(("x", "y"), reqwest::Method::POST, &forget, None),
+        async {
+            // the watch ends with the other members asked: then it comes back
+            until(
+                "the third member asked about the frozen one",
+                30,
+                async || served(&nodes[third], "member_probe").await > asked,
+            )
+            .await;
+            nodes[back].signal("CONT");
+        }
+    );
+    let (st, body) = answer;
+    assert_eq!(
+        (st, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("member_not_removable")),
+        "forget of a member that answers again: {body}"
+    );
+    let status = nodes[via].status().await.unwrap();
+    let (_, topic) = nodes[via]
+        .call(("x", "y"), reqwest::Method::GET, "/v1/topics/fz", None)
+        .await;
+    assert_eq!(
+        topic["partition_owners"][p as usize].as_u64(),
+        Some(nodes[back].id),
+        "nothing reassigned: {topic}\n{status}"
+    );
+}
