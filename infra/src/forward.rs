@@ -126,6 +126,10 @@ pub struct Ingress {
     /// directory learns, at its start, how far it had acknowledged (see
     /// [`narad_core::broker::Broker::reopen_after`]). One entry per partition of the cluster.
     witnessed: Mutex<HashMap<(u64, u32), u64>>,
+    /// Where `seen` and `witnessed` are kept across restarts ([`crate::acked_ends`]), and
+    /// what was last written there.
+    ends_file: Option<std::path::PathBuf>,
+    ends_written: tokio::sync::Mutex<crate::acked_ends::Ends>,
 }
 
 /// One message's outcome in a forwarded produce.
@@ -147,11 +151,18 @@ impl CallError {
 }
 
 impl Ingress {
+    /// `ends_file`: where what this member saw acknowledged is kept across its restarts
+    /// (loaded here; see [`Ingress::persist_ends`]).
     pub fn new(
         broker: Arc<Broker>,
         node: Arc<ClusterNode>,
         archive: Option<Arc<ArchiveReader>>,
+        ends_file: Option<std::path::PathBuf>,
     ) -> Arc<Self> {
+        let remembered = ends_file
+            .as_deref()
+            .map(crate::acked_ends::load)
+            .unwrap_or_default();
         Arc::new(Self {
             broker,
             node,
@@ -161,7 +172,9 @@ impl Ingress {
             user_waits: Arc::default(),
             tokens: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
-            witnessed: Mutex::new(HashMap::new()),
+            witnessed: Mutex::new(remembered.clone()),
+            ends_file,
+            ends_written: tokio::sync::Mutex::new(remembered),
         })
     }
 
@@ -465,6 +478,32 @@ impl Ingress {
         for &(t, p, end) in ends {
             let e = w.entry((t, p)).or_insert(0);
             *e = (*e).max(end);
+        }
+    }
+
+    /// Writes what this member saw acknowledged and was told by owners to its file, if it
+    /// changed since the last write, so that it answers an owner restored from an older copy
+    /// of its data directory even after its own restart. Called by the witness task.
+    pub async fn persist_ends(&self) {
+        let Some(path) = self.ends_file.clone() else {
+            return;
+        };
+        let mut written = self.ends_written.lock().await;
+        let mut now = self.witnessed.lock().clone();
+        for (&k, &e) in self.seen.lock().iter() {
+            let slot = now.entry(k).or_insert(0);
+            *slot = (*slot).max(e);
+        }
+        if *written == now {
+            return;
+        }
+        let ends = now.clone();
+        match tokio::task::spawn_blocking(move || crate::acked_ends::store(&path, &ends)).await {
+            Ok(Ok(())) => *written = now,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not keep what this member saw acknowledged on its disk; retried in a moment");
+            }
+            Err(e) => tracing::warn!(error = %e, "writing the acknowledged ends failed"),
         }
     }
 

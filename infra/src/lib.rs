@@ -12,6 +12,7 @@
 //!        narad_core::broker::Broker   (max_open_logs sized by fdlimit from RLIMIT_NOFILE)
 //! ```
 
+pub mod acked_ends;
 pub mod cluster;
 pub mod config;
 pub mod conn;

@@ -1996,9 +1996,15 @@ impl Mover {
                 .filter(|&(t, p, e)| full || sent.get(&(t, p)) != Some(&e))
                 .collect();
             sent = ends.iter().map(|&(t, p, e)| ((t, p), e)).collect();
-            if full && let Some(i) = self.ingress.upgrade() {
-                let live = self.broker.catalog().topics().map(|t| t.id).collect();
-                i.prune_seen(&live);
+            if let Some(i) = self.ingress.upgrade() {
+                // (not before the start's check confirmed the catalog current: a catalog
+                // still catching up lacks topics whose remembered ends must stay)
+                if full && !self.broker.verifying() {
+                    let live = self.broker.catalog().topics().map(|t| t.id).collect();
+                    i.prune_seen(&live);
+                }
+                // what others reported last round survives this member's restart
+                i.persist_ends().await;
             }
             if !changed.is_empty() {
                 let me = self.node.node_id();

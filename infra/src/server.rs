@@ -430,8 +430,12 @@ impl Opening {
         )));
         if let (Some(node), Some(store)) = (self.state.cluster.clone(), replicated) {
             // the other members' calls for this member's partitions, and ours for theirs
-            let ingress =
-                crate::forward::Ingress::new(b.clone(), node.clone(), self.state.archive.clone());
+            let ingress = crate::forward::Ingress::new(
+                b.clone(),
+                node.clone(),
+                self.state.archive.clone(),
+                Some(crate::acked_ends::path_in(&self.config.data_dir)),
+            );
             // partitions moving here are copied by the mover; it also thaws lapsed freezes
             let mover = crate::moves::Mover::new(
                 node.clone(),

@@ -231,10 +231,14 @@ async fn replay_all(n: &Node, topic: &str, p: u32) -> Vec<(u64, u64)> {
 /// records were gone without a word and new produces were told the same offsets again):
 /// its log goes on after the acknowledged end, the records the copy holds stay, the loss is
 /// counted and logged, and no offset a client was told of names another record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_restored_from_an_older_copy_never_reuses_an_acknowledged_offset() {
-    let root = tempfile::tempdir().unwrap();
-    let mut nodes = three_ready_with(root.path(), &[]).await;
+/// Three members, topic `rb` with partition `p` owned by a follower `o`; 20 records on it,
+/// a copy of `o`'s data directory taken with `o` stopped, then 25 more acknowledged (20
+/// through `o`, 5 through `peer`) and reported by `o` to the others. Returns the members,
+/// `o`, `peer`, `p` and the copy's path.
+async fn acknowledged_after_a_copy(
+    root: &std::path::Path,
+) -> (Vec<Node>, usize, usize, u32, std::path::PathBuf) {
+    let mut nodes = three_ready_with(root, &[]).await;
     let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
     let o = nodes.iter().position(|n| n.id != leader).unwrap();
     let peer = (0..3).find(|&i| i != o).unwrap();
@@ -245,7 +249,7 @@ async fn a_member_restored_from_an_older_copy_never_reuses_an_acknowledged_offse
     );
     // the copy: taken with the member stopped, as a snapshot or a backup would be
     nodes[o].kill9();
-    let copy = root.path().join("copy");
+    let copy = root.join("copy");
     assert!(run(&[
         "cp",
         "-a",
@@ -266,6 +270,19 @@ async fn a_member_restored_from_an_older_copy_never_reuses_an_acknowledged_offse
         served(&nodes[peer], "witness").await >= reports + 2.0
     })
     .await;
+    (nodes, o, peer, p, copy)
+}
+
+/// A member restarted from an older copy of its data directory (a VM snapshot rolled back):
+/// its partition had acknowledged records after the copy, through itself and through
+/// another member. It must not serve the partition as if nothing happened (before: the
+/// records were gone without a word and new produces were told the same offsets again):
+/// its log goes on after the acknowledged end, the records the copy holds stay, the loss is
+/// counted and logged, and no offset a client was told of names another record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restored_from_an_older_copy_never_reuses_an_acknowledged_offset() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut nodes, o, peer, p, copy) = acknowledged_after_a_copy(root.path()).await;
     // rolled back to the copy
     nodes[o].kill9();
     std::fs::remove_dir_all(&nodes[o].dir).unwrap();
@@ -604,4 +621,46 @@ async fn forget_refuses_a_member_that_answers_again_before_anything_is_reassigne
         Some(nodes[back].id),
         "nothing reassigned: {topic}\n{status}"
     );
+}
+
+/// As above, but what the others were told must outlive their own restarts: the restored
+/// member comes back while the one other member it can reach has restarted too and the
+/// third is frozen, so the two that answer make a majority. Before, the others kept what
+/// they were told in memory only, and the two answered that nothing was acknowledged:
+/// offset 20 was told to a new record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_member_is_checked_against_what_a_restarted_member_was_told() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut nodes, o, peer, p, copy) = acknowledged_after_a_copy(root.path()).await;
+    let third = (0..3).find(|&i| i != o && i != peer).unwrap();
+    // `peer` keeps what it was told on its disk (within half a second)
+    let file = nodes[peer].dir.join("acked-ends");
+    let told = format!(" {p} 45");
+    until("the peer keeps the owner's end", 20, async || {
+        std::fs::read_to_string(&file).is_ok_and(|t| t.lines().any(|l| l.ends_with(&told)))
+    })
+    .await;
+    nodes[o].kill9();
+    nodes[peer].kill9();
+    nodes[third].signal("STOP");
+    std::fs::remove_dir_all(&nodes[o].dir).unwrap();
+    std::fs::rename(&copy, &nodes[o].dir).unwrap();
+    nodes[peer].start().await;
+    nodes[o].start().await;
+    for i in [o, peer] {
+        let n = &nodes[i];
+        until(&format!("node {} ready", n.id), 60, async || {
+            n.ready().await
+        })
+        .await;
+    }
+    let next = produce_offsets(&nodes[o], "rb", p, 100..101).await[0];
+    nodes[third].signal("CONT");
+    assert!(
+        next >= 45,
+        "a produce after the rollback was told offset {next}, which an acknowledged record had"
+    );
+    let read = replay_all(&nodes[peer], "rb", p).await;
+    let expected: Vec<(u64, u64)> = (0..20).map(|i| (i, i)).chain([(next, 100)]).collect();
+    assert_eq!(read, expected, "what the copy holds, then the new record");
 }
