@@ -149,6 +149,51 @@ impl Drop for Member {
     }
 }
 
+/// Starts `nodes` members on loopback (data under `dir`, root password `root_pw`, a fresh
+/// cluster secret) and waits until every one is ready. Returns them, the members list and
+/// the secret (what a member restarted later is started with).
+pub(crate) async fn start_cluster(
+    binary: &Path,
+    nodes: usize,
+    dir: &Path,
+    root_pw: &str,
+) -> Result<(Vec<Member>, String, String), Error> {
+    let secret = format!(
+        "bench secret {:x}{:x}",
+        Instant::now().elapsed().as_nanos(),
+        std::process::id()
+    );
+    let secret = format!("{secret:0<40}");
+    let mut members: Vec<Member> = (1..=nodes as u64)
+        .map(|id| {
+            let port = std::net::UdpSocket::bind("127.0.0.1:0")
+                .and_then(|s| s.local_addr())
+                .map(|a| a.port())
+                .unwrap_or(0);
+            Member {
+                id,
+                rpc: format!("127.0.0.1:{port}"),
+                dir: dir.join(format!("m{id}")),
+                child: None,
+                addr: String::new(),
+                env: Vec::new(),
+            }
+        })
+        .collect();
+    let list = members
+        .iter()
+        .map(|m| format!("{}@{}", m.id, m.rpc))
+        .collect::<Vec<_>>()
+        .join(",");
+    for m in &mut members {
+        m.start(binary, &list, &secret, root_pw).await?;
+    }
+    for m in &members {
+        until("members ready", 60, async || ready(&m.addr).await).await?;
+    }
+    Ok((members, list, secret))
+}
+
 /// Real time passing while a measured load runs (the bench's own pacing).
 pub(crate) async fn sleep_real(d: Duration) {
     #[allow(clippy::disallowed_methods)]
@@ -219,39 +264,8 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
     if std::env::var("NARAD_USER").as_deref() != Ok("admin") {
         return Err(err("set NARAD_USER=admin (the members' root user)"));
     }
-    let secret = format!(
-        "bench secret {:x}{:x}",
-        Instant::now().elapsed().as_nanos(),
-        std::process::id()
-    );
-    let secret = format!("{secret:0<40}");
-    let mut members: Vec<Member> = (1..=cfg.nodes as u64)
-        .map(|id| {
-            let port = std::net::UdpSocket::bind("127.0.0.1:0")
-                .and_then(|s| s.local_addr())
-                .map(|a| a.port())
-                .unwrap_or(0);
-            Member {
-                id,
-                rpc: format!("127.0.0.1:{port}"),
-                dir: cfg.dir.join(format!("m{id}")),
-                child: None,
-                addr: String::new(),
-                env: Vec::new(),
-            }
-        })
-        .collect();
-    let list = members
-        .iter()
-        .map(|m| format!("{}@{}", m.id, m.rpc))
-        .collect::<Vec<_>>()
-        .join(",");
-    for m in &mut members {
-        m.start(&cfg.binary, &list, &secret, &root_pw).await?;
-    }
-    for m in &members {
-        until("members ready", 60, async || ready(&m.addr).await).await?;
-    }
+    let (mut members, list, secret) =
+        start_cluster(&cfg.binary, cfg.nodes, &cfg.dir, &root_pw).await?;
     let leader_of = async |m: &Member| {
         get_json(&m.addr, "/v1/cluster")
             .await

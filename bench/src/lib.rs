@@ -10,6 +10,7 @@ pub mod mirror;
 pub mod moves;
 pub mod narad;
 pub mod noop;
+pub mod owner_loss;
 pub mod peers;
 pub mod procstat;
 pub mod report;

@@ -51,6 +51,10 @@ enum Cmd {
     /// a move, the freeze producers see, time to decommission a member. Needs NARAD_USER=admin
     /// and NARAD_PASSWORD (the members' root password).
     Moves(MovesArgs),
+    /// Producers through the other members while a partition owner is SIGKILLed, then
+    /// frozen with SIGSTOP: the worst and p99 produce latency after each, and the duplicates
+    /// re-placement wrote. Needs NARAD_USER=admin and NARAD_PASSWORD.
+    OwnerLoss(OwnerLossArgs),
     /// Answer every HTTP/1.1 request with a fixed 202 after reading its body: the ceiling of
     /// one request per message on this machine (drive it with `run --target narad`).
     NoopServer(NoopArgs),
@@ -141,6 +145,21 @@ struct MovesArgs {
     /// Where the members keep their data (a temporary directory by default).
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct OwnerLossArgs {
+    /// The narad binary (default: `narad` beside this one).
+    #[arg(long)]
+    binary: Option<std::path::PathBuf>,
+    /// Sequential producers through each of the two members that stay.
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// Seconds measured after each fault.
+    #[arg(long, default_value_t = 10)]
+    window: u64,
     #[arg(long)]
     json: bool,
 }
@@ -515,6 +534,61 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     "decommission of a member holding {} partitions: {:.1} s",
                     r.decommission_partitions, r.decommission_seconds
                 );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::OwnerLoss(a) => {
+            let binary = match a.binary {
+                Some(b) => b,
+                None => std::env::current_exe()?.with_file_name("narad"),
+            };
+            let dir = tempfile::tempdir()?;
+            let r = narad_bench::owner_loss::run(narad_bench::owner_loss::OwnerLossConfig {
+                binary,
+                producers: a.producers,
+                window: Duration::from_secs(a.window),
+                dir: dir.path().to_owned(),
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                let l = |x: &narad_bench::owner_loss::Latency| {
+                    format!(
+                        "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} produces)",
+                        x.p50, x.p99, x.max, x.samples
+                    )
+                };
+                println!(
+                    "keyless produces through the two other members, {} sequential producers each",
+                    a.producers
+                );
+                println!("steady:               {}", l(&r.steady_ms));
+                for f in &r.faults {
+                    println!(
+                        "{} of an owner, next {} s: {}",
+                        f.fault,
+                        a.window,
+                        l(&f.latency_ms)
+                    );
+                    if !f.errors.is_empty() {
+                        println!("  errors: {:?}", f.errors);
+                    }
+                    if f.over_1s_count > 0 {
+                        println!(
+                            "  {} took over 1 s (started at ms after the fault, took ms): {:?}",
+                            f.over_1s_count, f.over_1s
+                        );
+                    }
+                }
+                println!(
+                    "accepted {}, read back {}, duplicates {}, missing {}",
+                    r.accepted, r.read_back, r.duplicates, r.missing
+                );
+            }
+            if r.missing > 0 {
+                return Ok(ExitCode::FAILURE);
             }
             Ok(ExitCode::SUCCESS)
         }

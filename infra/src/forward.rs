@@ -66,10 +66,16 @@ pub const DELIVER: Op = Op(110);
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
-/// owner that has not answered in this long is taken for unreachable: keyless messages are
-/// placed on another owner (a duplicate, if it was only slow and did write them), the
-/// others answer `503 cluster_unavailable`.
+/// owner that has not answered in this long is taken for unreachable: a produce of
+/// messages that may not move answers `504 outcome_unknown` (messages that may move wait
+/// only [`PLACE_DEADLINE`], then go to another owner).
 const CALL_DEADLINE: Duration = Duration::from_secs(3);
+/// How long a forwarded produce of messages that may move (keyless, or keyed under the
+/// `prefer` policy) waits for their owner before they are placed on another one: an owner
+/// that died or froze costs a producer at most about this much (`narad-bench owner-loss`,
+/// docs/benchmarks.md). An owner only slow to answer (its disk, a busy machine) may have
+/// written them too: a duplicate, as with any retry.
+const PLACE_DEADLINE: Duration = Duration::from_millis(800);
 /// Beyond a long-poll's wait, for its answer to come back.
 const WAIT_SLACK: Duration = Duration::from_secs(2);
 /// How often a member taken for unreachable is pinged until it answers again.
@@ -138,14 +144,16 @@ pub type Outcome = Result<Produced, ApiError>;
 /// Why a call to another member failed: it could not be reached (nothing is known of the
 /// request's fate), or it answered with a refusal.
 enum CallError {
-    Unreachable(ApiError),
+    /// No answer: `true` if the request may have reached the member (a timeout, a cut
+    /// connection), so its outcome is unknown; `false` if it surely did not.
+    Unreachable(ApiError, bool),
     Answered(ApiError),
 }
 
 impl CallError {
     fn api(self) -> ApiError {
         match self {
-            Self::Unreachable(e) | Self::Answered(e) => e,
+            Self::Unreachable(e, _) | Self::Answered(e) => e,
         }
     }
 }
@@ -260,10 +268,13 @@ impl Ingress {
         deadline: Duration,
     ) -> Result<Bytes, CallError> {
         let Some(addr) = self.node.meta.addr_of(id) else {
-            return Err(CallError::Unreachable(ApiError::new(
-                ErrorCode::ClusterUnavailable,
-                format!("node {id} is not a member of this cluster"),
-            )));
+            return Err(CallError::Unreachable(
+                ApiError::new(
+                    ErrorCode::ClusterUnavailable,
+                    format!("node {id} is not a member of this cluster"),
+                ),
+                false,
+            ));
         };
         let r = self.call_rpc(id, &addr, op, body, deadline).await;
         match r {
@@ -276,10 +287,16 @@ impl Ingress {
                     format!("node {id} did not answer a wait in time"),
                 )))
             }
-            Err(e) => Err(CallError::Unreachable(ApiError::new(
-                ErrorCode::ClusterUnavailable,
-                format!("the partition's owner could not be reached: {e}; retry"),
-            ))),
+            Err(e) => {
+                let sent = !e.not_sent();
+                Err(CallError::Unreachable(
+                    ApiError::new(
+                        ErrorCode::ClusterUnavailable,
+                        format!("the partition's owner could not be reached: {e}; retry"),
+                    ),
+                    sent,
+                ))
+            }
         }
     }
 
@@ -393,8 +410,17 @@ impl Ingress {
             }
             let calls = groups.into_iter().map(|(node, idx)| {
                 let group: Vec<ProduceMessage> = idx.iter().map(|&i| msgs[i].clone()).collect();
+                // messages that may move are not kept waiting on a silent owner: placed
+                // again after PLACE_DEADLINE (a second try waits no less: nowhere else to go)
+                let deadline = if round == 0 && idx.iter().all(|&i| !sticky[i]) {
+                    PLACE_DEADLINE
+                } else {
+                    CALL_DEADLINE
+                };
                 async move {
-                    let r = self.produce_on(node, topic, meta.id, catalog, group).await;
+                    let r = self
+                        .produce_on(node, topic, meta.id, catalog, group, deadline)
+                        .await;
                     (node, idx, r)
                 }
             });
@@ -407,7 +433,8 @@ impl Ingress {
                             out[i] = Some(Ok(p));
                         }
                     }
-                    Err(CallError::Unreachable(e)) if round == 0 => {
+                    Err(CallError::Unreachable(e, sent)) if round == 0 => {
+                        let e = if sent { unanswered_produce(node, e) } else { e };
                         failed.push(node);
                         for i in idx {
                             // placed by this member (not pinned): placed again, once, on a
@@ -427,7 +454,10 @@ impl Ingress {
                         }
                     }
                     Err(e) => {
-                        let e = e.api();
+                        let e = match e {
+                            CallError::Unreachable(e, true) => unanswered_produce(node, e),
+                            e => e.api(),
+                        };
                         for i in idx {
                             out[i] = Some(Err(e.clone()));
                         }
@@ -533,6 +563,7 @@ impl Ingress {
         topic_id: u64,
         catalog: u64,
         msgs: Vec<ProduceMessage>,
+        deadline: Duration,
     ) -> Result<Vec<Produced>, CallError> {
         if node == self.me() {
             return self
@@ -542,7 +573,7 @@ impl Ingress {
                 .map_err(|e| CallError::Answered(e.into()));
         }
         let body = encode_produce(topic, topic_id, catalog, &msgs);
-        let reply = self.call(node, PRODUCE, body, CALL_DEADLINE).await?;
+        let reply = self.call(node, PRODUCE, body, deadline).await?;
         let malformed = |what: String| {
             CallError::Answered(ApiError::new(
                 ErrorCode::ClusterUnavailable,
@@ -630,7 +661,7 @@ impl Ingress {
                 .await
             {
                 Ok(t) => taken.extend(t),
-                Err(CallError::Unreachable(_)) => {}
+                Err(CallError::Unreachable(..)) => {}
                 Err(CallError::Answered(e)) => {
                     failed.get_or_insert(e);
                 }
@@ -727,7 +758,7 @@ impl Ingress {
                         .leave_token(o, &topic, partition, max, ttl - TOKEN_MARGIN, id)
                         .await
                     {
-                        Ok(()) | Err(CallError::Unreachable(_)) => {}
+                        Ok(()) | Err(CallError::Unreachable(..)) => {}
                         Err(e) => return Err(e),
                     }
                     match tokio::time::timeout_at(now + ttl, &mut rx).await {
@@ -742,7 +773,7 @@ impl Ingress {
         while let Some(r) = waits.set.join_next().await {
             match r {
                 Ok(Ok(t)) if !t.is_empty() => return Ok(t),
-                Ok(Ok(_)) | Err(_) | Ok(Err(CallError::Unreachable(_))) => {}
+                Ok(Ok(_)) | Err(_) | Ok(Err(CallError::Unreachable(..))) => {}
                 Ok(Err(CallError::Answered(e))) => {
                     first_err.get_or_insert(e);
                 }
@@ -1486,6 +1517,19 @@ fn action_name(a: AckAction) -> &'static str {
         AckAction::Extend => "extend",
         AckAction::Nack => "nack",
     }
+}
+
+/// A produce sent to `node` that did not answer: it may have written the messages, or may
+/// still (a frozen owner resumed), so the answer says the outcome is unknown, not "not
+/// applied". A retry is safe: at worst a duplicate.
+fn unanswered_produce(node: u64, e: ApiError) -> ApiError {
+    ApiError::new(
+        ErrorCode::OutcomeUnknown,
+        format!(
+            "node {node}, the partition's owner, did not answer in time ({}): the message may or may not have been written; retry (a duplicate is possible)",
+            e.message
+        ),
+    )
 }
 
 /// A message that may not move (pinned, or keyed under `strict`) whose owner is down.

@@ -664,3 +664,73 @@ async fn a_restored_member_is_checked_against_what_a_restarted_member_was_told()
     let expected: Vec<(u64, u64)> = (0..20).map(|i| (i, i)).chain([(next, 100)]).collect();
     assert_eq!(read, expected, "what the copy holds, then the new record");
 }
+
+/// A partition owner frozen (SIGSTOP: a paused VM): a keyless produce through another
+/// member is placed on a partition another member owns and answered `202` (how soon is
+/// `narad-bench owner-loss`'s figure, docs/benchmarks.md), and one pinned to the frozen
+/// owner's partition, which left and got no answer, is answered `504 outcome_unknown`, not
+/// `503` ("not applied": the frozen owner may write it when it resumes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_produce_to_a_frozen_owner_is_placed_elsewhere_or_answered_unknown() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready(root.path()).await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let f = nodes.iter().position(|n| n.id != leader).unwrap();
+    let via = (0..3).find(|&i| i != f).unwrap();
+    let p = topic_owned_by(&nodes, "fr", nodes[f].id, serde_json::json!({})).await;
+    let (_, made) = nodes[via]
+        .call(("x", "y"), reqwest::Method::GET, "/v1/topics/fr", None)
+        .await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    nodes[f].signal("STOP");
+    let (st, r) = nodes[via]
+        .call(
+            ("x", "y"),
+            reqwest::Method::POST,
+            &format!("/v1/topics/fr/produce?partition={p}"),
+            Some(serde_json::json!({"pinned": true})),
+        )
+        .await;
+    assert_eq!(
+        (st, r["code"].as_str()),
+        (StatusCode::GATEWAY_TIMEOUT, Some("outcome_unknown")),
+        "{r}"
+    );
+    for i in 0..6 {
+        let (st, r) = nodes[via]
+            .call(
+                ("x", "y"),
+                reqwest::Method::POST,
+                "/v1/topics/fr/produce",
+                Some(serde_json::json!({"i": i})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{r}");
+        let placed = r["partition"].as_u64().unwrap() as usize;
+        assert_ne!(
+            owners[placed], nodes[f].id,
+            "placed on the frozen owner: {r}"
+        );
+    }
+    nodes[f].signal("CONT");
+    let n = &nodes[f];
+    until("the resumed owner ready", 30, async || n.ready().await).await;
+    // it may have written what it had received when it resumed: the pinned message, once
+    // at most
+    let (st, r) = nodes[via]
+        .call(
+            ("x", "y"),
+            reqwest::Method::GET,
+            &format!("/v1/topics/fr/consume?partition={p}&offset=0&max=100"),
+            None,
+        )
+        .await;
+    let pinned = r["messages"].as_array().map_or(0, |m| {
+        m.iter().filter(|m| m["payload"]["pinned"] == true).count()
+    });
+    assert!(
+        (st == StatusCode::OK || st == StatusCode::NO_CONTENT) && pinned <= 1,
+        "{st} {r}"
+    );
+    nodes[f].kill9();
+}
