@@ -618,11 +618,17 @@ impl Ingress {
                 .into());
             }
             let owner = meta.owners.get(p as usize).copied().unwrap_or(self.me());
-            if owner == self.me() || wait.is_zero() {
+            if wait.is_zero() {
                 return self
                     .consume_on(owner, topic, partition, max, wait, 0)
                     .await
                     .map_err(CallError::api);
+            }
+            if owner == self.me() {
+                // (in a line that follows the partition if it moves away meanwhile)
+                return self
+                    .wait_in_lines(vec![owner], topic, partition, max, wait, user)
+                    .await;
             }
             // another member's partition: a look, then a token in its owner's line
             let taken = self
@@ -681,7 +687,9 @@ impl Ingress {
 
     /// Nothing anywhere: waits up to `wait` in the line of every one of `owners` at once
     /// (this member's directly, the others' through a delivery token each); the first to
-    /// serve wins, and what the others hand over later is given back.
+    /// serve wins, and what the others hand over later is given back. A partition that
+    /// moves meanwhile to a member not waited on yet (the topic's, or `partition` alone)
+    /// brings that member's line in too, so a reader parked across a move is woken by it.
     async fn wait_in_lines(
         self: &Arc<Self>,
         owners: Vec<u64>,
@@ -699,78 +707,49 @@ impl Ingress {
             stop: tokio_util::sync::CancellationToken::new(),
         };
         let until = tokio::time::Instant::now() + wait;
+        let mut changes = self.broker.catalog_changes();
+        changes.mark_unchanged();
+        let mut following = true;
+        let mut waited: Vec<u64> = Vec::with_capacity(owners.len());
         for o in owners {
-            let (me, topic) = (self.clone(), topic.to_owned());
-            if o == self.me() {
-                let h = waits
-                    .set
-                    .spawn(async move { me.consume_on(o, &topic, partition, max, wait, 0).await });
-                waits.local = Some(h);
-                continue;
-            }
-            if self.is_down(o) {
-                continue;
-            }
-            // a reader beyond the member's tokens there queues for a slot (it is woken when
-            // one frees, with what is left of its wait)
-            let slots = self.wait_slots(o);
-            let share = user.map(|u| UserSlots::of(&self.user_waits, o, u));
-            let id = narad_core::random_u64() | 1;
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.tokens.lock().insert((o, id), tx);
-            waits.remote.push((o, id));
-            let stop = waits.stop.clone();
-            waits.set.spawn(async move {
-                // the user's share first, then the member's slot: a user's readers beyond
-                // its share wait behind one another, never ahead of other users'
-                let _share = match &share {
-                    None => None,
-                    Some(share) => {
-                        let s = tokio::select! {
-                            s = tokio::time::timeout_at(until, share.sem.clone().acquire_owned()) => s,
-                            () = stop.cancelled() => return Ok(Taken::default()),
-                        };
-                        let Ok(Ok(s)) = s else {
-                            return Ok(Taken::default());
-                        };
-                        Some(s)
-                    }
-                };
-                let slot = tokio::select! {
-                    s = tokio::time::timeout_at(until, slots.acquire_owned()) => s,
-                    () = stop.cancelled() => return Ok(Taken::default()),
-                };
-                let Ok(Ok(_slot)) = slot else {
-                    return Ok(Taken::default());
-                };
-                let mut rx = rx;
-                loop {
-                    let now = tokio::time::Instant::now();
-                    let left = until.saturating_duration_since(now);
-                    if left <= TOKEN_MARGIN || stop.is_cancelled() {
-                        return Ok(Taken::default());
-                    }
-                    // a token in the owner's line for at most TOKEN_TTL: what the line hands
-                    // it is pushed here; one that ended (or that the owner dropped, or lost
-                    // in a restart) is left again, so a reader is never forgotten for long
-                    let ttl = left.min(TOKEN_TTL);
-                    match me
-                        .leave_token(o, &topic, partition, max, ttl - TOKEN_MARGIN, id)
-                        .await
-                    {
-                        Ok(()) | Err(CallError::Unreachable(..)) => {}
-                        Err(e) => return Err(e),
-                    }
-                    match tokio::time::timeout_at(now + ttl, &mut rx).await {
-                        Ok(Ok(taken)) => return Ok(taken),
-                        Ok(Err(_)) => return Ok(Taken::default()),
-                        Err(_) => {}
-                    }
-                }
-            });
+            self.wait_in_line(
+                &mut waits,
+                &mut waited,
+                o,
+                topic,
+                partition,
+                max,
+                until,
+                user,
+            );
         }
         let mut first_err = None;
-        while let Some(r) = waits.set.join_next().await {
+        loop {
+            let r = tokio::select! {
+                r = waits.set.join_next() => match r {
+                    Some(r) => r,
+                    None => break,
+                },
+                c = changes.changed(), if following => {
+                    if c.is_err() {
+                        // (the broker is going away: the waits end with it)
+                        following = false;
+                        continue;
+                    }
+                    if let Ok(meta) = self.broker.topic_meta(topic) {
+                        let now: Vec<u64> = match partition {
+                            Some(p) => meta.owners.get(p as usize).copied().into_iter().collect(),
+                            None => meta.owners.clone(),
+                        };
+                        for o in now {
+                            if !waited.contains(&o) {
+                                self.wait_in_line(&mut waits, &mut waited, o, topic, partition, max, until, user);
+                            }
+                        }
+                    }
+                    continue;
+                }
+            };
             match r {
                 Ok(Ok(t)) if !t.is_empty() => return Ok(t),
                 Ok(Ok(_)) | Err(_) | Ok(Err(CallError::Unreachable(..))) => {}
@@ -783,6 +762,92 @@ impl Ingress {
             Some(e) if e.code != ErrorCode::ClusterUnavailable => Err(e),
             _ => Ok(Taken::default()),
         }
+    }
+
+    /// Starts the reader's wait in member `o`'s line until `until` (see
+    /// [`Self::wait_in_lines`]), and notes `o` in `waited`.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_in_line(
+        self: &Arc<Self>,
+        waits: &mut Waits,
+        waited: &mut Vec<u64>,
+        o: u64,
+        topic: &str,
+        partition: Option<u32>,
+        max: usize,
+        until: tokio::time::Instant,
+        user: Option<&str>,
+    ) {
+        waited.push(o);
+        let (me, topic) = (self.clone(), topic.to_owned());
+        if o == self.me() {
+            let wait = until.saturating_duration_since(tokio::time::Instant::now());
+            let h = waits
+                .set
+                .spawn(async move { me.consume_on(o, &topic, partition, max, wait, 0).await });
+            waits.local = Some(h);
+            return;
+        }
+        if self.is_down(o) {
+            return;
+        }
+        // a reader beyond the member's tokens there queues for a slot (it is woken when
+        // one frees, with what is left of its wait)
+        let slots = self.wait_slots(o);
+        let share = user.map(|u| UserSlots::of(&self.user_waits, o, u));
+        let id = narad_core::random_u64() | 1;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tokens.lock().insert((o, id), tx);
+        waits.remote.push((o, id));
+        let stop = waits.stop.clone();
+        waits.set.spawn(async move {
+            // the user's share first, then the member's slot: a user's readers beyond
+            // its share wait behind one another, never ahead of other users'
+            let _share = match &share {
+                None => None,
+                Some(share) => {
+                    let s = tokio::select! {
+                        s = tokio::time::timeout_at(until, share.sem.clone().acquire_owned()) => s,
+                        () = stop.cancelled() => return Ok(Taken::default()),
+                    };
+                    let Ok(Ok(s)) = s else {
+                        return Ok(Taken::default());
+                    };
+                    Some(s)
+                }
+            };
+            let slot = tokio::select! {
+                s = tokio::time::timeout_at(until, slots.acquire_owned()) => s,
+                () = stop.cancelled() => return Ok(Taken::default()),
+            };
+            let Ok(Ok(_slot)) = slot else {
+                return Ok(Taken::default());
+            };
+            let mut rx = rx;
+            loop {
+                let now = tokio::time::Instant::now();
+                let left = until.saturating_duration_since(now);
+                if left <= TOKEN_MARGIN || stop.is_cancelled() {
+                    return Ok(Taken::default());
+                }
+                // a token in the owner's line for at most TOKEN_TTL: what the line hands
+                // it is pushed here; one that ended (or that the owner dropped, or lost
+                // in a restart) is left again, so a reader is never forgotten for long
+                let ttl = left.min(TOKEN_TTL);
+                match me
+                    .leave_token(o, &topic, partition, max, ttl - TOKEN_MARGIN, id)
+                    .await
+                {
+                    Ok(()) | Err(CallError::Unreachable(..)) => {}
+                    Err(e) => return Err(e),
+                }
+                match tokio::time::timeout_at(now + ttl, &mut rx).await {
+                    Ok(Ok(taken)) => return Ok(taken),
+                    Ok(Err(_)) => return Ok(Taken::default()),
+                    Err(_) => {}
+                }
+            }
+        });
     }
 
     /// Leaves delivery token `id` in member `node`'s line for a reader here: the owner

@@ -703,6 +703,11 @@ impl Broker {
         *self.followed.borrow()
     }
 
+    /// Changes as this node follows catalog commands (a topic's owners moved, say).
+    pub fn catalog_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.followed.subscribe()
+    }
+
     /// Waits (at most `within`) until this node has followed at least `applied` catalog
     /// commands: a call from another cluster member names the catalog it acted on (a topic
     /// it just created, say), which this member may not have applied yet. `false` if it did

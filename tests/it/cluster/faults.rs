@@ -734,3 +734,54 @@ async fn a_produce_to_a_frozen_owner_is_placed_elsewhere_or_answered_unknown() {
     );
     nodes[f].kill9();
 }
+
+/// A reader parked through a member on a topic the third member owns none of; one
+/// partition moves to the third member meanwhile, and a message produced there must wake
+/// the reader (before, a parked reader asked the owners of when it parked: it waited out its
+/// 20 s with the message there and was answered 204).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_parked_across_a_move_is_woken_by_the_new_owner() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready_with(root.path(), &[]).await;
+    let made = topic_everywhere(&nodes, serde_json::json!({"name": "pm", "partitions": 2})).await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let idx = |id: u64| nodes.iter().position(|n| n.id == id).unwrap();
+    let c = nodes.iter().position(|n| !owners.contains(&n.id)).unwrap();
+    let a = idx(owners[0]);
+    let reader = park(&nodes[a], "pm", "&max=1");
+    until("the reader waits at every owner", 10, async || {
+        waiting(&nodes[idx(owners[0])], "pm").await >= 1
+            && waiting(&nodes[idx(owners[1])], "pm").await >= 1
+    })
+    .await;
+    let to = nodes[c].id;
+    let (st, body) = nodes[a]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/cluster/moves",
+            Some(serde_json::json!({"topic": "pm", "partition": 1, "to": to})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    until(
+        "partition 1 on the third member everywhere",
+        30,
+        async || {
+            for n in &nodes {
+                let (_, t) = n.call(("x", "y"), Method::GET, "/v1/topics/pm", None).await;
+                if t["partition_owners"][1].as_u64() != Some(to) {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    produce_on(&nodes[c], "pm", 1, serde_json::json!({"moved": true})).await;
+    let (st, r) = reader.await.unwrap();
+    assert_eq!(st, StatusCode::OK, "the parked reader was not woken: {r}");
+    assert_eq!(r["messages"][0]["payload"]["moved"], true, "{r}");
+    assert_eq!(r["messages"][0]["partition"], 1, "{r}");
+}
