@@ -785,3 +785,57 @@ async fn a_reader_parked_across_a_move_is_woken_by_the_new_owner() {
     assert_eq!(r["messages"][0]["payload"]["moved"], true, "{r}");
     assert_eq!(r["messages"][0]["partition"], 1, "{r}");
 }
+
+/// A move's source killed and restarted while the move holds its freeze (the target stalls
+/// once the source froze): the same move's next attempt takes the source's freeze over and
+/// completes, well before the freeze lapses (before, the source refused it as "frozen for
+/// another move" until the freeze lapsed, ~31 s after the source was ready again here, and
+/// pinned produces got 503 all that while).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_source_restarted_while_frozen_completes_without_waiting_out_the_freeze() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready_with(
+        root.path(),
+        &[
+            ("NARAD_MOVE_FREEZE_TTL_MS", "60000"),
+            ("NARAD_MOVE_TEST_STALL_FROZEN_MS", "4000"),
+        ],
+    )
+    .await;
+    let made = topic_everywhere(&nodes, serde_json::json!({"name": "c", "partitions": 3})).await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let p = 1u32;
+    let (source, target) = (owners[1], owners[1] % 3 + 1);
+    let s = nodes.iter().position(|n| n.id == source).unwrap();
+    let via = (0..3).find(|&i| i != s).unwrap();
+    produce_on(&nodes[via], "c", p, serde_json::json!({"before": true})).await;
+    start_move(&nodes[via], p, target).await;
+    until("the source froze the partition", 30, async || {
+        let m = nodes[s].metrics().await;
+        crate::support::sample(&m, "narad_move_freezes_total") > 0.0
+    })
+    .await;
+    nodes[s].kill9();
+    nodes[s].start().await;
+    let n = &nodes[s];
+    until("the restarted source ready", 30, async || n.ready().await).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    // (the move's retries back off to 5 s while the source is down: ~10 s here; the
+    // freeze a restarted source restores lapses ~30 s after its start)
+    let took = moved(&all, p, target, 22).await;
+    println!("moved {took:?} after the source was ready again");
+    produce_on(&nodes[via], "c", p, serde_json::json!({"after": true})).await;
+    let read = {
+        let (st, r) = nodes[via]
+            .call(
+                ("x", "y"),
+                reqwest::Method::GET,
+                &format!("/v1/topics/c/consume?partition={p}&offset=0&max=10"),
+                None,
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{r}");
+        r["messages"].as_array().unwrap().len()
+    };
+    assert_eq!(read, 2, "both records on the new owner");
+}
