@@ -335,10 +335,17 @@ impl Rpc {
         .await
         {
             Ok(r) => r,
-            Err(_) => Err(RpcError::Timeout {
-                peer,
-                ms: deadline.as_millis() as u64,
-            }),
+            Err(_) => {
+                // a peer that restarted leaves its old connection looking alive here until
+                // the idle timeout (its new process cannot reset it), and every call on it
+                // would wait out its deadline: the next call dials afresh (calls in flight
+                // keep the old one until they end)
+                inner.evict(peer).await;
+                Err(RpcError::Timeout {
+                    peer,
+                    ms: deadline.as_millis() as u64,
+                })
+            }
         };
         let name = op.name(&|op| inner.service.op_name(op));
         let outcome = match &result {
@@ -406,6 +413,14 @@ impl Rpc {
 }
 
 impl Inner {
+    /// Stops handing out the cached connection to `peer`: the next call dials.
+    async fn evict(&self, peer: NodeId) {
+        let Some(slot) = self.peers.lock().get(&peer).cloned() else {
+            return;
+        };
+        slot.state.lock().await.conn = None;
+    }
+
     /// Forgets the last failed dial to `peer` (and its backoff), so that the next call dials.
     async fn forget_failure(&self, peer: NodeId) {
         let Some(slot) = self.peers.lock().get(&peer).cloned() else {
@@ -911,16 +926,32 @@ async fn serve_stream(
             inner.service.call(from, op, body).await
         }
     };
+    // the caller gave up (its deadline, or it went away, its connection with it: then this
+    // task is dropped): the work stops, counted as cancelled
+    struct Cancelled<'a> {
+        inner: &'a Inner,
+        name: &'static str,
+        armed: bool,
+    }
+    impl Drop for Cancelled<'_> {
+        fn drop(&mut self) {
+            if self.armed {
+                self.inner.metrics.served(self.name, "cancelled");
+            }
+        }
+    }
+    let mut cancelled = Cancelled {
+        inner,
+        name,
+        armed: true,
+    };
     let result = tokio::select! {
         r = tokio::time::timeout(deadline, work) => r.unwrap_or_else(|_| {
             Err(Fault::new(504, "deadline_exceeded", format!("not done within the caller's {deadline_ms} ms")))
         }),
-        // the caller gave up (its deadline, or it went away): stop the work
-        _ = send.stopped() => {
-            inner.metrics.served(name, "cancelled");
-            return;
-        }
+        _ = send.stopped() => return,
     };
+    cancelled.armed = false;
     let result = match result {
         Ok(b) if b.len() > inner.limits.max_reply_bytes => Err(Fault::new(
             500,

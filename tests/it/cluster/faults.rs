@@ -188,7 +188,9 @@ async fn produce_offsets(n: &Node, topic: &str, p: u32, range: std::ops::Range<u
                     Some(serde_json::json!({"i": i})),
                 )
                 .await;
-            last.0 != StatusCode::SERVICE_UNAVAILABLE
+            // (retried as a client would: 503 not written, 504 maybe; the calls a member
+            // makes just after another restarted may meet its old connection once)
+            ![StatusCode::SERVICE_UNAVAILABLE, StatusCode::GATEWAY_TIMEOUT].contains(&last.0)
         })
         .await;
         assert_eq!(last.0, StatusCode::ACCEPTED, "{}", last.1);
