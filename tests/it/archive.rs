@@ -635,3 +635,123 @@ async fn disk_loss_without_the_cluster_secret_restores_topics_only_and_says_so()
     );
     s.stop().await;
 }
+
+/// Disk loss of a node whose parent held only a few records, all archived (the segment
+/// sealed by age), with the child's cursor at the parent's end: restored from the archive,
+/// a record produced on the parent afterwards reaches the child, and the child's lag says
+/// so until it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_loss_of_a_small_parent_keeps_its_child_copying() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, archive) = test_archive(dir.path(), "small");
+    let mut env = restore_env(&url, Some(CLUSTER_SECRET));
+    env.push(("NARAD_ADMIN_PASSWORD", ROOT_PW));
+    env.push(("NARAD_SEGMENT_MAX_AGE_MS", "1000"));
+    let mut s = Server::start_opts(dir.path(), false, &env, None).await;
+    let root = ("admin", ROOT_PW);
+    for t in ["par", "kid"] {
+        ok_as(
+            &s,
+            root,
+            Method::POST,
+            "/v1/topics",
+            json!({"name": t, "partitions": 1}),
+        )
+        .await;
+    }
+    ok_as(
+        &s,
+        root,
+        Method::POST,
+        "/v1/topics/par/children",
+        json!({"child": "kid"}),
+    )
+    .await;
+    for i in 0..20 {
+        let r = call_as(
+            &s,
+            root,
+            Method::POST,
+            "/v1/topics/par/produce",
+            Some(json!({ "i": i })),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    let keys = narad_tiering::catalog::CatalogKeys::derive(CLUSTER_SECRET.as_bytes(), None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let par = archive
+            .load_manifest("par", 0)
+            .await
+            .ok()
+            .flatten()
+            .map(|m| m.next_offset);
+        let kid = archive
+            .load_manifest("kid", 0)
+            .await
+            .ok()
+            .flatten()
+            .map(|m| m.next_offset);
+        let cursor = archive.load_catalog().await.unwrap().and_then(|b| {
+            let snap = narad_tiering::catalog::open(&b, Some(&keys))
+                .unwrap()
+                .snapshot;
+            snap.cursors
+                .iter()
+                .find(|c| c.child == "kid")
+                .map(|c| c.next_offset)
+        });
+        if par == Some(20) && kid == Some(20) && cursor == Some(20) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "archive: par {par:?} kid {kid:?} cursor {cursor:?}; log:\n{}",
+            s.log()
+        );
+        poll_pause().await;
+    }
+    s.kill9();
+    std::fs::remove_dir_all(&s.data_dir).unwrap();
+    s.restart().await;
+    assert_eq!(readyz(&s).await, json!({"status": "ready"}), "{}", s.log());
+    let r = call_as(
+        &s,
+        root,
+        Method::POST,
+        "/v1/topics/par/produce",
+        Some(json!({"after": "restore"})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["offset"], 20, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = call_as(
+            &s,
+            root,
+            Method::GET,
+            "/v1/topics/kid/consume?partition=0&offset=20",
+            None,
+        )
+        .await;
+        if r.status() == StatusCode::OK {
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["payload"], json!({"after": "restore"}), "{v}");
+            break;
+        }
+        let c: Value = call_as(&s, root, Method::GET, "/v1/topics/par/children", None)
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "the child never got it; children: {c}; log:\n{}",
+            s.log()
+        );
+        poll_pause().await;
+    }
+}
