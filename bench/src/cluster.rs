@@ -150,13 +150,15 @@ impl Drop for Member {
 }
 
 /// Starts `nodes` members on loopback (data under `dir`, root password `root_pw`, a fresh
-/// cluster secret) and waits until every one is ready. Returns them, the members list and
+/// cluster secret, `env` added to each one's environment) and waits until every one is
+/// ready. Returns them, the members list and
 /// the secret (what a member restarted later is started with).
 pub(crate) async fn start_cluster(
     binary: &Path,
     nodes: usize,
     dir: &Path,
     root_pw: &str,
+    env: &[(&str, &str)],
 ) -> Result<(Vec<Member>, String, String), Error> {
     let secret = format!(
         "bench secret {:x}{:x}",
@@ -176,7 +178,10 @@ pub(crate) async fn start_cluster(
                 dir: dir.join(format!("m{id}")),
                 child: None,
                 addr: String::new(),
-                env: Vec::new(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
             }
         })
         .collect();
@@ -265,7 +270,7 @@ pub async fn run(cfg: ClusterBenchConfig) -> Result<ClusterBenchResult, Error> {
         return Err(err("set NARAD_USER=admin (the members' root user)"));
     }
     let (mut members, list, secret) =
-        start_cluster(&cfg.binary, cfg.nodes, &cfg.dir, &root_pw).await?;
+        start_cluster(&cfg.binary, cfg.nodes, &cfg.dir, &root_pw, &[]).await?;
     let leader_of = async |m: &Member| {
         get_json(&m.addr, "/v1/cluster")
             .await

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use hyper::{Method, StatusCode};
 use serde::Serialize;
 
-use crate::cluster::{Error, Member, connect, err, get_json, ready, topic, until};
+use crate::cluster::{Error, Member, connect, err, get_json, start_cluster, topic, until};
 use crate::narad::Http;
 use crate::stats::{Latency, Stats};
 
@@ -175,34 +175,14 @@ async fn mean_ms(members: &[Member], name: &str) -> f64 {
 pub async fn run(cfg: MovesBenchConfig) -> Result<MovesBenchResult, Error> {
     let root_pw = std::env::var("NARAD_PASSWORD")
         .map_err(|_| err("set NARAD_USER=admin and NARAD_PASSWORD (the members' root password)"))?;
-    let secret = format!("{:0<40}", format!("moves bench {:x}", std::process::id()));
-    let mut members: Vec<Member> = (1..=4u64)
-        .map(|id| {
-            let port = std::net::UdpSocket::bind("127.0.0.1:0")
-                .and_then(|s| s.local_addr())
-                .map(|a| a.port())
-                .unwrap_or(0);
-            Member {
-                id,
-                rpc: format!("127.0.0.1:{port}"),
-                dir: cfg.dir.join(format!("m{id}")),
-                child: None,
-                addr: String::new(),
-                env: vec![("NARAD_CLUSTER_AUTO_REBALANCE".into(), "false".into())],
-            }
-        })
-        .collect();
-    let list = members
-        .iter()
-        .map(|m| format!("{}@{}", m.id, m.rpc))
-        .collect::<Vec<_>>()
-        .join(",");
-    for m in &mut members {
-        m.start(&cfg.binary, &list, &secret, &root_pw).await?;
-    }
-    for m in &members {
-        until("members ready", 60, async || ready(&m.addr).await).await?;
-    }
+    let (members, _, _) = start_cluster(
+        &cfg.binary,
+        4,
+        &cfg.dir,
+        &root_pw,
+        &[("NARAD_CLUSTER_AUTO_REBALANCE", "false")],
+    )
+    .await?;
     // the big partition: partition 0 of `bench-move`, filled with 1 MiB batches
     let owners0 = topic(&members, "bench-move", 4).await?;
     let mut h = connect(&members[(owners0[0] - 1) as usize].addr).await?;

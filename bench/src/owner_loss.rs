@@ -182,7 +182,8 @@ fn signal(m: &Member, sig: &str) -> Result<(), Error> {
 pub async fn run(cfg: OwnerLossConfig) -> Result<OwnerLossResult, Error> {
     let root_pw = std::env::var("NARAD_PASSWORD")
         .map_err(|_| err("set NARAD_USER=admin and NARAD_PASSWORD (the members' root password)"))?;
-    let (mut members, list, secret) = start_cluster(&cfg.binary, 3, &cfg.dir, &root_pw).await?;
+    let (mut members, list, secret) =
+        start_cluster(&cfg.binary, 3, &cfg.dir, &root_pw, &[]).await?;
     let leader = get_json(&members[0].addr, "/v1/cluster")
         .await
         .and_then(|s| s["leader"].as_u64())
