@@ -32,6 +32,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ClusterSettings;
 use crate::server::announce_root;
 
+/// Why a member removed from the cluster is not ready.
+const REMOVED: &str = "this node was removed from the cluster: stop it, or wipe its data directory and join again under a new node_id";
+
 /// How often a member re-checks that its metadata is current.
 const READY_CHECK: Duration = Duration::from_secs(1);
 const READ_INDEX_DEADLINE: Duration = Duration::from_secs(2);
@@ -169,7 +172,9 @@ impl ClusterNode {
     /// `Ok` when this node is a voter whose metadata was confirmed current within the last
     /// check; else why not.
     pub fn ready(&self) -> Result<(), String> {
-        if self.ready.load(Ordering::Acquire) {
+        if self.meta.removed() {
+            Err(REMOVED.into())
+        } else if self.ready.load(Ordering::Acquire) {
             Ok(())
         } else {
             Err(self.not_ready.lock().clone())
@@ -315,7 +320,9 @@ impl ClusterNode {
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
         loop {
-            let check = if self.meta.handing_off() {
+            let check = if self.meta.removed() {
+                Err(REMOVED.into())
+            } else if self.meta.handing_off() {
                 Err("handing its leadership on before it leaves the cluster".into())
             } else if self.meta.is_voter() {
                 self.meta

@@ -15,6 +15,7 @@
 //! node's replica has applied it, so a client that created something through a node sees
 //! it there next (no 404 right after a 201).
 
+mod election;
 mod log_store;
 mod network;
 mod state;
@@ -218,7 +219,14 @@ impl Metastore {
             .store(on, std::sync::atomic::Ordering::Release);
         let rc = self.raft.runtime_config();
         rc.heartbeat(!on);
-        rc.elect(!on);
+    }
+
+    /// Whether a voter with a newer membership told this node it was removed from the
+    /// cluster (it no longer stands for election).
+    pub fn removed(&self) -> bool {
+        self.service
+            .removed
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether this node is handing its leadership on ([`Metastore::hand_off`]).
@@ -293,6 +301,15 @@ impl Metastore {
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         service.set(raft.clone(), &rpc);
+        // elections only after a pre-vote ([`election`]); `initialize` still elects at once
+        raft.runtime_config().elect(false);
+        tokio::spawn(election::run(
+            raft.clone(),
+            rpc.downgrade(),
+            service.clone(),
+            cfg.node_id,
+            cfg.tuning.clone(),
+        ));
         Ok(Self {
             me: cfg.node_id,
             raft,

@@ -22,6 +22,7 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::election::{self, PRE_VOTE};
 use super::{Attempt, MetaRequest, MetaResponse, NodeId, NodeInfo, TypeConfig, client_write_error};
 use crate::rpc::{BoxFuture, Fault, Op, Rpc, RpcError, Service, WeakRpc};
 
@@ -175,6 +176,8 @@ pub struct MetaService {
     /// A leader handing its leadership on: it takes no proposal and confirms no read index
     /// (either would reach the others as a heartbeat, and keep them from electing).
     pub handing_off: std::sync::atomic::AtomicBool,
+    /// A voter with a newer membership told this node it is no longer a member.
+    pub removed: std::sync::atomic::AtomicBool,
 }
 
 impl MetaService {
@@ -232,6 +235,7 @@ impl Service for MetaService {
                 Err(Fault::new(503, "not_ready", "the metastore is starting"))
             });
         };
+        let handing_off = self.handing_off.load(std::sync::atomic::Ordering::Acquire);
         Box::pin(async move {
             match op {
                 RAFT_APPEND => encode(
@@ -240,6 +244,7 @@ impl Service for MetaService {
                         .await,
                 ),
                 RAFT_VOTE => encode(&raft.vote(decode::<VoteRequest<NodeId>>(&body)?).await),
+                PRE_VOTE => encode(&election::answer(&raft, handing_off, decode(&body)?).await?),
                 RAFT_SNAPSHOT => encode(
                     &raft
                         .install_snapshot(decode::<InstallSnapshotRequest<TypeConfig>>(&body)?)
@@ -276,6 +281,7 @@ impl Service for MetaService {
         Some(match op {
             RAFT_APPEND => "raft_append",
             RAFT_VOTE => "raft_vote",
+            PRE_VOTE => "pre_vote",
             RAFT_SNAPSHOT => "raft_snapshot",
             PROPOSE => "propose",
             READ_INDEX => "read_index",

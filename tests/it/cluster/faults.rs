@@ -841,3 +841,121 @@ async fn a_move_whose_source_restarted_while_frozen_completes_without_waiting_ou
     };
     assert_eq!(read, 2, "both records on the new owner");
 }
+
+/// `(leader, term)` as `n` sees them.
+async fn leadership(n: &Node) -> Option<(u64, u64)> {
+    let s = n.status().await?;
+    Some((leader_of(&s)?, s["term"].as_u64()?))
+}
+
+/// Waits until `n` served `count` more Raft appends (heartbeats come every 200 ms): time
+/// measured in the cluster's own beats.
+async fn beats(n: &Node, count: f64, what: &str) {
+    let from = served(n, "raft_append").await;
+    until(what, 60, async || {
+        served(n, "raft_append").await >= from + count
+    })
+    .await;
+}
+
+/// Each follower in turn is frozen for longer than its election timeout (5 s of the
+/// others' heartbeats) and resumed: the leader keeps its leadership and term (before, the
+/// resumed follower stood with a higher term at once and the leader stepped down, 2 runs
+/// in 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_back_from_a_freeze_leaves_a_healthy_leader_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let before = leadership(&nodes[0]).await.unwrap();
+    let leader = usize::try_from(before.0 - 1).unwrap();
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    for (k, &f) in followers.iter().enumerate() {
+        let other = followers[1 - k];
+        nodes[f].signal("STOP");
+        beats(
+            &nodes[other],
+            25.0,
+            "5 s of heartbeats the frozen one missed",
+        )
+        .await;
+        nodes[f].signal("CONT");
+        beats(&nodes[f], 15.0, "the resumed follower follows again").await;
+        for n in &nodes {
+            assert_eq!(
+                leadership(n).await,
+                Some(before),
+                "node {} after node {} resumed; its log:\n{}",
+                n.id,
+                nodes[f].id,
+                nodes[f].log()
+            );
+        }
+    }
+    all_ready(&nodes).await;
+}
+
+/// A member removed while it was frozen learns, once resumed, that it was removed: it
+/// stops standing for election (the leader keeps its term), says so in its log and is not
+/// ready. Before, it stood every few seconds for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_removed_while_frozen_learns_it_and_stops_standing() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let mut fourth = Node::new(4, root.path(), &nodes[0].members, SECRET);
+    fourth.start().await;
+    until(
+        &format!("the joiner ready; log:\n{}", fourth.log()),
+        60,
+        async || fourth.ready().await,
+    )
+    .await;
+    until("four voters everywhere", 30, async || {
+        let mut ok = true;
+        for n in nodes.iter().chain([&fourth]) {
+            ok &= n.status().await.is_some_and(|s| voters(&s) == 4);
+        }
+        ok
+    })
+    .await;
+    fourth.signal("STOP");
+    let r = nodes[1]
+        .http
+        .delete(format!("{}/v1/cluster/members/4", nodes[1].base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NO_CONTENT,
+        "{}",
+        r.text().await.unwrap()
+    );
+    until("three voters everywhere", 30, async || {
+        let mut ok = true;
+        for n in &nodes {
+            ok &= n.status().await.is_some_and(|s| voters(&s) == 3);
+        }
+        ok
+    })
+    .await;
+    let before = leadership(&nodes[0]).await.unwrap();
+    beats(&nodes[2], 15.0, "3 s of heartbeats the frozen one missed").await;
+    fourth.signal("CONT");
+    until(
+        &format!("the removed member says so; its log:\n{}", fourth.log()),
+        30,
+        async || {
+            fourth
+                .log()
+                .contains("this node was removed from the cluster")
+        },
+    )
+    .await;
+    assert!(!fourth.ready().await);
+    // 6 s more: it would have stood twice
+    beats(&nodes[2], 30.0, "6 s of heartbeats").await;
+    for n in &nodes {
+        assert_eq!(leadership(n).await, Some(before), "node {}", n.id);
+    }
+    assert!(!fourth.ready().await);
+}
