@@ -136,6 +136,8 @@ pub struct Ingress {
     /// what was last written there.
     ends_file: Option<std::path::PathBuf>,
     ends_written: tokio::sync::Mutex<crate::acked_ends::Ends>,
+    /// Tells the other voters the ends of what this member, as owner, acknowledges.
+    witnesses: Arc<crate::witness::Witnesses>,
 }
 
 /// One message's outcome in a forwarded produce.
@@ -173,6 +175,7 @@ impl Ingress {
             .unwrap_or_default();
         Arc::new(Self {
             broker,
+            witnesses: crate::witness::Witnesses::new(node.clone()),
             node,
             archive,
             down: Mutex::new(HashMap::new()),
@@ -566,11 +569,15 @@ impl Ingress {
         deadline: Duration,
     ) -> Result<Vec<Produced>, CallError> {
         if node == self.me() {
-            return self
+            let produced = self
                 .broker
                 .produce(topic, msgs)
                 .await
-                .map_err(|e| CallError::Answered(e.into()));
+                .map_err(|e| CallError::Answered(e.into()))?;
+            // answered once the others hold the new ends (a restored copy is checked
+            // against them)
+            self.witnesses.confirm(topic_id, &produced).await;
+            return Ok(produced);
         }
         let body = encode_produce(topic, topic_id, catalog, &msgs);
         let reply = self.call(node, PRODUCE, body, deadline).await?;
@@ -2170,6 +2177,9 @@ impl Service for DataService {
                         .produce(&req.topic, req.msgs)
                         .await
                         .map_err(|e| to_fault(&e.into()))?;
+                    if let Some(i) = ingress.upgrade() {
+                        i.witnesses.confirm(req.topic_id, &produced).await;
+                    }
                     Ok(encode_produced(&produced))
                 }
                 CONSUME => {

@@ -26,3 +26,4 @@ pub mod schema;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
+pub mod witness;
