@@ -754,4 +754,16 @@ async fn disk_loss_of_a_small_parent_keeps_its_child_copying() {
         );
         poll_pause().await;
     }
+    // and its readers get it: the child's queue goes on at its restored tail
+    let r = call_as(
+        &s,
+        root,
+        Method::GET,
+        "/v1/topics/kid/consume?wait=5s",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", s.log());
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["payload"], json!({"after": "restore"}), "{v}");
 }
