@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::cluster::ClusterNode;
 
 /// How long a flight waits for the voters it waits for.
-const WAIT: Duration = Duration::from_millis(200);
+const WAIT: Duration = Duration::from_millis(100);
 /// How long a voter not waited for has to answer (it is told all the same).
 const TELL: Duration = Duration::from_secs(2);
 /// Ends in one call (as in a report).

@@ -202,11 +202,15 @@ struct Inner {
 #[derive(Default)]
 struct Peer {
     state: tokio::sync::Mutex<PeerState>,
+    /// When a call to the peer last timed out: a connection made before then is not handed
+    /// out again (set without waiting for `state`, which a dial may hold for its timeout).
+    stale_at: parking_lot::Mutex<Option<Instant>>,
 }
 
 #[derive(Default)]
 struct PeerState {
-    conn: Option<(String, Connection)>,
+    /// The address, the connection and when it was made.
+    conn: Option<(String, Connection, Instant)>,
     backoff: Duration,
     /// The last failed dial: the address, when to try it again, and what failed.
     failed: Option<(String, Instant, RpcErrorKind)>,
@@ -340,7 +344,7 @@ impl Rpc {
                 // the idle timeout (its new process cannot reset it), and every call on it
                 // would wait out its deadline: the next call dials afresh (calls in flight
                 // keep the old one until they end)
-                inner.evict(peer).await;
+                inner.evict(peer);
                 Err(RpcError::Timeout {
                     peer,
                     ms: deadline.as_millis() as u64,
@@ -413,12 +417,14 @@ impl Rpc {
 }
 
 impl Inner {
-    /// Stops handing out the cached connection to `peer`: the next call dials.
-    async fn evict(&self, peer: NodeId) {
+    /// Stops handing out the cached connection to `peer`: the next call dials. Never waits
+    /// (a dial under way holds the peer's state up to the connect timeout, and the call
+    /// that timed out must answer by its deadline).
+    fn evict(&self, peer: NodeId) {
         let Some(slot) = self.peers.lock().get(&peer).cloned() else {
             return;
         };
-        slot.state.lock().await.conn = None;
+        *slot.stale_at.lock() = Some(Instant::now());
     }
 
     /// Forgets the last failed dial to `peer` (and its backoff), so that the next call dials.
@@ -489,8 +495,9 @@ impl Inner {
         }
         let slot = self.peers.lock().entry(peer).or_default().clone();
         let mut st = slot.state.lock().await;
-        if let Some((a, c)) = &st.conn {
-            if a == addr && c.close_reason().is_none() {
+        if let Some((a, c, made)) = &st.conn {
+            let stale = slot.stale_at.lock().is_some_and(|t| *made <= t);
+            if a == addr && c.close_reason().is_none() && !stale {
                 return Ok(c.clone());
             }
             st.conn = None;
@@ -511,7 +518,7 @@ impl Inner {
             };
         match dialed {
             Ok(c) => {
-                st.conn = Some((addr.to_owned(), c.clone()));
+                st.conn = Some((addr.to_owned(), c.clone(), Instant::now()));
                 st.backoff = Duration::ZERO;
                 st.failed = None;
                 Ok(c)
