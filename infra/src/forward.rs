@@ -576,7 +576,7 @@ impl Ingress {
                 .map_err(|e| CallError::Answered(e.into()))?;
             // answered once the others hold the new ends (a restored copy is checked
             // against them)
-            self.witnesses.confirm(topic_id, &produced).await;
+            self.witnesses.confirm(topic_id, &produced, None).await;
             return Ok(produced);
         }
         let body = encode_produce(topic, topic_id, catalog, &msgs);
@@ -2178,7 +2178,10 @@ impl Service for DataService {
                         .await
                         .map_err(|e| to_fault(&e.into()))?;
                     if let Some(i) = ingress.upgrade() {
-                        i.witnesses.confirm(req.topic_id, &produced).await;
+                        // (the member that forwarded it keeps what it is answered)
+                        i.witnesses
+                            .confirm(req.topic_id, &produced, Some(from))
+                            .await;
                     }
                     Ok(encode_produced(&produced))
                 }

@@ -8,6 +8,7 @@
 //! else, and a restored copy handed their offsets out again. So an owner answers a produce
 //! only once every other voter that answers in time holds the new end of each partition it
 //! wrote ([`crate::moves::WITNESS`], in memory there; kept on their disks within a second).
+//! A member that forwarded the produce keeps what it is answered anyway, so it is not told.
 //!
 //! Concurrent produces share one flight: the ends that arrive while a flight is out go in
 //! the next one. A voter that misses a flight's deadline ([`WAIT`]: a frozen or dead
@@ -35,6 +36,15 @@ const MAX_ENDS: usize = 65_536;
 /// How often the warning for produces no voter witnessed is logged, at most.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// One partition's end in a flight.
+struct End {
+    t: u64,
+    p: u32,
+    e: u64,
+    /// The voter not told (it forwarded every produce behind this end).
+    skip: Option<u64>,
+}
+
 pub struct Witnesses {
     node: Arc<ClusterNode>,
     state: Mutex<Flights>,
@@ -45,7 +55,9 @@ pub struct Witnesses {
 struct Flights {
     /// The flight the pending ends go out in.
     next: u64,
-    pending: HashMap<(u64, u32), u64>,
+    /// Per (topic id, partition): the end to tell, and the voter that need not be told (the
+    /// member that forwarded every produce behind it saw the end itself).
+    pending: HashMap<(u64, u32), (u64, Option<u64>)>,
     flying: bool,
     /// Voters that missed a flight's deadline: not waited for until one answers in time.
     slow: HashSet<u64>,
@@ -73,7 +85,14 @@ impl Witnesses {
 
     /// Returns once the other voters hold the ends `produced` (on topic incarnation
     /// `topic_id`) reached, or the flight that told them is over (see the module's doc).
-    pub async fn confirm(self: &Arc<Self>, topic_id: u64, produced: &[Produced]) {
+    /// `seen_by`: the member that forwarded the produce, which keeps what it was answered
+    /// and is not told.
+    pub async fn confirm(
+        self: &Arc<Self>,
+        topic_id: u64,
+        produced: &[Produced],
+        seen_by: Option<u64>,
+    ) {
         if produced.is_empty() {
             return;
         }
@@ -81,8 +100,14 @@ impl Witnesses {
         let target = {
             let mut s = self.state.lock();
             for p in produced {
-                let end = s.pending.entry((topic_id, p.partition)).or_insert(0);
-                *end = (*end).max(p.offset + 1);
+                let e = s
+                    .pending
+                    .entry((topic_id, p.partition))
+                    .or_insert((0, seen_by));
+                e.0 = e.0.max(p.offset + 1);
+                if e.1 != seen_by {
+                    e.1 = None;
+                }
             }
             if !s.flying {
                 s.flying = true;
@@ -104,8 +129,11 @@ impl Witnesses {
                 }
                 let id = s.next;
                 s.next += 1;
-                let ends: Vec<(u64, u32, u64)> =
-                    s.pending.drain().map(|((t, p), e)| (t, p, e)).collect();
+                let ends: Vec<End> = s
+                    .pending
+                    .drain()
+                    .map(|((t, p), (e, skip))| End { t, p, e, skip })
+                    .collect();
                 (id, ends)
             };
             for chunk in ends.chunks(MAX_ENDS) {
@@ -116,7 +144,7 @@ impl Witnesses {
     }
 
     /// Tells every other voter `ends`, waiting up to [`WAIT`] for those not known slow.
-    async fn tell(self: &Arc<Self>, ends: &[(u64, u32, u64)]) {
+    async fn tell(self: &Arc<Self>, ends: &[End]) {
         let me = self.node.node_id();
         let voters: Vec<u64> = self
             .node
@@ -130,12 +158,22 @@ impl Witnesses {
         if voters.is_empty() {
             return;
         }
-        let body = Bytes::from(serde_json::to_vec(ends).expect("serialises"));
         let mut waited = Vec::new();
+        let mut needed = 0;
         for v in voters {
             let Some(addr) = self.node.meta.addr_of(v) else {
                 continue;
             };
+            let theirs: Vec<(u64, u32, u64)> = ends
+                .iter()
+                .filter(|e| e.skip != Some(v))
+                .map(|e| (e.t, e.p, e.e))
+                .collect();
+            if theirs.is_empty() {
+                continue;
+            }
+            needed += 1;
+            let body = Bytes::from(serde_json::to_vec(&theirs).expect("serialises"));
             let slow = {
                 let mut s = self.state.lock();
                 let slow = s.slow.contains(&v);
@@ -144,7 +182,7 @@ impl Witnesses {
                 }
                 slow
             };
-            let (rpc, body, me) = (self.node.meta.rpc().clone(), body.clone(), self.clone());
+            let (rpc, me) = (self.node.meta.rpc().clone(), self.clone());
             let call = tokio::spawn(async move {
                 let ok = rpc
                     .call(v, &addr, crate::moves::WITNESS, body, TELL)
@@ -173,7 +211,7 @@ impl Witnesses {
                 }
             }
         }
-        if answered == 0 {
+        if needed > 0 && answered == 0 {
             let mut s = self.state.lock();
             if s.warned.is_none_or(|w| w.elapsed() >= WARN_EVERY) {
                 s.warned = Some(Instant::now());
