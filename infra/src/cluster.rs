@@ -169,6 +169,18 @@ impl ClusterNode {
         self.meta.node_id()
     }
 
+    /// The voters of the applied membership, this node left out.
+    pub fn other_voters(&self) -> Vec<u64> {
+        let me = self.node_id();
+        self.meta
+            .view()
+            .membership
+            .membership()
+            .voter_ids()
+            .filter(|&v| v != me)
+            .collect()
+    }
+
     /// `Ok` when this node is a voter whose metadata was confirmed current within the last
     /// check; else why not.
     pub fn ready(&self) -> Result<(), String> {

@@ -2007,16 +2007,7 @@ impl Mover {
                 i.persist_ends().await;
             }
             if !changed.is_empty() {
-                let me = self.node.node_id();
-                let voters: Vec<u64> = self
-                    .node
-                    .meta
-                    .view()
-                    .membership
-                    .membership()
-                    .voter_ids()
-                    .filter(|&v| v != me)
-                    .collect();
+                let voters = self.node.other_voters();
                 for chunk in changed.chunks(MAX_SEEN_ASK) {
                     let body = Bytes::from(serde_json::to_vec(chunk).expect("serialises"));
                     let calls = voters.iter().filter_map(|&v| {

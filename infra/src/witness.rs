@@ -145,16 +145,7 @@ impl Witnesses {
 
     /// Tells every other voter `ends`, waiting up to [`WAIT`] for those not known slow.
     async fn tell(self: &Arc<Self>, ends: &[End]) {
-        let me = self.node.node_id();
-        let voters: Vec<u64> = self
-            .node
-            .meta
-            .view()
-            .membership
-            .membership()
-            .voter_ids()
-            .filter(|&v| v != me)
-            .collect();
+        let voters = self.node.other_voters();
         if voters.is_empty() {
             return;
         }

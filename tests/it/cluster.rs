@@ -315,6 +315,53 @@ fn voters(s: &Value) -> usize {
         .map_or(0, |m| m.iter().filter(|m| m["voter"] == true).count())
 }
 
+/// Waits until `fourth` (started, not among the initial members) is ready and every member
+/// counts four voters (`secs` each).
+async fn joined(nodes: &[Node], fourth: &Node, secs: u64) {
+    until(
+        &format!("the joiner ready; log:\n{}", fourth.log()),
+        secs,
+        async || fourth.ready().await,
+    )
+    .await;
+    until("four voters everywhere", secs, async || {
+        let mut ok = true;
+        for n in nodes.iter().chain([fourth]) {
+            ok &= n.status().await.is_some_and(|s| voters(&s) == 4);
+        }
+        ok
+    })
+    .await;
+}
+
+/// Removes member `id` through `nodes[via]` (`DELETE /v1/cluster/members/{id}`, 204) and
+/// waits until the members in `nodes` list three members, all voters.
+async fn removed(nodes: &[Node], via: usize, id: u64) {
+    let n = &nodes[via];
+    let r = n
+        .http
+        .delete(format!("{}/v1/cluster/members/{id}", n.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NO_CONTENT,
+        "{}",
+        r.text().await.unwrap()
+    );
+    until("three voters everywhere", 30, async || {
+        let mut ok = true;
+        for n in nodes {
+            ok &= n.status().await.is_some_and(|s| {
+                voters(&s) == 3 && s["members"].as_array().is_some_and(|m| m.len() == 3)
+            });
+        }
+        ok
+    })
+    .await;
+}
+
 /// Three members started (not yet ready), and their `cluster_members` list.
 async fn three(root: &Path, secure: bool) -> (Vec<Node>, String) {
     let nodes = three_with(root, |n| n.secure = secure).await;
@@ -431,20 +478,7 @@ async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_ke
     // a fourth node, not among the initial members, joins
     let mut fourth = Node::new(4, root.path(), &members, SECRET);
     fourth.start().await;
-    until(
-        &format!("the joiner ready; log:\n{}", fourth.log()),
-        60,
-        async || fourth.ready().await,
-    )
-    .await;
-    until("four voters everywhere", 30, async || {
-        let mut ok = true;
-        for n in nodes.iter().chain([&fourth]) {
-            ok &= n.status().await.is_some_and(|s| voters(&s) == 4);
-        }
-        ok
-    })
-    .await;
+    joined(&nodes, &fourth, 60).await;
 
     // a node with the wrong secret is never admitted, and the members count why
     let mut stranger = Node::new(5, root.path(), &members, WRONG);
@@ -480,23 +514,7 @@ async fn three_members_form_a_cluster_survive_a_leader_kill_take_a_joiner_and_ke
             .await
             .unwrap()
     };
-    let r = delete(&nodes[1], 4).await;
-    assert_eq!(
-        r.status(),
-        StatusCode::NO_CONTENT,
-        "{}",
-        r.text().await.unwrap()
-    );
-    until("three voters everywhere", 30, async || {
-        let mut ok = true;
-        for n in &nodes {
-            ok &= n.status().await.is_some_and(|s| {
-                voters(&s) == 3 && s["members"].as_array().is_some_and(|m| m.len() == 3)
-            });
-        }
-        ok
-    })
-    .await;
+    removed(&nodes, 1, 4).await;
     expect_error(
         delete(&nodes[1], 4).await,
         StatusCode::NOT_FOUND,
@@ -2849,20 +2867,7 @@ async fn a_member_joins_through_random_loss() {
     fourth.netns = Some((ns.name.clone(), ns.ip.clone()));
     fourth.start().await;
     traffic.more("traffic while a member joins", 200).await;
-    until(
-        &format!("the joiner ready; log:\n{}", fourth.log()),
-        90,
-        async || fourth.ready().await,
-    )
-    .await;
-    until("four voters everywhere", 60, async || {
-        let mut ok = true;
-        for n in nodes.iter().chain([&fourth]) {
-            ok &= n.status().await.is_some_and(|s| voters(&s) == 4);
-        }
-        ok
-    })
-    .await;
+    joined(&nodes, &fourth, 90).await;
     assert!(ns.dropped() > 20, "the loss rule dropped little");
     ns.heal();
     traffic.more("traffic healed", 100).await;

@@ -227,6 +227,21 @@ async fn replay_all(n: &Node, topic: &str, p: u32) -> Vec<(u64, u64)> {
     }
 }
 
+/// A copy of `n`'s data directory in `root/copy`, taken with `n` killed (as a snapshot or
+/// a backup would be), then `n` started again.
+async fn copy_stopped(n: &mut Node, root: &std::path::Path) -> std::path::PathBuf {
+    n.kill9();
+    let copy = root.join("copy");
+    assert!(run(&[
+        "cp",
+        "-a",
+        n.dir.to_str().unwrap(),
+        copy.to_str().unwrap()
+    ]));
+    n.start().await;
+    copy
+}
+
 /// A member restarted from an older copy of its data directory (a VM snapshot rolled back):
 /// its partition had acknowledged records after the copy, through itself and through
 /// another member. It must not serve the partition as if nothing happened (before: the
@@ -250,15 +265,7 @@ async fn acknowledged_after_a_copy(
         (0..20).collect::<Vec<_>>()
     );
     // the copy: taken with the member stopped, as a snapshot or a backup would be
-    nodes[o].kill9();
-    let copy = root.join("copy");
-    assert!(run(&[
-        "cp",
-        "-a",
-        nodes[o].dir.to_str().unwrap(),
-        copy.to_str().unwrap()
-    ]));
-    nodes[o].start().await;
+    let copy = copy_stopped(&mut nodes[o], root).await;
     all_ready(&nodes).await;
     let later: Vec<u64> = [
         produce_offsets(&nodes[o], "rb", p, 20..40).await,
@@ -685,15 +692,7 @@ async fn a_copy_restored_right_after_acknowledgements_never_reuses_their_offsets
         produce_offsets(&nodes[o], "rr", p, 0..10).await,
         (0..10).collect::<Vec<_>>()
     );
-    nodes[o].kill9();
-    let copy = root.path().join("copy");
-    assert!(run(&[
-        "cp",
-        "-a",
-        nodes[o].dir.to_str().unwrap(),
-        copy.to_str().unwrap()
-    ]));
-    nodes[o].start().await;
+    let copy = copy_stopped(&mut nodes[o], root.path()).await;
     all_ready(&nodes).await;
     assert_eq!(
         produce_offsets(&nodes[o], "rr", p, 10..18).await,
@@ -955,41 +954,9 @@ async fn a_member_removed_while_frozen_learns_it_and_stops_standing() {
     let nodes = three_ready(root.path()).await;
     let mut fourth = Node::new(4, root.path(), &nodes[0].members, SECRET);
     fourth.start().await;
-    until(
-        &format!("the joiner ready; log:\n{}", fourth.log()),
-        60,
-        async || fourth.ready().await,
-    )
-    .await;
-    until("four voters everywhere", 30, async || {
-        let mut ok = true;
-        for n in nodes.iter().chain([&fourth]) {
-            ok &= n.status().await.is_some_and(|s| voters(&s) == 4);
-        }
-        ok
-    })
-    .await;
+    joined(&nodes, &fourth, 60).await;
     fourth.signal("STOP");
-    let r = nodes[1]
-        .http
-        .delete(format!("{}/v1/cluster/members/4", nodes[1].base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        r.status(),
-        StatusCode::NO_CONTENT,
-        "{}",
-        r.text().await.unwrap()
-    );
-    until("three voters everywhere", 30, async || {
-        let mut ok = true;
-        for n in &nodes {
-            ok &= n.status().await.is_some_and(|s| voters(&s) == 3);
-        }
-        ok
-    })
-    .await;
+    removed(&nodes, 1, 4).await;
     let before = leadership(&nodes[0]).await.unwrap();
     beats(&nodes[2], 15.0, "3 s of heartbeats the frozen one missed").await;
     fourth.signal("CONT");
