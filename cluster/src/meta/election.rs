@@ -233,6 +233,15 @@ pub(super) async fn run(
             .configs
             .iter()
             .all(|c| c.intersection(&granted).count() * 2 > c.len());
+        // a leader may have been elected while this node asked (the answers are from
+        // before): one it heard from since is followed, not deposed
+        let now = seen(&raft, lease).await;
+        if now
+            .as_ref()
+            .is_some_and(|n| n.lease_held || n.state == ServerState::Leader)
+        {
+            continue;
+        }
         if majority {
             tracing::info!(
                 node_id = me,
