@@ -73,10 +73,16 @@ async fn a_settle_to_a_frozen_owner_is_answered_unknown_and_not_applied_late() {
         let t = Instant::now();
         let (st, body) = nodes[0].ack("settle", &handle, extra).await;
         owner.signal("CONT");
-        assert_eq!(
-            (st, body["code"].as_str()),
-            (StatusCode::GATEWAY_TIMEOUT, Some("outcome_unknown")),
-            "a settle{extra} the frozen owner did not answer, after {:?}: {body}",
+        // 504 when it reached the frozen owner; 503 ("not applied", true) when the connection
+        // an earlier timeout gave up was dialled afresh and the frozen owner never answered
+        // the dial: either way the retry below must find the lease still held
+        assert!(
+            matches!(
+                (st, body["code"].as_str()),
+                (StatusCode::GATEWAY_TIMEOUT, Some("outcome_unknown"))
+                    | (StatusCode::SERVICE_UNAVAILABLE, Some("cluster_unavailable"))
+            ),
+            "a settle{extra} the frozen owner did not answer, after {:?}: {st} {body}",
             t.elapsed()
         );
         // the owner, resumed, refused the late settle: the lease is still held, so the
