@@ -46,9 +46,10 @@ pub(super) struct PreVote {
 #[serde(deny_unknown_fields)]
 pub(super) struct PreVoteReply {
     pub granted: bool,
-    /// Whether the candidate is a voter in the answering node's membership.
+    /// Whether the candidate is a voter in the answering node's committed membership (an
+    /// uncommitted one may still be undone: it never tells a node it was removed).
     pub member: bool,
-    /// Where that membership was written in the log.
+    /// Where that committed membership was written in the log.
     pub membership: Option<LogId<NodeId>>,
     /// Why not, when not granted.
     pub why: String,
@@ -63,6 +64,8 @@ struct Seen {
     /// The voters, one set per half of a joint membership.
     configs: Vec<BTreeSet<NodeId>>,
     membership: Option<LogId<NodeId>>,
+    /// The committed membership: its voters and where it was written.
+    committed: (BTreeSet<NodeId>, Option<LogId<NodeId>>),
 }
 
 async fn seen(raft: &Raft<TypeConfig>, lease: Duration) -> Option<Seen> {
@@ -76,6 +79,10 @@ async fn seen(raft: &Raft<TypeConfig>, lease: Duration) -> Option<Seen> {
             last_contact,
             configs: eff.membership().get_joint_config().clone(),
             membership: *eff.log_id(),
+            committed: {
+                let c = st.membership_state.committed();
+                (c.voter_ids().collect(), *c.log_id())
+            },
         }
     })
     .await
@@ -97,7 +104,7 @@ pub(super) async fn answer(
         ));
     };
     let last_log = raft.data_metrics().borrow().last_log;
-    let member = s.configs.iter().any(|c| c.contains(&req.candidate));
+    let member = s.committed.0.contains(&req.candidate);
     let refuse = if s.state == ServerState::Leader && !handing_off {
         Some("this node leads".to_owned())
     } else if s.lease_held {
@@ -113,7 +120,7 @@ pub(super) async fn answer(
     Ok(PreVoteReply {
         granted: refuse.is_none(),
         member,
-        membership: s.membership,
+        membership: s.committed.1,
         why: refuse.unwrap_or_default(),
     })
 }
