@@ -118,6 +118,8 @@ pub enum CatalogDone {
     /// The members being decommissioned.
     Draining(Vec<u64>),
     ClusterId(u64),
+    /// An owner's witnesses.
+    InSync(Vec<u64>),
 }
 
 openraft::declare_raft_types!(
@@ -535,13 +537,22 @@ impl Metastore {
         deadline: Duration,
     ) -> Result<(), String> {
         let mut errors = Vec::new();
-        for (id, addr) in seeds {
-            if *id == self.me {
+        let mut asked: BTreeSet<NodeId> = BTreeSet::new();
+        let mut ask: std::collections::VecDeque<(NodeId, String)> = seeds.iter().cloned().collect();
+        while let Some((id, addr)) = ask.pop_front() {
+            if id == self.me || !asked.insert(id) {
                 continue;
             }
-            match network::join_at(&self.rpc, *id, addr, self.me, &me, deadline).await {
+            match network::join_at(&self.rpc, id, &addr, self.me, &me, deadline).await {
                 Ok(()) => return Ok(()),
-                Err(e) => errors.push(format!("node {id} at {addr}: {e}")),
+                Err(e) => {
+                    // a member that does not lead names the leader: asked next, even when
+                    // the seeds do not list it
+                    if let Some(leader) = network::leader_named(&e) {
+                        ask.push_front(leader);
+                    }
+                    errors.push(format!("node {id} at {addr}: {e}"));
+                }
             }
         }
         Err(errors.join("; "))

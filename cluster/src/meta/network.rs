@@ -374,6 +374,17 @@ pub(super) async fn join_at(
         .map_err(|e| e.to_string())
 }
 
+/// How a member that does not lead names the leader to a joiner.
+const LEADER_IS: &str = "the leader is node ";
+
+/// The leader a `not_leader` answer to a join named: (id, address).
+pub(super) fn leader_named(error: &str) -> Option<(NodeId, String)> {
+    let rest = &error[error.find(LEADER_IS)? + LEADER_IS.len()..];
+    let (id, addr) = rest.split_once(" at ")?;
+    let addr = addr.split_whitespace().next()?;
+    Some((id.parse().ok()?, addr.to_owned()))
+}
+
 /// A learner is made a voter only once its log is within this many entries of the leader's.
 const CAUGHT_UP: u64 = 64;
 
@@ -416,7 +427,19 @@ async fn join_here(raft: &Raft<TypeConfig>, rpc: &Rpc, req: JoinRequest) -> Resu
     let not_leader = |e: String| Fault::new(421, "not_leader", e);
     match metrics.current_leader {
         Some(l) if l == metrics.id => {}
-        _ => return Err(not_leader("this node does not lead; ask the leader".into())),
+        // (the joiner asks the leader named: its seeds need not list it)
+        Some(l) => {
+            let at = membership.get_node(&l).map(|n| n.rpc_addr.clone());
+            return Err(not_leader(match at {
+                Some(addr) => format!("this node does not lead; {LEADER_IS}{l} at {addr}"),
+                None => "this node does not lead; ask the leader".into(),
+            }));
+        }
+        None => {
+            return Err(not_leader(
+                "this node does not lead and knows no leader yet; ask again".into(),
+            ));
+        }
     }
     rpc.call(
         req.id,
