@@ -383,6 +383,7 @@ impl ClusterNode {
                     "voter": voter,
                     "partitions": owned(*id),
                     "draining": catalog.draining().contains(id),
+                    "witnesses": catalog.in_sync(*id),
                 });
                 // the leader knows how far each member's log matches its own
                 if s.leader == Some(self.node_id()) {

@@ -491,6 +491,11 @@ impl Ingress {
             .collect())
     }
 
+    /// The witnesses of this member's acknowledged ends.
+    pub fn witnesses(&self) -> &Arc<crate::witness::Witnesses> {
+        &self.witnesses
+    }
+
     /// One past the highest offset of partition `p` of topic `topic_id` this member saw
     /// acknowledged (0 if none).
     pub fn seen_end(&self, topic_id: u64, p: u32) -> u64 {

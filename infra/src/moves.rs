@@ -2006,26 +2006,51 @@ impl Mover {
                 // what others reported last round survives this member's restart
                 i.persist_ends().await;
             }
-            if !changed.is_empty() {
-                let voters = self.node.other_voters();
-                for chunk in changed.chunks(MAX_SEEN_ASK) {
-                    let body = Bytes::from(serde_json::to_vec(chunk).expect("serialises"));
-                    let calls = voters.iter().filter_map(|&v| {
-                        let addr = self.node.meta.addr_of(v)?;
-                        let rpc = self.node.meta.rpc().clone();
-                        let body = body.clone();
-                        Some(async move {
-                            let _ = rpc.call(v, &addr, WITNESS, body, WITNESS_EVERY * 2).await;
-                        })
-                    });
-                    futures_util::future::join_all(calls).await;
-                }
+            // (sent even when nothing changed: a witness that stopped answering is found
+            // while the owner is idle too)
+            let voters = self.node.other_voters();
+            let mut failed = HashSet::new();
+            for chunk in changed.chunks(MAX_SEEN_ASK.min(crate::witness::MAX_ENDS)) {
+                let body = Bytes::from(serde_json::to_vec(chunk).expect("serialises"));
+                failed.extend(self.report(&voters, body).await);
+            }
+            if changed.is_empty() {
+                failed.extend(self.report(&voters, Bytes::from_static(b"[]")).await);
+            }
+            if let Some(i) = self.ingress.upgrade() {
+                i.witnesses()
+                    .maintain(&failed, || self.broker.owned_ends())
+                    .await;
             }
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = sleep(WITNESS_EVERY) => {}
             }
         }
+    }
+
+    /// Sends one report (`body`) to each of `voters`; returns those that did not take it.
+    async fn report(&self, voters: &[u64], body: Bytes) -> Vec<u64> {
+        let calls = voters.iter().map(|&v| {
+            let addr = self.node.meta.addr_of(v);
+            let rpc = self.node.meta.rpc().clone();
+            let body = body.clone();
+            async move {
+                let Some(addr) = addr else {
+                    return Some(v);
+                };
+                let ok = rpc
+                    .call(v, &addr, WITNESS, body, WITNESS_EVERY * 2)
+                    .await
+                    .is_ok();
+                (!ok).then_some(v)
+            }
+        });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// The partitions held since this member's start: once the catalog is confirmed
@@ -2038,8 +2063,16 @@ impl Mover {
     async fn verify_held(&self) {
         // (a partition opened while the start's check ended may still be held: looked at
         // every time, not only while the check runs)
+        let witnesses = self.ingress.upgrade().map(|i| i.witnesses().clone());
         if !self.broker.verifying() && self.broker.unverified().is_empty() {
+            if let Some(w) = &witnesses {
+                w.set_checking(false);
+            }
             return;
+        }
+        // (no witness is dropped while the check may need what it holds)
+        if let Some(w) = &witnesses {
+            w.set_checking(true);
         }
         let not_yet = |why: String| {
             *self.unverified.lock() = Some(why);
@@ -2075,33 +2108,47 @@ impl Mover {
                 Some(i) => ask.iter().map(|&(t, p)| i.seen_end(t, p)).collect(),
                 None => vec![0; ask.len()],
             };
-            // the fewest other voters that answered one chunk
-            let mut others = usize::MAX;
+            // the other voters that answered every chunk
+            let others: Vec<u64> = voters.iter().copied().filter(|&v| v != me).collect();
+            let mut answered_all: HashSet<u64> = others.iter().copied().collect();
             for chunk_start in (0..ask.len()).step_by(MAX_SEEN_ASK) {
                 let chunk = &ask[chunk_start..(chunk_start + MAX_SEEN_ASK).min(ask.len())];
                 let body = serde_json::to_vec(chunk).expect("serialises");
-                let asks = voters.iter().filter(|&&v| v != me).map(|&v| {
+                let asks = others.iter().map(|&v| {
                     let body = body.clone();
-                    async move { self.call::<Vec<u64>>(v, SEEN_ENDS, body).await }
+                    async move { (v, self.call::<Vec<u64>>(v, SEEN_ENDS, body).await) }
                 });
-                let mut ok = 0;
-                for r in futures_util::future::join_all(asks).await {
-                    if let Ok(theirs) = r
-                        && theirs.len() == chunk.len()
-                    {
-                        ok += 1;
-                        for (e, t) in acked[chunk_start..].iter_mut().zip(theirs) {
-                            *e = (*e).max(t);
+                for (v, r) in futures_util::future::join_all(asks).await {
+                    match r {
+                        Ok(theirs) if theirs.len() == chunk.len() => {
+                            for (e, t) in acked[chunk_start..].iter_mut().zip(theirs) {
+                                *e = (*e).max(t);
+                            }
+                        }
+                        _ => {
+                            answered_all.remove(&v);
                         }
                     }
                 }
-                others = others.min(ok);
             }
-            let answered = usize::from(voters.contains(&me)) + others.min(voters.len());
+            let answered = usize::from(voters.contains(&me)) + answered_all.len();
             if answered < voters.len() / 2 + 1 {
                 return not_yet(format!(
                     "checking this member's partitions against what the cluster acknowledged: {answered} of {} voters answered, a majority is needed",
                     voters.len()
+                ));
+            }
+            // every end this member acknowledged is held by each of its witnesses: one that
+            // did not answer may be the only one that knows the last of them
+            let silent: Vec<u64> = view
+                .catalog
+                .in_sync(me)
+                .into_iter()
+                .filter(|v| voters.contains(v) && !answered_all.contains(v))
+                .collect();
+            if !silent.is_empty() {
+                return not_yet(format!(
+                    "checking this member's partitions against what the cluster acknowledged: waiting for members {silent:?}, which hold the ends this member acknowledged last, to answer"
                 ));
             }
             for ((meta, p, local_end), acked) in owned.iter().zip(acked) {
@@ -2143,6 +2190,9 @@ impl Mover {
         if self.broker.unverified().is_empty() {
             self.broker.end_verifying();
             *self.unverified.lock() = None;
+            if let Some(w) = &witnesses {
+                w.set_checking(false);
+            }
         }
     }
 

@@ -92,6 +92,7 @@ impl Data {
                         }
                         Applied::ClusterId(id) => CatalogDone::ClusterId(id),
                         Applied::Draining(d) => CatalogDone::Draining(d),
+                        Applied::InSync(v) => CatalogDone::InSync(v),
                     })
                 }
                 Err(e) => Err(e),
@@ -142,6 +143,7 @@ impl Data {
                 .collect(),
             cluster_id: self.catalog.cluster_id(),
             draining: self.catalog.draining().iter().copied().collect(),
+            in_sync: self.catalog.in_sync_all().collect(),
             users: self.users.values().map(|u| UserRecord::clone(u)).collect(),
             dedupe: self
                 .dedupe_order
@@ -164,7 +166,8 @@ impl Data {
             .with_remotes(f.remotes)
             .and_then(|c| c.with_remote_children(f.remote_children, f.cluster_id))
             .ok_or("a remote or remote child name appears twice")?
-            .with_draining(f.draining);
+            .with_draining(f.draining)
+            .with_in_sync(f.in_sync);
         if f.dedupe.len() > DEDUPE_ENTRIES {
             return Err("too many remembered requests".into());
         }
@@ -204,6 +207,9 @@ struct StateFile {
     /// Members being decommissioned.
     #[serde(default)]
     draining: Vec<u64>,
+    /// Per owner, its witnesses.
+    #[serde(default)]
+    in_sync: Vec<(u64, Vec<u64>)>,
     #[serde(default)]
     users: Vec<UserRecord>,
     dedupe: Vec<(u128, MetaResponse)>,

@@ -278,7 +278,7 @@ impl From<CatalogError> for BrokerError {
             CatalogError::RemoteChanged(m) => Self::RemoteChanged(m),
             CatalogError::TooManyRemotes(max) => Self::TooManyRemotes { max },
             CatalogError::RemoteInUse(m) => Self::RemoteInUse(m),
-            CatalogError::MoveConflict(m) => Self::MoveConflict(m),
+            CatalogError::MoveConflict(m) | CatalogError::InSyncChanged(m) => Self::MoveConflict(m),
         }
     }
 }

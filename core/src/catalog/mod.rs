@@ -158,6 +158,15 @@ pub enum CatalogCommand {
     /// Marks member `node` as being decommissioned (its partitions move away, it takes no
     /// new ones) or not.
     SetDraining { node: u64, draining: bool },
+    /// The other voters that hold every end `owner` acknowledged (its witnesses): `voters`,
+    /// refused unless they are still `expect` (an empty list: none recorded).
+    SetInSync {
+        owner: u64,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        expect: Vec<u64>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        voters: Vec<u64>,
+    },
     /// Hands the partition to the move's target (owner epoch + 1), only if it is still at
     /// `source` and `expect_epoch`, move `move_id` still targets `target`, and `source` did
     /// not thaw freeze `token`.
@@ -228,6 +237,8 @@ pub enum Applied {
     ClusterId(u64),
     /// The members being decommissioned now.
     Draining(Vec<u64>),
+    /// An owner's witnesses now.
+    InSync(Vec<u64>),
 }
 
 /// Why a command does not apply. Each maps to the error a client sees for the same refusal.
@@ -265,6 +276,9 @@ pub enum CatalogError {
     /// A move's compare-and-set found the partition elsewhere, or the move gone.
     #[error("{0}")]
     MoveConflict(String),
+    /// An owner's witnesses changed since the proposer looked.
+    #[error("{0}")]
+    InSyncChanged(String),
 }
 
 /// Every topic's metadata and every remote, by name, and how many commands made them.
@@ -277,6 +291,9 @@ pub struct Catalog {
     cluster_id: Option<u64>,
     /// Members being decommissioned (a cluster's).
     draining: std::collections::BTreeSet<u64>,
+    /// Per owner: the other voters that hold every end it acknowledged (a cluster's; see
+    /// [`CatalogCommand::SetInSync`]).
+    in_sync: BTreeMap<u64, std::collections::BTreeSet<u64>>,
 }
 
 impl Catalog {
@@ -292,6 +309,7 @@ impl Catalog {
             remote_children: BTreeMap::new(),
             cluster_id: None,
             draining: std::collections::BTreeSet::new(),
+            in_sync: BTreeMap::new(),
         }
     }
 
@@ -304,6 +322,31 @@ impl Catalog {
     /// The members being decommissioned.
     pub fn draining(&self) -> &std::collections::BTreeSet<u64> {
         &self.draining
+    }
+
+    /// This catalog with each owner's witnesses (as loaded from a snapshot).
+    pub fn with_in_sync(mut self, in_sync: impl IntoIterator<Item = (u64, Vec<u64>)>) -> Self {
+        self.in_sync = in_sync
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(o, v)| (o, v.into_iter().collect()))
+            .collect();
+        self
+    }
+
+    /// The other voters that hold every end `owner` acknowledged (none recorded: empty).
+    pub fn in_sync(&self, owner: u64) -> Vec<u64> {
+        self.in_sync
+            .get(&owner)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every owner's witnesses.
+    pub fn in_sync_all(&self) -> impl Iterator<Item = (u64, Vec<u64>)> + '_ {
+        self.in_sync
+            .iter()
+            .map(|(o, s)| (*o, s.iter().copied().collect()))
     }
 
     /// This catalog with `children` and `cluster_id` (as loaded from disk); `None` if a name
@@ -629,6 +672,29 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                 next.draining.remove(node);
             }
             Applied::Draining(next.draining.iter().copied().collect())
+        }
+        CatalogCommand::SetInSync {
+            owner,
+            expect,
+            voters,
+        } => {
+            let now = next.in_sync(*owner);
+            let mut expect = expect.clone();
+            expect.sort_unstable();
+            expect.dedup();
+            if now != expect {
+                return Err(CatalogError::InSyncChanged(format!(
+                    "member {owner}'s witnesses are {now:?}, not {expect:?}"
+                )));
+            }
+            let set: std::collections::BTreeSet<u64> =
+                voters.iter().copied().filter(|v| v != owner).collect();
+            if set.is_empty() {
+                next.in_sync.remove(owner);
+            } else {
+                next.in_sync.insert(*owner, set);
+            }
+            Applied::InSync(next.in_sync(*owner))
         }
         CatalogCommand::SetMoveTarget {
             topic_id,

@@ -685,3 +685,31 @@ fn moves_flip_only_what_was_copied() {
     };
     assert!(apply(&single, &cmd).is_err());
 }
+
+#[test]
+fn an_owners_witnesses_change_only_from_what_the_proposer_saw() {
+    let set = |expect: &[u64], voters: &[u64]| CatalogCommand::SetInSync {
+        owner: 1,
+        expect: expect.to_vec(),
+        voters: voters.to_vec(),
+    };
+    let cat = Catalog::default();
+    assert!(cat.in_sync(1).is_empty());
+    // the owner itself is never its own witness; duplicates collapse
+    let (cat, done) = apply(&cat, &set(&[], &[3, 1, 2, 3])).unwrap();
+    assert_eq!(done, Applied::InSync(vec![2, 3]));
+    assert_eq!(cat.in_sync(1), vec![2, 3]);
+    assert!(cat.in_sync(2).is_empty());
+    // a proposer that saw an older set is refused (in any order it lists it)
+    assert!(matches!(
+        apply(&cat, &set(&[2], &[2])),
+        Err(CatalogError::InSyncChanged(_))
+    ));
+    let (cat, _) = apply(&cat, &set(&[3, 2], &[3])).unwrap();
+    assert_eq!(cat.in_sync(1), vec![3]);
+    // emptied: as if none was ever recorded, and a snapshot keeps what is set
+    let (empty, _) = apply(&cat, &set(&[3], &[])).unwrap();
+    assert_eq!(empty.in_sync_all().count(), 0);
+    let loaded = Catalog::default().with_in_sync(cat.in_sync_all());
+    assert_eq!(loaded.in_sync(1), vec![3]);
+}

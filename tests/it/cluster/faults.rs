@@ -638,9 +638,9 @@ async fn forget_refuses_a_member_that_answers_again_before_anything_is_reassigne
     );
 }
 
-/// As above, but what the others were told must outlive their own restarts: the restored
-/// member comes back while the one other member it can reach has restarted too and the
-/// third is frozen, so the two that answer make a majority. Before, the others kept what
+/// As above, but what the others were told must outlive their own restarts: the third
+/// member is frozen until the owner no longer waits for it, then the restored member comes
+/// back while its one witness has restarted too. Before, the others kept what
 /// they were told in memory only, and the two answered that nothing was acknowledged:
 /// offset 20 was told to a new record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,6 +648,14 @@ async fn a_restored_member_is_checked_against_what_a_restarted_member_was_told()
     let root = tempfile::tempdir().unwrap();
     let (mut nodes, o, peer, p, copy) = acknowledged_after_a_copy(root.path()).await;
     let third = (0..3).find(|&i| i != o && i != peer).unwrap();
+    // the third is frozen long enough for the owner to stop counting on it: `peer` is the
+    // one member the restored owner must hear from
+    nodes[third].signal("STOP");
+    let (oid, pid) = (nodes[o].id, nodes[peer].id);
+    until("the owner's one witness is the peer", 30, async || {
+        witnesses_of(&nodes[peer], oid).await == [pid]
+    })
+    .await;
     // `peer` keeps what it was told on its disk (within half a second)
     let file = nodes[peer].dir.join("acked-ends");
     let told = format!(" {p} 45");
@@ -657,7 +665,6 @@ async fn a_restored_member_is_checked_against_what_a_restarted_member_was_told()
     .await;
     nodes[o].kill9();
     nodes[peer].kill9();
-    nodes[third].signal("STOP");
     std::fs::remove_dir_all(&nodes[o].dir).unwrap();
     std::fs::rename(&copy, &nodes[o].dir).unwrap();
     nodes[peer].start().await;
@@ -722,6 +729,83 @@ async fn a_copy_restored_right_after_acknowledgements_never_reuses_their_offsets
         "narad_partition_records_lost_total",
     );
     assert_eq!(lost, (next - 10) as f64, "the lost range is counted");
+}
+
+/// Member `id`'s witnesses as `n` sees them (sorted).
+async fn witnesses_of(n: &Node, id: u64) -> Vec<u64> {
+    let status = n.status().await.unwrap_or_default();
+    let mut w: Vec<u64> = status["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["node_id"] == id))
+        .and_then(|m| serde_json::from_value(m["witnesses"].clone()).ok())
+        .unwrap_or_default();
+    w.sort_unstable();
+    w
+}
+
+/// One follower is frozen while the owner acknowledges records (so only the leader holds
+/// their end); then the owner is restored from an older copy while the frozen follower is
+/// back and the leader is frozen. The one member that answers knows nothing of those
+/// records: the restored owner must wait for the one that does (before, one other voter's
+/// answer was enough, and the offsets were handed out again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_owner_waits_for_the_member_that_held_its_last_acknowledgements() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready_with(root.path(), &[]).await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let o = nodes.iter().position(|n| n.id != leader).unwrap();
+    let b = (0..3).find(|&i| i != o && nodes[i].id != leader).unwrap();
+    let c = (0..3).find(|&i| i != o && i != b).unwrap();
+    let p = topic_owned_by(&nodes, "rw", nodes[o].id, serde_json::json!({})).await;
+    assert_eq!(
+        produce_offsets(&nodes[o], "rw", p, 0..10).await,
+        (0..10).collect::<Vec<_>>()
+    );
+    let copy = copy_stopped(&mut nodes[o], root.path()).await;
+    all_ready(&nodes).await;
+    let (oid, bid, cid) = (nodes[o].id, nodes[b].id, nodes[c].id);
+    let both = {
+        let mut w = vec![bid, cid];
+        w.sort_unstable();
+        w
+    };
+    until("both others witness the owner", 30, async || {
+        witnesses_of(&nodes[c], oid).await == both
+    })
+    .await;
+    nodes[b].signal("STOP");
+    assert_eq!(
+        produce_offsets(&nodes[o], "rw", p, 10..18).await,
+        (10..18).collect::<Vec<_>>()
+    );
+    nodes[o].kill9();
+    nodes[b].signal("CONT");
+    nodes[c].signal("STOP");
+    std::fs::remove_dir_all(&nodes[o].dir).unwrap();
+    std::fs::rename(&copy, &nodes[o].dir).unwrap();
+    nodes[o].start().await;
+    let n = &nodes[o];
+    let waiting = format!("waiting for members [{cid}]");
+    until(
+        "the restored owner waits for the frozen member",
+        60,
+        async || {
+            let r = n.http.get(format!("{}/readyz", n.base)).send().await;
+            match r {
+                Ok(r) => r.text().await.is_ok_and(|t| t.contains(&waiting)),
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    nodes[c].signal("CONT");
+    all_ready(&nodes).await;
+    let next = produce_offsets(&nodes[o], "rw", p, 100..101).await[0];
+    assert!(
+        next >= 18,
+        "a produce after the rollback was told offset {next}, which an acknowledged record had; the owner's log:\n{}",
+        nodes[o].log()
+    );
 }
 
 /// A partition owner frozen (SIGSTOP: a paused VM): a keyless produce through another
