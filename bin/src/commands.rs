@@ -683,6 +683,20 @@ fn show_topic(r: Reply, output: Output) -> Result<(), BoxError> {
     if let Some(v) = t.schema_version {
         rows.push(("schema version", v.to_string()));
     }
+    if let Some(f) = &t.failover {
+        let text = match (&f.mirror_of, &f.promoted_from) {
+            (Some(s), _) => format!(
+                "mirror of topic {} of cluster {} (epoch {})",
+                s.topic, s.cluster, f.epoch
+            ),
+            (None, Some(s)) => format!(
+                "{} (epoch {}), promoted from topic {} of cluster {}",
+                f.role, f.epoch, s.topic, s.cluster
+            ),
+            (None, None) => format!("{} (epoch {})", f.role, f.epoch),
+        };
+        rows.push(("failover", text));
+    }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, val) in &rows {
         outln!("{k:<width$}  {val}");
@@ -892,6 +906,15 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
             );
             c.post_json(&path, &serde_json::json!({})).await?;
             outln!("resumed {child} of {parent}");
+        }
+        TopicCmd::Promote { name, force } => {
+            let force = if force { "?force=true" } else { "" };
+            let path = format!("/v1/topics/{}/promote{force}", enc(&name));
+            print_reply(c.post_json(&path, &serde_json::json!({})).await?)?;
+        }
+        TopicCmd::Demote { name } => {
+            let path = format!("/v1/topics/{}/demote", enc(&name));
+            print_reply(c.post_json(&path, &serde_json::json!({})).await?)?;
         }
         TopicCmd::Children { parent } => {
             print_reply(

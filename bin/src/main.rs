@@ -370,6 +370,17 @@ enum TopicCmd {
         #[arg(long, requires = "partition")]
         offset: Option<u64>,
     },
+    /// Make a mirror of a topic on another cluster the primary (a failover): one epoch more,
+    /// so the old primary's link is fenced; the old primary's tail is still taken.
+    Promote {
+        name: String,
+        /// Also a demoted topic, as it is (two primaries if its replacement lives on).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Stop a primary taking produces and leases (a planned switchover): its remote children
+    /// ship what they hold, then promote the mirror.
+    Demote { name: String },
     /// List PARENT's children with their lag.
     Children { parent: String },
     /// Show a topic's JSON Schema versions.

@@ -57,6 +57,8 @@ pub struct CoreMetrics {
     /// Parent records deleted by retention before a child's cursor copied them.
     pub fanout_dropped: Family<TopicLabel, Counter>,
     pub fanout_errors: Family<TopicLabel, Counter>,
+    /// Records a demoted primary shipped after this topic was promoted past it (its tail).
+    pub mirror_late: Family<TopicLabel, Counter>,
     /// Panics of supervised background tasks, and which tasks they were (readiness).
     pub tasks: std::sync::Arc<crate::supervisor::TaskHealth>,
 }
@@ -91,6 +93,7 @@ impl Default for CoreMetrics {
             fanout_copied: Family::default(),
             fanout_dropped: Family::default(),
             fanout_errors: Family::default(),
+            mirror_late: Family::default(),
             tasks: std::sync::Arc::default(),
         }
     }
@@ -160,6 +163,7 @@ impl CoreMetrics {
             &self.fanout_copied,
             &self.fanout_dropped,
             &self.fanout_errors,
+            &self.mirror_late,
         ] {
             family.remove(&label);
         }
@@ -182,6 +186,11 @@ impl CoreMetrics {
             "narad_fanout_child_dropped_messages",
             "parent records deleted by retention before this child copied them (data loss)",
             self.fanout_dropped.clone(),
+        );
+        r.register(
+            "narad_mirror_late_records",
+            "records the old primary acknowledged but had not shipped when this topic was promoted, taken since (its tail)",
+            self.mirror_late.clone(),
         );
         r.register(
             "narad_fanout_cursor_errors",

@@ -94,6 +94,8 @@ pub struct Metrics {
     partition_bytes: Family<PartitionLabels, Gauge>,
     segments: Family<PartitionLabels, Gauge>,
     waiters: Family<TopicLabels, Gauge>,
+    topic_epoch: Family<TopicLabels, Gauge>,
+    topic_read_only: Family<TopicLabels, Gauge>,
     fanout_lag: Family<ChildLabels, Gauge>,
     fanout_due_lag: Family<ChildLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     remote_lag: Family<ChildLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -166,6 +168,8 @@ impl Metrics {
             partition_bytes: Family::default(),
             segments: Family::default(),
             waiters: Family::default(),
+            topic_epoch: Family::default(),
+            topic_read_only: Family::default(),
             fanout_lag: Family::default(),
             fanout_due_lag: Family::default(),
             remote_lag: Family::default(),
@@ -247,6 +251,16 @@ impl Metrics {
             m.waiters.clone(),
         );
         registry.register(
+            "narad_topic_epoch",
+            "a topic's failover epoch (one more at every promotion)",
+            m.topic_epoch.clone(),
+        );
+        registry.register(
+            "narad_topic_read_only",
+            "1 while a topic is a mirror of another cluster's or demoted (no produces, no leases)",
+            m.topic_read_only.clone(),
+        );
+        registry.register(
             "narad_fanout_lag_messages",
             "parent records not yet copied to a fan-out child",
             m.fanout_lag.clone(),
@@ -304,6 +318,8 @@ impl Metrics {
             f.clear();
         }
         self.waiters.clear();
+        self.topic_epoch.clear();
+        self.topic_read_only.clear();
         self.fanout_lag.clear();
         self.fanout_due_lag.clear();
         self.remote_lag.clear();
@@ -320,6 +336,17 @@ impl Metrics {
                         topic: name.clone(),
                     })
                     .set(info.waiters as i64);
+                if let Ok(role) = b.with_topic_meta(&name, |m| m.role) {
+                    let l = TopicLabels {
+                        topic: name.clone(),
+                    };
+                    self.topic_epoch
+                        .get_or_create(&l)
+                        .set(role.epoch().min(i64::MAX as u64) as i64);
+                    self.topic_read_only
+                        .get_or_create(&l)
+                        .set(i64::from(!role.is_primary()));
+                }
                 for c in b.children(&name).unwrap_or_default() {
                     let l = ChildLabels {
                         parent: name.clone(),

@@ -1694,6 +1694,7 @@ mod tests {
                 owner_epochs: Vec::new(),
                 moves: Default::default(),
                 rebuilt: Default::default(),
+                role: Default::default(),
             },
         }
     }

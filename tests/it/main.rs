@@ -15,6 +15,7 @@ mod openapi;
 mod playbooks;
 mod queue;
 mod remotes;
+mod roles;
 mod security;
 mod support;
 mod wire;

@@ -81,6 +81,59 @@ async fn attach(on: &Server, parent: &str, child: &str, remote: &str, topic: &st
     json_of(r, StatusCode::OK).await;
 }
 
+/// A topic's failover role and epoch on `on`.
+async fn role_of(on: &Server, topic: &str) -> (String, u64) {
+    let v = json_of(
+        call(on, Method::GET, &format!("/v1/topics/{topic}"), None).await,
+        StatusCode::OK,
+    )
+    .await;
+    (
+        v["failover"]["role"].as_str().unwrap().to_owned(),
+        v["failover"]["epoch"].as_u64().unwrap(),
+    )
+}
+
+/// `topic` on `on` refuses produces and consumes (a mirror, or demoted) but replays.
+async fn expect_read_only(on: &Server, topic: &str) {
+    let r = call(
+        on,
+        Method::POST,
+        &format!("/v1/topics/{topic}/produce/batch"),
+        Some(json!({"messages": [{"payload": {"seq": 999_999}}]})),
+    )
+    .await;
+    expect_error(r, StatusCode::CONFLICT, "mirror_read_only").await;
+    let r = call(
+        on,
+        Method::GET,
+        &format!("/v1/topics/{topic}/consume"),
+        None,
+    )
+    .await;
+    expect_error(r, StatusCode::CONFLICT, "mirror_read_only").await;
+    let r = call(
+        on,
+        Method::GET,
+        &format!("/v1/topics/{topic}/consume?partition=0&offset=0&max=1"),
+        None,
+    )
+    .await;
+    assert!(
+        matches!(r.status(), StatusCode::OK | StatusCode::NO_CONTENT),
+        "replay of a read-only topic: {}",
+        r.status()
+    );
+}
+
+async fn metrics_text(on: &Server) -> String {
+    call(on, Method::GET, "/metrics", None)
+        .await
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn lag(on: &Server, parent: &str) -> (u64, String) {
     let c = children_of(on, parent).await;
     (
@@ -116,17 +169,33 @@ async fn moving_a_topic_to_another_cluster_loses_nothing() {
     let r = call(&a, Method::POST, "/v1/remotes/b/test?topic=orders", None).await;
     assert_eq!(json_of(r, StatusCode::OK).await["ok"], true);
     attach(&a, "orders", "to-b", "b", "orders", "unconsumed").await;
-    // 2. producers move to B one by one: some still write to A meanwhile
-    assert_eq!(produce_seqs(&b, "orders", 1000..1100).await.len(), 100);
+    // B's topic is now A's mirror: it takes records only from A's link, and replay
+    assert_eq!(role_of(&b, "orders").await, ("mirror".into(), 0));
+    expect_read_only(&b, "orders").await;
+    // 2. producers keep writing to A, and A's consumers keep processing, until the switch
     assert_eq!(produce_seqs(&a, "orders", 300..350).await.len(), 50);
-    // A's consumers keep processing until they are stopped
     processed_on_a.extend(process(&a, "orders", 20).await);
-    // 3. stop A's consumers, wait for the link to drain
+    // 3. the switch: A stops taking produces and leases, its link drains, B is promoted
+    let r = call(&a, Method::POST, "/v1/topics/orders/demote", None).await;
+    assert_eq!(
+        json_of(r, StatusCode::OK).await["failover"]["role"],
+        "demoted"
+    );
+    expect_read_only(&a, "orders").await;
     until("A's lag 0", async || {
         lag(&a, "orders").await == (0, "running".into())
     })
     .await;
-    // 4. B's consumers start
+    let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
+    let v = json_of(r, StatusCode::OK).await;
+    assert_eq!(v["failover"]["role"], "primary", "{v}");
+    assert_eq!(v["failover"]["epoch"], 1, "{v}");
+    assert_eq!(v["changed"], true, "{v}");
+    // (a promote is idempotent)
+    let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
+    assert_eq!(json_of(r, StatusCode::OK).await["changed"], false);
+    // 4. producers and consumers on B
+    assert_eq!(produce_seqs(&b, "orders", 1000..1100).await.len(), 100);
     let processed_on_b = process(&b, "orders", 10_000).await;
     let all: HashSet<u64> = processed_on_a
         .iter()
@@ -227,12 +296,14 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     .await;
     json_of(r, StatusCode::CREATED).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
+    assert_eq!(role_of(&b, "orders").await, ("mirror".into(), 0));
     assert_eq!(produce_seqs(&a, "orders", 0..500).await.len(), 500);
     let processed_on_a = process(&a, "orders", 400).await;
     until("the copy caught up", async || {
         lag(&a, "orders").await.0 == 0
     })
     .await;
+    expect_read_only(&b, "orders").await;
     // the regions' link fails first: A keeps taking records B does not get; A's lag is the
     // at-risk window
     relay.set_cut(true);
@@ -244,13 +315,15 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     .await;
     // A is lost
     a.kill9();
-    // failover: B's consumers start on the copy; producers move to B
+    // failover: B is promoted; its consumers start on the copy; producers move to B
     let copy: BTreeSet<u64> = replay_all(&b, "orders", 2)
         .await
         .iter()
         .map(|r| r.2)
         .collect();
     assert_eq!(copy, (0..500).collect(), "B holds exactly what A shipped");
+    let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
+    assert_eq!(json_of(r, StatusCode::OK).await["failover"]["epoch"], 1);
     let mut processed_on_b = process(&b, "orders", 10_000).await;
     assert_eq!(
         processed_on_b.len(),
@@ -259,7 +332,8 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     );
     assert_eq!(produce_seqs(&b, "orders", 2000..2050).await.len(), 50);
     processed_on_b.extend(process(&b, "orders", 10_000).await);
-    // A returns with its disk: its link resumes and ships the at-risk tail to B
+    // A returns with its disk: its link is fenced by B (epoch 1), so A demotes its topic
+    // (no produces, no leases) and ships the at-risk tail to B as late records
     a.restart().await;
     to_a.set_target(port_of(&a));
     relay.set_cut(false);
@@ -267,6 +341,14 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
         lag(&a, "orders").await.0 == 0
     })
     .await;
+    assert_eq!(role_of(&a, "orders").await, ("demoted".into(), 0));
+    expect_read_only(&a, "orders").await;
+    let m = metrics_text(&b).await;
+    assert!(
+        m.lines()
+            .any(|l| l == "narad_mirror_late_records_total{topic=\"orders\"} 100"),
+        "B counts A's tail as late records"
+    );
     processed_on_b.extend(process(&b, "orders", 10_000).await);
     let on_b: HashSet<u64> = processed_on_b.iter().copied().collect();
     for s in (0..600).chain(2000..2050) {
@@ -307,12 +389,21 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     // A's link shipped its tail (lag 0): it goes, without force
     let r = call(&a, Method::DELETE, "/v1/topics/orders/children/dr", None).await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // a demoted topic is not promoted alone
+    let r = call(&a, Method::POST, "/v1/topics/orders/promote", None).await;
+    expect_error(r, StatusCode::CONFLICT, "role_conflict").await;
     attach(&b, "orders", "back", "a", "orders", "unconsumed").await;
+    assert_eq!(role_of(&a, "orders").await, ("mirror".into(), 1));
     assert_eq!(produce_seqs(&b, "orders", 3000..3030).await.len(), 30);
+    // switch back: B stops taking produces, its link drains, A is promoted (epoch 2)
+    let r = call(&b, Method::POST, "/v1/topics/orders/demote", None).await;
+    json_of(r, StatusCode::OK).await;
     until("B's stragglers on A", async || {
         lag(&b, "orders").await.0 == 0
     })
     .await;
+    let r = call(&a, Method::POST, "/v1/topics/orders/promote", None).await;
+    assert_eq!(json_of(r, StatusCode::OK).await["failover"]["epoch"], 2);
     // a B→A→B loop is impossible: A's own records are not on A twice, B's are there once
     let on_a: Vec<u64> = replay_all(&a, "orders", 2)
         .await
@@ -359,8 +450,10 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     // producers back on A; the B→A link drained, it goes
     let r = call(&b, Method::DELETE, "/v1/topics/orders/children/back", None).await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    // and A is B's copy source again: A→B attaches now that B mirrors nowhere
+    // and A is B's copy source again: A→B attaches now that B mirrors nowhere, and B (demoted
+    // at epoch 1) becomes A's mirror at epoch 2
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
+    assert_eq!(role_of(&b, "orders").await, ("mirror".into(), 2));
     // (the forged-origin rule still holds on A after all this)
     let forged = json!({"messages": [{"payload": {"seq": 1}, "headers": {"narad-origin": "0000000000000001/0000000000000001/0/0"}}]});
     let r = call_as(

@@ -324,6 +324,21 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
             format!("/v1/topics/{}/children/nothere/skip", ctx.topic().await),
             None,
         ),
+        "POST /v1/topics/{topic}/mirror" => (
+            Method::POST,
+            format!("/v1/topics/{}/mirror", ctx.topic().await),
+            Some(json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": 0})),
+        ),
+        "POST /v1/topics/{topic}/promote" => (
+            Method::POST,
+            format!("/v1/topics/{}/promote", ctx.topic().await),
+            None,
+        ),
+        "POST /v1/topics/{topic}/demote" => (
+            Method::POST,
+            format!("/v1/topics/{}/demote", ctx.topic().await),
+            None,
+        ),
         "GET /v1/users/{username}" => (Method::GET, "/v1/users/bob".into(), None),
         "DELETE /v1/users/{username}" => {
             let u = format!("del{i}");
@@ -401,6 +416,11 @@ fn rows() -> Vec<Row> {
             [U, U, F, 204, 204],
         ),
         r("GET /v1/topics/{topic}/schema", [U, U, F, 200, 200]),
+        // a topic's role between clusters: a link's user (replicate) makes it a mirror; an
+        // admin promotes and demotes
+        r("POST /v1/topics/{topic}/mirror", [U, U, F, F, 200]),
+        r("POST /v1/topics/{topic}/promote", [U, U, F, F, 200]),
+        r("POST /v1/topics/{topic}/demote", [U, U, F, F, 200]),
         // user management is for admins
         r("POST /v1/users", [U, U, F, F, 201]),
         r("GET /v1/users", [U, U, F, F, 200]),

@@ -364,6 +364,7 @@ mod tests {
                 owner_epochs: Vec::new(),
                 moves: Default::default(),
                 rebuilt: Default::default(),
+                role: Default::default(),
             }],
             cursors: vec![CursorPosition {
                 child: "orders-audit".into(),

@@ -1066,6 +1066,7 @@ fn restored_meta(
                 owner_epochs: Vec::new(),
                 moves: Default::default(),
                 rebuilt: Default::default(),
+                role: Default::default(),
             })
         }
         (None, Some(m)) => Some(from_snapshot(m)),

@@ -267,6 +267,18 @@ error_codes! {
     /// The remote failed a check at attach or resume (unreachable, security off, the
     /// credential refused or an admin's, the target topic missing or not writable).
     RemoteCheckFailed = 2111, "remote_check_failed", 409;
+    /// The topic is a mirror of a topic on another cluster, or a demoted primary: it takes
+    /// records only from its link and serves no queue (replay works). Promote it first.
+    MirrorReadOnly = 2112, "mirror_read_only", 409;
+    /// A link's epoch is older than the topic's: a mirror of the sender was promoted. The
+    /// body's `role` is the topic's role now.
+    Fenced = 2113, "fenced", 409;
+    /// The topic is a mirror of another source, or takes no records from this link (a
+    /// primary that never became its mirror).
+    NotYourMirror = 2114, "not_your_mirror", 409;
+    /// The topic's role forbids the change (a demoted topic is not promoted alone), or it
+    /// changed meanwhile: look again.
+    RoleConflict = 2115, "role_conflict", 409;
 }
 
 impl ErrorCode {

@@ -116,6 +116,28 @@ pub struct Topic {
     /// A parent's children that the caller may see.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<String>,
+    /// The topic's role between clusters (absent from brokers that predate roles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<Failover>,
+}
+
+/// A topic's role between clusters: `primary` takes produces and leases, `mirror` takes
+/// records only from its source's link (replay only), `demoted` neither.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failover {
+    pub role: String,
+    pub epoch: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_of: Option<FailoverSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_from: Option<FailoverSource>,
+}
+
+/// A topic on another cluster, by ids (16 lowercase hex digits each).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailoverSource {
+    pub cluster: String,
+    pub topic: String,
 }
 
 /// One page of `GET /v1/topics`. `T` is [`Topic`], or a raw value to keep each topic's JSON.

@@ -51,6 +51,22 @@ pub struct Target<'a> {
     /// target's must be the same, or it would refuse records the parent took. `None`: not
     /// checked.
     pub schema: Option<Option<&'a serde_json::Value>>,
+    /// Make the target topic the mirror of the parent (the link's last check; see
+    /// `narad_core::catalog::role`); `dry`: only ask whether it would.
+    pub mirror: Option<MirrorOf>,
+}
+
+/// What the target topic becomes the mirror of.
+#[derive(Debug, Clone, Copy)]
+pub struct MirrorOf {
+    /// This cluster's id.
+    pub cluster: u64,
+    /// The parent's incarnation id.
+    pub topic: u64,
+    /// The parent's epoch.
+    pub epoch: u64,
+    /// Only ask (`remote test`): nothing changes on the remote.
+    pub dry: bool,
 }
 
 struct Run {
@@ -338,6 +354,71 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
                 state_of(reply.status),
                 format!("producing to '{topic}' on the remote: {}", answered(&reply)),
             );
+        }
+    }
+    // 8. the target becomes (or already is) this link's mirror: it refuses every other
+    //    producer, and a link of an older epoch
+    if let Some(m) = target.mirror {
+        let body = serde_json::json!({
+            "cluster": format!("{:016x}", m.cluster),
+            "topic": format!("{:016x}", m.topic),
+            "epoch": m.epoch,
+            "dry_run": m.dry,
+        });
+        let reply = match client
+            .request(
+                Method::POST,
+                &format!("v1/topics/{topic}/mirror"),
+                Some(bytes::Bytes::from(body.to_string())),
+            )
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return run.fail("mirror", e.state(), e.to_string()),
+        };
+        match (reply.status.as_u16(), code(&reply).as_deref()) {
+            (200, _) => run.pass(
+                "mirror",
+                format!(
+                    "'{topic}' {} the mirror of this topic at epoch {}",
+                    if m.dry { "may become" } else { "is" },
+                    m.epoch
+                ),
+            ),
+            (409, Some("fenced")) => {
+                return run.fail(
+                    "mirror",
+                    "fenced",
+                    format!(
+                        "'{topic}' on the remote was promoted past this topic's epoch {}: this topic is the old primary (make it the remote's mirror instead)",
+                        m.epoch
+                    ),
+                );
+            }
+            (409, Some("not_your_mirror")) => {
+                return run.fail(
+                    "mirror",
+                    "not_a_mirror",
+                    format!("'{topic}' on the remote mirrors another topic: promote it there first, or mirror to another topic"),
+                );
+            }
+            (409, Some("loop_detected")) => {
+                return run.fail(
+                    "mirror",
+                    "loop_detected",
+                    format!("'{topic}' on the remote is on this cluster"),
+                );
+            }
+            _ => {
+                return run.fail(
+                    "mirror",
+                    state_of(reply.status),
+                    format!(
+                        "making '{topic}' on the remote a mirror (it needs replicate on it): {}",
+                        answered(&reply)
+                    ),
+                );
+            }
         }
     }
     CheckReport {

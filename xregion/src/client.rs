@@ -188,16 +188,18 @@ impl RemoteClient {
     }
 
     /// A POST of a zstd-compressed JSON body, with `Narad-Topic-Id: <topic_id>` (the target
-    /// refuses it unless its topic is that incarnation).
+    /// refuses it unless its topic is that incarnation) and `Narad-Link: <link>` (the link's
+    /// source and epoch: the target refuses it unless it mirrors that source at that epoch).
     pub async fn post_zstd(
         &self,
         path: &str,
         body: Bytes,
         topic_id: u64,
+        link: &str,
     ) -> Result<Reply, ClientError> {
         tokio::time::timeout(
             self.timeout,
-            self.exchange(Method::POST, path, Some(body), Some(topic_id), true),
+            self.exchange(Method::POST, path, Some(body), Some((topic_id, link)), true),
         )
         .await
         .map_err(|_| ClientError::Timeout(self.timeout))?
@@ -262,7 +264,7 @@ impl RemoteClient {
         method: Method,
         path: &str,
         json: Option<Bytes>,
-        zstd_for_topic: Option<u64>,
+        zstd_for_topic: Option<(u64, &str)>,
         authenticated: bool,
     ) -> Result<Reply, ClientError> {
         let base = self.url.canonical.find("://").map_or("/", |i| {
@@ -282,10 +284,11 @@ impl RemoteClient {
             if json.is_some() {
                 req = req.header(CONTENT_TYPE, "application/json");
             }
-            if let Some(id) = zstd_for_topic {
+            if let Some((id, link)) = zstd_for_topic {
                 req = req
                     .header(hyper::header::CONTENT_ENCODING, "zstd")
-                    .header("narad-topic-id", format!("{id:016x}"));
+                    .header("narad-topic-id", format!("{id:016x}"))
+                    .header("narad-link", link);
             }
             req.body(Full::new(json.clone().unwrap_or_default()))
                 .map_err(|e| ClientError::Http(e.to_string()))

@@ -416,6 +416,13 @@ impl Sender {
             )
         };
         let path = format!("v1/topics/{}/produce/batch", child.remote_topic);
+        let link = format!(
+            "{:016x}/{:016x}/{}{}",
+            batch.cluster_id,
+            child.parent_id,
+            batch.epoch,
+            if batch.tail { "/tail" } else { "" }
+        );
         let chunks: Vec<(usize, Vec<Chunk>)> = by_lane
             .iter()
             .enumerate()
@@ -434,7 +441,7 @@ impl Sender {
             let head = pending[0].1.remove(0);
             let sent = {
                 let _slot = gate.slots.acquire().await;
-                send_chunk(&client, &path, &child, head).await
+                send_chunk(&client, &path, &link, &child, head).await
             };
             self.count(sent.as_ref().map_or_else(
                 |f| f.state,
@@ -453,9 +460,10 @@ impl Sender {
             }
         }
         let results = futures_util::future::join_all(pending.into_iter().map(|(lane, bodies)| {
-            let (client, path, child, this, gate) = (
+            let (client, path, link, child, this, gate) = (
                 client.clone(),
                 path.clone(),
+                link.clone(),
                 child.clone(),
                 self.clone(),
                 gate.clone(),
@@ -466,7 +474,7 @@ impl Sender {
                     // gate is open, no lane gets this far (admit refused the ship)
                     let sent = {
                         let _slot = gate.slots.acquire().await;
-                        send_chunk(&client, &path, &child, body).await
+                        send_chunk(&client, &path, &link, &child, body).await
                     };
                     match sent {
                         Ok(n) => {
@@ -611,11 +619,12 @@ fn code_of(reply: &Reply) -> Option<String> {
 async fn send_chunk(
     client: &RemoteClient,
     path: &str,
+    link: &str,
     child: &RemoteChild,
     (body, offsets): Chunk,
 ) -> Result<usize, Failed> {
     let reply = client
-        .post_zstd(path, body, child.target_id)
+        .post_zstd(path, body, child.target_id, link)
         .await
         .map_err(|e| {
             let weight = match e {
@@ -666,6 +675,8 @@ async fn send_chunk(
         (404, _) => ("target_missing", Weight::Link),
         (409, Some("loop_detected")) => ("loop_detected", Weight::Link),
         (409, Some("topic_replaced")) => ("target_replaced", Weight::Link),
+        (409, Some("fenced")) => ("fenced", Weight::Link),
+        (409, Some("not_your_mirror" | "mirror_read_only")) => ("not_a_mirror", Weight::Link),
         (413, Some("message_too_large")) => ("record_too_large", Weight::Link),
         (400 | 409 | 413, _) => ("rejected_record", Weight::Link),
         _ => ("unavailable", Weight::Transient),

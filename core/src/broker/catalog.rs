@@ -132,6 +132,7 @@ impl Broker {
             owner_epochs: Vec::new(),
             moves: Default::default(),
             rebuilt: Default::default(),
+            role: Default::default(),
         })
     }
 
@@ -394,6 +395,40 @@ impl Broker {
         // New capacity or partitions may make messages deliverable to waiting readers.
         self.dispatch(&topic).await;
         topic.timer.notify_one();
+        Ok(topic.meta.read().clone())
+    }
+
+    /// Gives topic `name` role `role` if its role is still `expect` (a compare-and-set: a
+    /// request that decided from an older role is refused), durably (replicated in a
+    /// cluster) before it is live. Waiting readers of a topic that stops being the primary
+    /// are woken and answered that it serves no queue.
+    pub async fn set_role(
+        self: &Arc<Self>,
+        name: &str,
+        expect: crate::catalog::TopicRole,
+        role: crate::catalog::TopicRole,
+    ) -> Result<TopicMeta, BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let topic = self.topic(name)?;
+        if topic.meta.read().role == role {
+            return Ok(topic.meta.read().clone());
+        }
+        let cmd = CatalogCommand::SetRole {
+            topic_id: topic.id(),
+            expect,
+            role,
+        };
+        if self.store.replicated() {
+            self.propose_replicated(cmd).await?;
+        } else {
+            let live = topic.clone();
+            self.commit(cmd, move |_| live.meta.write().role = role)
+                .await?;
+        }
+        tracing::info!(topic = %name, role = role.name(), epoch = role.epoch(), "topic role changed");
+        // readers parked on it ask again and get the refusal
+        self.dispatch(&topic).await;
         Ok(topic.meta.read().clone())
     }
 

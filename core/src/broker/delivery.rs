@@ -96,6 +96,16 @@ impl Broker {
         if topic.deleted.load(Ordering::Acquire) {
             return Ok(Vec::new());
         }
+        // a mirror (or a demoted primary) leases nothing: its records are another
+        // cluster's consumers' to process until it is promoted
+        let role = topic.meta.read().role;
+        if !role.is_primary() {
+            return Err(BrokerError::MirrorReadOnly(format!(
+                "topic '{}' is {}: it serves no queue until it is promoted (replay by offset or time works)",
+                topic.label.topic,
+                role.describe()
+            )));
+        }
         let cfg = topic.config();
         let parts = topic.partitions();
         let n = parts.len();

@@ -247,6 +247,16 @@ pub enum BrokerError {
     /// A move's compare-and-set found the partition elsewhere (or the move gone).
     #[error("{0}")]
     MoveConflict(String),
+    /// The topic is a mirror of another cluster's (or a demoted primary): it takes records
+    /// only from its link and leases nothing.
+    #[error("{0}")]
+    MirrorReadOnly(String),
+    /// A link's epoch is older than the topic's: its sender was superseded by a promotion.
+    #[error("{0}")]
+    Fenced(String),
+    /// A role change the topic's role forbids, or one that raced another.
+    #[error("{0}")]
+    RoleConflict(String),
     /// The partition is frozen for a move to another node: retry shortly (the forwarding
     /// member does, once the catalog names the new owner).
     #[error("partition {partition} of '{topic}' is moving to another node; retry")]
@@ -279,6 +289,7 @@ impl From<CatalogError> for BrokerError {
             CatalogError::TooManyRemotes(max) => Self::TooManyRemotes { max },
             CatalogError::RemoteInUse(m) => Self::RemoteInUse(m),
             CatalogError::MoveConflict(m) | CatalogError::InSyncChanged(m) => Self::MoveConflict(m),
+            CatalogError::RoleChanged(m) => Self::RoleConflict(m),
         }
     }
 }

@@ -84,6 +84,11 @@ pub struct ShipBatch {
     /// This cluster's id, which every mirrored record names as its origin.
     pub cluster_id: u64,
     pub parent_partition: u32,
+    /// The parent's failover epoch, which the target checks (see `catalog::role`).
+    pub epoch: u64,
+    /// The parent is no longer a primary (demoted, or a mirror since): these records are its
+    /// tail, for the primary that replaced it.
+    pub tail: bool,
     pub records: Vec<Arc<Record>>,
     /// The lanes that took their share of this same slab in an earlier attempt: a retry
     /// sends only the others. Empty on a first attempt.
@@ -633,6 +638,7 @@ async fn run_remote_cursor(
                 continue;
             }
         };
+        let role = parent.meta.read().role;
         let lanes_done = match done.take() {
             Some((end, d)) if end == last + 1 => d,
             _ => Vec::new(),
@@ -646,6 +652,8 @@ async fn run_remote_cursor(
                     child: current.clone(),
                     cluster_id,
                     parent_partition: pidx,
+                    epoch: role.epoch(),
+                    tail: !role.is_primary(),
                     records,
                     done: lanes_done,
                 })
@@ -665,6 +673,35 @@ async fn run_remote_cursor(
                 next = last + 1;
                 cursor.next.store(next, Ordering::Release);
                 cursor.set("running", None);
+            }
+            Err(f) if f.state == "fenced" && role.is_primary() => {
+                // a mirror of this topic was promoted past it: this topic takes no more
+                // produces or leases, and what its links did not ship yet goes on as the
+                // new primary's late records (same slab, now marked as a tail)
+                done = Some((last + 1, f.done));
+                let Some(b) = weak.upgrade() else { return };
+                let demoted = crate::catalog::TopicRole::Demoted {
+                    epoch: role.epoch(),
+                };
+                match b.set_role(&child.parent, role, demoted).await {
+                    Ok(_) => {
+                        tracing::error!(topic = %child.parent, child = %child.name, epoch = role.epoch(), "a mirror of this topic was promoted: the topic is demoted (no produces, no leases); its links ship what they had not shipped to the new primary");
+                        cursor.set("fenced", Some(f.message));
+                    }
+                    Err(e) => {
+                        // (the role changed meanwhile, or no quorum: looked at again next round)
+                        cursor.set(
+                            "fenced",
+                            Some(format!("{}; demoting the topic: {e}", f.message)),
+                        );
+                        drop(b);
+                        tokio::select! {
+                            biased;
+                            () = stop.cancelled() => return,
+                            () = clock.sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                }
             }
             Err(f) => {
                 cursor.set(f.state, Some(f.message));

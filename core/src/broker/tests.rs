@@ -1136,6 +1136,7 @@ async fn restored_link_starts_at_the_parents_restored_tail_and_keeps_copying() {
         owner_epochs: Vec::new(),
         moves: Default::default(),
         rebuilt: Default::default(),
+        role: Default::default(),
     };
     b.restore_topic(meta("p", 0x11, 2), &[5, 7]).await.unwrap();
     b.restore_topic(meta("c", 0x21, 1), &[3]).await.unwrap();
@@ -1495,6 +1496,7 @@ async fn a_restored_topic_with_an_invalid_name_is_refused() {
         owner_epochs: Vec::new(),
         moves: Default::default(),
         rebuilt: Default::default(),
+        role: Default::default(),
     };
     let e = b.restore_topic(meta, &[5]).await.unwrap_err();
     assert!(matches!(e, BrokerError::InvalidField(_)), "{e:?}");

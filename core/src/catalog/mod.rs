@@ -12,6 +12,7 @@
 
 pub mod moves;
 pub mod remote;
+pub mod role;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ use crate::broker::ParentLink;
 use crate::topic::TopicConfig;
 pub use moves::PartitionMove;
 pub use remote::{RemoteChild, RemoteMeta, SealedCredential};
+pub use role::TopicRole;
 
 /// Most children one parent may have.
 pub const MAX_CHILDREN: usize = 64;
@@ -67,6 +69,10 @@ pub struct TopicMeta {
     /// from the archive, by partition (see [`CatalogCommand::ReassignLost`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rebuilt: BTreeMap<u32, moves::LostTail>,
+    /// Primary, mirror of a topic on another cluster, or demoted, and the epoch (see
+    /// [`role`]); a topic that never took part in a failover is a primary at epoch 0.
+    #[serde(default, skip_serializing_if = "TopicRole::is_default")]
+    pub role: TopicRole,
 }
 
 /// One version of a topic's JSON Schema. Versions only grow; each is kept.
@@ -190,6 +196,12 @@ pub enum CatalogCommand {
         expect_epoch: u64,
         tail: Box<moves::LostTail>,
     },
+    /// Topic `topic_id` takes role `role`, refused unless its role is still `expect`.
+    SetRole {
+        topic_id: u64,
+        expect: TopicRole,
+        role: TopicRole,
+    },
     /// The owner `owner` gave up freeze `token` (it ran out): a flip naming it is refused
     /// from now on. Refused if the partition is no longer at `owner` and `expect_epoch`
     /// (the flip came first).
@@ -279,6 +291,9 @@ pub enum CatalogError {
     /// An owner's witnesses changed since the proposer looked.
     #[error("{0}")]
     InSyncChanged(String),
+    /// A topic's role changed since the proposer looked.
+    #[error("{0}")]
+    RoleChanged(String),
 }
 
 /// Every topic's metadata and every remote, by name, and how many commands made them.
@@ -672,6 +687,37 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                 next.draining.remove(node);
             }
             Applied::Draining(next.draining.iter().copied().collect())
+        }
+        CatalogCommand::SetRole {
+            topic_id,
+            expect,
+            role,
+        } => {
+            let old = next.by_id(*topic_id)?.clone();
+            if old.role != *expect {
+                return Err(CatalogError::RoleChanged(format!(
+                    "topic '{}' is {} at epoch {} now, not {} at epoch {}: look again",
+                    old.name,
+                    old.role.name(),
+                    old.role.epoch(),
+                    expect.name(),
+                    expect.epoch()
+                )));
+            }
+            if role.epoch() < old.role.epoch() {
+                return Err(CatalogError::Invalid(format!(
+                    "topic '{}' is at epoch {}: its epoch never goes back (to {})",
+                    old.name,
+                    old.role.epoch(),
+                    role.epoch()
+                )));
+            }
+            let t = Arc::new(TopicMeta {
+                role: *role,
+                ..(*old).clone()
+            });
+            next.topics.insert(t.name.clone(), t.clone());
+            Applied::Topic(t)
         }
         CatalogCommand::SetInSync {
             owner,

@@ -15,6 +15,7 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         owner_epochs: Vec::new(),
         moves: Default::default(),
         rebuilt: Default::default(),
+        role: Default::default(),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod query;
 mod remote_children;
 pub mod remotes;
 pub(crate) mod render;
+mod roles;
 pub(crate) mod topics;
 mod users;
 
@@ -227,6 +228,9 @@ pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
         BrokerError::TooManyRemotes { .. } => ErrorCode::TooManyRemotes,
         BrokerError::RemoteInUse(_) => ErrorCode::RemoteInUse,
         BrokerError::Unshipped(_) => ErrorCode::Unshipped,
+        BrokerError::MirrorReadOnly(_) => ErrorCode::MirrorReadOnly,
+        BrokerError::Fenced(_) => ErrorCode::Fenced,
+        BrokerError::RoleConflict(_) => ErrorCode::RoleConflict,
     }
 }
 
@@ -393,6 +397,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/topics/{topic}/children/{child}/pause"),
     ("POST", "/v1/topics/{topic}/children/{child}/resume"),
     ("POST", "/v1/topics/{topic}/children/{child}/skip"),
+    ("POST", "/v1/topics/{topic}/mirror"),
+    ("POST", "/v1/topics/{topic}/promote"),
+    ("POST", "/v1/topics/{topic}/demote"),
     ("GET", "/v1/topics/{topic}/schema"),
     ("POST", "/v1/users"),
     ("GET", "/v1/users"),
@@ -464,6 +471,9 @@ pub fn router(state: SharedState) -> Router {
             "/v1/topics/{topic}/children/{child}/skip",
             post(remote_children::skip),
         )
+        .route("/v1/topics/{topic}/mirror", post(roles::mirror))
+        .route("/v1/topics/{topic}/promote", post(roles::promote))
+        .route("/v1/topics/{topic}/demote", post(roles::demote))
         .route("/v1/topics/{topic}/schema", get(topics::schema))
         .route("/v1/users", post(users::create).get(users::list))
         .route(

@@ -38,6 +38,25 @@ fn invalid(msg: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::InvalidField, msg)
 }
 
+/// What a link from `meta` makes its target topic the mirror of: this cluster's topic at its
+/// epoch, while it is the primary (a demoted topic's link ships its tail to the primary that
+/// replaced it, which is no mirror).
+async fn mirror_of(
+    broker: &std::sync::Arc<narad_core::broker::Broker>,
+    meta: &narad_core::broker::TopicMeta,
+) -> Result<Option<narad_xregion::checks::MirrorOf>, ApiError> {
+    if !meta.role.is_primary() {
+        return Ok(None);
+    }
+    let cluster = broker.ensure_cluster_id().await?;
+    Ok(Some(narad_xregion::checks::MirrorOf {
+        cluster,
+        topic: meta.id,
+        epoch: meta.role.epoch(),
+        dry: false,
+    }))
+}
+
 /// Attaches a remote child to `parent` once the remote passed its checks for the target
 /// topic; answers like a local attach (the children list).
 pub async fn attach(
@@ -84,12 +103,14 @@ pub async fn attach(
                 format!("remote '{}': {} ({e})", remote.name, e.state()),
             )
         })?;
+    let mirror = mirror_of(&broker, &meta).await?;
     let report = narad_xregion::checks::check(
         &client,
         narad_xregion::checks::Target {
             topic: Some(&a.remote_topic),
             parent_id: Some(meta.id),
             schema: Some(meta.schemas.last().map(|v| &v.schema)),
+            mirror,
         },
     )
     .await;
@@ -437,6 +458,10 @@ async fn pause_or_resume(
                     topic: Some(&c.remote_topic),
                     parent_id: Some(c.parent_id),
                     schema: Some(parent_schema.as_ref()),
+                    mirror: match broker.topic_meta(parent) {
+                        Ok(meta) => mirror_of(&broker, &meta).await?,
+                        Err(_) => None,
+                    },
                 },
             )
             .await;

@@ -439,6 +439,7 @@ pub async fn test(
             topic,
             parent_id: None,
             schema: None,
+            mirror: None,
         },
     )
     .await;

@@ -44,6 +44,53 @@ pub struct TopicJson<'a> {
     /// A parent's children that the caller may see, by name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     children: Vec<String>,
+    /// Primary, mirror of a topic on another cluster, or demoted, and the epoch.
+    failover: RoleJson,
+}
+
+/// A topic's role between clusters as the API shows it (ids in hex, as everywhere).
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct RoleJson {
+    /// `primary`, `mirror` or `demoted`.
+    role: &'static str,
+    epoch: u64,
+    /// A mirror's source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mirror_of: Option<SourceJson>,
+    /// A promoted mirror's old source, whose tail it still takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    promoted_from: Option<SourceJson>,
+}
+
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct SourceJson {
+    cluster: String,
+    topic: String,
+}
+
+fn source_json(s: &narad_core::catalog::role::Source) -> SourceJson {
+    SourceJson {
+        cluster: format!("{:016x}", s.cluster),
+        topic: format!("{:016x}", s.topic),
+    }
+}
+
+pub fn role_json(r: &narad_core::catalog::TopicRole) -> RoleJson {
+    use narad_core::catalog::TopicRole;
+    let (mirror_of, promoted_from) = match r {
+        TopicRole::Mirror { of, .. } => (Some(source_json(of)), None),
+        TopicRole::Primary {
+            promoted_from: Some(f),
+            ..
+        } => (None, Some(source_json(f))),
+        _ => (None, None),
+    };
+    RoleJson {
+        role: r.name(),
+        epoch: r.epoch(),
+        mirror_of,
+        promoted_from,
+    }
 }
 
 /// A topic as the API shows it to `caller`: the parent of a child is shown only to those who
@@ -87,6 +134,7 @@ fn topic_json_with<'a>(
         partition_owners: &m.owners,
         role,
         children,
+        failover: role_json(&m.role),
     }
 }
 

@@ -1,0 +1,225 @@
+//! A topic's role between clusters (`narad_core::catalog::role`): `POST .../mirror` (a
+//! remote child's checks make the target topic its mirror), `POST .../promote` and
+//! `POST .../demote` (an admin's failover and switchover).
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use narad_core::catalog::TopicRole;
+use narad_core::catalog::role::{RoleRefusal, Source, decide_mirror, decide_promote};
+use narad_wire::ErrorCode;
+use serde::{Deserialize, Serialize};
+
+use super::access::Caller;
+use super::query::Query;
+use super::topics::{RoleJson, role_json};
+use super::{
+    ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
+};
+
+/// `POST /v1/topics/{topic}/mirror`: a remote child of `topic` on cluster `cluster`, at
+/// `epoch`, asks this topic to become its mirror.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MirrorBody {
+    cluster: String,
+    topic: String,
+    epoch: u64,
+    /// Only say whether it would (`remote test`): nothing changes.
+    #[serde(default)]
+    dry_run: bool,
+}
+
+#[derive(Serialize)]
+struct RoleAnswer {
+    failover: RoleJson,
+    /// Whether this request changed the role (a repeated one does not).
+    changed: bool,
+}
+
+#[derive(Serialize)]
+struct FencedBody {
+    role: RoleJson,
+}
+
+fn hex16(v: &str, field: &str) -> Result<u64, ApiError> {
+    (v.len() == 16 && v.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .then(|| u64::from_str_radix(v, 16).ok())
+        .flatten()
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidField,
+                format!("{field}: must be an id in 16 lowercase hex digits"),
+            )
+        })
+}
+
+fn audit(caller: &Caller, action: &str, topic: &str, from: &TopicRole, to: &TopicRole) {
+    tracing::warn!(
+        component = "audit",
+        actor = caller.username().unwrap_or("-"),
+        action,
+        subject = %topic,
+        from = from.name(),
+        from_epoch = from.epoch(),
+        to = to.name(),
+        to_epoch = to.epoch(),
+        "topic role changed"
+    );
+}
+
+fn fenced(topic: &str, role: &TopicRole, epoch: u64) -> ApiResult {
+    Ok(ApiError::new(
+        ErrorCode::Fenced,
+        format!(
+            "topic '{topic}' is {}, newer than epoch {epoch}: it was promoted past the asker, whose link is fenced",
+            role.describe()
+        ),
+    )
+    .response_with(FencedBody {
+        role: role_json(role),
+    }))
+}
+
+pub async fn mirror(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(topic): Path<String>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require(narad_auth::Action::Replicate, &topic)?;
+    let broker = state.broker()?.clone();
+    let body = read_body(body, MAX_JSON_BODY).await?;
+    let b: MirrorBody = parse_json(&body)?;
+    let source = Source {
+        cluster: hex16(&b.cluster, "cluster")?,
+        topic: hex16(&b.topic, "topic")?,
+    };
+    if broker.cluster_id() == Some(source.cluster) {
+        return Err(ApiError::new(
+            ErrorCode::LoopDetected,
+            format!(
+                "the source is this cluster ({:016x}): a topic does not mirror its own cluster",
+                source.cluster
+            ),
+        ));
+    }
+    let now = broker.with_topic_meta(&topic, |m| m.role)?;
+    let role = match decide_mirror(now, source, b.epoch) {
+        Ok(role) => role,
+        Err(RoleRefusal::Fenced { role }) => return fenced(&topic, &role, b.epoch),
+        Err(RoleRefusal::MirrorOfOther { of }) => {
+            return Err(ApiError::new(
+                ErrorCode::NotYourMirror,
+                format!(
+                    "topic '{topic}' mirrors topic {:016x} of cluster {:016x} already: promote it, or mirror to another topic",
+                    of.topic, of.cluster
+                ),
+            ));
+        }
+        Err(RoleRefusal::NotAMirror { role }) => {
+            return Err(ApiError::new(
+                ErrorCode::NotYourMirror,
+                format!("topic '{topic}' is {}", role.describe()),
+            ));
+        }
+    };
+    let changed = role != now;
+    if changed && !b.dry_run {
+        broker.set_role(&topic, now, role).await?;
+        audit(&caller, "topic_mirror", &topic, &now, &role);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &RoleAnswer {
+            failover: role_json(&role),
+            changed,
+        },
+    ))
+}
+
+/// `POST /v1/topics/{topic}/promote[?force=true]`: a mirror becomes the primary at one epoch
+/// more (its source's link is fenced from now on, and the source's tail is still taken). A
+/// demoted topic is promoted only with `force` (two primaries if its replacement lives on).
+pub async fn promote(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(topic): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    let q = Query::parse(uri.query(), &["force"])?;
+    caller.require_admin()?;
+    let force = q.bool("force")?.unwrap_or(false);
+    let broker = state.broker()?.clone();
+    let now = broker.with_topic_meta(&topic, |m| m.role)?;
+    let role = match decide_promote(now) {
+        Ok(role) => role,
+        Err(TopicRole::Demoted { epoch }) if force => TopicRole::Primary {
+            epoch: epoch + 1,
+            promoted_from: None,
+        },
+        Err(role) => {
+            return Err(ApiError::new(
+                ErrorCode::RoleConflict,
+                format!(
+                    "topic '{topic}' is {}: make it the mirror of the topic that replaced it first (attach a remote child to it from there), then promote it; force=true makes it a primary as it is",
+                    role.describe()
+                ),
+            ));
+        }
+    };
+    let changed = role != now;
+    if changed {
+        broker.set_role(&topic, now, role).await?;
+        audit(&caller, "topic_promote", &topic, &now, &role);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &RoleAnswer {
+            failover: role_json(&role),
+            changed,
+        },
+    ))
+}
+
+/// `POST /v1/topics/{topic}/demote`: a primary stops taking produces and leases (a planned
+/// switchover: its links ship what they hold, then the mirror is promoted).
+pub async fn demote(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(topic): Path<String>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require_admin()?;
+    let broker = state.broker()?.clone();
+    let now = broker.with_topic_meta(&topic, |m| m.role)?;
+    let role = match now {
+        TopicRole::Primary { epoch, .. } => TopicRole::Demoted { epoch },
+        TopicRole::Demoted { .. } => now,
+        TopicRole::Mirror { .. } => {
+            return Err(ApiError::new(
+                ErrorCode::RoleConflict,
+                format!(
+                    "topic '{topic}' is {}: only a primary is demoted",
+                    now.describe()
+                ),
+            ));
+        }
+    };
+    let changed = role != now;
+    if changed {
+        broker.set_role(&topic, now, role).await?;
+        audit(&caller, "topic_demote", &topic, &now, &role);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &RoleAnswer {
+            failover: role_json(&role),
+            changed,
+        },
+    ))
+}
