@@ -69,6 +69,30 @@ fn audit(caller: &Caller, action: &str, topic: &str, from: &TopicRole, to: &Topi
     );
 }
 
+/// Moves `topic` from role `now` to `role` (nothing when they are the same, or when `action`
+/// is `None`: a dry run), audited as `action`; answers the role and whether it changed.
+async fn change(
+    broker: &std::sync::Arc<narad_core::broker::Broker>,
+    caller: &Caller,
+    topic: &str,
+    now: TopicRole,
+    role: TopicRole,
+    action: Option<&str>,
+) -> ApiResult {
+    let changed = role != now;
+    if let Some(action) = action.filter(|_| changed) {
+        broker.set_role(topic, now, role).await?;
+        audit(caller, action, topic, &now, &role);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &RoleAnswer {
+            failover: role_json(&role),
+            changed,
+        },
+    ))
+}
+
 fn fenced(topic: &str, role: &TopicRole, epoch: u64) -> ApiResult {
     Ok(ApiError::new(
         ErrorCode::Fenced,
@@ -127,18 +151,8 @@ pub async fn mirror(
             ));
         }
     };
-    let changed = role != now;
-    if changed && !b.dry_run {
-        broker.set_role(&topic, now, role).await?;
-        audit(&caller, "topic_mirror", &topic, &now, &role);
-    }
-    Ok(json_response(
-        StatusCode::OK,
-        &RoleAnswer {
-            failover: role_json(&role),
-            changed,
-        },
-    ))
+    let action = (!b.dry_run).then_some("topic_mirror");
+    change(&broker, &caller, &topic, now, role, action).await
 }
 
 /// `POST /v1/topics/{topic}/promote[?force=true]`: a mirror becomes the primary at one epoch
@@ -171,18 +185,7 @@ pub async fn promote(
             ));
         }
     };
-    let changed = role != now;
-    if changed {
-        broker.set_role(&topic, now, role).await?;
-        audit(&caller, "topic_promote", &topic, &now, &role);
-    }
-    Ok(json_response(
-        StatusCode::OK,
-        &RoleAnswer {
-            failover: role_json(&role),
-            changed,
-        },
-    ))
+    change(&broker, &caller, &topic, now, role, Some("topic_promote")).await
 }
 
 /// `POST /v1/topics/{topic}/demote`: a primary stops taking produces and leases (a planned
@@ -210,16 +213,5 @@ pub async fn demote(
             ));
         }
     };
-    let changed = role != now;
-    if changed {
-        broker.set_role(&topic, now, role).await?;
-        audit(&caller, "topic_demote", &topic, &now, &role);
-    }
-    Ok(json_response(
-        StatusCode::OK,
-        &RoleAnswer {
-            failover: role_json(&role),
-            changed,
-        },
-    ))
+    change(&broker, &caller, &topic, now, role, Some("topic_demote")).await
 }
