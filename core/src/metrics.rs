@@ -59,6 +59,8 @@ pub struct CoreMetrics {
     pub fanout_errors: Family<TopicLabel, Counter>,
     /// Records a demoted primary shipped after this topic was promoted past it (its tail).
     pub mirror_late: Family<TopicLabel, Counter>,
+    /// Records of a mirror settled because its source's consumers acked them.
+    pub mirror_settled: Family<TopicLabel, Counter>,
     /// Panics of supervised background tasks, and which tasks they were (readiness).
     pub tasks: std::sync::Arc<crate::supervisor::TaskHealth>,
 }
@@ -94,6 +96,7 @@ impl Default for CoreMetrics {
             fanout_dropped: Family::default(),
             fanout_errors: Family::default(),
             mirror_late: Family::default(),
+            mirror_settled: Family::default(),
             tasks: std::sync::Arc::default(),
         }
     }
@@ -164,6 +167,7 @@ impl CoreMetrics {
             &self.fanout_dropped,
             &self.fanout_errors,
             &self.mirror_late,
+            &self.mirror_settled,
         ] {
             family.remove(&label);
         }
@@ -191,6 +195,11 @@ impl CoreMetrics {
             "narad_mirror_late_records",
             "records the old primary acknowledged but had not shipped when this topic was promoted, taken since (its tail)",
             self.mirror_late.clone(),
+        );
+        r.register(
+            "narad_mirror_settled_records",
+            "records of this mirror settled because the source's consumers acked them (not processed again after a promote)",
+            self.mirror_settled.clone(),
         );
         r.register(
             "narad_fanout_cursor_errors",

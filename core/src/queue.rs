@@ -638,6 +638,44 @@ impl PartitionQueue {
         Ok(())
     }
 
+    /// Settles `offset` without a lease: it was processed elsewhere (a mirror's source
+    /// reported it acked). Whatever holds it (a lease, the ready set, a delay) lets go.
+    /// False when it was settled already, or when the ack set is full and it joins no range
+    /// (then it stays deliverable: a duplicate, never a gap).
+    pub fn settle_processed(&mut self, offset: u64) -> bool {
+        if offset < self.frontier
+            || offset >= self.hwm
+            || self
+                .acked
+                .range(..=offset)
+                .next_back()
+                .is_some_and(|(_, &e)| offset < e)
+        {
+            return false;
+        }
+        if offset != self.frontier && self.acked.len() >= self.max_ack_ranges {
+            let joins_left = self
+                .acked
+                .range(..offset)
+                .next_back()
+                .is_some_and(|(_, &e)| e == offset);
+            if !joins_left && !self.acked.contains_key(&(offset + 1)) {
+                return false;
+            }
+        }
+        if let Some(lease) = self.leases.remove(&offset) {
+            self.expiries.remove(&(lease.deadline_ms, offset));
+        }
+        self.ready.remove(&offset);
+        if let Some(due) = self.not_due_offsets.remove(&offset) {
+            self.not_due.remove(&(due, offset));
+        }
+        self.deliveries.remove(&offset);
+        self.mark_acked(offset);
+        self.dirty = true;
+        true
+    }
+
     /// Resets the lease to a full visibility timeout from now; returns the new deadline.
     pub fn extend(
         &mut self,
@@ -740,6 +778,32 @@ mod tests {
         assert_eq!(q.frontier(), 3);
         assert_eq!(q.stats().acked_ahead, 0);
         assert_eq!(q.stats().unacked, 0);
+    }
+
+    #[test]
+    fn records_processed_elsewhere_are_settled_and_never_delivered() {
+        let mut q = q(6);
+        let l = q.take(0, 1, 100, VIS, &mut now_due)[0];
+        assert_eq!(l.offset, 0);
+        // a leased one, one ahead, one at the end; twice is a no-op; past the end is not
+        assert!(q.settle_processed(0));
+        assert!(q.settle_processed(3));
+        assert!(q.settle_processed(5));
+        assert!(!q.settle_processed(3));
+        assert!(!q.settle_processed(6));
+        assert_eq!(q.frontier(), 1);
+        assert_eq!(
+            q.ack(0, l.nonce, 1),
+            Err(LeaseError::Stale),
+            "its lease is gone"
+        );
+        let got: Vec<u64> = q
+            .take(1, 10, 100, VIS, &mut now_due)
+            .iter()
+            .map(|l| l.offset)
+            .collect();
+        assert_eq!(got, vec![1, 2, 4]);
+        assert_eq!(q.stats().unacked, 3);
     }
 
     #[test]

@@ -329,6 +329,11 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
             format!("/v1/topics/{}/mirror", ctx.topic().await),
             Some(json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": 0})),
         ),
+        "POST /v1/topics/{topic}/progress" => (
+            Method::POST,
+            format!("/v1/topics/{}/progress", ctx.topic().await),
+            Some(json!({"partition": 0, "frontier": 0})),
+        ),
         "POST /v1/topics/{topic}/promote" => (
             Method::POST,
             format!("/v1/topics/{}/promote", ctx.topic().await),
@@ -419,6 +424,8 @@ fn rows() -> Vec<Row> {
         // a topic's role between clusters: a link's user (replicate) makes it a mirror; an
         // admin promotes and demotes
         r("POST /v1/topics/{topic}/mirror", [U, U, F, F, 200]),
+        // (progress comes only with a link's header)
+        r("POST /v1/topics/{topic}/progress", [U, U, F, F, 400]),
         r("POST /v1/topics/{topic}/promote", [U, U, F, F, 200]),
         r("POST /v1/topics/{topic}/demote", [U, U, F, F, 200]),
         // user management is for admins

@@ -182,9 +182,12 @@ impl RemoteClient {
         path: &str,
         json: Option<Bytes>,
     ) -> Result<Reply, ClientError> {
-        tokio::time::timeout(self.timeout, self.exchange(method, path, json, None, true))
-            .await
-            .map_err(|_| ClientError::Timeout(self.timeout))?
+        tokio::time::timeout(
+            self.timeout,
+            self.exchange(method, path, json, None, false, true),
+        )
+        .await
+        .map_err(|_| ClientError::Timeout(self.timeout))?
     }
 
     /// A POST of a zstd-compressed JSON body, with `Narad-Topic-Id: <topic_id>` (the target
@@ -199,7 +202,38 @@ impl RemoteClient {
     ) -> Result<Reply, ClientError> {
         tokio::time::timeout(
             self.timeout,
-            self.exchange(Method::POST, path, Some(body), Some((topic_id, link)), true),
+            self.exchange(
+                Method::POST,
+                path,
+                Some(body),
+                Some((topic_id, link)),
+                true,
+                true,
+            ),
+        )
+        .await
+        .map_err(|_| ClientError::Timeout(self.timeout))?
+    }
+
+    /// A POST of a JSON body with a link's headers (`Narad-Topic-Id`, `Narad-Link`, as
+    /// [`RemoteClient::post_zstd`]), uncompressed: for the link's small messages.
+    pub async fn post_link_json(
+        &self,
+        path: &str,
+        json: Bytes,
+        topic_id: u64,
+        link: &str,
+    ) -> Result<Reply, ClientError> {
+        tokio::time::timeout(
+            self.timeout,
+            self.exchange(
+                Method::POST,
+                path,
+                Some(json),
+                Some((topic_id, link)),
+                false,
+                true,
+            ),
         )
         .await
         .map_err(|_| ClientError::Timeout(self.timeout))?
@@ -212,9 +246,12 @@ impl RemoteClient {
         method: Method,
         path: &str,
     ) -> Result<Reply, ClientError> {
-        tokio::time::timeout(self.timeout, self.exchange(method, path, None, None, false))
-            .await
-            .map_err(|_| ClientError::Timeout(self.timeout))?
+        tokio::time::timeout(
+            self.timeout,
+            self.exchange(method, path, None, None, false, false),
+        )
+        .await
+        .map_err(|_| ClientError::Timeout(self.timeout))?
     }
 
     /// A connection to the remote: a pooled idle one, else a new one (resolved and vetted
@@ -264,7 +301,8 @@ impl RemoteClient {
         method: Method,
         path: &str,
         json: Option<Bytes>,
-        zstd_for_topic: Option<(u64, &str)>,
+        link: Option<(u64, &str)>,
+        zstd: bool,
         authenticated: bool,
     ) -> Result<Reply, ClientError> {
         let base = self.url.canonical.find("://").map_or("/", |i| {
@@ -284,9 +322,11 @@ impl RemoteClient {
             if json.is_some() {
                 req = req.header(CONTENT_TYPE, "application/json");
             }
-            if let Some((id, link)) = zstd_for_topic {
+            if zstd {
+                req = req.header(hyper::header::CONTENT_ENCODING, "zstd");
+            }
+            if let Some((id, link)) = link {
                 req = req
-                    .header(hyper::header::CONTENT_ENCODING, "zstd")
                     .header("narad-topic-id", format!("{id:016x}"))
                     .header("narad-link", link);
             }

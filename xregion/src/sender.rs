@@ -25,7 +25,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
-use narad_core::broker::{Broker, ORIGIN_HEADER, RemoteShipper, ShipBatch, ShipFailure};
+use narad_core::broker::{
+    Broker, ORIGIN_HEADER, ProgressUpdate, RemoteShipper, ShipBatch, ShipFailure,
+};
 use narad_core::catalog::{RemoteChild, RemoteMeta};
 use narad_core::record::Record;
 use parking_lot::Mutex;
@@ -521,6 +523,52 @@ impl Sender {
     }
 }
 
+impl Sender {
+    /// Sends one parent partition's consumer progress (`POST .../progress`), through the
+    /// remote's gate like a batch (nothing goes while it is open).
+    async fn send_progress(self: Arc<Self>, u: ProgressUpdate) -> Result<(), String> {
+        let child = u.child.clone();
+        let remote = self
+            .broker
+            .upgrade()
+            .and_then(|b| b.remote(&child.remote).ok())
+            .filter(|r| r.id == child.remote_id)
+            .ok_or_else(|| format!("remote '{}' is gone", child.remote))?;
+        let client = self.client(&remote).map_err(|f| f.message)?;
+        let gate = self.gate(remote.id);
+        if gate.is_open() {
+            return Err("the remote's gate is open".into());
+        }
+        let link = format!(
+            "{:016x}/{:016x}/{}{}",
+            u.cluster_id,
+            child.parent_id,
+            u.epoch,
+            if u.tail { "/tail" } else { "" }
+        );
+        let body = serde_json::json!({
+            "partition": u.parent_partition,
+            "frontier": u.progress.frontier,
+            "acked": u.progress.acked,
+        });
+        let path = format!("v1/topics/{}/progress", child.remote_topic);
+        let reply = {
+            let _slot = gate.slots.acquire().await;
+            client
+                .post_link_json(&path, Bytes::from(body.to_string()), child.target_id, &link)
+                .await
+                .map_err(|e| e.to_string())?
+        };
+        match reply.status.as_u16() {
+            204 => Ok(()),
+            s => Err(match code_of(&reply) {
+                Some(c) => format!("the remote answered {s} {c}"),
+                None => format!("the remote answered {s}"),
+            }),
+        }
+    }
+}
+
 /// The broker's handle on the [`Sender`].
 pub struct Shipper(pub Arc<Sender>);
 
@@ -534,6 +582,13 @@ impl RemoteShipper for Shipper {
 
     fn gate_wait(&self, remote_id: u64) -> Option<Duration> {
         self.0.gates.lock().get(&remote_id)?.wait()
+    }
+
+    fn send_progress(
+        &self,
+        update: ProgressUpdate,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        Box::pin(self.0.clone().send_progress(update))
     }
 }
 

@@ -25,6 +25,7 @@ mod maintenance;
 pub mod moves;
 mod partition;
 mod produce;
+mod progress;
 mod remotes;
 mod waiters;
 
@@ -54,9 +55,10 @@ use crate::topic::{
 pub use fanout::{ChildInfo, CopyForwarder, LinkStart, ParentLink};
 use partition::{LogEnv, OpenLogs, Partition};
 pub use produce::KeylessSpread;
+pub use progress::{PROGRESS_INTERVAL, PROGRESS_RESEND, PartitionProgress};
 pub use remotes::{
-    BlockedRecord, LinkStatus, ORIGIN_HEADER, RemoteChildInfo, RemoteShipper, ShipBatch,
-    ShipFailure, state_rank,
+    BlockedRecord, LinkStatus, ORIGIN_HEADER, ProgressUpdate, RemoteChildInfo, RemoteShipper,
+    ShipBatch, ShipFailure, state_rank,
 };
 use waiters::{Waiter, Waiters};
 
@@ -476,6 +478,8 @@ pub struct Broker {
     copy_forwarder: std::sync::OnceLock<Arc<dyn CopyForwarder>>,
     /// Remote children's cursors, per (child, parent partition).
     remote_cursors: Mutex<HashMap<(String, u32), Arc<remotes::RemoteCursor>>>,
+    /// Mirror topics' indexes of records not settled yet, by topic id (see `progress`).
+    mirror_indexes: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<progress::MirrorIndex>>>>,
     /// How remote children's records reach their remotes.
     shipper: std::sync::OnceLock<Arc<dyn RemoteShipper>>,
     /// Serialises freezes, thaws, installs and give-aways of partitions (moves).
@@ -585,6 +589,7 @@ impl Broker {
             fanout: Mutex::new(HashMap::new()),
             copy_forwarder: std::sync::OnceLock::new(),
             remote_cursors: Mutex::new(HashMap::new()),
+            mirror_indexes: Mutex::new(HashMap::new()),
             shipper: std::sync::OnceLock::new(),
             moves_lock: tokio::sync::Mutex::new(()),
             wal_clean: Mutex::new(HashMap::new()),

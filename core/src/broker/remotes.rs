@@ -95,6 +95,18 @@ pub struct ShipBatch {
     pub done: Vec<bool>,
 }
 
+/// One parent partition's consumer progress for a [`RemoteShipper`].
+pub struct ProgressUpdate {
+    pub child: Arc<RemoteChild>,
+    pub cluster_id: u64,
+    pub parent_partition: u32,
+    /// The parent's failover epoch.
+    pub epoch: u64,
+    /// The parent is no longer a primary (see [`ShipBatch::tail`]).
+    pub tail: bool,
+    pub progress: super::PartitionProgress,
+}
+
 /// Why a slab was not shipped whole.
 #[derive(Debug, Clone)]
 pub struct ShipFailure {
@@ -118,6 +130,15 @@ pub trait RemoteShipper: Send + Sync {
         &self,
         batch: ShipBatch,
     ) -> Pin<Box<dyn Future<Output = Result<(), ShipFailure>> + Send>>;
+
+    /// Sends the source's consumer progress on one parent partition to the remote child's
+    /// target (see `progress`); `Err` says why it did not arrive (sent again later).
+    fn send_progress(
+        &self,
+        _update: ProgressUpdate,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+        Box::pin(async { Ok(()) })
+    }
 
     /// How long until remote `remote_id` takes a request from this node again, when its
     /// gate is open: cursors read nothing meanwhile.
@@ -478,6 +499,8 @@ async fn run_remote_cursor(
     cursor.next.store(next, Ordering::Release);
     // the lanes that took their share of the slab ending at `.0` already
     let mut done: Option<(u64, Vec<bool>)> = None;
+    // the progress the target took last, and when it was sent
+    let mut progress_sent: Option<(super::PartitionProgress, i64)> = None;
     loop {
         let Some(b) = weak.upgrade() else { return };
         if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
@@ -538,6 +561,50 @@ async fn run_remote_cursor(
                 () = clock.sleep(wait.min(Duration::from_secs(1))) => {}
             }
             continue;
+        }
+        // the parent's consumer progress, at most every interval, once what it covers was
+        // shipped (a primary's, and a demoted one's: acks of its last leases still count;
+        // a mirror's queue serves nobody)
+        let role = parent.meta.read().role;
+        let now_ms = clock.now_ms();
+        let due = progress_sent.as_ref().is_none_or(|(_, at)| {
+            now_ms.saturating_sub(*at) >= super::PROGRESS_INTERVAL.as_millis() as i64
+        });
+        let acks_here = !matches!(role, crate::catalog::TopicRole::Mirror { .. });
+        if acks_here && due && cursor.status.lock().state == "running" {
+            let mut snap = part.queue.lock().snapshot();
+            snap.acked.truncate(super::progress::MAX_PROGRESS_RANGES);
+            let progress = super::PartitionProgress {
+                frontier: snap.frontier,
+                acked: snap.acked,
+            }
+            .clamped(next);
+            let resend = progress_sent.as_ref().is_none_or(|(p, at)| {
+                *p != progress
+                    || now_ms.saturating_sub(*at) >= super::PROGRESS_RESEND.as_millis() as i64
+            });
+            let cluster_id = b.cluster_id();
+            if resend && let Some(cluster_id) = cluster_id {
+                let sent = shipper
+                    .send_progress(ProgressUpdate {
+                        child: current.clone(),
+                        cluster_id,
+                        parent_partition: pidx,
+                        epoch: role.epoch(),
+                        tail: !role.is_primary(),
+                        progress: progress.clone(),
+                    })
+                    .await;
+                match sent {
+                    Ok(()) => progress_sent = Some((progress, now_ms)),
+                    Err(e) => {
+                        tracing::debug!(parent = %child.parent, child = %child.name, partition = pidx, error = %e, "consumer progress not taken by the remote; sent again later");
+                        progress_sent = progress_sent.map(|(p, _)| (p, now_ms));
+                    }
+                }
+            } else if !resend {
+                progress_sent = Some((progress, progress_sent.map_or(now_ms, |(_, at)| at)));
+            }
         }
         let appended = parent.appended.notified();
         tokio::pin!(appended);
@@ -605,11 +672,17 @@ async fn run_remote_cursor(
                 cursor.set("running", None);
             }
             drop(b);
+            // (a cursor wakes every progress interval to send its consumers' acks)
+            let idle = if acks_here {
+                super::PROGRESS_INTERVAL
+            } else {
+                fanout::IDLE_WAIT
+            };
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
                 () = &mut appended => {}
-                () = clock.sleep(fanout::IDLE_WAIT) => {}
+                () = clock.sleep(idle) => {}
             }
             continue;
         };
@@ -638,7 +711,6 @@ async fn run_remote_cursor(
                 continue;
             }
         };
-        let role = parent.meta.read().role;
         let lanes_done = match done.take() {
             Some((end, d)) if end == last + 1 => d,
             _ => Vec::new(),

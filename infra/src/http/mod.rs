@@ -398,6 +398,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/topics/{topic}/children/{child}/resume"),
     ("POST", "/v1/topics/{topic}/children/{child}/skip"),
     ("POST", "/v1/topics/{topic}/mirror"),
+    ("POST", "/v1/topics/{topic}/progress"),
     ("POST", "/v1/topics/{topic}/promote"),
     ("POST", "/v1/topics/{topic}/demote"),
     ("GET", "/v1/topics/{topic}/schema"),
@@ -472,6 +473,7 @@ pub fn router(state: SharedState) -> Router {
             post(remote_children::skip),
         )
         .route("/v1/topics/{topic}/mirror", post(roles::mirror))
+        .route("/v1/topics/{topic}/progress", post(roles::progress))
         .route("/v1/topics/{topic}/promote", post(roles::promote))
         .route("/v1/topics/{topic}/demote", post(roles::demote))
         .route("/v1/topics/{topic}/schema", get(topics::schema))

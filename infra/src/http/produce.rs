@@ -683,7 +683,7 @@ pub struct Link {
 }
 
 /// Parses a [`LINK_HEADER`] value, in the one form the sender writes.
-fn parse_link(v: &[u8]) -> Result<Link, ApiError> {
+pub(super) fn parse_link(v: &[u8]) -> Result<Link, ApiError> {
     let bad = || {
         ApiError::new(
             ErrorCode::InvalidHeaders,
@@ -723,7 +723,7 @@ fn parse_link(v: &[u8]) -> Result<Link, ApiError> {
 }
 
 /// Why [`check_intake`] refused a produce.
-enum Refused {
+pub(super) enum Refused {
     Plain(ApiError),
     /// `409 fenced`, answered with the topic's role.
     Fenced(ApiError, narad_core::catalog::TopicRole),
@@ -738,8 +738,8 @@ impl From<Refused> for ApiError {
 }
 
 #[derive(serde::Serialize)]
-struct FencedBody {
-    role: super::topics::RoleJson,
+pub(super) struct FencedBody {
+    pub(super) role: super::topics::RoleJson,
 }
 
 use super::topics::role_json;
@@ -748,7 +748,7 @@ use super::topics::role_json;
 /// mirror only its link's batches at its epoch (`link`), a promoted primary its old
 /// source's tail; the rest is refused (`409 mirror_read_only`, `fenced`,
 /// `not_your_mirror`). A link's batches need the `replicate` grant.
-fn check_intake(
+pub(super) fn check_intake(
     caller: &Caller,
     broker: &narad_core::broker::Broker,
     topic: &str,

@@ -6,6 +6,7 @@ use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
+use axum::response::IntoResponse;
 use narad_core::catalog::TopicRole;
 use narad_core::catalog::role::{RoleRefusal, Source, decide_mirror, decide_promote};
 use narad_wire::ErrorCode;
@@ -155,6 +156,80 @@ pub async fn mirror(
     change(&broker, &caller, &topic, now, role, action).await
 }
 
+/// `POST /v1/topics/{topic}/progress`: the body of a link's consumer progress.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgressBody {
+    /// The source's partition.
+    partition: u32,
+    frontier: u64,
+    #[serde(default)]
+    acked: Vec<(u64, u64)>,
+}
+
+/// Largest progress body (4096 ranges of two numbers and then some).
+const MAX_PROGRESS_BODY: usize = 256 << 10;
+
+/// `POST /v1/topics/{topic}/progress`: a link tells its mirror what the source's consumers
+/// acked on one source partition (with the batches' headers: `Narad-Topic-Id`,
+/// `Narad-Link`); the mirror settles the records it covers. `204`.
+pub async fn progress(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(topic): Path<String>,
+    uri: Uri,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> ApiResult {
+    use super::produce::{FencedBody, LINK_HEADER, Refused, check_intake, parse_link};
+    Query::parse(uri.query(), &[])?;
+    caller.require(narad_auth::Action::Replicate, &topic)?;
+    let broker = state.broker()?.clone();
+    let body = read_body(body, MAX_PROGRESS_BODY).await?;
+    let b: ProgressBody = parse_json(&body)?;
+    let link = headers.get(LINK_HEADER).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidHeaders,
+            format!("{LINK_HEADER} is required: progress comes from a remote child's link"),
+        )
+    })?;
+    let link = parse_link(link.as_bytes())?;
+    let id = broker.with_topic_meta(&topic, |m| m.id)?;
+    if let Some(want) = headers.get("narad-topic-id")
+        && want.to_str().ok() != Some(format!("{id:016x}").as_str())
+    {
+        return Err(ApiError::new(
+            ErrorCode::TopicReplaced,
+            format!(
+                "topic '{topic}' is incarnation {id:016x}, not the one named: it was deleted and created again"
+            ),
+        ));
+    }
+    match check_intake(&caller, &broker, &topic, Some(link)) {
+        Ok(Some(narad_core::catalog::role::LinkIntake::Mirrored)) => {}
+        // (the old primary's tail: its consumers' progress means nothing here any more)
+        Ok(_) => return Ok(axum::http::StatusCode::NO_CONTENT.into_response()),
+        Err(Refused::Plain(e)) => return Err(e),
+        Err(Refused::Fenced(e, role)) => {
+            return Ok(e.response_with(FencedBody {
+                role: role_json(&role),
+            }));
+        }
+    }
+    broker
+        .take_mirror_progress(
+            &topic,
+            link.source,
+            b.partition,
+            narad_core::broker::PartitionProgress {
+                frontier: b.frontier,
+                acked: b.acked,
+            },
+        )
+        .await?;
+    Ok(axum::http::StatusCode::NO_CONTENT.into_response())
+}
+
 /// `POST /v1/topics/{topic}/promote[?force=true]`: a mirror becomes the primary at one epoch
 /// more (its source's link is fenced from now on, and the source's tail is still taken). A
 /// demoted topic is promoted only with `force` (two primaries if its replacement lives on).
@@ -169,6 +244,16 @@ pub async fn promote(
     let force = q.bool("force")?.unwrap_or(false);
     let broker = state.broker()?.clone();
     let now = broker.with_topic_meta(&topic, |m| m.role)?;
+    // the source's last progress first: the new primary's queue holds only what the
+    // source's consumers had not acked
+    let settled = if matches!(now, TopicRole::Mirror { .. }) {
+        broker.settle_mirror_progress(&topic).await?
+    } else {
+        0
+    };
+    if settled > 0 {
+        tracing::info!(topic = %topic, settled, "records the source's consumers had acked are settled before the promote");
+    }
     let role = match decide_promote(now) {
         Ok(role) => role,
         Err(TopicRole::Demoted { epoch }) if force => TopicRole::Primary {

@@ -1,0 +1,314 @@
+//! Consumer progress shipped with mirrored records: a mirror's queue follows its source's.
+//!
+//! A remote child's cursor sends, per parent partition and at most every
+//! [`PROGRESS_INTERVAL`], the partition's ack frontier and the acked ranges above it, clamped
+//! to what the link has shipped (so every record it covers is already on the mirror). The
+//! mirror settles, in its own partitions, every record whose origin
+//! (`narad-origin: <cluster>/<topic>/<partition>/<offset>`) that progress covers: once it
+//! is promoted its consumers get only what the source's consumers had not acked, give or
+//! take one interval (leases are not carried: a record leased at the source is unacked).
+//!
+//! The mirror keeps, per topic, an index of its records that are not settled yet by origin
+//! (origin partition and offset → local partition and offset), so progress that covers
+//! records later settles them without reading the log again; each record is read once, when
+//! it is first looked at. The index is memory only (what it settled is in the queue state,
+//! persisted as acks are); after a restart it is built again from each partition's ack
+//! frontier at the next progress.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::catalog::role::Source;
+
+/// How often a remote child's cursor sends its partition's progress (when it changed, and
+/// every [`PROGRESS_RESEND`] anyway).
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// Progress is sent again this often even when it did not change (a mirror that restarted
+/// right after taking it may not have persisted what it settled).
+pub const PROGRESS_RESEND: Duration = Duration::from_secs(10);
+/// Most acked ranges one partition's progress carries (a queue keeps at most this many).
+pub const MAX_PROGRESS_RANGES: usize = 4096;
+/// Most origin partitions one mirror keeps progress for.
+pub const MAX_ORIGIN_PARTITIONS: u32 = 65_536;
+/// Most unsettled records one mirror's index holds; records beyond are not indexed (they
+/// stay deliverable after a promote: duplicates, never a gap).
+pub const MAX_INDEXED: usize = 4 << 20;
+
+/// The source's progress on one of its partitions.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionProgress {
+    /// Every origin offset below it was acked at the source.
+    pub frontier: u64,
+    /// Acked ranges `[start, end)` above the frontier: ascending, disjoint, not empty.
+    #[serde(default)]
+    pub acked: Vec<(u64, u64)>,
+}
+
+impl PartitionProgress {
+    /// Checks the shape of progress a link sent (it is not trusted to be well formed).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.acked.len() > MAX_PROGRESS_RANGES {
+            return Err(format!(
+                "acked: at most {MAX_PROGRESS_RANGES} ranges, got {}",
+                self.acked.len()
+            ));
+        }
+        let mut last = self.frontier;
+        for (i, &(s, e)) in self.acked.iter().enumerate() {
+            if s <= last || e <= s {
+                return Err(format!(
+                    "acked[{i}]: ranges must be [start, end) with start above the frontier and the previous range's end, and end above start"
+                ));
+            }
+            last = e;
+        }
+        Ok(())
+    }
+
+    /// Whether origin offset `o` was acked at the source.
+    pub fn covers(&self, o: u64) -> bool {
+        o < self.frontier || {
+            let i = self.acked.partition_point(|&(s, _)| s <= o);
+            i > 0 && o < self.acked[i - 1].1
+        }
+    }
+
+    /// This progress as far as `shipped` (records at or above it are not on the mirror).
+    pub fn clamped(&self, shipped: u64) -> Self {
+        Self {
+            frontier: self.frontier.min(shipped),
+            acked: self
+                .acked
+                .iter()
+                .filter(|(s, _)| *s < shipped)
+                .map(|&(s, e)| (s, e.min(shipped)))
+                .collect(),
+        }
+    }
+}
+
+/// A mirror's index of its unsettled records and the progress it has taken.
+#[derive(Debug)]
+pub(crate) struct MirrorIndex {
+    source: Source,
+    /// Per local partition: the next offset not looked at yet.
+    scanned: Vec<u64>,
+    /// Records not settled, by origin: (origin partition, origin offset) → (local partition,
+    /// local offset).
+    pending: BTreeMap<(u32, u64), (u32, u64)>,
+    progress: BTreeMap<u32, PartitionProgress>,
+    /// The index is full: logged once.
+    full_logged: bool,
+}
+
+/// The origin a mirrored record names, if it carries one in the form the sender writes.
+pub(crate) fn origin_of(r: &Record) -> Option<(Source, u32, u64)> {
+    let v = r
+        .headers
+        .iter()
+        .rev()
+        .find(|(h, _)| h.eq_ignore_ascii_case(remotes::ORIGIN_HEADER))?;
+    let v = std::str::from_utf8(&v.1).ok()?;
+    let mut parts = v.split('/');
+    let hex = |s: Option<&str>| {
+        s.filter(|s| s.len() == 16)
+            .and_then(|s| u64::from_str_radix(s, 16).ok())
+    };
+    let cluster = hex(parts.next())?;
+    let topic = hex(parts.next())?;
+    let p = parts.next()?.parse().ok()?;
+    let o = parts.next()?.parse().ok()?;
+    parts
+        .next()
+        .is_none()
+        .then_some((Source { cluster, topic }, p, o))
+}
+
+impl Broker {
+    /// Takes the source's progress on its partition `partition` for mirror `topic` (the
+    /// caller checked that the link is this mirror's source at its epoch) and settles every
+    /// record of `topic` it covers. Returns how many were settled now.
+    pub async fn take_mirror_progress(
+        self: &Arc<Self>,
+        topic: &str,
+        source: Source,
+        partition: u32,
+        progress: PartitionProgress,
+    ) -> Result<u64, BrokerError> {
+        progress.validate().map_err(|reason| {
+            BrokerError::InvalidField(crate::topic::InvalidField {
+                field: "progress",
+                reason,
+            })
+        })?;
+        if partition >= MAX_ORIGIN_PARTITIONS {
+            return Err(BrokerError::InvalidField(crate::topic::InvalidField {
+                field: "partition",
+                reason: format!("must be below {MAX_ORIGIN_PARTITIONS}"),
+            }));
+        }
+        let t = self.topic(topic)?;
+        let index = self.mirror_index(&t, source);
+        let mut index = index.lock().await;
+        // progress only moves forward: one that arrives late (reordered) is older
+        let old = index.progress.get(&partition);
+        if old.is_none_or(|o| progress.frontier >= o.frontier) {
+            index.progress.insert(partition, progress);
+        }
+        self.settle_covered(&t, &mut index).await
+    }
+
+    /// Settles every record of mirror `topic` that the progress taken so far covers (a
+    /// promote does this last), and drops the index. Returns how many were settled.
+    pub async fn settle_mirror_progress(self: &Arc<Self>, topic: &str) -> Result<u64, BrokerError> {
+        let t = self.topic(topic)?;
+        let found = self.mirror_indexes.lock().get(&t.id()).cloned();
+        let Some(index) = found else { return Ok(0) };
+        let mut index = index.lock().await;
+        let n = self.settle_covered(&t, &mut index).await?;
+        self.mirror_indexes.lock().remove(&t.id());
+        Ok(n)
+    }
+
+    fn mirror_index(&self, t: &Arc<Topic>, source: Source) -> Arc<tokio::sync::Mutex<MirrorIndex>> {
+        let mut all = self.mirror_indexes.lock();
+        let fresh = || {
+            Arc::new(tokio::sync::Mutex::new(MirrorIndex {
+                source,
+                scanned: Vec::new(),
+                pending: BTreeMap::new(),
+                progress: BTreeMap::new(),
+                full_logged: false,
+            }))
+        };
+        let entry = all.entry(t.id()).or_insert_with(fresh);
+        // (another source: the topic was promoted and became another one's mirror since)
+        if entry.try_lock().is_ok_and(|i| i.source != source) {
+            *entry = fresh();
+        }
+        entry.clone()
+    }
+
+    /// Reads what `index` has not looked at yet of `t`'s local partitions, then settles every
+    /// indexed record the progress covers.
+    async fn settle_covered(
+        self: &Arc<Self>,
+        t: &Arc<Topic>,
+        index: &mut MirrorIndex,
+    ) -> Result<u64, BrokerError> {
+        let meta = t.meta.read().clone();
+        let parts = t.partitions();
+        index.scanned.resize(parts.len(), 0);
+        let mut settled = 0u64;
+        for (i, part) in parts.iter().enumerate() {
+            if !self.is_local(&meta, i as u32) {
+                continue;
+            }
+            let (frontier, hwm) = {
+                let q = part.queue.lock();
+                (q.frontier(), q.hwm())
+            };
+            let mut next = index.scanned[i].max(frontier);
+            while next < hwm && index.pending.len() < MAX_INDEXED {
+                let log = self.log_of(part).await?;
+                let read =
+                    tokio::task::spawn_blocking(move || log.read(next, 4096, fanout::SLAB_BYTES))
+                        .await
+                        .expect("mirror index read task");
+                let records = match read {
+                    Ok(r) => r,
+                    Err(LogError::Truncated { oldest, .. }) => {
+                        next = oldest;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let Some(last) = records.last().map(|r| r.offset) else {
+                    break;
+                };
+                let mut q = part.queue.lock();
+                for r in &records {
+                    let Some((src, op, oo)) = origin_of(r) else {
+                        continue;
+                    };
+                    if src != index.source {
+                        continue;
+                    }
+                    if index.progress.get(&op).is_some_and(|p| p.covers(oo)) {
+                        settled += u64::from(q.settle_processed(r.offset));
+                    } else {
+                        index.pending.insert((op, oo), (i as u32, r.offset));
+                    }
+                }
+                next = last + 1;
+            }
+            index.scanned[i] = next;
+            if index.pending.len() >= MAX_INDEXED && !index.full_logged {
+                index.full_logged = true;
+                tracing::warn!(topic = %meta.name, indexed = index.pending.len(), "a mirror's index of unsettled records is full: records beyond it are not settled by the source's progress (processed again after a promote)");
+            }
+        }
+        // indexed records the progress covers now
+        let mut covered = Vec::new();
+        for (&op, p) in &index.progress {
+            let ranges = std::iter::once((0, p.frontier)).chain(p.acked.iter().copied());
+            for (s, e) in ranges {
+                covered.extend(index.pending.range((op, s)..(op, e)).map(|(k, v)| (*k, *v)));
+            }
+        }
+        for (k, (lp, lo)) in covered {
+            index.pending.remove(&k);
+            if let Some(part) = parts.get(lp as usize) {
+                settled += u64::from(part.queue.lock().settle_processed(lo));
+            }
+        }
+        if settled > 0 {
+            self.metrics
+                .mirror_settled
+                .get_or_create(&TopicLabel {
+                    topic: meta.name.clone(),
+                })
+                .inc_by(settled);
+        }
+        Ok(settled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_covers_its_frontier_and_ranges_and_is_checked() {
+        let p = PartitionProgress {
+            frontier: 5,
+            acked: vec![(7, 9), (12, 13)],
+        };
+        p.validate().unwrap();
+        let covered: Vec<u64> = (0..15).filter(|&o| p.covers(o)).collect();
+        assert_eq!(covered, vec![0, 1, 2, 3, 4, 7, 8, 12]);
+        assert_eq!(
+            p.clamped(8),
+            PartitionProgress {
+                frontier: 5,
+                acked: vec![(7, 8)]
+            }
+        );
+        assert_eq!(p.clamped(3).frontier, 3);
+        for bad in [
+            vec![(5, 6)],
+            vec![(7, 7)],
+            vec![(9, 10), (8, 12)],
+            vec![(7, 9), (9, 10)],
+        ] {
+            let p = PartitionProgress {
+                frontier: 5,
+                acked: bad,
+            };
+            assert!(p.validate().is_err(), "{p:?}");
+        }
+    }
+}
