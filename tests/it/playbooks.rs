@@ -492,3 +492,35 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     .await;
     expect_error(r, StatusCode::FORBIDDEN, "forbidden").await;
 }
+
+/// An old primary that takes no produces learns from its own consumers' progress that its
+/// mirror was promoted, and stops leasing: no produce has to come first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_old_primary_is_fenced_by_its_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, ca) = target(dir.path()).await;
+    let a = source(dir.path(), port_of(&b)).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "orders", "partitions": 2})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    add_remote(&a, "b", &b, &ca).await;
+    attach(&a, "orders", "to-b", "b", "orders", "attach").await;
+    assert_eq!(produce_seqs(&a, "orders", 0..20).await.len(), 20);
+    until("the copy caught up", async || {
+        lag(&a, "orders").await == (0, "running".into())
+    })
+    .await;
+    let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
+    json_of(r, StatusCode::OK).await;
+    // nothing is produced to A: its link hears `fenced` on its next progress
+    until("A demoted itself", async || {
+        role_of(&a, "orders").await.0 == "demoted"
+    })
+    .await;
+    expect_read_only(&a, "orders").await;
+}

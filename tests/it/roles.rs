@@ -98,6 +98,27 @@ async fn a_mirror_takes_only_its_links_batches_and_a_promote_fences_the_old_sour
     assert_eq!(status, StatusCode::CONFLICT, "{text}");
     assert!(text.contains("mirror_read_only"), "{text}");
     assert!(took.as_secs() < 10, "the parked reader waited {took:?}");
+    // a dry run changes nothing; an epoch past the largest is refused
+    let r = call_as(
+        &b,
+        MIRROR,
+        Method::POST,
+        "/v1/topics/orders/mirror",
+        Some(json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": 4, "dry_run": true})),
+    )
+    .await;
+    assert_eq!(body(r, StatusCode::OK).await["changed"], false);
+    let r = call_as(
+        &b,
+        MIRROR,
+        Method::POST,
+        "/v1/topics/orders/mirror",
+        Some(
+            json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": u64::MAX}),
+        ),
+    )
+    .await;
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_field").await;
     // asked again: unchanged; another source: refused
     let v = body(mirror(&b, "00000000000000c1", 3).await, StatusCode::OK).await;
     assert_eq!(v["changed"], false);
@@ -137,6 +158,7 @@ async fn a_mirror_takes_only_its_links_batches_and_a_promote_fences_the_old_sour
         "c1/a1/3",
         "00000000000000c1/00000000000000a1/-1",
         &format!("{SRC}/3/late"),
+        &format!("{SRC}/18446744073709551615"),
     ] {
         let r = link_batch(&b, MIRROR, Some(bad), 1).await;
         expect_error(r, StatusCode::BAD_REQUEST, "invalid_headers").await;
@@ -163,6 +185,55 @@ async fn a_mirror_takes_only_its_links_batches_and_a_promote_fences_the_old_sour
         .await
         .unwrap();
     expect_error(r, StatusCode::FORBIDDEN, "forbidden").await;
+    // the header twice, or on a single produce: refused
+    let r = b
+        .http
+        .post(b.url("/v1/topics/orders/produce/batch"))
+        .basic_auth(MIRROR.0, Some(MIRROR.1))
+        .header("narad-link", &link)
+        .header("narad-link", "00000000000000c2/00000000000000a1/3")
+        .json(&json!({"messages": [{"payload": "x"}]}))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_headers").await;
+    let r = b
+        .http
+        .post(b.url("/v1/topics/orders/produce"))
+        .basic_auth(MIRROR.0, Some(MIRROR.1))
+        .header("narad-link", &link)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_headers").await;
+    // the source's consumers acked origins 0, 1 and 3: those are settled on the mirror
+    let progress = |link: String, body: Value| {
+        b.http
+            .post(b.url("/v1/topics/orders/progress"))
+            .basic_auth(MIRROR.0, Some(MIRROR.1))
+            .header("narad-link", link)
+            .json(&body)
+            .send()
+    };
+    let r = progress(
+        link.clone(),
+        json!({"partition": 0, "frontier": 2, "acked": [[3, 4]]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT, "{:?}", r.text().await);
+    let r = progress(
+        link.clone(),
+        json!({"partition": 0, "frontier": 2, "acked": [[1, 4]]}),
+    )
+    .await
+    .unwrap();
+    expect_error(r, StatusCode::BAD_REQUEST, "invalid_field").await;
+    let r = progress(format!("{SRC}/2"), json!({"partition": 0, "frontier": 5}))
+        .await
+        .unwrap();
+    assert_eq!(body(r, StatusCode::CONFLICT).await["code"], "fenced");
     // only an admin promotes; a promote fences the link's epoch but takes its tail
     let r = call_as(&b, MIRROR, Method::POST, "/v1/topics/orders/promote", None).await;
     expect_error(r, StatusCode::FORBIDDEN, "forbidden").await;
@@ -233,7 +304,35 @@ async fn a_mirror_takes_only_its_links_batches_and_a_promote_fences_the_old_sour
             .unwrap()
             .len();
     }
-    assert_eq!(leased, 12);
+    // 5 mirrored (3 settled by the progress) and the 7 of the tail
+    assert_eq!(leased, 9);
+    assert!(
+        m.contains("narad_mirror_settled_records_total{topic=\"orders\"} 3"),
+        "{m}"
+    );
+    // a promoted primary follows no other source; a fan-out child mirrors nothing
+    expect_error(
+        mirror(&b, "00000000000000c2", 9).await,
+        StatusCode::CONFLICT,
+        "role_conflict",
+    )
+    .await;
+    for body in [
+        json!({"name": "parent", "partitions": 1}),
+        json!({"name": "kid", "partitions": 1, "parent": "parent"}),
+    ] {
+        let r = call_as(&b, ROOT, Method::POST, "/v1/topics", Some(body)).await;
+        assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+    }
+    let r = call_as(
+        &b,
+        ROOT,
+        Method::POST,
+        "/v1/topics/kid/mirror",
+        Some(json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": 0})),
+    )
+    .await;
+    expect_error(r, StatusCode::CONFLICT, "role_conflict").await;
     // demote: read-only again; a demoted topic is promoted only with force
     let v = body(
         call_as(&b, ROOT, Method::POST, "/v1/topics/orders/demote", None).await,

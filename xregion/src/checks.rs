@@ -402,6 +402,13 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
                     format!("'{topic}' on the remote mirrors another topic: promote it there first, or mirror to another topic"),
                 );
             }
+            (409, Some("role_conflict")) => {
+                return run.fail(
+                    "mirror",
+                    "not_a_mirror",
+                    format!("'{topic}' on the remote is a primary that took part in a failover, or a fan-out child: demote it there first, or mirror to another topic"),
+                );
+            }
             (409, Some("loop_detected")) => {
                 return run.fail(
                     "mirror",

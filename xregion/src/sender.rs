@@ -26,7 +26,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use narad_core::broker::{
-    Broker, ORIGIN_HEADER, ProgressUpdate, RemoteShipper, ShipBatch, ShipFailure,
+    Broker, ORIGIN_HEADER, ProgressRefused, ProgressUpdate, RemoteShipper, ShipBatch, ShipFailure,
 };
 use narad_core::catalog::{RemoteChild, RemoteMeta};
 use narad_core::record::Record;
@@ -526,18 +526,22 @@ impl Sender {
 impl Sender {
     /// Sends one parent partition's consumer progress (`POST .../progress`), through the
     /// remote's gate like a batch (nothing goes while it is open).
-    async fn send_progress(self: Arc<Self>, u: ProgressUpdate) -> Result<(), String> {
+    async fn send_progress(self: Arc<Self>, u: ProgressUpdate) -> Result<(), ProgressRefused> {
+        let refused = |message: String| ProgressRefused {
+            fenced: false,
+            message,
+        };
         let child = u.child.clone();
         let remote = self
             .broker
             .upgrade()
             .and_then(|b| b.remote(&child.remote).ok())
             .filter(|r| r.id == child.remote_id)
-            .ok_or_else(|| format!("remote '{}' is gone", child.remote))?;
-        let client = self.client(&remote).map_err(|f| f.message)?;
+            .ok_or_else(|| refused(format!("remote '{}' is gone", child.remote)))?;
+        let client = self.client(&remote).map_err(|f| refused(f.message))?;
         let gate = self.gate(remote.id);
         if gate.is_open() {
-            return Err("the remote's gate is open".into());
+            return Err(refused("the remote's gate is open".into()));
         }
         let link = format!(
             "{:016x}/{:016x}/{}{}",
@@ -557,13 +561,17 @@ impl Sender {
             client
                 .post_link_json(&path, Bytes::from(body.to_string()), child.target_id, &link)
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| refused(e.to_string()))?
         };
+        let code = code_of(&reply);
         match reply.status.as_u16() {
             204 => Ok(()),
-            s => Err(match code_of(&reply) {
-                Some(c) => format!("the remote answered {s} {c}"),
-                None => format!("the remote answered {s}"),
+            s => Err(ProgressRefused {
+                fenced: s == 409 && code.as_deref() == Some("fenced"),
+                message: match code {
+                    Some(c) => format!("the remote answered {s} {c}"),
+                    None => format!("the remote answered {s}"),
+                },
             }),
         }
     }
@@ -587,7 +595,8 @@ impl RemoteShipper for Shipper {
     fn send_progress(
         &self,
         update: ProgressUpdate,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ProgressRefused>> + Send>>
+    {
         Box::pin(self.0.clone().send_progress(update))
     }
 }

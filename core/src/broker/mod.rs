@@ -57,8 +57,8 @@ use partition::{LogEnv, OpenLogs, Partition};
 pub use produce::KeylessSpread;
 pub use progress::{PROGRESS_INTERVAL, PROGRESS_RESEND, PartitionProgress};
 pub use remotes::{
-    BlockedRecord, LinkStatus, ORIGIN_HEADER, ProgressUpdate, RemoteChildInfo, RemoteShipper,
-    ShipBatch, ShipFailure, state_rank,
+    BlockedRecord, LinkStatus, ORIGIN_HEADER, ProgressRefused, ProgressUpdate, RemoteChildInfo,
+    RemoteShipper, ShipBatch, ShipFailure, state_rank,
 };
 use waiters::{Waiter, Waiters};
 

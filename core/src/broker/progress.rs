@@ -27,7 +27,9 @@ use crate::catalog::role::Source;
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// Progress is sent again this often even when it did not change (a mirror that restarted
 /// right after taking it may not have persisted what it settled).
-pub const PROGRESS_RESEND: Duration = Duration::from_secs(10);
+/// It is also how an idle old primary learns that its mirror was promoted (the answer is
+/// `fenced`) without waiting for a produce.
+pub const PROGRESS_RESEND: Duration = Duration::from_secs(2);
 /// Most acked ranges one partition's progress carries (a queue keeps at most this many).
 pub const MAX_PROGRESS_RANGES: usize = 4096;
 /// Most origin partitions one mirror keeps progress for.

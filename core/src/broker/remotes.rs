@@ -107,6 +107,15 @@ pub struct ProgressUpdate {
     pub progress: super::PartitionProgress,
 }
 
+/// Why the target did not take a progress update.
+#[derive(Debug, Clone)]
+pub struct ProgressRefused {
+    /// The target was promoted past the parent's epoch (`409 fenced`): the parent is the
+    /// old primary.
+    pub fenced: bool,
+    pub message: String,
+}
+
 /// Why a slab was not shipped whole.
 #[derive(Debug, Clone)]
 pub struct ShipFailure {
@@ -136,7 +145,7 @@ pub trait RemoteShipper: Send + Sync {
     fn send_progress(
         &self,
         _update: ProgressUpdate,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), ProgressRefused>> + Send>> {
         Box::pin(async { Ok(()) })
     }
 
@@ -470,6 +479,36 @@ impl Broker {
     }
 }
 
+/// A mirror of `child`'s parent was promoted past it (the target answered `fenced`): the
+/// parent takes no more produces or leases, and what its links did not ship yet goes on as
+/// the new primary's late records. False if the role could not be changed (it changed
+/// meanwhile, or no quorum: looked at again next round).
+async fn demote_fenced(
+    b: &Arc<Broker>,
+    child: &RemoteChild,
+    role: crate::catalog::TopicRole,
+    cursor: &RemoteCursor,
+    message: String,
+) -> bool {
+    let demoted = crate::catalog::TopicRole::Demoted {
+        epoch: role.epoch(),
+    };
+    match b.set_role(&child.parent, role, demoted).await {
+        Ok(_) => {
+            tracing::error!(topic = %child.parent, child = %child.name, epoch = role.epoch(), "a mirror of this topic was promoted: the topic is demoted (no produces, no leases); its links ship what they had not shipped to the new primary");
+            cursor.set("fenced", Some(message));
+            true
+        }
+        Err(e) => {
+            cursor.set(
+                "fenced",
+                Some(format!("{message}; demoting the topic: {e}")),
+            );
+            false
+        }
+    }
+}
+
 /// One remote cursor: ships parent partition `pidx` to `child`'s remote until the link ends
 /// or `stop`. The cursor file moves only after a whole slab was accepted by the target, so a
 /// crash means duplicates on the target, never a gap.
@@ -597,8 +636,14 @@ async fn run_remote_cursor(
                     .await;
                 match sent {
                     Ok(()) => progress_sent = Some((progress, now_ms)),
+                    Err(e) if e.fenced && role.is_primary() => {
+                        // (an idle old primary learns it was replaced from its progress: no
+                        // produce has to come first)
+                        demote_fenced(&b, &child, role, &cursor, e.message).await;
+                        continue;
+                    }
                     Err(e) => {
-                        tracing::debug!(parent = %child.parent, child = %child.name, partition = pidx, error = %e, "consumer progress not taken by the remote; sent again later");
+                        tracing::debug!(parent = %child.parent, child = %child.name, partition = pidx, error = %e.message, "consumer progress not taken by the remote; sent again later");
                         progress_sent = progress_sent.map(|(p, _)| (p, now_ms));
                     }
                 }
@@ -747,31 +792,15 @@ async fn run_remote_cursor(
                 cursor.set("running", None);
             }
             Err(f) if f.state == "fenced" && role.is_primary() => {
-                // a mirror of this topic was promoted past it: this topic takes no more
-                // produces or leases, and what its links did not ship yet goes on as the
-                // new primary's late records (same slab, now marked as a tail)
+                // (same slab next, now marked as a tail)
                 done = Some((last + 1, f.done));
                 let Some(b) = weak.upgrade() else { return };
-                let demoted = crate::catalog::TopicRole::Demoted {
-                    epoch: role.epoch(),
-                };
-                match b.set_role(&child.parent, role, demoted).await {
-                    Ok(_) => {
-                        tracing::error!(topic = %child.parent, child = %child.name, epoch = role.epoch(), "a mirror of this topic was promoted: the topic is demoted (no produces, no leases); its links ship what they had not shipped to the new primary");
-                        cursor.set("fenced", Some(f.message));
-                    }
-                    Err(e) => {
-                        // (the role changed meanwhile, or no quorum: looked at again next round)
-                        cursor.set(
-                            "fenced",
-                            Some(format!("{}; demoting the topic: {e}", f.message)),
-                        );
-                        drop(b);
-                        tokio::select! {
-                            biased;
-                            () = stop.cancelled() => return,
-                            () = clock.sleep(Duration::from_secs(1)) => {}
-                        }
+                if !demote_fenced(&b, &child, role, &cursor, f.message).await {
+                    drop(b);
+                    tokio::select! {
+                        biased;
+                        () = stop.cancelled() => return,
+                        () = clock.sleep(Duration::from_secs(1)) => {}
                     }
                 }
             }

@@ -704,9 +704,9 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                     expect.epoch()
                 )));
             }
-            if role.epoch() < old.role.epoch() {
-                return Err(CatalogError::Invalid(format!(
-                    "topic '{}' is at epoch {}: its epoch never goes back (to {})",
+            if role.epoch() < old.role.epoch() || role.epoch() > role::MAX_EPOCH {
+                return Err(CatalogError::RoleChanged(format!(
+                    "topic '{}' is at epoch {}: its epoch never goes back, nor past the largest (to {})",
                     old.name,
                     old.role.epoch(),
                     role.epoch()

@@ -12,6 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The largest epoch a topic takes (a request naming a larger one is refused): far more
+/// promotions than will ever happen, and room for one more.
+pub const MAX_EPOCH: u64 = 1 << 53;
+
 /// A topic on another cluster, by the ids its records' origins name.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields)]
@@ -116,8 +120,15 @@ pub fn decide_mirror(now: TopicRole, source: Source, epoch: u64) -> Result<Topic
         // a newer epoch here: the asker is an old primary (its records come back as a tail)
         _ if now.epoch() > epoch => Err(RoleRefusal::Fenced { role: now }),
         TopicRole::Mirror { of, .. } if of != source => Err(RoleRefusal::MirrorOfOther { of }),
-        // a primary at an epoch no newer, a demoted topic, or this mirror (same or older
-        // epoch): it follows the asker
+        // a primary that took part in a failover (promoted, or at an epoch past 0) follows
+        // another only once demoted: epochs of unrelated sources say nothing of each other,
+        // and its old source's tail would be refused
+        TopicRole::Primary {
+            epoch,
+            promoted_from,
+        } if epoch > 0 || promoted_from.is_some() => Err(RoleRefusal::NotAMirror { role: now }),
+        // a fresh primary, a demoted topic, or this mirror (same or older epoch): it follows
+        // the asker
         _ => Ok(becomes),
     }
 }
@@ -171,6 +182,7 @@ pub fn decide_link(
 /// source is left as it is (a promote is idempotent).
 pub fn decide_promote(now: TopicRole) -> Result<TopicRole, TopicRole> {
     match now {
+        TopicRole::Mirror { epoch, .. } if epoch >= MAX_EPOCH => Err(now),
         TopicRole::Mirror { epoch, of } => Ok(TopicRole::Primary {
             epoch: epoch + 1,
             promoted_from: Some(of),
@@ -259,6 +271,20 @@ mod tests {
             decide_link(TopicRole::Demoted { epoch: 0 }, A, 0, false),
             Err(RoleRefusal::NotAMirror { .. })
         ));
+        // a promoted primary does not follow an unrelated source at any epoch
+        let promoted = decide_promote(decide_mirror(TopicRole::default(), A, 0).unwrap()).unwrap();
+        assert!(matches!(
+            decide_mirror(promoted, B, 9),
+            Err(RoleRefusal::NotAMirror { .. })
+        ));
+        // nor is a mirror at the last epoch promoted past it
+        assert!(
+            decide_promote(TopicRole::Mirror {
+                epoch: MAX_EPOCH,
+                of: A
+            })
+            .is_err()
+        );
     }
 
     #[test]

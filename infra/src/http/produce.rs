@@ -270,6 +270,12 @@ pub(super) async fn single_message(
     };
     check_origins(caller, &broker, topic, std::slice::from_ref(&msg))?;
     // (a link sends batches only: a single message is a client's, for a primary)
+    if headers.contains_key(LINK_HEADER) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidHeaders,
+            format!("{LINK_HEADER} goes with /produce/batch only (a remote child's batches)"),
+        ));
+    }
     check_intake(caller, &broker, topic, None)?;
     check_schema(state, &broker, topic, std::slice::from_ref(&msg)).await?;
     if let Some(ingress) = state.ingress() {
@@ -603,10 +609,7 @@ pub async fn batch(
         }
     }
     // (after the incarnation: a target deleted and created again says so, whatever its role)
-    let link = match headers.get(LINK_HEADER) {
-        Some(v) => Some(parse_link(v.as_bytes())?),
-        None => None,
-    };
+    let link = link_of(&headers)?;
     let late = match check_intake(&caller, &broker, &topic, link) {
         Ok(intake) => intake == Some(narad_core::catalog::role::LinkIntake::Late),
         Err(Refused::Plain(e)) => return Err(e),
@@ -709,8 +712,9 @@ pub(super) fn parse_link(v: &[u8]) -> Result<Link, ApiError> {
         return Err(bad());
     }
     let epoch = e
-        .filter(|e| !e.is_empty() && e.len() <= 19 && e.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|e| e.parse().ok())
+        .filter(|e| !e.is_empty() && e.len() <= 20 && e.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|e| e.parse::<u64>().ok())
+        .filter(|e| *e <= narad_core::catalog::role::MAX_EPOCH)
         .ok_or_else(bad)?;
     Ok(Link {
         source: narad_core::catalog::role::Source {
@@ -720,6 +724,21 @@ pub(super) fn parse_link(v: &[u8]) -> Result<Link, ApiError> {
         epoch,
         tail,
     })
+}
+
+/// The request's [`LINK_HEADER`], if it has one (once: two could name two links).
+pub(super) fn link_of(headers: &HeaderMap) -> Result<Option<Link>, ApiError> {
+    let mut all = headers.get_all(LINK_HEADER).iter();
+    let Some(v) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidHeaders,
+            format!("{LINK_HEADER} is given more than once"),
+        ));
+    }
+    parse_link(v.as_bytes()).map(Some)
 }
 
 /// Why [`check_intake`] refused a produce.

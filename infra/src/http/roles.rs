@@ -35,7 +35,7 @@ struct MirrorBody {
 #[derive(Serialize)]
 struct RoleAnswer {
     failover: RoleJson,
-    /// Whether this request changed the role (a repeated one does not).
+    /// Whether this request changed the role (a repeated one or a dry run does not).
     changed: bool,
 }
 
@@ -80,10 +80,15 @@ async fn change(
     role: TopicRole,
     action: Option<&str>,
 ) -> ApiResult {
-    let changed = role != now;
-    if let Some(action) = action.filter(|_| changed) {
-        broker.set_role(topic, now, role).await?;
-        audit(caller, action, topic, &now, &role);
+    let mut changed = role != now;
+    match action {
+        Some(action) if changed => {
+            broker.set_role(topic, now, role).await?;
+            audit(caller, action, topic, &now, &role);
+        }
+        // (a dry run changes nothing)
+        None => changed = false,
+        Some(_) => {}
     }
     Ok(json_response(
         StatusCode::OK,
@@ -132,7 +137,21 @@ pub async fn mirror(
             ),
         ));
     }
-    let now = broker.with_topic_meta(&topic, |m| m.role)?;
+    if b.epoch > narad_core::catalog::role::MAX_EPOCH {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("epoch: at most {}", narad_core::catalog::role::MAX_EPOCH),
+        ));
+    }
+    let (now, child) = broker.with_topic_meta(&topic, |m| (m.role, m.parent.is_some()))?;
+    if child {
+        return Err(ApiError::new(
+            ErrorCode::RoleConflict,
+            format!(
+                "topic '{topic}' is a fan-out child: it takes its parent's records, so it cannot be another cluster's mirror"
+            ),
+        ));
+    }
     let role = match decide_mirror(now, source, b.epoch) {
         Ok(role) => role,
         Err(RoleRefusal::Fenced { role }) => return fenced(&topic, &role, b.epoch),
@@ -147,8 +166,11 @@ pub async fn mirror(
         }
         Err(RoleRefusal::NotAMirror { role }) => {
             return Err(ApiError::new(
-                ErrorCode::NotYourMirror,
-                format!("topic '{topic}' is {}", role.describe()),
+                ErrorCode::RoleConflict,
+                format!(
+                    "topic '{topic}' is {}: a primary that took part in a failover follows another source only once an admin demoted it",
+                    role.describe()
+                ),
             ));
         }
     };
@@ -181,19 +203,18 @@ pub async fn progress(
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> ApiResult {
-    use super::produce::{FencedBody, LINK_HEADER, Refused, check_intake, parse_link};
+    use super::produce::{FencedBody, LINK_HEADER, Refused, check_intake, link_of};
     Query::parse(uri.query(), &[])?;
     caller.require(narad_auth::Action::Replicate, &topic)?;
     let broker = state.broker()?.clone();
     let body = read_body(body, MAX_PROGRESS_BODY).await?;
     let b: ProgressBody = parse_json(&body)?;
-    let link = headers.get(LINK_HEADER).ok_or_else(|| {
+    let link = link_of(&headers)?.ok_or_else(|| {
         ApiError::new(
             ErrorCode::InvalidHeaders,
             format!("{LINK_HEADER} is required: progress comes from a remote child's link"),
         )
     })?;
-    let link = parse_link(link.as_bytes())?;
     let id = broker.with_topic_meta(&topic, |m| m.id)?;
     if let Some(want) = headers.get("narad-topic-id")
         && want.to_str().ok() != Some(format!("{id:016x}").as_str())
@@ -256,10 +277,14 @@ pub async fn promote(
     }
     let role = match decide_promote(now) {
         Ok(role) => role,
-        Err(TopicRole::Demoted { epoch }) if force => TopicRole::Primary {
-            epoch: epoch + 1,
-            promoted_from: None,
-        },
+        Err(TopicRole::Demoted { epoch })
+            if force && epoch < narad_core::catalog::role::MAX_EPOCH =>
+        {
+            TopicRole::Primary {
+                epoch: epoch + 1,
+                promoted_from: None,
+            }
+        }
         Err(role) => {
             return Err(ApiError::new(
                 ErrorCode::RoleConflict,
