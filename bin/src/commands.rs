@@ -907,9 +907,19 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
             c.post_json(&path, &serde_json::json!({})).await?;
             outln!("resumed {child} of {parent}");
         }
-        TopicCmd::Promote { name, force } => {
-            let force = if force { "?force=true" } else { "" };
-            let path = format!("/v1/topics/{}/promote{force}", enc(&name));
+        TopicCmd::Promote {
+            name,
+            force,
+            wait_drained,
+            timeout,
+        } => {
+            let query = match (force, wait_drained, timeout) {
+                (true, _, _) => "?force=true".to_owned(),
+                (_, true, Some(ms)) => format!("?wait_drained=true&timeout_ms={ms}"),
+                (_, true, None) => "?wait_drained=true".to_owned(),
+                _ => String::new(),
+            };
+            let path = format!("/v1/topics/{}/promote{query}", enc(&name));
             print_reply(c.post_json(&path, &serde_json::json!({})).await?)?;
         }
         TopicCmd::Demote { name } => {

@@ -377,6 +377,13 @@ enum TopicCmd {
         /// Also a demoted topic, as it is (two primaries if its replacement lives on).
         #[arg(long)]
         force: bool,
+        /// A planned switchover (demote the source first): wait until every record, ack
+        /// and lease of the source is settled here, then promote (at most `--timeout`).
+        #[arg(long, conflicts_with = "force")]
+        wait_drained: bool,
+        /// How long `--wait-drained` waits (`60s`; at most `10m`).
+        #[arg(long, requires = "wait_drained", value_parser = units::parse_ms)]
+        timeout: Option<i64>,
     },
     /// Stop a primary taking produces and leases (a planned switchover): its remote children
     /// ship what they hold, then promote the mirror.

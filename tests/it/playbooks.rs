@@ -185,6 +185,17 @@ async fn moving_a_topic_to_another_cluster_loses_nothing() {
     // 2. producers keep writing to A, and A's consumers keep processing, until the switch
     assert_eq!(produce_seqs(&a, "orders", 300..350).await.len(), 50);
     processed_on_a.extend(process(&a, "orders", 20).await);
+    // (a planned promote refuses while A still takes records)
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/promote?wait_drained=true&timeout_ms=300",
+        None,
+    )
+    .await;
+    let v = json_of(r, StatusCode::CONFLICT).await;
+    assert_eq!(v["code"], "not_drained", "{v}");
+    assert_eq!(role_of(&b, "orders").await, ("mirror".into(), 0));
     // 3. the switch: A stops taking produces and leases, its link drains, B is promoted
     let r = call(&a, Method::POST, "/v1/topics/orders/demote", None).await;
     assert_eq!(
@@ -192,20 +203,31 @@ async fn moving_a_topic_to_another_cluster_loses_nothing() {
         "demoted"
     );
     expect_read_only(&a, "orders").await;
-    until("A's lag 0", async || {
-        lag(&a, "orders").await == (0, "running".into())
-    })
+    // (promote waits until every record and ack of the demoted A is on B: one command)
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000",
+        None,
+    )
     .await;
-    // (and its consumers' progress: the 20 they processed after the attach are settled on B)
-    until("A's progress on B", async || {
-        settled_on(&b, "orders").await == 20
-    })
-    .await;
-    let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
     let v = json_of(r, StatusCode::OK).await;
     assert_eq!(v["failover"]["role"], "primary", "{v}");
     assert_eq!(v["failover"]["epoch"], 1, "{v}");
     assert_eq!(v["changed"], true, "{v}");
+    let report = &v["report"];
+    assert_eq!(report["drained"], true, "{v}");
+    assert_eq!(report["partitions"].as_array().unwrap().len(), 2, "{v}");
+    for p in report["partitions"].as_array().unwrap() {
+        assert_eq!(p["unreceived"], 0, "{v}");
+        assert_eq!(p["source_demoted"], true, "{v}");
+    }
+    assert_eq!(
+        settled_on(&b, "orders").await,
+        20,
+        "A's consumers' 20 acks after the attach"
+    );
+    assert_eq!(lag(&a, "orders").await.0, 0);
     // (a promote is idempotent)
     let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
     assert_eq!(json_of(r, StatusCode::OK).await["changed"], false);
@@ -341,7 +363,19 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
         .collect();
     assert_eq!(copy, (0..500).collect(), "B holds exactly what A shipped");
     let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
-    assert_eq!(json_of(r, StatusCode::OK).await["failover"]["epoch"], 1);
+    let v = json_of(r, StatusCode::OK).await;
+    assert_eq!(v["failover"]["epoch"], 1, "{v}");
+    // the report: A's partitions as A last told them (before the cut: nothing missing then,
+    // and the at-risk 100 came after it, which the age of that progress shows)
+    let parts = v["report"]["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 2, "{v}");
+    let received: u64 = parts
+        .iter()
+        .map(|p| p["received_to"].as_u64().unwrap())
+        .sum();
+    assert_eq!(received, 500, "{v}");
+    assert!(parts.iter().all(|p| p["progress_age_ms"].is_u64()), "{v}");
+    assert_eq!(v["report"]["drained"], false, "{v}");
     let mut processed_on_b = process(&b, "orders", 10_000).await;
     let processed_a: HashSet<u64> = processed_on_a.iter().copied().collect();
     assert_eq!(

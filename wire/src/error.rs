@@ -279,6 +279,10 @@ error_codes! {
     /// The topic's role forbids the change (a demoted topic is not promoted alone), or it
     /// changed meanwhile: look again.
     RoleConflict = 2115, "role_conflict", 409;
+    /// `promote?wait_drained=true` timed out: the source was not demoted, or a record, an
+    /// ack or a lease of it is still outstanding. Nothing changed; the body's `report` says
+    /// what is missing.
+    NotDrained = 2116, "not_drained", 409;
 }
 
 impl ErrorCode {

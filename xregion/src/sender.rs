@@ -554,6 +554,10 @@ impl Sender {
             "partition": u.parent_partition,
             "frontier": u.progress.frontier,
             "acked": u.progress.acked,
+            "end": u.end.end,
+            "shipped": u.end.shipped,
+            "leased": u.end.leased,
+            "partitions": u.end.partitions,
         });
         let path = format!("v1/topics/{}/progress", child.remote_topic);
         let reply = {

@@ -55,7 +55,10 @@ use crate::topic::{
 pub use fanout::{ChildInfo, CopyForwarder, LinkStart, ParentLink};
 use partition::{LogEnv, OpenLogs, Partition};
 pub use produce::KeylessSpread;
-pub use progress::{PROGRESS_INTERVAL, PROGRESS_RESEND, PartitionProgress};
+pub use progress::{
+    MirrorReport, OriginReport, PROGRESS_INTERVAL, PROGRESS_RESEND, PartitionProgress, SourceEnd,
+    progress_max_origin_partitions,
+};
 pub use remotes::{
     BlockedRecord, LinkStatus, ORIGIN_HEADER, ProgressRefused, ProgressUpdate, RemoteChildInfo,
     RemoteShipper, ShipBatch, ShipFailure, state_rank,
@@ -480,6 +483,8 @@ pub struct Broker {
     remote_cursors: Mutex<HashMap<(String, u32), Arc<remotes::RemoteCursor>>>,
     /// Mirror topics' indexes of records not settled yet, by topic id (see `progress`).
     mirror_indexes: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<progress::MirrorIndex>>>>,
+    /// Signalled whenever a mirror takes progress (a promote waiting for a drain).
+    mirror_progress_taken: Notify,
     /// How remote children's records reach their remotes.
     shipper: std::sync::OnceLock<Arc<dyn RemoteShipper>>,
     /// Serialises freezes, thaws, installs and give-aways of partitions (moves).
@@ -590,6 +595,7 @@ impl Broker {
             copy_forwarder: std::sync::OnceLock::new(),
             remote_cursors: Mutex::new(HashMap::new()),
             mirror_indexes: Mutex::new(HashMap::new()),
+            mirror_progress_taken: Notify::new(),
             shipper: std::sync::OnceLock::new(),
             moves_lock: tokio::sync::Mutex::new(()),
             wal_clean: Mutex::new(HashMap::new()),

@@ -34,6 +34,11 @@ pub const PROGRESS_RESEND: Duration = Duration::from_secs(2);
 pub const MAX_PROGRESS_RANGES: usize = 4096;
 /// Most origin partitions one mirror keeps progress for.
 pub const MAX_ORIGIN_PARTITIONS: u32 = 65_536;
+/// [`MAX_ORIGIN_PARTITIONS`], for the API's checks.
+pub fn progress_max_origin_partitions() -> u32 {
+    MAX_ORIGIN_PARTITIONS
+}
+
 /// Most unsettled records one mirror's index holds; records beyond are not indexed (they
 /// stay deliverable after a promote: duplicates, never a gap).
 pub const MAX_INDEXED: usize = 4 << 20;
@@ -92,10 +97,67 @@ impl PartitionProgress {
     }
 }
 
+/// What the source said of one of its partitions besides its acks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceEnd {
+    /// The partition's end offset there: every record below it was acknowledged.
+    pub end: u64,
+    /// Where the link's cursor stood: every record below it (from where the link started)
+    /// was accepted by this mirror.
+    pub shipped: u64,
+    /// Records leased there and not settled yet.
+    pub leased: u64,
+    /// The source's partition count.
+    pub partitions: u32,
+    /// The source was no longer a primary (demoted): it takes no more records.
+    pub demoted: bool,
+    /// When the mirror took it (its clock, ms).
+    pub at_ms: i64,
+}
+
+/// One source partition as a mirror knows it (the promote's report).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OriginReport {
+    /// The source's partition.
+    pub partition: u32,
+    /// One past the highest origin offset this mirror holds from it.
+    pub received_to: u64,
+    /// The partition's end at the source as last reported (absent: never reported).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_end: Option<u64>,
+    /// Records the source had acknowledged (below its reported end) that this mirror does
+    /// not hold: lost if the source is lost with its disks.
+    pub unreceived: u64,
+    /// The source's ack frontier as last reported.
+    pub acked_frontier: u64,
+    /// Records leased at the source as last reported (not carried: delivered again here).
+    pub source_leased: u64,
+    /// How old the last progress is (ms; absent: none came).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress_age_ms: Option<i64>,
+    /// The last progress came from a demoted source (it takes no more records).
+    pub source_demoted: bool,
+}
+
+/// A mirror's view of its source (`POST .../promote` answers it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct MirrorReport {
+    pub partitions: Vec<OriginReport>,
+    /// Records settled because the source's consumers acked them (this promote's share).
+    pub settled: u64,
+    /// Every source partition reported, from a demoted source, an end this mirror holds
+    /// and its last acks: nothing more is coming (a planned switchover can promote).
+    pub drained: bool,
+}
+
 /// A mirror's index of its unsettled records and the progress it has taken.
 #[derive(Debug)]
 pub(crate) struct MirrorIndex {
     source: Source,
+    /// Per source partition: one past the highest origin offset read here.
+    received: BTreeMap<u32, u64>,
+    /// Per source partition: its end and state as last reported.
+    ends: BTreeMap<u32, SourceEnd>,
     /// Per local partition: the next offset not looked at yet.
     scanned: Vec<u64>,
     /// Records not settled, by origin: (origin partition, origin offset) → (local partition,
@@ -139,6 +201,7 @@ impl Broker {
         source: Source,
         partition: u32,
         progress: PartitionProgress,
+        end: Option<SourceEnd>,
     ) -> Result<u64, BrokerError> {
         progress.validate().map_err(|reason| {
             BrokerError::InvalidField(crate::topic::InvalidField {
@@ -160,7 +223,77 @@ impl Broker {
         if old.is_none_or(|o| progress.frontier >= o.frontier) {
             index.progress.insert(partition, progress);
         }
-        self.settle_covered(&t, &mut index).await
+        if let Some(end) = end {
+            index.ends.insert(
+                partition,
+                SourceEnd {
+                    at_ms: self.clock.now_ms(),
+                    ..end
+                },
+            );
+        }
+        let n = self.settle_covered(&t, &mut index).await;
+        drop(index);
+        self.mirror_progress_taken.notify_waiters();
+        n
+    }
+
+    /// What mirror `topic` holds of its source, per source partition, after settling what the
+    /// progress taken so far covers (`None`: no progress came since this node started).
+    pub async fn mirror_report(
+        self: &Arc<Self>,
+        topic: &str,
+    ) -> Result<Option<MirrorReport>, BrokerError> {
+        let t = self.topic(topic)?;
+        let found = self.mirror_indexes.lock().get(&t.id()).cloned();
+        let Some(index) = found else { return Ok(None) };
+        let mut index = index.lock().await;
+        let settled = self.settle_covered(&t, &mut index).await?;
+        let now = self.clock.now_ms();
+        let count = index
+            .ends
+            .values()
+            .map(|e| e.partitions)
+            .max()
+            .unwrap_or(0)
+            .max(index.progress.keys().map(|p| p + 1).max().unwrap_or(0));
+        let partitions: Vec<OriginReport> = (0..count)
+            .map(|p| {
+                let received_to = index.received.get(&p).copied().unwrap_or(0);
+                let end = index.ends.get(&p);
+                let progress = index.progress.get(&p);
+                OriginReport {
+                    partition: p,
+                    received_to,
+                    source_end: end.map(|e| e.end),
+                    unreceived: end.map_or(0, |e| e.end.saturating_sub(e.shipped.max(received_to))),
+                    acked_frontier: progress.map_or(0, |p| p.frontier),
+                    source_leased: end.map_or(0, |e| e.leased),
+                    progress_age_ms: end.map(|e| now.saturating_sub(e.at_ms)),
+                    source_demoted: end.is_some_and(|e| e.demoted),
+                }
+            })
+            .collect();
+        // drained: every source partition reported from a demoted source (no new records,
+        // no new leases), every record it had is here, and nothing is leased there any more
+        // (its consumers' last acks are in the progress)
+        let drained = count > 0
+            && partitions.iter().all(|r| {
+                r.source_demoted
+                    && r.source_end.is_some()
+                    && r.unreceived == 0
+                    && r.source_leased == 0
+            });
+        Ok(Some(MirrorReport {
+            partitions,
+            settled,
+            drained,
+        }))
+    }
+
+    /// Waits until progress comes for a mirror (any), at most `within`.
+    pub async fn mirror_progress_wait(&self, within: Duration) {
+        let _ = tokio::time::timeout(within, self.mirror_progress_taken.notified()).await;
     }
 
     /// Settles every record of mirror `topic` that the progress taken so far covers (a
@@ -183,6 +316,8 @@ impl Broker {
                 scanned: Vec::new(),
                 pending: BTreeMap::new(),
                 progress: BTreeMap::new(),
+                received: BTreeMap::new(),
+                ends: BTreeMap::new(),
                 full_logged: false,
             }))
         };
@@ -239,6 +374,8 @@ impl Broker {
                     if src != index.source {
                         continue;
                     }
+                    let got = index.received.entry(op).or_insert(0);
+                    *got = (*got).max(oo.saturating_add(1));
                     if index.progress.get(&op).is_some_and(|p| p.covers(oo)) {
                         settled += u64::from(q.settle_processed(r.offset));
                     } else {

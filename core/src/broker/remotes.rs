@@ -105,6 +105,9 @@ pub struct ProgressUpdate {
     /// The parent is no longer a primary (see [`ShipBatch::tail`]).
     pub tail: bool,
     pub progress: super::PartitionProgress,
+    /// The partition's end, the cursor's position, its leases, and the parent's partition
+    /// count (what the mirror's promote reports, and how it knows a drain is complete).
+    pub end: super::SourceEnd,
 }
 
 /// Why the target did not take a progress update.
@@ -539,7 +542,7 @@ async fn run_remote_cursor(
     // the lanes that took their share of the slab ending at `.0` already
     let mut done: Option<(u64, Vec<bool>)> = None;
     // the progress the target took last, and when it was sent
-    let mut progress_sent: Option<(super::PartitionProgress, i64)> = None;
+    let mut progress_sent: Option<((super::PartitionProgress, super::SourceEnd), i64)> = None;
     loop {
         let Some(b) = weak.upgrade() else { return };
         if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
@@ -611,7 +614,18 @@ async fn run_remote_cursor(
         });
         let acks_here = !matches!(role, crate::catalog::TopicRole::Mirror { .. });
         if acks_here && due && cursor.status.lock().state == "running" {
-            let mut snap = part.queue.lock().snapshot();
+            let (mut snap, leased) = {
+                let q = part.queue.lock();
+                (q.snapshot(), q.in_flight() as u64)
+            };
+            let end = super::SourceEnd {
+                end: part.stats().next_offset,
+                shipped: next,
+                leased,
+                partitions: parent.partitions().len() as u32,
+                demoted: !role.is_primary(),
+                at_ms: 0,
+            };
             snap.acked.truncate(super::progress::MAX_PROGRESS_RANGES);
             let progress = super::PartitionProgress {
                 frontier: snap.frontier,
@@ -619,7 +633,7 @@ async fn run_remote_cursor(
             }
             .clamped(next);
             let resend = progress_sent.as_ref().is_none_or(|(p, at)| {
-                *p != progress
+                *p != (progress.clone(), end)
                     || now_ms.saturating_sub(*at) >= super::PROGRESS_RESEND.as_millis() as i64
             });
             let cluster_id = b.cluster_id();
@@ -632,10 +646,11 @@ async fn run_remote_cursor(
                         epoch: role.epoch(),
                         tail: !role.is_primary(),
                         progress: progress.clone(),
+                        end,
                     })
                     .await;
                 match sent {
-                    Ok(()) => progress_sent = Some((progress, now_ms)),
+                    Ok(()) => progress_sent = Some(((progress, end), now_ms)),
                     Err(e) if e.fenced && role.is_primary() => {
                         // (an idle old primary learns it was replaced from its progress: no
                         // produce has to come first)
@@ -648,7 +663,7 @@ async fn run_remote_cursor(
                     }
                 }
             } else if !resend {
-                progress_sent = Some((progress, progress_sent.map_or(now_ms, |(_, at)| at)));
+                progress_sent = Some(((progress, end), progress_sent.map_or(now_ms, |(_, at)| at)));
             }
         }
         let appended = parent.appended.notified();

@@ -37,7 +37,20 @@ struct RoleAnswer {
     failover: RoleJson,
     /// Whether this request changed the role (a repeated one or a dry run does not).
     changed: bool,
+    /// A promote's view of the source, per source partition: what was received, what the
+    /// source acknowledged that never arrived, how old its last progress is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    report: Option<narad_core::broker::MirrorReport>,
 }
+
+#[derive(Serialize)]
+struct NotDrainedBody {
+    report: Option<narad_core::broker::MirrorReport>,
+}
+
+/// How long `promote?wait_drained=true` waits by default, and at most.
+const DRAIN_TIMEOUT_MS: u64 = 60_000;
+const MAX_DRAIN_TIMEOUT_MS: u64 = 600_000;
 
 #[derive(Serialize)]
 struct FencedBody {
@@ -79,6 +92,7 @@ async fn change(
     now: TopicRole,
     role: TopicRole,
     action: Option<&str>,
+    report: Option<narad_core::broker::MirrorReport>,
 ) -> ApiResult {
     let mut changed = role != now;
     match action {
@@ -95,6 +109,7 @@ async fn change(
         &RoleAnswer {
             failover: role_json(&role),
             changed,
+            report,
         },
     ))
 }
@@ -175,7 +190,7 @@ pub async fn mirror(
         }
     };
     let action = (!b.dry_run).then_some("topic_mirror");
-    change(&broker, &caller, &topic, now, role, action).await
+    change(&broker, &caller, &topic, now, role, action, None).await
 }
 
 /// `POST /v1/topics/{topic}/progress`: the body of a link's consumer progress.
@@ -187,6 +202,16 @@ struct ProgressBody {
     frontier: u64,
     #[serde(default)]
     acked: Vec<(u64, u64)>,
+    /// The partition's end at the source, where the link's cursor stands, the records
+    /// leased there, and the source's partition count (all four, or none).
+    #[serde(default)]
+    end: Option<u64>,
+    #[serde(default)]
+    shipped: Option<u64>,
+    #[serde(default)]
+    leased: Option<u64>,
+    #[serde(default)]
+    partitions: Option<u32>,
 }
 
 /// Largest progress body (4096 ranges of two numbers and then some).
@@ -237,6 +262,29 @@ pub async fn progress(
             }));
         }
     }
+    let end = match (b.end, b.shipped, b.leased, b.partitions) {
+        (None, None, None, None) => None,
+        (Some(end), Some(shipped), Some(leased), Some(partitions))
+            if shipped <= end
+                && b.partition < partitions
+                && partitions <= narad_core::broker::progress_max_origin_partitions() =>
+        {
+            Some(narad_core::broker::SourceEnd {
+                end,
+                shipped,
+                leased,
+                partitions,
+                demoted: link.tail,
+                at_ms: 0,
+            })
+        }
+        _ => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidField,
+                "end, shipped, leased and partitions go together, with shipped at most end and partition below partitions",
+            ));
+        }
+    };
     broker
         .take_mirror_progress(
             &topic,
@@ -246,6 +294,7 @@ pub async fn progress(
                 frontier: b.frontier,
                 acked: b.acked,
             },
+            end,
         )
         .await?;
     Ok(axum::http::StatusCode::NO_CONTENT.into_response())
@@ -260,11 +309,43 @@ pub async fn promote(
     Path(topic): Path<String>,
     uri: Uri,
 ) -> ApiResult {
-    let q = Query::parse(uri.query(), &["force"])?;
+    let q = Query::parse(uri.query(), &["force", "wait_drained", "timeout_ms"])?;
     caller.require_admin()?;
     let force = q.bool("force")?.unwrap_or(false);
+    let wait_drained = q.bool("wait_drained")?.unwrap_or(false);
+    let timeout_ms = q.u64("timeout_ms")?.unwrap_or(DRAIN_TIMEOUT_MS);
+    if timeout_ms > MAX_DRAIN_TIMEOUT_MS {
+        return Err(ApiError::new(
+            ErrorCode::InvalidParameter,
+            format!("timeout_ms: at most {MAX_DRAIN_TIMEOUT_MS}"),
+        ));
+    }
     let broker = state.broker()?.clone();
     let now = broker.with_topic_meta(&topic, |m| m.role)?;
+    // a planned switchover: the source was demoted; wait until every record and every ack
+    // it had is here
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
+    let mut report = None;
+    if matches!(now, TopicRole::Mirror { .. }) {
+        loop {
+            report = broker.mirror_report(&topic).await?;
+            let drained = report.as_ref().is_some_and(|r| r.drained);
+            if !wait_drained || drained {
+                break;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                let e = ApiError::new(
+                    ErrorCode::NotDrained,
+                    format!(
+                        "topic '{topic}' was not drained within {timeout_ms} ms: demote the source first (narad topic demote there); every source partition must report from the demoted source, with no record missing and none leased (nothing was changed)"
+                    ),
+                );
+                return Ok(e.response_with(NotDrainedBody { report }));
+            }
+            broker.mirror_progress_wait(left).await;
+        }
+    }
     // the source's last progress first: the new primary's queue holds only what the
     // source's consumers had not acked
     let settled = if matches!(now, TopicRole::Mirror { .. }) {
@@ -274,6 +355,9 @@ pub async fn promote(
     };
     if settled > 0 {
         tracing::info!(topic = %topic, settled, "records the source's consumers had acked are settled before the promote");
+    }
+    if let Some(r) = report.as_mut() {
+        r.settled += settled;
     }
     let role = match decide_promote(now) {
         Ok(role) => role,
@@ -295,7 +379,22 @@ pub async fn promote(
             ));
         }
     };
-    change(&broker, &caller, &topic, now, role, Some("topic_promote")).await
+    if let Some(r) = &report {
+        let unreceived: u64 = r.partitions.iter().map(|p| p.unreceived).sum();
+        if unreceived > 0 {
+            tracing::warn!(topic = %topic, unreceived, "promoted with records the source acknowledged that this mirror never received (as of the source's last report)");
+        }
+    }
+    change(
+        &broker,
+        &caller,
+        &topic,
+        now,
+        role,
+        Some("topic_promote"),
+        report,
+    )
+    .await
 }
 
 /// `POST /v1/topics/{topic}/demote`: a primary stops taking produces and leases (a planned
@@ -323,5 +422,14 @@ pub async fn demote(
             ));
         }
     };
-    change(&broker, &caller, &topic, now, role, Some("topic_demote")).await
+    change(
+        &broker,
+        &caller,
+        &topic,
+        now,
+        role,
+        Some("topic_demote"),
+        None,
+    )
+    .await
 }
