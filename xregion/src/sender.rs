@@ -557,7 +557,9 @@ impl Sender {
             "end": u.end.end,
             "shipped": u.end.shipped,
             "leased": u.end.leased,
+            "unreturned": u.end.unreturned,
             "partitions": u.end.partitions,
+            "returned": u.returned,
         });
         let path = format!("v1/topics/{}/progress", child.remote_topic);
         let reply = {

@@ -39,6 +39,9 @@ pub fn progress_max_origin_partitions() -> u32 {
     MAX_ORIGIN_PARTITIONS
 }
 
+/// Most offsets one progress message hands back (see `settle_returned`).
+pub const MAX_RETURNED: u64 = 1 << 20;
+
 /// Most unsettled records one mirror's index holds; records beyond are not indexed (they
 /// stay deliverable after a promote: duplicates, never a gap).
 pub const MAX_INDEXED: usize = 4 << 20;
@@ -107,6 +110,9 @@ pub struct SourceEnd {
     pub shipped: u64,
     /// Records leased there and not settled yet.
     pub leased: u64,
+    /// Acked records there not yet looked at for records that came from this mirror (a
+    /// failback hands their acks back: see `returned`).
+    pub unreturned: u64,
     /// The source's partition count.
     pub partitions: u32,
     /// The source was no longer a primary (demoted): it takes no more records.
@@ -132,6 +138,9 @@ pub struct OriginReport {
     pub acked_frontier: u64,
     /// Records leased at the source as last reported (not carried: delivered again here).
     pub source_leased: u64,
+    /// Acked records at the source not yet looked at for this mirror's own records (their
+    /// acks are handed back as the scan goes).
+    pub source_unreturned: u64,
     /// How old the last progress is (ms; absent: none came).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress_age_ms: Option<i64>,
@@ -238,6 +247,51 @@ impl Broker {
         n
     }
 
+    /// Settles, in mirror `topic`'s own partitions, the records the source's consumers
+    /// processed after they came from here (`returned`: ranges `(partition, start, end)` of
+    /// this topic's offsets). Returns how many were settled.
+    pub fn settle_returned(
+        &self,
+        topic: &str,
+        returned: &[(u32, u64, u64)],
+    ) -> Result<u64, BrokerError> {
+        let total: u64 = returned.iter().map(|(_, s, e)| e.saturating_sub(*s)).sum();
+        if returned.len() > MAX_PROGRESS_RANGES
+            || total > MAX_RETURNED
+            || returned.iter().any(|(_, s, e)| e <= s)
+        {
+            return Err(BrokerError::InvalidField(crate::topic::InvalidField {
+                field: "returned",
+                reason: format!(
+                    "at most {MAX_PROGRESS_RANGES} ranges [start, end) with end above start, {MAX_RETURNED} offsets in all"
+                ),
+            }));
+        }
+        let t = self.topic(topic)?;
+        let meta = t.meta.read().clone();
+        let parts = t.partitions();
+        let mut settled = 0u64;
+        for &(p, s, e) in returned {
+            let Some(part) = parts.get(p as usize) else {
+                continue;
+            };
+            if !self.is_local(&meta, p) {
+                continue;
+            }
+            let mut q = part.queue.lock();
+            for o in s..e {
+                settled += u64::from(q.settle_processed(o));
+            }
+        }
+        if settled > 0 {
+            self.metrics
+                .mirror_settled
+                .get_or_create(&TopicLabel { topic: meta.name })
+                .inc_by(settled);
+        }
+        Ok(settled)
+    }
+
     /// What mirror `topic` holds of its source, per source partition, after settling what the
     /// progress taken so far covers (`None`: no progress came since this node started).
     pub async fn mirror_report(
@@ -269,6 +323,7 @@ impl Broker {
                     unreceived: end.map_or(0, |e| e.end.saturating_sub(e.shipped.max(received_to))),
                     acked_frontier: progress.map_or(0, |p| p.frontier),
                     source_leased: end.map_or(0, |e| e.leased),
+                    source_unreturned: end.map_or(0, |e| e.unreturned),
                     progress_age_ms: end.map(|e| now.saturating_sub(e.at_ms)),
                     source_demoted: end.is_some_and(|e| e.demoted),
                 }
@@ -283,6 +338,7 @@ impl Broker {
                     && r.source_end.is_some()
                     && r.unreceived == 0
                     && r.source_leased == 0
+                    && r.source_unreturned == 0
             });
         Ok(Some(MirrorReport {
             partitions,

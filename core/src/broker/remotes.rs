@@ -108,6 +108,10 @@ pub struct ProgressUpdate {
     /// The partition's end, the cursor's position, its leases, and the parent's partition
     /// count (what the mirror's promote reports, and how it knows a drain is complete).
     pub end: super::SourceEnd,
+    /// Records that came from the target itself and were acked here, as ranges
+    /// `(target partition, start, end)` of the target's own offsets: a failback's old
+    /// primary settles them in its queue.
+    pub returned: Vec<(u32, u64, u64)>,
 }
 
 /// Why the target did not take a progress update.
@@ -482,6 +486,63 @@ impl Broker {
     }
 }
 
+/// Most records one progress round reads looking for records that came from the target.
+const RETURN_SCAN_MAX: u64 = 16_384;
+
+/// The records of `part` in `[from, to)` (acked: below its ack frontier) whose origin is
+/// topic `target` (the link's target: they came from it, and it is the old primary), as
+/// ranges of the target's own offsets; and where the scan stopped (at most
+/// [`RETURN_SCAN_MAX`] records a round).
+async fn scan_returned(
+    b: &Arc<Broker>,
+    part: &Arc<super::Partition>,
+    from: u64,
+    to: u64,
+    target: u64,
+) -> Result<(Vec<(u32, u64, u64)>, u64), BrokerError> {
+    let limit = to.min(from.saturating_add(RETURN_SCAN_MAX));
+    let mut next = from;
+    let mut found: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+    while next < limit {
+        let log = b.log_of(part).await?;
+        let max = (limit - next).min(4096) as usize;
+        let read = tokio::task::spawn_blocking(move || log.read(next, max, fanout::SLAB_BYTES))
+            .await
+            .expect("returned scan read task");
+        let records = match read {
+            Ok(r) => r,
+            Err(LogError::Truncated { oldest, .. }) => {
+                next = oldest;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Some(last) = records.last().map(|r| r.offset) else {
+            break;
+        };
+        for r in records.iter().filter(|r| r.offset < limit) {
+            if let Some((src, p, o)) = super::progress::origin_of(r)
+                && src.topic == target
+            {
+                found.entry(p).or_default().push(o);
+            }
+        }
+        next = (last + 1).min(limit);
+    }
+    let mut ranges = Vec::new();
+    for (p, mut offsets) in found {
+        offsets.sort_unstable();
+        offsets.dedup();
+        for o in offsets {
+            match ranges.last_mut() {
+                Some((lp, _, e)) if *lp == p && *e == o => *e = o + 1,
+                _ => ranges.push((p, o, o + 1)),
+            }
+        }
+    }
+    Ok((ranges, next.max(from)))
+}
+
 /// A mirror of `child`'s parent was promoted past it (the target answered `fenced`): the
 /// parent takes no more produces or leases, and what its links did not ship yet goes on as
 /// the new primary's late records. False if the role could not be changed (it changed
@@ -543,6 +604,8 @@ async fn run_remote_cursor(
     let mut done: Option<(u64, Vec<bool>)> = None;
     // the progress the target took last, and when it was sent
     let mut progress_sent: Option<((super::PartitionProgress, super::SourceEnd), i64)> = None;
+    // the next offset to look at for records that came from the target (see `scan_returned`)
+    let mut returned_scan = 0u64;
     loop {
         let Some(b) = weak.upgrade() else { return };
         if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
@@ -622,9 +685,35 @@ async fn run_remote_cursor(
                 end: part.stats().next_offset,
                 shipped: next,
                 leased,
+                unreturned: 0,
                 partitions: parent.partitions().len() as u32,
                 demoted: !role.is_primary(),
                 at_ms: 0,
+            };
+            // records of this partition that came from the target itself and were acked
+            // here (a failback: the target is the old primary, whose queue still holds them)
+            let returns = !matches!(
+                role,
+                crate::catalog::TopicRole::Primary {
+                    promoted_from: None,
+                    ..
+                }
+            );
+            let (returned, returned_to) = if returns {
+                let from = returned_scan.max(part.stats().oldest_offset);
+                match scan_returned(&b, &part, from, snap.frontier, current.target_id).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::debug!(parent = %child.parent, partition = pidx, error = %e, "reading acked records to hand back to the old primary; tried again");
+                        (Vec::new(), returned_scan)
+                    }
+                }
+            } else {
+                (Vec::new(), snap.frontier)
+            };
+            let end = super::SourceEnd {
+                unreturned: snap.frontier.saturating_sub(returned_to),
+                ..end
             };
             snap.acked.truncate(super::progress::MAX_PROGRESS_RANGES);
             let progress = super::PartitionProgress {
@@ -647,10 +736,14 @@ async fn run_remote_cursor(
                         tail: !role.is_primary(),
                         progress: progress.clone(),
                         end,
+                        returned,
                     })
                     .await;
                 match sent {
-                    Ok(()) => progress_sent = Some(((progress, end), now_ms)),
+                    Ok(()) => {
+                        progress_sent = Some(((progress, end), now_ms));
+                        returned_scan = returned_to;
+                    }
                     Err(e) if e.fenced && role.is_primary() => {
                         // (an idle old primary learns it was replaced from its progress: no
                         // produce has to come first)
@@ -664,6 +757,7 @@ async fn run_remote_cursor(
                 }
             } else if !resend {
                 progress_sent = Some(((progress, end), progress_sent.map_or(now_ms, |(_, at)| at)));
+                returned_scan = returned_to;
             }
         }
         let appended = parent.appended.notified();

@@ -212,6 +212,13 @@ struct ProgressBody {
     leased: Option<u64>,
     #[serde(default)]
     partitions: Option<u32>,
+    /// Acked records at the source not yet looked at for this topic's own records.
+    #[serde(default)]
+    unreturned: u64,
+    /// This topic's own records (`[partition, start, end)` of its offsets) that came back
+    /// from the source and were processed there: a failback settles them here.
+    #[serde(default)]
+    returned: Vec<(u32, u64, u64)>,
 }
 
 /// Largest progress body (4096 ranges of two numbers and then some).
@@ -273,6 +280,7 @@ pub async fn progress(
                 end,
                 shipped,
                 leased,
+                unreturned: b.unreturned,
                 partitions,
                 demoted: link.tail,
                 at_ms: 0,
@@ -285,6 +293,9 @@ pub async fn progress(
             ));
         }
     };
+    if !b.returned.is_empty() {
+        broker.settle_returned(&topic, &b.returned)?;
+    }
     broker
         .take_mirror_progress(
             &topic,
