@@ -70,6 +70,17 @@ pub const WITNESS: Op = Op(127);
 /// How often an owner reports the ends that changed; every [`FULL_WITNESS_EVERY`]th report
 /// carries them all (for members that restarted and forgot them).
 const WITNESS_EVERY: Duration = Duration::from_millis(500);
+/// How often what owners told this member is written to its disk (when it changed).
+const PERSIST_ENDS_EVERY: Duration = Duration::from_millis(100);
+
+/// Aborts the task when dropped (the witness loop's persister ends with it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 const FULL_WITNESS_EVERY: u64 = 20;
 /// Most partitions one [`SEEN_ENDS`] call asks about.
 const MAX_SEEN_ASK: usize = 65_536;
@@ -1986,6 +1997,24 @@ impl Mover {
     pub async fn witness(self: Arc<Self>, stop: CancellationToken) {
         let mut sent: HashMap<(u64, u32), u64> = HashMap::new();
         let mut round: u64 = 0;
+        // what owners told this member goes to its disk on a clock of its own: a round here
+        // can take seconds when a voter is frozen (its report waits out the call), and a
+        // witness that stopped meanwhile must not have held its last ends in memory only
+        let persister = {
+            let (ingress, stop) = (self.ingress.clone(), stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    if let Some(i) = ingress.upgrade() {
+                        i.persist_ends().await;
+                    }
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = sleep(PERSIST_ENDS_EVERY) => {}
+                    }
+                }
+            })
+        };
+        let _persister = AbortOnDrop(persister);
         loop {
             self.verify_held().await;
             let full = round.is_multiple_of(FULL_WITNESS_EVERY);
@@ -2004,8 +2033,6 @@ impl Mover {
                     let live = self.broker.catalog().topics().map(|t| t.id).collect();
                     i.prune_seen(&live);
                 }
-                // what others reported last round survives this member's restart
-                i.persist_ends().await;
             }
             // (sent even when nothing changed: a witness that stopped answering is found
             // while the owner is idle too)

@@ -460,7 +460,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, SError> {
-        Ok(self.inner.lock().state.vote)
+        // (read at start only) a vote a quorum had granted is not taken as still granted: a
+        // member that led before it stopped would otherwise lead again at once in the same
+        // term, and one restored from an older copy of its data directory would hand out
+        // log ids the cluster had already given to other entries. It stands again instead,
+        // through the pre-vote, which a member with a shorter log does not win.
+        Ok(self.inner.lock().state.vote.map(|v| Vote {
+            committed: false,
+            ..v
+        }))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), SError> {
