@@ -182,6 +182,18 @@ async fn moving_a_topic_to_another_cluster_loses_nothing() {
     // B's topic is now A's mirror: it takes records only from A's link, and replay
     assert_eq!(role_of(&b, "orders").await, ("mirror".into(), 0));
     expect_read_only(&b, "orders").await;
+    // A's settings and a new JSON Schema version follow to B, before the records that need
+    // them (which B would refuse against its older schema)
+    let r = call(
+        &a,
+        Method::PATCH,
+        "/v1/topics/orders",
+        Some(json!({"visibility_timeout_ms": 45000, "schema": {
+            "type": "object", "required": ["seq"], "properties": {"seq": {"type": "integer"}}
+        }})),
+    )
+    .await;
+    json_of(r, StatusCode::OK).await;
     // 2. producers keep writing to A, and A's consumers keep processing, until the switch
     assert_eq!(produce_seqs(&a, "orders", 300..350).await.len(), 50);
     processed_on_a.extend(process(&a, "orders", 20).await);
@@ -227,6 +239,13 @@ async fn moving_a_topic_to_another_cluster_loses_nothing() {
         20,
         "A's consumers' 20 acks after the attach"
     );
+    let t = json_of(
+        call(&b, Method::GET, "/v1/topics/orders", None).await,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(t["schema_version"], 1, "{t}");
+    assert_eq!(t["visibility_timeout_ms"], 45000, "{t}");
     assert_eq!(lag(&a, "orders").await.0, 0);
     // (a promote is idempotent)
     let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;

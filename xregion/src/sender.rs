@@ -26,7 +26,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use narad_core::broker::{
-    Broker, ORIGIN_HEADER, ProgressRefused, ProgressUpdate, RemoteShipper, ShipBatch, ShipFailure,
+    Broker, CatalogSync, ORIGIN_HEADER, ProgressRefused, ProgressUpdate, RemoteShipper, ShipBatch,
+    ShipFailure, SyncRefused,
 };
 use narad_core::catalog::{RemoteChild, RemoteMeta};
 use narad_core::record::Record;
@@ -524,6 +525,89 @@ impl Sender {
 }
 
 impl Sender {
+    /// Brings the target topic to the parent's settings and schema versions (`POST
+    /// .../mirror` with them: the target is, or becomes, the parent's mirror at its epoch).
+    async fn sync_catalog(self: Arc<Self>, u: CatalogSync) -> Result<(), SyncRefused> {
+        let refused = |message: String| SyncRefused {
+            schema: false,
+            message,
+        };
+        let child = u.child.clone();
+        let remote = self
+            .broker
+            .upgrade()
+            .and_then(|b| b.remote(&child.remote).ok())
+            .filter(|r| r.id == child.remote_id)
+            .ok_or_else(|| refused(format!("remote '{}' is gone", child.remote)))?;
+        let client = self.client(&remote).map_err(|f| refused(f.message))?;
+        // the newest versions that fit one request (the target holds the older ones, or
+        // says which it lacks)
+        let mut versions = Vec::new();
+        let mut bytes = 0usize;
+        for v in u.schemas.iter().rev() {
+            let text = v.schema.to_string();
+            bytes += text.len() + 32;
+            if bytes > SYNC_SCHEMA_BYTES && !versions.is_empty() {
+                break;
+            }
+            versions.push(serde_json::json!({"version": v.version, "schema": v.schema}));
+        }
+        versions.reverse();
+        let c = &u.config;
+        let body = serde_json::json!({
+            "cluster": format!("{:016x}", u.cluster_id),
+            "topic": format!("{:016x}", child.parent_id),
+            "epoch": u.epoch,
+            "settings": {
+                "visibility_timeout_ms": c.visibility_timeout_ms,
+                "retention_ms": c.retention_ms,
+                "retention_bytes": c.retention_bytes,
+                "delay_ms": c.delay_ms,
+                "max_message_bytes": c.max_message_bytes,
+                "key_policy": c.key_policy,
+            },
+            "schemas": versions,
+        });
+        let path = format!("v1/topics/{}/mirror", child.remote_topic);
+        let reply = client
+            .request(
+                hyper::Method::POST,
+                &path,
+                Some(Bytes::from(body.to_string())),
+            )
+            .await
+            .map_err(|e| refused(e.to_string()))?;
+        let code = code_of(&reply);
+        let status = reply.status.as_u16();
+        if status == 200 {
+            // (settings it could not take are said in the answer)
+            let settings_error = serde_json::from_slice::<serde_json::Value>(&reply.body)
+                .ok()
+                .and_then(|v| {
+                    v["settings_error"]
+                        .as_str()
+                        .map(|s| s.chars().take(200).collect::<String>())
+                });
+            return match settings_error {
+                Some(e) => Err(refused(format!(
+                    "the remote did not take the settings: {e}"
+                ))),
+                None => Ok(()),
+            };
+        }
+        Err(SyncRefused {
+            schema: code.as_deref() == Some("schema_incompatible"),
+            message: match code {
+                Some(c) => format!(
+                    "bringing the target's settings and schemas to the parent's: the remote answered {status} {c}"
+                ),
+                None => format!(
+                    "bringing the target's settings and schemas to the parent's: the remote answered {status}"
+                ),
+            },
+        })
+    }
+
     /// Sends one parent partition's consumer progress (`POST .../progress`), through the
     /// remote's gate like a batch (nothing goes while it is open).
     async fn send_progress(self: Arc<Self>, u: ProgressUpdate) -> Result<(), ProgressRefused> {
@@ -583,6 +667,9 @@ impl Sender {
     }
 }
 
+/// Most schema text one settings-and-schemas request carries.
+const SYNC_SCHEMA_BYTES: usize = 768 << 10;
+
 /// The broker's handle on the [`Sender`].
 pub struct Shipper(pub Arc<Sender>);
 
@@ -596,6 +683,13 @@ impl RemoteShipper for Shipper {
 
     fn gate_wait(&self, remote_id: u64) -> Option<Duration> {
         self.0.gates.lock().get(&remote_id)?.wait()
+    }
+
+    fn sync_catalog(
+        &self,
+        sync: CatalogSync,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), SyncRefused>> + Send>> {
+        Box::pin(self.0.clone().sync_catalog(sync))
     }
 
     fn send_progress(

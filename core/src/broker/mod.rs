@@ -60,8 +60,8 @@ pub use progress::{
     progress_max_origin_partitions,
 };
 pub use remotes::{
-    BlockedRecord, LinkStatus, ORIGIN_HEADER, ProgressRefused, ProgressUpdate, RemoteChildInfo,
-    RemoteShipper, ShipBatch, ShipFailure, state_rank,
+    BlockedRecord, CatalogSync, LinkStatus, ORIGIN_HEADER, ProgressRefused, ProgressUpdate,
+    RemoteChildInfo, RemoteShipper, ShipBatch, ShipFailure, SyncRefused, state_rank,
 };
 use waiters::{Waiter, Waiters};
 

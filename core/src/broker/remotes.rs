@@ -114,6 +114,25 @@ pub struct ProgressUpdate {
     pub returned: Vec<(u32, u64, u64)>,
 }
 
+/// A parent's settings and schema versions, for its remote child's target (a mirror
+/// follows its source's: visibility, delay, retention, message size, key policy; never the
+/// partition count, which is the target's own).
+pub struct CatalogSync {
+    pub child: Arc<RemoteChild>,
+    pub cluster_id: u64,
+    pub epoch: u64,
+    pub config: crate::topic::TopicConfig,
+    pub schemas: Vec<crate::catalog::SchemaVersion>,
+}
+
+/// Why the target did not take a [`CatalogSync`].
+#[derive(Debug, Clone)]
+pub struct SyncRefused {
+    /// Its schema versions are not the parent's: records the parent took may be refused.
+    pub schema: bool,
+    pub message: String,
+}
+
 /// Why the target did not take a progress update.
 #[derive(Debug, Clone)]
 pub struct ProgressRefused {
@@ -153,6 +172,16 @@ pub trait RemoteShipper: Send + Sync {
         &self,
         _update: ProgressUpdate,
     ) -> Pin<Box<dyn Future<Output = Result<(), ProgressRefused>> + Send>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Brings the remote child's target topic's settings and JSON Schema versions to the
+    /// parent's (`sync`); `Err` says why not (`schema`: its versions are not the parent's,
+    /// so records would be refused: shipping waits).
+    fn sync_catalog(
+        &self,
+        _sync: CatalogSync,
+    ) -> Pin<Box<dyn Future<Output = Result<(), SyncRefused>> + Send>> {
         Box::pin(async { Ok(()) })
     }
 
@@ -606,6 +635,8 @@ async fn run_remote_cursor(
     let mut progress_sent: Option<((super::PartitionProgress, super::SourceEnd), i64)> = None;
     // the next offset to look at for records that came from the target (see `scan_returned`)
     let mut returned_scan = 0u64;
+    // the parent's settings and schema count the target was last brought to
+    let mut synced: Option<(crate::topic::TopicConfig, usize)> = None;
     loop {
         let Some(b) = weak.upgrade() else { return };
         if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
@@ -865,6 +896,45 @@ async fn run_remote_cursor(
                 continue;
             }
         };
+        // the target follows the parent's settings and schemas before it gets records that
+        // may need them (a new schema version here never blocks the link there)
+        if role.is_primary() && !records.is_empty() {
+            let (config, schemas) = {
+                let m = parent.meta.read();
+                (m.config.clone(), m.schemas.clone())
+            };
+            let want = (config.clone(), schemas.len());
+            if synced.as_ref() != Some(&want) {
+                let sent = shipper
+                    .sync_catalog(CatalogSync {
+                        child: current.clone(),
+                        cluster_id,
+                        epoch: role.epoch(),
+                        config,
+                        schemas,
+                    })
+                    .await;
+                match sent {
+                    Ok(()) => synced = Some(want),
+                    Err(e) if e.schema => {
+                        cursor.set("rejected_record", Some(e.message));
+                        drop(b);
+                        tokio::select! {
+                            biased;
+                            () = stop.cancelled() => return,
+                            () = clock.sleep(Duration::from_secs(5)) => {}
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        // (settings the target refuses do not stop the records: tried again
+                        // when they change)
+                        tracing::warn!(parent = %child.parent, child = %child.name, error = %e.message, "the remote child's target did not take the parent's settings");
+                        synced = Some(want);
+                    }
+                }
+            }
+        }
         let lanes_done = match done.take() {
             Some((end, d)) if end == last + 1 => d,
             _ => Vec::new(),

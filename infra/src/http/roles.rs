@@ -30,6 +30,138 @@ struct MirrorBody {
     /// Only say whether it would (`remote test`): nothing changes.
     #[serde(default)]
     dry_run: bool,
+    /// The source's settings, which a mirror follows (never its partition count).
+    #[serde(default)]
+    settings: Option<MirrorSettings>,
+    /// The source's newest JSON Schema versions, in order: the mirror appends those it
+    /// lacks (a version it holds must be the same).
+    #[serde(default)]
+    schemas: Option<Vec<MirrorSchema>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MirrorSettings {
+    visibility_timeout_ms: i64,
+    retention_ms: i64,
+    retention_bytes: u64,
+    delay_ms: i64,
+    max_message_bytes: u64,
+    key_policy: narad_core::topic::KeyPolicy,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MirrorSchema {
+    version: u32,
+    schema: serde_json::Value,
+}
+
+/// Most schema versions one mirror request carries.
+const MAX_SYNC_SCHEMAS: usize = narad_core::broker::MAX_SCHEMA_VERSIONS;
+
+/// Brings mirror `topic`'s settings to the source's; the error, if the topic refuses them
+/// (they do not validate here, say): reported, not fatal.
+async fn follow_settings(
+    broker: &std::sync::Arc<narad_core::broker::Broker>,
+    topic: &str,
+    s: &MirrorSettings,
+) -> Option<String> {
+    let cur = match broker.topic_meta(topic) {
+        Ok(m) => m.config,
+        Err(e) => return Some(e.to_string()),
+    };
+    let differs = |a: i64, b: i64| (a != b).then_some(a);
+    let patch = narad_core::topic::TopicPatch {
+        visibility_timeout_ms: differs(s.visibility_timeout_ms, cur.visibility_timeout_ms),
+        retention_ms: differs(s.retention_ms, cur.retention_ms),
+        retention_bytes: (s.retention_bytes != cur.retention_bytes).then_some(s.retention_bytes),
+        delay_ms: differs(s.delay_ms, cur.delay_ms),
+        max_message_bytes: (s.max_message_bytes != cur.max_message_bytes)
+            .then_some(s.max_message_bytes),
+        key_policy: (s.key_policy != cur.key_policy).then_some(s.key_policy),
+        ..Default::default()
+    };
+    if patch.is_empty() {
+        return None;
+    }
+    broker
+        .alter_topic(topic, patch)
+        .await
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// Appends to mirror `topic` the source's schema versions it lacks, in order; a version it
+/// holds must be the source's, and none may be skipped.
+async fn follow_schemas(
+    state: &SharedState,
+    broker: &std::sync::Arc<narad_core::broker::Broker>,
+    topic: &str,
+    versions: &[MirrorSchema],
+) -> Result<(), ApiError> {
+    let mismatch = |m: String| ApiError::new(ErrorCode::SchemaIncompatible, m);
+    if versions.len() > MAX_SYNC_SCHEMAS {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("schemas: at most {MAX_SYNC_SCHEMAS} versions"),
+        ));
+    }
+    for v in versions {
+        let held = broker.topic_meta(topic)?.schemas;
+        let last = held.last().map_or(0, |h| h.version);
+        if v.version <= last {
+            if held
+                .iter()
+                .find(|h| h.version == v.version)
+                .map(|h| &h.schema)
+                != Some(&v.schema)
+            {
+                return Err(mismatch(format!(
+                    "topic '{topic}' has another JSON Schema version {} than the source: give it the source's versions",
+                    v.version
+                )));
+            }
+            continue;
+        }
+        if v.version != last + 1 {
+            return Err(mismatch(format!(
+                "topic '{topic}' is at JSON Schema version {last}; the source sent version {} without the ones between",
+                v.version
+            )));
+        }
+        state.schemas.compile(v.schema.clone()).await.map_err(|e| {
+            mismatch(format!(
+                "the source's JSON Schema version {} does not compile here: {e}",
+                v.version
+            ))
+        })?;
+        // (the source checked its evolution already: the mirror follows it as it is; two
+        // of the source's cursors may bring the same version at once: one appends it)
+        let want = v.version;
+        let added = broker
+            .add_schema_version(topic, v.schema.clone(), |old| {
+                let last = old.last().map_or(0, |h| h.version);
+                if last + 1 == want {
+                    Ok(())
+                } else {
+                    Err(format!("version {want} follows {last} no more"))
+                }
+            })
+            .await;
+        if added.is_err() {
+            let held = broker.topic_meta(topic)?.schemas;
+            if held
+                .iter()
+                .find(|h| h.version == v.version)
+                .map(|h| &h.schema)
+                != Some(&v.schema)
+            {
+                added?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -190,7 +322,27 @@ pub async fn mirror(
         }
     };
     let action = (!b.dry_run).then_some("topic_mirror");
-    change(&broker, &caller, &topic, now, role, action, None).await
+    let answer = change(&broker, &caller, &topic, now, role, action, None).await?;
+    if b.dry_run || (b.settings.is_none() && b.schemas.is_none()) {
+        return Ok(answer);
+    }
+    if let Some(versions) = &b.schemas {
+        follow_schemas(&state, &broker, &topic, versions).await?;
+    }
+    let settings_error = match &b.settings {
+        Some(s) => follow_settings(&broker, &topic, s).await,
+        None => None,
+    };
+    let meta = broker.topic_meta(&topic)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "failover": role_json(&meta.role),
+            "changed": role != now,
+            "schema_version": meta.schemas.last().map(|v| v.version),
+            "settings_error": settings_error,
+        }),
+    ))
 }
 
 /// `POST /v1/topics/{topic}/progress`: the body of a link's consumer progress.
