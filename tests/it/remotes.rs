@@ -1183,14 +1183,6 @@ async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_t
 async fn a_refused_record_blocks_its_link_until_an_admin_skips_it() {
     let dir = tempfile::tempdir().unwrap();
     let (b, ca) = target(dir.path()).await;
-    let r = call(
-        &b,
-        Method::PATCH,
-        "/v1/topics/orders",
-        Some(json!({"max_message_bytes": 1024})),
-    )
-    .await;
-    json_of(r, StatusCode::OK).await;
     let mut a = source(dir.path(), port_of(&b)).await;
     let url = format!("https://127.0.0.1:{}", port_of(&b));
     let r = call(&a, Method::POST, "/v1/remotes", Some(json!({"name": "b", "url": url, "username": "mirror", "password": MIRROR_PW, "ca_pem": ca}))).await;
@@ -1214,6 +1206,28 @@ async fn a_refused_record_blocks_its_link_until_an_admin_skips_it() {
     // nothing blocks yet: nothing to skip
     let r = call(&a, Method::POST, "/v1/topics/src/children/to-b/skip", None).await;
     assert_eq!(json_of(r, StatusCode::OK).await, json!({"skipped": []}));
+    // the link brings B to A's settings with its first records; B's own tighter limit,
+    // set after that, refuses what A takes
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics/src/produce/batch",
+        Some(json!({"messages": [{"key": "k", "payload": {"seq": 100, "pad": ""}}]})),
+    )
+    .await;
+    json_of(r, StatusCode::ACCEPTED).await;
+    until("seq 100 shipped", async || {
+        replay_all(&b, "orders", 2).await.iter().any(|r| r.2 == 100)
+    })
+    .await;
+    let r = call(
+        &b,
+        Method::PATCH,
+        "/v1/topics/orders",
+        Some(json!({"max_message_bytes": 1024})),
+    )
+    .await;
+    json_of(r, StatusCode::OK).await;
     let msgs: Vec<Value> = (0..11u64)
         .map(|s| {
             let pad = if s == 5 {
@@ -1232,14 +1246,16 @@ async fn a_refused_record_blocks_its_link_until_an_admin_skips_it() {
     )
     .await;
     json_of(r, StatusCode::ACCEPTED).await;
-    until("blocked by record 5", async || {
+    // (seq 5 is at offset 6: seq 100 came first)
+    until("blocked by seq 5", async || {
         let c = children_of(&a, "src").await;
         let r = &c["children"][0]["remote"];
-        r["state"] == "record_too_large" && r["blocked"] == json!([{"partition": 0, "offset": 5}])
+        r["state"] == "record_too_large" && r["blocked"] == json!([{"partition": 0, "offset": 6}])
     })
     .await;
-    assert!(
-        replay_all(&b, "orders", 2).await.is_empty(),
+    assert_eq!(
+        replay_all(&b, "orders", 2).await.len(),
+        1,
         "a batch is all or nothing"
     );
     // only a record that blocks now may be named
@@ -1262,7 +1278,7 @@ async fn a_refused_record_blocks_its_link_until_an_admin_skips_it() {
     let r = call(&a, Method::POST, "/v1/topics/src/children/to-b/skip", None).await;
     assert_eq!(
         json_of(r, StatusCode::OK).await,
-        json!({"skipped": [{"partition": 0, "offset": 5}]})
+        json!({"skipped": [{"partition": 0, "offset": 6}]})
     );
     assert!(a.log().contains("remote_child_skip"), "the skip is audited");
     until("the rest shipped", async || {
@@ -1273,7 +1289,7 @@ async fn a_refused_record_blocks_its_link_until_an_admin_skips_it() {
             .collect();
         let mut got = got;
         got.sort_unstable();
-        got == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]
+        got == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 100]
     })
     .await;
     until("running again", async || {
