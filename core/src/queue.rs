@@ -620,22 +620,29 @@ impl PartitionQueue {
     /// Settles a delivery.
     pub fn ack(&mut self, offset: u64, nonce: u64, now_ms: i64) -> Result<(), LeaseError> {
         let lease = self.live_lease(offset, nonce, now_ms)?;
-        if offset != self.frontier && self.acked.len() >= self.max_ack_ranges {
-            let joins_left = self
-                .acked
-                .range(..offset)
-                .next_back()
-                .is_some_and(|(_, &e)| e == offset);
-            let joins_right = self.acked.contains_key(&(offset + 1));
-            if !joins_left && !joins_right {
-                return Err(LeaseError::AckSetFull);
-            }
+        if self.ack_set_full_for(offset) {
+            return Err(LeaseError::AckSetFull);
         }
         self.drop_lease(offset, lease);
         self.deliveries.remove(&offset);
         self.mark_acked(offset);
         self.dirty = true;
         Ok(())
+    }
+
+    /// Whether acking `offset` would need a new range while the ack set holds the most it
+    /// keeps (an ack at the frontier, or one joining a range, never does).
+    fn ack_set_full_for(&self, offset: u64) -> bool {
+        let joins_left = self
+            .acked
+            .range(..offset)
+            .next_back()
+            .is_some_and(|(_, &e)| e == offset);
+        let joins_right = self.acked.contains_key(&(offset + 1));
+        offset != self.frontier
+            && self.acked.len() >= self.max_ack_ranges
+            && !joins_left
+            && !joins_right
     }
 
     /// Settles `offset` without a lease: it was processed elsewhere (a mirror's source
@@ -653,15 +660,8 @@ impl PartitionQueue {
         {
             return false;
         }
-        if offset != self.frontier && self.acked.len() >= self.max_ack_ranges {
-            let joins_left = self
-                .acked
-                .range(..offset)
-                .next_back()
-                .is_some_and(|(_, &e)| e == offset);
-            if !joins_left && !self.acked.contains_key(&(offset + 1)) {
-                return false;
-            }
+        if self.ack_set_full_for(offset) {
+            return false;
         }
         if let Some(lease) = self.leases.remove(&offset) {
             self.expiries.remove(&(lease.deadline_ms, offset));

@@ -200,23 +200,11 @@ impl RemoteClient {
         topic_id: u64,
         link: &str,
     ) -> Result<Reply, ClientError> {
-        tokio::time::timeout(
-            self.timeout,
-            self.exchange(
-                Method::POST,
-                path,
-                Some(body),
-                Some((topic_id, link)),
-                true,
-                true,
-            ),
-        )
-        .await
-        .map_err(|_| ClientError::Timeout(self.timeout))?
+        self.post_link(path, body, topic_id, link, true).await
     }
 
-    /// A POST of a JSON body with a link's headers (`Narad-Topic-Id`, `Narad-Link`, as
-    /// [`RemoteClient::post_zstd`]), uncompressed: for the link's small messages.
+    /// [`RemoteClient::post_zstd`] of a JSON body sent as it is: for the link's small
+    /// messages.
     pub async fn post_link_json(
         &self,
         path: &str,
@@ -224,14 +212,25 @@ impl RemoteClient {
         topic_id: u64,
         link: &str,
     ) -> Result<Reply, ClientError> {
+        self.post_link(path, json, topic_id, link, false).await
+    }
+
+    async fn post_link(
+        &self,
+        path: &str,
+        body: Bytes,
+        topic_id: u64,
+        link: &str,
+        zstd: bool,
+    ) -> Result<Reply, ClientError> {
         tokio::time::timeout(
             self.timeout,
             self.exchange(
                 Method::POST,
                 path,
-                Some(json),
+                Some(body),
                 Some((topic_id, link)),
-                false,
+                zstd,
                 true,
             ),
         )

@@ -525,6 +525,18 @@ impl Sender {
 }
 
 impl Sender {
+    /// Remote child `child`'s remote and a client for it, or why not.
+    fn link_client(&self, child: &RemoteChild) -> Result<(RemoteMeta, Arc<RemoteClient>), String> {
+        let remote = self
+            .broker
+            .upgrade()
+            .and_then(|b| b.remote(&child.remote).ok())
+            .filter(|r| r.id == child.remote_id)
+            .ok_or_else(|| format!("remote '{}' is gone", child.remote))?;
+        let client = self.client(&remote).map_err(|f| f.message)?;
+        Ok(((*remote).clone(), client))
+    }
+
     /// Brings the target topic to the parent's settings and schema versions (`POST
     /// .../mirror` with them: the target is, or becomes, the parent's mirror at its epoch).
     async fn sync_catalog(self: Arc<Self>, u: CatalogSync) -> Result<(), SyncRefused> {
@@ -533,13 +545,7 @@ impl Sender {
             message,
         };
         let child = u.child.clone();
-        let remote = self
-            .broker
-            .upgrade()
-            .and_then(|b| b.remote(&child.remote).ok())
-            .filter(|r| r.id == child.remote_id)
-            .ok_or_else(|| refused(format!("remote '{}' is gone", child.remote)))?;
-        let client = self.client(&remote).map_err(|f| refused(f.message))?;
+        let (_, client) = self.link_client(&child).map_err(refused)?;
         // the newest versions that fit one request (the target holds the older ones, or
         // says which it lacks)
         let mut versions = Vec::new();
@@ -616,13 +622,7 @@ impl Sender {
             message,
         };
         let child = u.child.clone();
-        let remote = self
-            .broker
-            .upgrade()
-            .and_then(|b| b.remote(&child.remote).ok())
-            .filter(|r| r.id == child.remote_id)
-            .ok_or_else(|| refused(format!("remote '{}' is gone", child.remote)))?;
-        let client = self.client(&remote).map_err(|f| refused(f.message))?;
+        let (remote, client) = self.link_client(&child).map_err(refused)?;
         let gate = self.gate(remote.id);
         if gate.is_open() {
             return Err(refused("the remote's gate is open".into()));

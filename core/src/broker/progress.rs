@@ -40,7 +40,7 @@ pub fn progress_max_origin_partitions() -> u32 {
 }
 
 /// Most offsets one progress message hands back (see `settle_returned`).
-pub const MAX_RETURNED: u64 = 1 << 20;
+pub const MAX_RETURNED: u64 = 1 << 16;
 
 /// Most unsettled records one mirror's index holds; records beyond are not indexed (they
 /// stay deliverable after a promote: duplicates, never a gap).
@@ -201,6 +201,25 @@ pub(crate) fn origin_of(r: &Record) -> Option<(Source, u32, u64)> {
 }
 
 impl Broker {
+    /// Up to `max` records of `part` from `next` (off the runtime's threads), or, when
+    /// retention removed `next` already, `Err(oldest)`: where the partition begins now.
+    pub(super) async fn read_slab(
+        &self,
+        part: &Partition,
+        next: u64,
+        max: usize,
+    ) -> Result<Result<Vec<Arc<Record>>, u64>, BrokerError> {
+        let log = self.log_of(part).await?;
+        let read = tokio::task::spawn_blocking(move || log.read(next, max, fanout::SLAB_BYTES))
+            .await
+            .expect("slab read task");
+        match read {
+            Ok(r) => Ok(Ok(r)),
+            Err(LogError::Truncated { oldest, .. }) => Ok(Err(oldest)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Takes the source's progress on its partition `partition` for mirror `topic` (the
     /// caller checked that the link is this mirror's source at its epoch) and settles every
     /// record of `topic` it covers. Returns how many were settled now.
@@ -227,11 +246,12 @@ impl Broker {
         let t = self.topic(topic)?;
         let index = self.mirror_index(&t, source);
         let mut index = index.lock().await;
-        // progress only moves forward: one that arrives late (reordered) is older
-        let old = index.progress.get(&partition);
-        if old.is_none_or(|o| progress.frontier >= o.frontier) {
-            index.progress.insert(partition, progress);
-        }
+        // what came so far first: progress counts only for records this mirror holds (a
+        // link that claims more is not believed beyond them), and replaces the last (one
+        // cursor sends one at a time)
+        self.settle_covered(&t, &mut index).await?;
+        let held = index.received.get(&partition).copied().unwrap_or(0);
+        index.progress.insert(partition, progress.clamped(held));
         if let Some(end) = end {
             index.ends.insert(
                 partition,
@@ -250,7 +270,7 @@ impl Broker {
     /// Settles, in mirror `topic`'s own partitions, the records the source's consumers
     /// processed after they came from here (`returned`: ranges `(partition, start, end)` of
     /// this topic's offsets). Returns how many were settled.
-    pub fn settle_returned(
+    pub async fn settle_returned(
         &self,
         topic: &str,
         returned: &[(u32, u64, u64)],
@@ -278,9 +298,33 @@ impl Broker {
             if !self.is_local(&meta, p) {
                 continue;
             }
-            let mut q = part.queue.lock();
-            for o in s..e {
-                settled += u64::from(q.settle_processed(o));
+            // only this topic's own records (no origin): the ones that went to the other
+            // cluster and came back processed; never one that came from elsewhere
+            let mut next = s;
+            while next < e {
+                let max = ((e - next) as usize).min(4096);
+                let records = match self.read_slab(part, next, max).await? {
+                    Ok(r) => r,
+                    Err(oldest) => {
+                        next = oldest.max(next + 1);
+                        continue;
+                    }
+                };
+                let Some(last) = records.last().map(|r| r.offset) else {
+                    break;
+                };
+                let mut q = part.queue.lock();
+                for r in records.iter().filter(|r| r.offset < e) {
+                    if origin_of(r).is_none()
+                        && !r
+                            .headers
+                            .iter()
+                            .any(|(h, _)| h.eq_ignore_ascii_case(remotes::ORIGIN_HEADER))
+                    {
+                        settled += u64::from(q.settle_processed(r.offset));
+                    }
+                }
+                next = last + 1;
             }
         }
         if settled > 0 {
@@ -406,18 +450,12 @@ impl Broker {
             };
             let mut next = index.scanned[i].max(frontier);
             while next < hwm && index.pending.len() < MAX_INDEXED {
-                let log = self.log_of(part).await?;
-                let read =
-                    tokio::task::spawn_blocking(move || log.read(next, 4096, fanout::SLAB_BYTES))
-                        .await
-                        .expect("mirror index read task");
-                let records = match read {
+                let records = match self.read_slab(part, next, 4096).await? {
                     Ok(r) => r,
-                    Err(LogError::Truncated { oldest, .. }) => {
+                    Err(oldest) => {
                         next = oldest;
                         continue;
                     }
-                    Err(e) => return Err(e.into()),
                 };
                 let Some(last) = records.last().map(|r| r.offset) else {
                     break;

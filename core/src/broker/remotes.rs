@@ -520,31 +520,27 @@ const RETURN_SCAN_MAX: u64 = 16_384;
 
 /// The records of `part` in `[from, to)` (acked: below its ack frontier) whose origin is
 /// topic `target` (the link's target: they came from it, and it is the old primary), as
-/// ranges of the target's own offsets; and where the scan stopped (at most
-/// [`RETURN_SCAN_MAX`] records a round).
+/// ranges of the target's own offsets; and where the scan stopped (at most `budget`
+/// records: [`RETURN_SCAN_MAX`] a round in all).
 async fn scan_returned(
     b: &Arc<Broker>,
     part: &Arc<super::Partition>,
     from: u64,
     to: u64,
     target: u64,
+    budget: u64,
 ) -> Result<(Vec<(u32, u64, u64)>, u64), BrokerError> {
-    let limit = to.min(from.saturating_add(RETURN_SCAN_MAX));
+    let limit = to.min(from.saturating_add(budget));
     let mut next = from;
     let mut found: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
     while next < limit {
-        let log = b.log_of(part).await?;
         let max = (limit - next).min(4096) as usize;
-        let read = tokio::task::spawn_blocking(move || log.read(next, max, fanout::SLAB_BYTES))
-            .await
-            .expect("returned scan read task");
-        let records = match read {
+        let records = match b.read_slab(part, next, max).await? {
             Ok(r) => r,
-            Err(LogError::Truncated { oldest, .. }) => {
+            Err(oldest) => {
                 next = oldest;
                 continue;
             }
-            Err(e) => return Err(e.into()),
         };
         let Some(last) = records.last().map(|r| r.offset) else {
             break;
@@ -635,6 +631,8 @@ async fn run_remote_cursor(
     let mut progress_sent: Option<((super::PartitionProgress, super::SourceEnd), i64)> = None;
     // the next offset to look at for records that came from the target (see `scan_returned`)
     let mut returned_scan = 0u64;
+    // acked ranges above the frontier whose records were looked at (and handed back)
+    let mut returned_ranges: std::collections::BTreeSet<(u64, u64)> = Default::default();
     // the parent's settings and schema count the target was last brought to
     let mut synced: Option<(crate::topic::TopicConfig, usize)> = None;
     loop {
@@ -730,32 +728,56 @@ async fn run_remote_cursor(
                     ..
                 }
             );
-            let (returned, returned_to) = if returns {
+            let mut newly_returned = Vec::new();
+            let (returned, returned_to, unreturned) = if returns {
                 let from = returned_scan.max(part.stats().oldest_offset);
-                match scan_returned(&b, &part, from, snap.frontier, current.target_id).await {
-                    Ok(r) => r,
+                let mut budget = RETURN_SCAN_MAX;
+                let below =
+                    scan_returned(&b, &part, from, snap.frontier, current.target_id, budget).await;
+                match below {
+                    Ok((mut ranges, to)) => {
+                        budget = budget.saturating_sub(to - from);
+                        // and the ranges acked above the frontier (out of order), each once
+                        let mut unreturned = snap.frontier.saturating_sub(to);
+                        for &(s, e) in &snap.acked {
+                            if returned_ranges.contains(&(s, e)) {
+                                continue;
+                            }
+                            if budget < e - s {
+                                unreturned += e - s;
+                                continue;
+                            }
+                            match scan_returned(&b, &part, s, e, current.target_id, budget).await {
+                                Ok((found, _)) => {
+                                    budget -= e - s;
+                                    ranges.extend(found);
+                                    newly_returned.push((s, e));
+                                }
+                                Err(_) => unreturned += e - s,
+                            }
+                        }
+                        (ranges, to, unreturned)
+                    }
                     Err(e) => {
                         tracing::debug!(parent = %child.parent, partition = pidx, error = %e, "reading acked records to hand back to the old primary; tried again");
-                        (Vec::new(), returned_scan)
+                        (Vec::new(), returned_scan, 1)
                     }
                 }
             } else {
-                (Vec::new(), snap.frontier)
+                (Vec::new(), snap.frontier, 0)
             };
-            let end = super::SourceEnd {
-                unreturned: snap.frontier.saturating_sub(returned_to),
-                ..end
-            };
+            let end = super::SourceEnd { unreturned, ..end };
             snap.acked.truncate(super::progress::MAX_PROGRESS_RANGES);
             let progress = super::PartitionProgress {
                 frontier: snap.frontier,
                 acked: snap.acked,
             }
             .clamped(next);
-            let resend = progress_sent.as_ref().is_none_or(|(p, at)| {
-                *p != (progress.clone(), end)
-                    || now_ms.saturating_sub(*at) >= super::PROGRESS_RESEND.as_millis() as i64
-            });
+            let resend = !returned.is_empty()
+                || progress_sent.as_ref().is_none_or(|(p, at)| {
+                    *p != (progress.clone(), end)
+                        || now_ms.saturating_sub(*at) >= super::PROGRESS_RESEND.as_millis() as i64
+                });
             let cluster_id = b.cluster_id();
             if resend && let Some(cluster_id) = cluster_id {
                 let sent = shipper
@@ -774,6 +796,8 @@ async fn run_remote_cursor(
                     Ok(()) => {
                         progress_sent = Some(((progress, end), now_ms));
                         returned_scan = returned_to;
+                        returned_ranges.retain(|&(_, e)| e > returned_to);
+                        returned_ranges.extend(newly_returned);
                     }
                     Err(e) if e.fenced && role.is_primary() => {
                         // (an idle old primary learns it was replaced from its progress: no
@@ -789,6 +813,8 @@ async fn run_remote_cursor(
             } else if !resend {
                 progress_sent = Some(((progress, end), progress_sent.map_or(now_ms, |(_, at)| at)));
                 returned_scan = returned_to;
+                returned_ranges.retain(|&(_, e)| e > returned_to);
+                returned_ranges.extend(newly_returned);
             }
         }
         let appended = parent.appended.notified();

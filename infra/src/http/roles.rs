@@ -189,6 +189,23 @@ struct FencedBody {
     role: RoleJson,
 }
 
+/// A link's request to `topic`: no query string, the `replicate` grant, and its JSON body
+/// (at most `limit` bytes).
+async fn link_request<T: serde::de::DeserializeOwned>(
+    state: &SharedState,
+    caller: &Caller,
+    topic: &str,
+    uri: &Uri,
+    body: Body,
+    limit: usize,
+) -> Result<(std::sync::Arc<narad_core::broker::Broker>, T), ApiError> {
+    Query::parse(uri.query(), &[])?;
+    caller.require(narad_auth::Action::Replicate, topic)?;
+    let broker = state.broker()?.clone();
+    let body = read_body(body, limit).await?;
+    Ok((broker, parse_json(&body)?))
+}
+
 fn hex16(v: &str, field: &str) -> Result<u64, ApiError> {
     (v.len() == 16 && v.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
         .then(|| u64::from_str_radix(v, 16).ok())
@@ -266,11 +283,8 @@ pub async fn mirror(
     uri: Uri,
     body: Body,
 ) -> ApiResult {
-    Query::parse(uri.query(), &[])?;
-    caller.require(narad_auth::Action::Replicate, &topic)?;
-    let broker = state.broker()?.clone();
-    let body = read_body(body, MAX_JSON_BODY).await?;
-    let b: MirrorBody = parse_json(&body)?;
+    let (broker, b): (_, MirrorBody) =
+        link_request(&state, &caller, &topic, &uri, body, MAX_JSON_BODY).await?;
     let source = Source {
         cluster: hex16(&b.cluster, "cluster")?,
         topic: hex16(&b.topic, "topic")?,
@@ -388,11 +402,8 @@ pub async fn progress(
     body: Body,
 ) -> ApiResult {
     use super::produce::{FencedBody, LINK_HEADER, Refused, check_intake, link_of};
-    Query::parse(uri.query(), &[])?;
-    caller.require(narad_auth::Action::Replicate, &topic)?;
-    let broker = state.broker()?.clone();
-    let body = read_body(body, MAX_PROGRESS_BODY).await?;
-    let b: ProgressBody = parse_json(&body)?;
+    let (broker, b): (_, ProgressBody) =
+        link_request(&state, &caller, &topic, &uri, body, MAX_PROGRESS_BODY).await?;
     let link = link_of(&headers)?.ok_or_else(|| {
         ApiError::new(
             ErrorCode::InvalidHeaders,
@@ -446,7 +457,7 @@ pub async fn progress(
         }
     };
     if !b.returned.is_empty() {
-        broker.settle_returned(&topic, &b.returned)?;
+        broker.settle_returned(&topic, &b.returned).await?;
     }
     broker
         .take_mirror_progress(
