@@ -50,7 +50,9 @@ async fn mirror(s: &Server, cluster: &str, epoch: u64) -> reqwest::Response {
         MIRROR,
         Method::POST,
         "/v1/topics/orders/mirror",
-        Some(json!({"cluster": cluster, "topic": "00000000000000a1", "epoch": epoch})),
+        Some(
+            json!({"source_cluster": cluster, "source_topic": "00000000000000a1", "epoch": epoch}),
+        ),
     )
     .await
 }
@@ -104,7 +106,7 @@ async fn a_mirror_takes_only_its_links_batches_and_a_promote_fences_the_old_sour
         MIRROR,
         Method::POST,
         "/v1/topics/orders/mirror",
-        Some(json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": 4, "dry_run": true})),
+        Some(json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": 4, "dry_run": true})),
     )
     .await;
     assert_eq!(body(r, StatusCode::OK).await["changed"], false);
@@ -114,7 +116,7 @@ async fn a_mirror_takes_only_its_links_batches_and_a_promote_fences_the_old_sour
         Method::POST,
         "/v1/topics/orders/mirror",
         Some(
-            json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": u64::MAX}),
+            json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": u64::MAX}),
         ),
     )
     .await;
@@ -342,7 +344,7 @@ async fn a_mirror_takes_only_its_links_batches_and_a_promote_fences_the_old_sour
         ROOT,
         Method::POST,
         "/v1/topics/kid/mirror",
-        Some(json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": 0})),
+        Some(json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": 0})),
     )
     .await;
     expect_error(r, StatusCode::CONFLICT, "role_conflict").await;

@@ -327,7 +327,9 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
         "POST /v1/topics/{topic}/mirror" => (
             Method::POST,
             format!("/v1/topics/{}/mirror", ctx.topic().await),
-            Some(json!({"cluster": "00000000000000c1", "topic": "00000000000000a1", "epoch": 0})),
+            Some(
+                json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": 0}),
+            ),
         ),
         "POST /v1/topics/{topic}/progress" => (
             Method::POST,

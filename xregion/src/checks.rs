@@ -360,8 +360,8 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
     //    producer, and a link of an older epoch
     if let Some(m) = target.mirror {
         let body = serde_json::json!({
-            "cluster": format!("{:016x}", m.cluster),
-            "topic": format!("{:016x}", m.topic),
+            "source_cluster": format!("{:016x}", m.cluster),
+            "source_topic": format!("{:016x}", m.topic),
             "epoch": m.epoch,
             "dry_run": m.dry,
         });

@@ -561,8 +561,8 @@ impl Sender {
         versions.reverse();
         let c = &u.config;
         let body = serde_json::json!({
-            "cluster": format!("{:016x}", u.cluster_id),
-            "topic": format!("{:016x}", child.parent_id),
+            "source_cluster": format!("{:016x}", u.cluster_id),
+            "source_topic": format!("{:016x}", child.parent_id),
             "epoch": u.epoch,
             "settings": {
                 "visibility_timeout_ms": c.visibility_timeout_ms,

@@ -24,8 +24,8 @@ use super::{
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MirrorBody {
-    cluster: String,
-    topic: String,
+    source_cluster: String,
+    source_topic: String,
     epoch: u64,
     /// Only say whether it would (`remote test`): nothing changes.
     #[serde(default)]
@@ -286,8 +286,8 @@ pub async fn mirror(
     let (broker, b): (_, MirrorBody) =
         link_request(&state, &caller, &topic, &uri, body, MAX_JSON_BODY).await?;
     let source = Source {
-        cluster: hex16(&b.cluster, "cluster")?,
-        topic: hex16(&b.topic, "topic")?,
+        cluster: hex16(&b.source_cluster, "source_cluster")?,
+        topic: hex16(&b.source_topic, "source_topic")?,
     };
     if broker.cluster_id() == Some(source.cluster) {
         return Err(ApiError::new(
