@@ -107,29 +107,22 @@ async fn follow_schemas(
             format!("schemas: at most {MAX_SYNC_SCHEMAS} versions"),
         ));
     }
-    for v in versions {
-        let held = broker.topic_meta(topic)?.schemas;
-        let last = held.last().map_or(0, |h| h.version);
-        if v.version <= last {
-            if held
-                .iter()
-                .find(|h| h.version == v.version)
-                .map(|h| &h.schema)
-                != Some(&v.schema)
-            {
+    // where the mirror stands in the source's list: its latest schema is one of the sent
+    // versions (by content: the two clusters number their versions each their own way),
+    // and the versions after it are appended in order
+    let held = broker.topic_meta(topic)?.schemas;
+    let start = match held.last() {
+        None => 0,
+        Some(latest) => match versions.iter().rposition(|v| v.schema == latest.schema) {
+            Some(k) => k + 1,
+            None => {
                 return Err(mismatch(format!(
-                    "topic '{topic}' has another JSON Schema version {} than the source: give it the source's versions",
-                    v.version
+                    "topic '{topic}' has a JSON Schema that is none of the source's latest versions: give it the source's"
                 )));
             }
-            continue;
-        }
-        if v.version != last + 1 {
-            return Err(mismatch(format!(
-                "topic '{topic}' is at JSON Schema version {last}; the source sent version {} without the ones between",
-                v.version
-            )));
-        }
+        },
+    };
+    for v in &versions[start..] {
         state.schemas.compile(v.schema.clone()).await.map_err(|e| {
             mismatch(format!(
                 "the source's JSON Schema version {} does not compile here: {e}",
@@ -138,25 +131,26 @@ async fn follow_schemas(
         })?;
         // (the source checked its evolution already: the mirror follows it as it is; two
         // of the source's cursors may bring the same version at once: one appends it)
-        let want = v.version;
+        let expect_last = broker
+            .topic_meta(topic)?
+            .schemas
+            .last()
+            .map(|h| h.schema.clone());
+        if expect_last.as_ref() == Some(&v.schema) {
+            continue;
+        }
         let added = broker
             .add_schema_version(topic, v.schema.clone(), |old| {
-                let last = old.last().map_or(0, |h| h.version);
-                if last + 1 == want {
+                if old.last().map(|h| &h.schema) == expect_last.as_ref() {
                     Ok(())
                 } else {
-                    Err(format!("version {want} follows {last} no more"))
+                    Err("the schema changed meanwhile".to_owned())
                 }
             })
             .await;
         if added.is_err() {
-            let held = broker.topic_meta(topic)?.schemas;
-            if held
-                .iter()
-                .find(|h| h.version == v.version)
-                .map(|h| &h.schema)
-                != Some(&v.schema)
-            {
+            let now = broker.topic_meta(topic)?.schemas;
+            if now.last().map(|h| &h.schema) != Some(&v.schema) {
                 added?;
             }
         }
