@@ -276,7 +276,12 @@ pub(super) async fn single_message(
             format!("{LINK_HEADER} goes with /produce/batch only (a remote child's batches)"),
         ));
     }
-    check_intake(caller, &broker, topic, None)?;
+    check_intake(
+        caller,
+        broker.with_topic_meta(topic, |m| m.role).ok(),
+        topic,
+        None,
+    )?;
     check_schema(state, &broker, topic, std::slice::from_ref(&msg)).await?;
     if let Some(ingress) = state.ingress() {
         // a cluster member: on the partition's owner
@@ -584,7 +589,11 @@ pub async fn batch(
     check_origins(&caller, &broker, &topic, &msgs)?;
     // which incarnation takes them: a remote child mirroring here names the one it was
     // attached to, and nothing is written to another (deleted and created again)
-    let topic_id = broker.with_topic_meta(&topic, |m| m.id).ok();
+    // (one look at the topic for its incarnation and its role)
+    let (topic_id, role) = broker
+        .with_topic_meta(&topic, |m| (m.id, m.role))
+        .ok()
+        .unzip();
     if let Some(want) = headers.get("narad-topic-id") {
         let want = want
             .to_str()
@@ -610,7 +619,7 @@ pub async fn batch(
     }
     // (after the incarnation: a target deleted and created again says so, whatever its role)
     let link = link_of(&headers)?;
-    let late = match check_intake(&caller, &broker, &topic, link) {
+    let late = match check_intake(&caller, role, &topic, link) {
         Ok(intake) => intake == Some(narad_core::catalog::role::LinkIntake::Late),
         Err(Refused::Plain(e)) => return Err(e),
         Err(Refused::Fenced(e, role)) => {
@@ -769,12 +778,12 @@ use super::topics::role_json;
 /// `not_your_mirror`). A link's batches need the `replicate` grant.
 pub(super) fn check_intake(
     caller: &Caller,
-    broker: &narad_core::broker::Broker,
+    role: Option<narad_core::catalog::TopicRole>,
     topic: &str,
     link: Option<Link>,
 ) -> Result<Option<narad_core::catalog::role::LinkIntake>, Refused> {
     use narad_core::catalog::role::{RoleRefusal, decide_link};
-    let Ok(role) = broker.with_topic_meta(topic, |m| m.role) else {
+    let Some(role) = role else {
         // (a topic that does not exist: the produce says so)
         return Ok(None);
     };

@@ -404,7 +404,7 @@ pub async fn progress(
             format!("{LINK_HEADER} is required: progress comes from a remote child's link"),
         )
     })?;
-    let id = broker.with_topic_meta(&topic, |m| m.id)?;
+    let (id, role) = broker.with_topic_meta(&topic, |m| (m.id, m.role))?;
     if let Some(want) = headers.get("narad-topic-id")
         && want.to_str().ok() != Some(format!("{id:016x}").as_str())
     {
@@ -415,7 +415,7 @@ pub async fn progress(
             ),
         ));
     }
-    match check_intake(&caller, &broker, &topic, Some(link)) {
+    match check_intake(&caller, Some(role), &topic, Some(link)) {
         Ok(Some(narad_core::catalog::role::LinkIntake::Mirrored)) => {}
         // (the old primary's tail: its consumers' progress means nothing here any more)
         Ok(_) => return Ok(axum::http::StatusCode::NO_CONTENT.into_response()),
