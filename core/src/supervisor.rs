@@ -278,7 +278,11 @@ mod tests {
                 .get(),
             1
         );
-        assert_eq!(sup.running(), vec![("steady", 1)]);
+        // (the panic is recorded before the task's slot is let go: wait for both)
+        eventually("the panicked task still counted as running", || {
+            sup.running() == vec![("steady", 1)]
+        })
+        .await;
         sup.shutdown(Duration::from_secs(5)).await;
         assert!(sup.running().is_empty());
     }
