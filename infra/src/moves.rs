@@ -111,14 +111,33 @@ pub struct MoveSettings {
     pub max_in_flight: usize,
     pub auto_rebalance: bool,
     pub dead_target_abort: Duration,
-    /// Fault injection (tests): the first attempt stalls before it asks for the freeze, once
-    /// frozen, or before its flip.
+    /// Fault injection (tests): a move stalls once before it asks for the freeze, once
+    /// frozen, or before its flip (the first attempt that gets there: an earlier attempt may
+    /// have failed on its own).
     pub stall_before_freeze: Duration,
     pub stall_frozen: Duration,
     pub stall_flip: Duration,
-    /// Fault injection (tests): the first attempt's flip answer is treated as lost (the
-    /// outcome then comes from the cluster: the resolve path).
+    /// Fault injection (tests): a move's first flip answer is treated as lost (the outcome
+    /// then comes from the cluster: the resolve path).
     pub lose_flip_reply: bool,
+}
+
+/// The injected faults (tests) one move already went through: each fires once per move.
+#[derive(Debug, Default)]
+struct Injected(u8);
+
+impl Injected {
+    const STALL_BEFORE_FREEZE: u8 = 1;
+    const STALL_FROZEN: u8 = 2;
+    const STALL_FLIP: u8 = 4;
+    const LOSE_FLIP_REPLY: u8 = 8;
+
+    /// True the first time a fault is asked for.
+    fn once(&mut self, fault: u8) -> bool {
+        let first = self.0 & fault == 0;
+        self.0 |= fault;
+        first
+    }
 }
 
 impl Default for MoveSettings {
@@ -729,6 +748,7 @@ impl Mover {
             .filter(|m| m.id == topic_id)
             .map(|m| self.broker.staging_dir(m, p, move_id));
         let mut backoff = Duration::from_millis(200);
+        let mut injected = Injected::default();
         loop {
             if stop.is_cancelled() {
                 break;
@@ -739,12 +759,7 @@ impl Mover {
             if let Some(pr) = self.progress.lock().get_mut(&pkey) {
                 pr.attempts += 1;
             }
-            let first = self
-                .progress
-                .lock()
-                .get(&pkey)
-                .is_some_and(|p| p.attempts == 1);
-            match self.attempt(&meta, p, move_id, source, first).await {
+            match self.attempt(&meta, p, move_id, source, &mut injected).await {
                 Ok(frozen_for) => {
                     self.metrics.completed.inc();
                     self.metrics
@@ -1004,7 +1019,7 @@ impl Mover {
         p: u32,
         move_id: u64,
         source: u64,
-        first: bool,
+        injected: &mut Injected,
     ) -> Result<Duration, String> {
         let pkey = (meta.id, p);
         let epoch = meta.owner_epoch(p);
@@ -1069,7 +1084,9 @@ impl Mover {
         }
         // freeze, copy exactly what the frozen partition holds
         self.set_phase(pkey, "freeze");
-        if first && !self.settings.stall_before_freeze.is_zero() {
+        if !self.settings.stall_before_freeze.is_zero()
+            && injected.once(Injected::STALL_BEFORE_FREEZE)
+        {
             tracing::warn!(stall = ?self.settings.stall_before_freeze, "move_test_stall_before_freeze_ms: stalling before the freeze");
             sleep(self.settings.stall_before_freeze).await;
         }
@@ -1098,7 +1115,7 @@ impl Mover {
         if incarnation.is_some_and(|i| i != frozen.incarnation) {
             return Err("the source restarted during the copy".into());
         }
-        if first && !self.settings.stall_frozen.is_zero() {
+        if !self.settings.stall_frozen.is_zero() && injected.once(Injected::STALL_FROZEN) {
             tracing::warn!(stall = ?self.settings.stall_frozen, "move_test_stall_frozen_ms: stalling a frozen move");
             sleep(self.settings.stall_frozen).await;
         }
@@ -1140,7 +1157,7 @@ impl Mover {
             .install_partition(&meta.name, meta.id, p, &staging)
             .await
             .map_err(|e| format!("install: {e}"))?;
-        if first && !self.settings.stall_flip.is_zero() {
+        if !self.settings.stall_flip.is_zero() && injected.once(Injected::STALL_FLIP) {
             self.set_phase(pkey, "stalled");
             tracing::warn!(stall = ?self.settings.stall_flip, "move_test_stall_flip_ms: stalling a move before its flip");
             sleep(self.settings.stall_flip).await;
@@ -1156,7 +1173,7 @@ impl Mover {
             token,
         };
         match self.store.replicate(flip.clone()).await {
-            Ok(()) if first && self.settings.lose_flip_reply => {
+            Ok(()) if self.settings.lose_flip_reply && injected.once(Injected::LOSE_FLIP_REPLY) => {
                 tracing::warn!(topic = %meta.name, partition = p, "move_test_lose_flip_reply: the flip's answer is treated as lost; asking the cluster");
             }
             Ok(()) => return Ok(frozen_at.elapsed()),

@@ -437,6 +437,21 @@ impl Inner {
         st.backoff = Duration::ZERO;
     }
 
+    /// `peer` just proved itself on a connection of its own: a failed dial to it (from
+    /// before it restarted, say) is not waited out. Never waits: a dial in progress settles
+    /// the state itself.
+    fn peer_proved_itself(&self, peer: NodeId) {
+        let Some(slot) = self.peers.lock().get(&peer).cloned() else {
+            return;
+        };
+        if let Ok(mut st) = slot.state.try_lock()
+            && st.failed.is_some()
+        {
+            st.failed = None;
+            st.backoff = Duration::ZERO;
+        }
+    }
+
     async fn call(
         &self,
         peer: NodeId,
@@ -837,6 +852,7 @@ async fn serve_connection(inner: &Arc<Inner>, incoming: Incoming, handshake: Han
     let (conn, from) = match admitted {
         Ok(Ok((conn, Ok(from)))) => {
             inner.metrics.handshake("server", "ok");
+            inner.peer_proved_itself(from);
             (conn, from)
         }
         Ok(Ok((conn, Err(e)))) => {

@@ -449,6 +449,45 @@ async fn a_probe_dials_a_node_a_remembered_failure_says_is_unreachable() {
     b.shutdown().await;
 }
 
+/// A node that comes up where a dial just failed and calls us first: its proven handshake
+/// is news that it is up, so our next call dials it rather than answering from the
+/// remembered failure (a move after a member's restart failed once on a stale failure).
+#[tokio::test]
+async fn a_node_that_called_us_is_dialled_despite_a_remembered_failure() {
+    let a = node(1, Keys::new(SECRET, None));
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = silent.local_addr().unwrap();
+    let _ = a
+        .call(2, &to.to_string(), Op::PING, Bytes::new(), SEC)
+        .await;
+    drop(silent);
+    let b = Rpc::bind(
+        RpcConfig {
+            node_id: 2,
+            bind: to,
+            keys: Keys::new(SECRET, None),
+            features: 0,
+            limits: Limits::default(),
+        },
+        Arc::new(Echo),
+        Arc::new(RpcMetrics::default()),
+    )
+    .unwrap();
+    let e = a
+        .call(2, &to.to_string(), Op::PING, Bytes::new(), SEC)
+        .await
+        .unwrap_err();
+    assert!(e.not_sent(), "still the remembered failure: {e:?}");
+    b.call(1, &addr(&a), Op::PING, Bytes::new(), SEC)
+        .await
+        .unwrap();
+    a.call(2, &to.to_string(), Op::PING, Bytes::new(), SEC)
+        .await
+        .unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test]
 async fn silent_clients_cannot_hold_every_handshake_slot_of_an_address_for_long() {
     let limits = Limits {
