@@ -601,3 +601,184 @@ async fn an_idle_old_primary_is_fenced_by_its_progress() {
     .await;
     expect_read_only(&a, "orders").await;
 }
+
+/// Re-protection: B mirrors A and has a link of its own to C, set up in peacetime. While B
+/// is a mirror the link holds A's records (its lag counts them: they are not on C); once A
+/// is lost and B promoted, they go to C with B's own, each once, naming B as its origin and
+/// A as its earlier hop, and B's consumers' progress follows them there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, c_ca) = target(&sub(dir.path(), "third")).await;
+    let (b, b_ca) = target_with(
+        dir.path(),
+        &[
+            (
+                "NARAD_CLUSTER_SECRET",
+                "the copy cluster's own secret, 32+ bytes",
+            ),
+            ("NARAD_REMOTES_ALLOWED_PORTS", &port_of(&c).to_string()),
+            ("NARAD_REMOTES_ALLOW_ADDRESSES", "127.0.0.0/8"),
+        ],
+    )
+    .await;
+    let mut a = source(dir.path(), port_of(&b)).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "orders", "partitions": 2})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    add_remote(&a, "b", &b, &b_ca).await;
+    attach(&a, "orders", "dr", "b", "orders", "attach").await;
+    assert_eq!(produce_seqs(&a, "orders", 0..300).await.len(), 300);
+    let processed_on_a: HashSet<u64> = process(&a, "orders", 100).await.into_iter().collect();
+    until("A's copy and its progress on B", async || {
+        lag(&a, "orders").await.0 == 0 && settled_on(&b, "orders").await == 100
+    })
+    .await;
+    // peacetime: B's own link to C; B is a mirror, so A's records wait (and show as lag)
+    add_remote(&b, "c", &c, &c_ca).await;
+    attach(&b, "orders", "onward", "c", "orders", "earliest").await;
+    until("B's link to C stands by with A's records", async || {
+        lag(&b, "orders").await == (300, "standby".into())
+    })
+    .await;
+    assert!(replay_all(&c, "orders", 2).await.is_empty());
+    // A is lost; B is promoted and its link forwards what it inherited
+    a.kill9();
+    let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
+    assert_eq!(json_of(r, StatusCode::OK).await["failover"]["epoch"], 1);
+    until("B's link to C caught up", async || {
+        lag(&b, "orders").await == (0, "running".into())
+    })
+    .await;
+    let on_b = replay_all(&b, "orders", 2).await;
+    let a_cluster = on_b[0].3.split('/').next().unwrap().to_owned();
+    let mut on_c = Vec::new();
+    for p in 0..2 {
+        let mut offset = 0;
+        loop {
+            let r = call(
+                &c,
+                Method::GET,
+                &format!("/v1/topics/orders/consume?partition={p}&offset={offset}&max=100"),
+                None,
+            )
+            .await;
+            if r.status() == StatusCode::NO_CONTENT {
+                break;
+            }
+            let v = json_of(r, StatusCode::OK).await;
+            for m in v["messages"].as_array().unwrap() {
+                offset = m["offset"].as_u64().unwrap() + 1;
+                on_c.push(m.clone());
+            }
+        }
+    }
+    let seqs: BTreeSet<u64> = on_c
+        .iter()
+        .map(|m| m["payload"]["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(on_c.len(), 300, "each of A's records once on C");
+    assert_eq!(seqs, (0..300).collect());
+    let b_cluster = on_c[0]["headers"]["narad-origin"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_ne!(b_cluster, a_cluster);
+    for m in &on_c {
+        let origin = m["headers"]["narad-origin"].as_str().unwrap();
+        let via = m["headers"]["narad-via"].as_str().unwrap();
+        assert!(origin.starts_with(&format!("{b_cluster}/")), "{m}");
+        assert!(via.starts_with(&format!("{a_cluster}/")), "{m}");
+        assert!(!via.contains(','), "one earlier hop: {m}");
+    }
+    assert_eq!(role_of(&c, "orders").await, ("mirror".into(), 1));
+    // B's consumers take what A's had not processed; B's progress settles it all on C
+    let on_b_processed: BTreeSet<u64> = process(&b, "orders", 10_000).await.into_iter().collect();
+    assert_eq!(
+        on_b_processed,
+        (0..300).filter(|s| !processed_on_a.contains(s)).collect()
+    );
+    until("B's progress settled every record on C", async || {
+        settled_on(&c, "orders").await == 300
+    })
+    .await;
+    // B's own records follow
+    assert_eq!(produce_seqs(&b, "orders", 300..350).await.len(), 50);
+    until("B's own records on C", async || {
+        lag(&b, "orders").await == (0, "running".into())
+            && replay_all(&c, "orders", 2).await.len() == 350
+    })
+    .await;
+    // the hops a record went through come only from a link, in the one form a link
+    // writes, and never name the cluster that takes them
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "plain", "partitions": 1})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/users",
+        Some(json!({"username": "p", "password": "p's password, long enough", "grants": [{"action": "produce", "patterns": ["plain"]}]})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    let foreign = "00000000000000aa/00000000000000bb/0/1";
+    let with = |headers: Value| json!({"messages": [{"payload": {"seq": 1}, "headers": headers}]});
+    let r = call_as(
+        &b,
+        ("p", "p's password, long enough"),
+        Method::POST,
+        "/v1/topics/plain/produce/batch",
+        Some(with(json!({"Narad-Via": foreign}))),
+    )
+    .await;
+    expect_error(r, StatusCode::FORBIDDEN, "forbidden").await;
+    for bad in [
+        json!({"narad-via": foreign}),
+        json!({"narad-origin": foreign, "narad-via": "not an origin"}),
+        json!({"narad-origin": foreign, "narad-via": [foreign; 8].join(",")}),
+    ] {
+        let r = call(
+            &b,
+            Method::POST,
+            "/v1/topics/plain/produce/batch",
+            Some(with(bad)),
+        )
+        .await;
+        expect_error(r, StatusCode::BAD_REQUEST, "invalid_headers").await;
+    }
+    let own_hop = format!("{b_cluster}/00000000000000bb/0/1");
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/plain/produce/batch",
+        Some(with(
+            json!({"narad-origin": foreign, "narad-via": format!("{foreign},{own_hop}")}),
+        )),
+    )
+    .await;
+    expect_error(r, StatusCode::CONFLICT, "loop_detected").await;
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/plain/produce/batch",
+        Some(with(
+            json!({"narad-origin": foreign, "narad-via": [foreign; 7].join(",")}),
+        )),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+}

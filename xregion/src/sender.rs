@@ -27,7 +27,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use narad_core::broker::{
     Broker, CatalogSync, ORIGIN_HEADER, ProgressRefused, ProgressUpdate, RemoteShipper, ShipBatch,
-    ShipFailure, SyncRefused,
+    ShipFailure, SyncRefused, VIA_HEADER,
 };
 use narad_core::catalog::{RemoteChild, RemoteMeta};
 use narad_core::record::Record;
@@ -742,14 +742,28 @@ fn compress(json: &str) -> Bytes {
 }
 
 /// One record as a batch produce message: the payload in base64, its key and headers, its
-/// own delay, and its origin.
+/// own delay, and its origin here. A record forwarded again (it came from elsewhere) keeps
+/// the origin it had as the last of its `narad-via` hops.
 fn encode_record(r: &Record, origin: &str) -> String {
     let mut headers = serde_json::Map::new();
+    let (mut before, mut via) = (None, None);
     for (k, v) in &r.headers {
-        headers.insert(
-            k.clone(),
-            serde_json::Value::String(String::from_utf8_lossy(v).into_owned()),
-        );
+        let v = String::from_utf8_lossy(v).into_owned();
+        // (in any case: the last one counts, as the target reads them)
+        if k.eq_ignore_ascii_case(ORIGIN_HEADER) {
+            before = Some(v);
+        } else if k.eq_ignore_ascii_case(VIA_HEADER) {
+            via = Some(v);
+        } else {
+            headers.insert(k.clone(), serde_json::Value::String(v));
+        }
+    }
+    if let Some(before) = before {
+        let hops = match via {
+            Some(via) => format!("{via},{before}"),
+            None => before,
+        };
+        headers.insert(VIA_HEADER.to_owned(), serde_json::Value::String(hops));
     }
     headers.insert(
         ORIGIN_HEADER.to_owned(),

@@ -273,6 +273,7 @@ impl Broker {
     pub async fn settle_returned(
         &self,
         topic: &str,
+        source: Source,
         returned: &[(u32, u64, u64)],
     ) -> Result<u64, BrokerError> {
         let total: u64 = returned.iter().map(|(_, s, e)| e.saturating_sub(*s)).sum();
@@ -298,8 +299,9 @@ impl Broker {
             if !self.is_local(&meta, p) {
                 continue;
             }
-            // only this topic's own records (no origin): the ones that went to the other
-            // cluster and came back processed; never one that came from elsewhere
+            // only records that can have gone from here to the source: this topic's own, or
+            // ones it got from a third topic and forwarded; never one that came from the
+            // source (it holds that one itself)
             let mut next = s;
             while next < e {
                 let max = ((e - next) as usize).min(4096);
@@ -315,12 +317,7 @@ impl Broker {
                 };
                 let mut q = part.queue.lock();
                 for r in records.iter().filter(|r| r.offset < e) {
-                    if origin_of(r).is_none()
-                        && !r
-                            .headers
-                            .iter()
-                            .any(|(h, _)| h.eq_ignore_ascii_case(remotes::ORIGIN_HEADER))
-                    {
+                    if !remotes::came_through(r, source.topic) {
                         settled += u64::from(q.settle_processed(r.offset));
                     }
                 }

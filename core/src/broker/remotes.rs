@@ -69,9 +69,75 @@ impl Broker {
 }
 
 /// The header a mirrored record carries on the target: `<cluster>/<topic>/<partition>/<offset>`
-/// of where it was first written (the cluster and topic ids in 16 hex digits). A record that
-/// carries one is never mirrored again (one hop), and a target refuses one naming itself.
+/// of the copy it was shipped from (the cluster and topic ids in 16 hex digits). A target
+/// refuses one naming itself.
 pub const ORIGIN_HEADER: &str = "narad-origin";
+
+/// The header a record forwarded again carries (re-protection: a promoted mirror ships what
+/// it inherited to a third cluster): the origins it had at its earlier hops, oldest first,
+/// comma separated. A link never ships a record to a topic its origin or these name (that
+/// topic holds it), and a target refuses one naming itself anywhere (a loop).
+pub const VIA_HEADER: &str = "narad-via";
+
+/// Most links one record goes through: one origin and at most `MAX_HOPS - 1` earlier ones.
+pub const MAX_HOPS: usize = 8;
+
+/// Where a record came from, as a link sees it.
+enum Route {
+    /// Written here.
+    Own,
+    /// Shipped here: the topic ids of its origin and every earlier hop.
+    Through(Vec<u64>),
+    /// An origin this version cannot read (never forwarded).
+    Unreadable,
+}
+
+/// Whether `r` came from topic `topic` or passed through it, or names an origin this
+/// version cannot read.
+pub(crate) fn came_through(r: &Record, topic: u64) -> bool {
+    match route_of(r) {
+        Route::Own => false,
+        Route::Through(topics) => topics.contains(&topic),
+        Route::Unreadable => true,
+    }
+}
+
+/// The route `r` came by (see [`ORIGIN_HEADER`] and [`VIA_HEADER`]).
+fn route_of(r: &Record) -> Route {
+    let last = |name: &str| {
+        r.headers
+            .iter()
+            .rev()
+            .find(|(h, _)| h.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    };
+    let Some(origin) = last(ORIGIN_HEADER) else {
+        return Route::Own;
+    };
+    let topic = |v: &[u8]| {
+        let v = std::str::from_utf8(v).ok()?;
+        let mut parts = v.split('/');
+        parts.next()?;
+        parts
+            .next()
+            .filter(|t| t.len() == 16)
+            .and_then(|t| u64::from_str_radix(t, 16).ok())
+    };
+    let mut topics = Vec::new();
+    if let Some(via) = last(VIA_HEADER) {
+        for hop in via.split(|&b| b == b',') {
+            match topic(hop) {
+                Some(t) => topics.push(t),
+                None => return Route::Unreadable,
+            }
+        }
+    }
+    match topic(origin) {
+        Some(t) => topics.push(t),
+        None => return Route::Unreadable,
+    }
+    Route::Through(topics)
+}
 
 /// Most records one slab of a remote cursor holds.
 const REMOTE_SLAB_RECORDS: usize = 4096;
@@ -253,7 +319,7 @@ pub struct BlockedRecord {
 pub fn state_rank(state: &str) -> u8 {
     match state {
         "running" => 0,
-        "paused" => 1,
+        "paused" | "standby" => 1,
         "throttled" | "unavailable" => 2,
         _ => 3,
     }
@@ -635,6 +701,8 @@ async fn run_remote_cursor(
     let mut returned_ranges: std::collections::BTreeSet<(u64, u64)> = Default::default();
     // the parent's settings and schema count the target was last brought to
     let mut synced: Option<(crate::topic::TopicConfig, usize)> = None;
+    // a record past the hop limit was logged
+    let mut too_far_logged = false;
     loop {
         let Some(b) = weak.upgrade() else { return };
         if stop.is_cancelled() || b.shutting_down.load(Ordering::Acquire) {
@@ -898,17 +966,53 @@ async fn run_remote_cursor(
             continue;
         };
         cursor.status.lock().oldest_unshipped_ms = records[0].timestamp_ms;
-        // one hop: a record that came from another cluster is not sent on; nor one an admin
-        // skipped
-        let records: Vec<Arc<Record>> = records
-            .into_iter()
-            .filter(|r| {
-                !r.headers
-                    .iter()
-                    .any(|(h, _)| h.eq_ignore_ascii_case(ORIGIN_HEADER))
-                    && !current.skips.contains(&(pidx, r.offset))
-            })
-            .collect();
+        // what goes: the parent's own records, and (re-protection) the ones it got from
+        // elsewhere, unless they came from the target's topic or passed through it (it holds
+        // them) or went through every hop a record may; never one an admin skipped. A
+        // mirror's records from its source wait here until it is promoted (its lag counts
+        // them): a mirror does not ship on what it mirrors
+        let forwards = acks_here;
+        let mut held_at = None;
+        let mut kept = Vec::with_capacity(records.len());
+        for r in records {
+            if current.skips.contains(&(pidx, r.offset)) {
+                continue;
+            }
+            match route_of(&r) {
+                Route::Own => kept.push(r),
+                Route::Unreadable => {}
+                Route::Through(topics) if topics.contains(&current.target_id) => {}
+                Route::Through(_) if !forwards => {
+                    held_at = Some(r.offset);
+                    break;
+                }
+                Route::Through(topics) if topics.len() >= MAX_HOPS => {
+                    if !too_far_logged {
+                        too_far_logged = true;
+                        tracing::warn!(parent = %child.parent, child = %child.name, partition = pidx, offset = r.offset, "a record that went through {MAX_HOPS} links already is not forwarded again (logged once per cursor)");
+                    }
+                }
+                Route::Through(_) => kept.push(r),
+            }
+        }
+        let records = kept;
+        let last = match held_at {
+            Some(o) if o == next => {
+                cursor.set(
+                    "standby",
+                    Some("the parent is a mirror: the records it got from its source go on once it is promoted".into()),
+                );
+                drop(b);
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = clock.sleep(Duration::from_secs(1)) => {}
+                }
+                continue;
+            }
+            Some(o) => o - 1,
+            None => last,
+        };
         let cluster_id = match b.ensure_cluster_id().await {
             Ok(id) => id,
             Err(e) => {

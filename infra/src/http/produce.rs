@@ -847,48 +847,80 @@ fn count_late(broker: &narad_core::broker::Broker, topic: &str, n: usize) {
 
 /// Records carrying an origin (`narad-origin`: another cluster's remote child mirrors them
 /// here) need the `replicate` grant, name their origin in the one form the sender writes,
-/// and never name this cluster (a loop).
+/// and never name this cluster (a loop). So do the earlier hops of a record forwarded again
+/// (`narad-via`), which only come with an origin and number at most `MAX_HOPS - 1`.
 fn check_origins(
     caller: &Caller,
     broker: &narad_core::broker::Broker,
     topic: &str,
     msgs: &[ProduceMessage],
 ) -> Result<(), ApiError> {
-    use narad_core::broker::ORIGIN_HEADER;
+    use narad_core::broker::{MAX_HOPS, ORIGIN_HEADER, VIA_HEADER};
     let mut own = None;
     for (i, m) in msgs.iter().enumerate() {
         // every one, in any case: header names are kept as sent (a later hop must not miss
         // one), and a name given twice keeps its last value
-        for (_, v) in m
-            .headers
-            .iter()
-            .filter(|(h, _)| h.eq_ignore_ascii_case(ORIGIN_HEADER))
-        {
+        let mut origins = 0usize;
+        let mut vias = 0usize;
+        for (h, v) in m.headers.iter() {
+            let via = h.eq_ignore_ascii_case(VIA_HEADER);
+            if !via && !h.eq_ignore_ascii_case(ORIGIN_HEADER) {
+                continue;
+            }
             if !caller.allows(narad_auth::Action::Replicate, topic) {
                 return Err(super::access::forbidden(format!(
-                    "message {i}: only a user granted replicate on '{topic}' may send the {ORIGIN_HEADER} header (it says which cluster a record came from)"
+                    "message {i}: only a user granted replicate on '{topic}' may send the {h} header (it says which cluster a record came from)"
                 )));
             }
-            let cluster = std::str::from_utf8(v)
-            .ok()
-            .and_then(parse_origin)
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::InvalidHeaders,
-                    format!(
-                        "message {i}: {ORIGIN_HEADER} must be <cluster>/<topic>/<partition>/<offset> (ids in 16 hex digits)"
-                    ),
-                )
-            })?;
+            let clusters: Vec<u64> = if via {
+                vias += 1;
+                let hops: Vec<&[u8]> = v.split(|&b| b == b',').collect();
+                let parsed: Option<Vec<u64>> = (hops.len() < MAX_HOPS)
+                    .then(|| {
+                        hops.iter()
+                            .map(|hop| std::str::from_utf8(hop).ok().and_then(parse_origin))
+                            .collect()
+                    })
+                    .flatten();
+                parsed.ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::InvalidHeaders,
+                        format!(
+                            "message {i}: {VIA_HEADER} must be at most {} origins <cluster>/<topic>/<partition>/<offset> (ids in 16 hex digits), comma separated",
+                            MAX_HOPS - 1
+                        ),
+                    )
+                })?
+            } else {
+                origins += 1;
+                let cluster = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(parse_origin)
+                    .ok_or_else(|| {
+                        ApiError::new(
+                            ErrorCode::InvalidHeaders,
+                            format!(
+                                "message {i}: {ORIGIN_HEADER} must be <cluster>/<topic>/<partition>/<offset> (ids in 16 hex digits)"
+                            ),
+                        )
+                    })?;
+                vec![cluster]
+            };
             let own = *own.get_or_insert_with(|| broker.cluster_id());
-            if own == Some(cluster) {
+            if let Some(cluster) = clusters.into_iter().find(|c| Some(*c) == own) {
                 return Err(ApiError::new(
                     ErrorCode::LoopDetected,
                     format!(
-                        "message {i}: its origin is this cluster ({cluster:016x}): a remote child here mirrors to a topic that mirrors back"
+                        "message {i}: {h} names this cluster ({cluster:016x}): a remote child here mirrors to a topic that mirrors back"
                     ),
                 ));
             }
+        }
+        if vias > 0 && origins == 0 {
+            return Err(ApiError::new(
+                ErrorCode::InvalidHeaders,
+                format!("message {i}: {VIA_HEADER} comes only with {ORIGIN_HEADER}"),
+            ));
         }
     }
     Ok(())

@@ -451,7 +451,9 @@ pub async fn progress(
         }
     };
     if !b.returned.is_empty() {
-        broker.settle_returned(&topic, &b.returned).await?;
+        broker
+            .settle_returned(&topic, link.source, &b.returned)
+            .await?;
     }
     broker
         .take_mirror_progress(
