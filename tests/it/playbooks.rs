@@ -749,7 +749,7 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
     for bad in [
         json!({"narad-via": foreign}),
         json!({"narad-origin": foreign, "narad-via": "not an origin"}),
-        json!({"narad-origin": foreign, "narad-via": [foreign; 8].join(",")}),
+        json!({"narad-origin": foreign, "narad-via": ([foreign; 8].join(","))}),
     ] {
         let r = call(
             &b,
@@ -776,7 +776,7 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
         Method::POST,
         "/v1/topics/plain/produce/batch",
         Some(with(
-            json!({"narad-origin": foreign, "narad-via": [foreign; 7].join(",")}),
+            json!({"narad-origin": foreign, "narad-via": ([foreign; 7].join(","))}),
         )),
     )
     .await;
