@@ -334,6 +334,8 @@ impl ClusterNode {
         loop {
             let check = if self.meta.removed() {
                 Err(REMOVED.into())
+            } else if let Some(why) = self.meta.halted() {
+                Err(why)
             } else if self.meta.handing_off() {
                 Err("handing its leadership on before it leaves the cluster".into())
             } else if self.meta.is_voter() {

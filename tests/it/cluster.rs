@@ -280,6 +280,13 @@ impl Drop for Node {
         self.kill9();
         if std::thread::panicking() {
             let log = self.log();
+            // (NARAD_TEST_KEEP_LOGS=<dir>: every log whole, for a failure to study)
+            if let Some(dir) = std::env::var_os("NARAD_TEST_KEEP_LOGS") {
+                let _ = std::fs::write(
+                    std::path::Path::new(&dir).join(format!("node-{}.log", self.id)),
+                    &log,
+                );
+            }
             let tail: Vec<&str> = log.lines().rev().take(60).collect();
             eprintln!("── node {} log, last lines ──", self.id);
             for l in tail.iter().rev() {

@@ -157,6 +157,7 @@ pub(super) async fn run(
         if s.state == ServerState::Leader
             || service.handing_off.load(Ordering::Acquire)
             || service.removed.load(Ordering::Acquire)
+            || service.halted().is_some()
             || !s.configs.iter().any(|c| c.contains(&me))
         {
             continue;

@@ -93,6 +93,8 @@ pub enum OpenError {
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<LogFile>>,
+    /// Why this member stopped taking part (see `committed_conflict`), once it did.
+    halted: Arc<Mutex<Option<String>>>,
 }
 
 impl LogStore {
@@ -161,7 +163,54 @@ impl LogStore {
                 index,
                 state,
             })),
+            halted: Arc::default(),
         })
+    }
+
+    /// Why entries a leader sends conflict with what this member committed, if they do:
+    /// `prev` and `entries` (ascending) name, at an index this member committed, another
+    /// entry than its own. Raft never changes a committed entry, so a leader that does holds
+    /// a history made without this member's last entries: another member lost acknowledged
+    /// metadata (restored from an older copy of its data directory, or a lost disk) while
+    /// this one was away. (openraft takes every entry at or below the commit point as the
+    /// same without looking: the leader's would be skipped and this member's state would
+    /// part from the others' without a word.)
+    pub fn committed_conflict(
+        &self,
+        prev: Option<LogId<NodeId>>,
+        entries: impl Iterator<Item = LogId<NodeId>>,
+    ) -> Option<String> {
+        let f = self.inner.lock();
+        let committed = f.state.committed?;
+        for id in prev.into_iter().chain(entries) {
+            if id.index > committed.index {
+                break;
+            }
+            if let Some(mine) = f.index.get(&id.index).map(|s| s.log_id)
+                && mine != id
+            {
+                return Some(format!(
+                    "the leader's log conflicts with metadata this member committed (at index {}: the leader's entry is {id}, this member committed {mine}; committed up to {committed}): another member lost acknowledged metadata (restored from an older copy of its data directory, or a lost disk) while this one was away; this member stops taking part rather than undo it (see docs/operations.md, restoring a member)",
+                    id.index
+                ));
+            }
+        }
+        None
+    }
+
+    /// Stops this member taking part in the metastore, for `why` (see
+    /// [`Self::committed_conflict`]); once is enough, and it holds until the process ends.
+    pub fn halt(&self, why: String) {
+        let mut h = self.halted.lock();
+        if h.is_none() {
+            tracing::error!("{why}");
+            *h = Some(why);
+        }
+    }
+
+    /// Why this member stopped taking part, if it did.
+    pub fn halted(&self) -> Option<String> {
+        self.halted.lock().clone()
     }
 
     /// Runs `f` on the log off the async threads; its error becomes openraft's as `kind` says.

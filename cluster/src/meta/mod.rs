@@ -231,6 +231,12 @@ impl Metastore {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Why this member stopped taking part in the metastore, if it did: a leader's log
+    /// conflicts with metadata it committed (see [`LogStore::committed_conflict`]).
+    pub fn halted(&self) -> Option<String> {
+        self.service.halted()
+    }
+
     /// Whether this node is handing its leadership on ([`Metastore::hand_off`]).
     pub fn handing_off(&self) -> bool {
         self.service
@@ -299,10 +305,11 @@ impl Metastore {
         .validate()
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let net = network::Network::new(rpc.clone());
+        let guard = log.clone();
         let raft = Raft::new(cfg.node_id, Arc::new(config), net, log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        service.set(raft.clone(), &rpc);
+        service.set(raft.clone(), &rpc, guard);
         // elections only after a pre-vote ([`election`]); `initialize` still elects at once
         raft.runtime_config().elect(false);
         tokio::spawn(election::run(

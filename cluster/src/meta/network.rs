@@ -178,12 +178,20 @@ pub struct MetaService {
     pub handing_off: std::sync::atomic::AtomicBool,
     /// A voter with a newer membership told this node it is no longer a member.
     pub removed: std::sync::atomic::AtomicBool,
+    /// The log, to check what a leader sends against what this member committed.
+    log: OnceLock<super::LogStore>,
 }
 
 impl MetaService {
-    pub fn set(&self, raft: Raft<TypeConfig>, rpc: &Rpc) {
+    pub fn set(&self, raft: Raft<TypeConfig>, rpc: &Rpc, log: super::LogStore) {
         let _ = self.rpc.set(rpc.downgrade());
         let _ = self.raft.set(raft);
+        let _ = self.log.set(log);
+    }
+
+    /// Why this member stopped taking part in the metastore, if it did.
+    pub fn halted(&self) -> Option<String> {
+        self.log.get().and_then(super::LogStore::halted)
     }
 
     /// Serves ops from [`DATA_OPS`] up with `data` (once; later calls change nothing).
@@ -236,13 +244,32 @@ impl Service for MetaService {
             });
         };
         let handing_off = self.handing_off.load(std::sync::atomic::Ordering::Acquire);
+        let log = self.log.get().cloned();
+        // a member that found its committed metadata conflicting takes no part any more
+        if let Some(why) = log.as_ref().and_then(super::LogStore::halted)
+            && matches!(op, RAFT_APPEND | RAFT_VOTE | PRE_VOTE | RAFT_SNAPSHOT)
+        {
+            return Box::pin(async move { Err(Fault::new(409, "member_halted", why)) });
+        }
         Box::pin(async move {
             match op {
-                RAFT_APPEND => encode(
-                    &raft
-                        .append_entries(decode::<AppendEntriesRequest<TypeConfig>>(&body)?)
-                        .await,
-                ),
+                RAFT_APPEND => {
+                    let req = decode::<AppendEntriesRequest<TypeConfig>>(&body)?;
+                    // (only from a leader this member would follow: openraft refuses an older
+                    // one, a frozen ex-leader say, which is no news about this member's log)
+                    let current = raft.metrics().borrow().vote;
+                    if let Some(log) = &log
+                        && req.vote >= current
+                        && let Some(why) = log.committed_conflict(
+                            req.prev_log_id,
+                            req.entries.iter().map(|e| e.log_id),
+                        )
+                    {
+                        log.halt(why.clone());
+                        return Err(Fault::new(409, "member_halted", why));
+                    }
+                    encode(&raft.append_entries(req).await)
+                }
                 RAFT_VOTE => encode(&raft.vote(decode::<VoteRequest<NodeId>>(&body)?).await),
                 PRE_VOTE => encode(&election::answer(&raft, handing_off, decode(&body)?).await?),
                 RAFT_SNAPSHOT => encode(

@@ -750,7 +750,7 @@ async fn witnesses_of(n: &Node, id: u64) -> Vec<u64> {
 }
 
 /// One follower is frozen while the owner acknowledges records (so only the leader holds
-/// their end); then the owner is restored from an older copy while the frozen follower is
+/// their end); then the owner's data is restored from an older copy while the frozen follower is
 /// back and the leader is frozen. The one member that answers knows nothing of those
 /// records: the restored owner must wait for the one that does (before, one other voter's
 /// answer was enough, and the offsets were handed out again).
@@ -787,6 +787,12 @@ async fn a_restored_owner_waits_for_the_member_that_held_its_last_acknowledgemen
     nodes[o].kill9();
     nodes[b].signal("CONT");
     nodes[c].signal("STOP");
+    // the owner's data rolled back, its Raft state not: the witness change committed while
+    // `b` was frozen lives on `c` and on the owner's Raft log only, and a Raft log rolled
+    // back with `c` frozen would lose it (restoring a member while another is down is the
+    // documented hole: `a_member_never_drops_metadata_it_committed_...`)
+    std::fs::remove_dir_all(copy.join("raft")).unwrap();
+    std::fs::rename(nodes[o].dir.join("raft"), copy.join("raft")).unwrap();
     std::fs::remove_dir_all(&nodes[o].dir).unwrap();
     std::fs::rename(&copy, &nodes[o].dir).unwrap();
     nodes[o].start().await;
@@ -951,6 +957,110 @@ async fn a_leader_restored_from_an_older_copy_does_not_lead_from_its_saved_vote(
         })
         .await;
     }
+}
+
+/// A follower restored from an older copy rejoins while the leader that committed metadata
+/// with it is down, and the third member (frozen while that metadata was written) elects a
+/// leader with it: the metadata is gone on those two (the documented limit of restoring a
+/// member while another is down). The old leader, back, must not drop what it committed to
+/// follow them (before: it did, without a word, and the topics it had answered `201` for
+/// were gone everywhere): its Raft stops, it stays not ready and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_never_drops_metadata_it_committed_to_follow_a_leader_that_lacks_it() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = three_ready(root.path()).await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    let l = nodes.iter().position(|n| n.id == leader).unwrap();
+    let (r, f) = ((l + 1) % 3, (l + 2) % 3);
+    let copy = copy_stopped(&mut nodes[r], root.path()).await;
+    all_ready(&nodes).await;
+    let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
+    assert_eq!(
+        nodes[l].id, leader,
+        "a follower's restart moves no leadership"
+    );
+    // metadata committed by the leader and the follower to restore, the third frozen
+    nodes[f].signal("STOP");
+    // (through either: the two may elect again while the third is frozen)
+    for i in 0..3 {
+        let (a, b) = (&nodes[l], &nodes[r]);
+        until("a topic created by the two", 30, async || {
+            for n in [a, b] {
+                let (st, v) = n
+                    .call(
+                        ("x", "y"),
+                        Method::POST,
+                        "/v1/topics",
+                        Some(serde_json::json!({"name": format!("kept{i}"), "partitions": 1})),
+                    )
+                    .await;
+                if st == StatusCode::CREATED || v["code"] == "topic_exists" {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+    }
+    nodes[l].kill9();
+    nodes[r].kill9();
+    std::fs::remove_dir_all(&nodes[r].dir).unwrap();
+    std::fs::rename(&copy, &nodes[r].dir).unwrap();
+    nodes[f].signal("CONT");
+    nodes[r].start().await;
+    let (rn, fnode) = (&nodes[r], &nodes[f]);
+    let (rid, fid) = (rn.id, fnode.id);
+    until(
+        "the restored member and the third elect a leader",
+        60,
+        async || {
+            let a = rn.status().await.as_ref().and_then(leader_of);
+            let b = fnode.status().await.as_ref().and_then(leader_of);
+            a == b && a.is_some_and(|x| x == rid || x == fid)
+        },
+    )
+    .await;
+    // the old leader comes back to a log that conflicts with what it committed
+    nodes[l].start().await;
+    let n = &nodes[l];
+    until(
+        "the old leader refuses to drop what it committed",
+        60,
+        async || {
+            n.log()
+                .contains("the leader's log conflicts with metadata this member committed")
+        },
+    )
+    .await;
+    until("it says why it is not ready", 10, async || {
+        let r = n.http.get(format!("{}/readyz", n.base)).send().await;
+        match r {
+            Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => r
+                .text()
+                .await
+                .is_ok_and(|t| t.contains("conflicts with metadata this member committed")),
+            _ => false,
+        }
+    })
+    .await;
+    // and it stays out: its data is not changed to the others' history
+    let (st, v) = n.call(("x", "y"), Method::GET, "/v1/topics", None).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let names: Vec<&str> = v["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        (0..3).all(|i| names.contains(&format!("kept{i}").as_str())),
+        "{v}"
+    );
+    assert!(
+        !n.ready().await,
+        "a member that stopped taking part is not ready"
+    );
 }
 
 /// A partition owner frozen (SIGSTOP: a paused VM): a keyless produce through another
