@@ -63,6 +63,11 @@ pub const FANOUT_APPEND: Op = Op(107);
 pub const CHILDREN: Op = Op(108);
 pub const WAIT_TOKEN: Op = Op(109);
 pub const DELIVER: Op = Op(110);
+/// A mirror's source progress, for the partitions the called member owns.
+pub const MIRROR_PROGRESS: Op = Op(111);
+/// A mirror's report of its source, for the partitions the called member owns (settled
+/// and dropped, for a promote, with `last`).
+pub const MIRROR_REPORT: Op = Op(112);
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
@@ -1109,6 +1114,91 @@ impl Ingress {
         (stats, missing)
     }
 
+    // ── mirrors ──
+
+    /// The members other than this one owning partitions of `meta`.
+    fn other_owners(&self, meta: &narad_core::catalog::TopicMeta) -> Vec<u64> {
+        let mut others: Vec<u64> = meta
+            .owners
+            .iter()
+            .copied()
+            .filter(|&o| o != self.me())
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        others
+    }
+
+    /// Passes a mirror's source progress on to the other members owning its partitions
+    /// (each settles the records of its own). Returns the members that did not take it:
+    /// the source sends its progress again within seconds, so they catch up then.
+    pub async fn mirror_progress(
+        self: &Arc<Self>,
+        meta: &narad_core::catalog::TopicMeta,
+        mut req: MirrorProgressRequest,
+    ) -> Vec<u64> {
+        req.catalog = self.broker.followed();
+        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let calls = self.other_owners(meta).into_iter().map(|node| {
+            let body = body.clone();
+            async move {
+                let ok = !self.is_down(node)
+                    && self
+                        .call(node, MIRROR_PROGRESS, body, CALL_DEADLINE)
+                        .await
+                        .is_ok();
+                (!ok).then_some(node)
+            }
+        });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// The other members' shares of mirror `meta`'s report (`last`: settle and drop, for a
+    /// promote): their reports and what they settled, and the members that could not be
+    /// asked.
+    pub async fn mirror_reports(
+        self: &Arc<Self>,
+        meta: &narad_core::catalog::TopicMeta,
+        last: bool,
+    ) -> (Vec<narad_core::broker::MirrorReport>, u64, Vec<u64>) {
+        let req = MirrorReportRequest {
+            topic: meta.name.clone(),
+            topic_id: meta.id,
+            catalog: self.broker.followed(),
+            last,
+        };
+        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let calls = self.other_owners(meta).into_iter().map(|node| {
+            let body = body.clone();
+            async move {
+                let got = if self.is_down(node) {
+                    None
+                } else {
+                    self.call(node, MIRROR_REPORT, body, CALL_DEADLINE)
+                        .await
+                        .ok()
+                        .and_then(|b| serde_json::from_slice::<MirrorReportReply>(&b).ok())
+                };
+                (node, got)
+            }
+        });
+        let (mut reports, mut settled, mut unanswered) = (Vec::new(), 0, Vec::new());
+        for (node, got) in futures_util::future::join_all(calls).await {
+            match got {
+                Some(r) => {
+                    settled += r.settled;
+                    reports.extend(r.report);
+                }
+                None => unanswered.push(node),
+            }
+        }
+        (reports, settled, unanswered)
+    }
+
     // ── fan-out ──
 
     /// The next offset of every partition of `meta`, from their owners (a new fan-out link
@@ -1651,6 +1741,38 @@ struct CancelWait {
     wait_id: u64,
 }
 
+/// One progress message of a mirror's source, passed on to the members that own the
+/// mirror's other partitions (the member the link reached checked it).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MirrorProgressRequest {
+    pub topic: String,
+    pub topic_id: u64,
+    pub catalog: u64,
+    pub source: narad_core::catalog::role::Source,
+    pub partition: u32,
+    pub progress: narad_core::broker::PartitionProgress,
+    #[serde(default)]
+    pub end: Option<narad_core::broker::SourceEnd>,
+    #[serde(default)]
+    pub returned: Vec<(u32, u64, u64)>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct MirrorReportRequest {
+    topic: String,
+    topic_id: u64,
+    catalog: u64,
+    /// A promote's last look: settle what the progress covers and drop the index.
+    last: bool,
+}
+
+/// One member's share of a mirror's report (`last`: only what it settled).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct MirrorReportReply {
+    report: Option<narad_core::broker::MirrorReport>,
+    settled: u64,
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StatsRequest {
@@ -2141,6 +2263,21 @@ fn malformed(what: &str) -> Fault {
 }
 
 /// Waits (briefly) until this member has followed the catalog a call names.
+/// `topic` here is incarnation `id` (one re-created since is another topic).
+fn same_topic(broker: &Broker, topic: &str, id: u64) -> Result<(), Fault> {
+    let here = broker
+        .topic_meta(topic)
+        .map_err(|e| to_fault(&e.into()))?
+        .id;
+    if here != id {
+        return Err(to_fault(&ApiError::new(
+            ErrorCode::TopicNotFound,
+            format!("topic '{topic}' not found (it was re-created)"),
+        )));
+    }
+    Ok(())
+}
+
 async fn caught_up(broker: &Broker, catalog: u64) -> Result<(), Fault> {
     if broker.catch_up(catalog, CATCH_UP).await {
         Ok(())
@@ -2345,6 +2482,55 @@ impl Service for DataService {
                         serde_json::to_vec(&list).expect("children serialise"),
                     ))
                 }
+                MIRROR_PROGRESS => {
+                    let req: MirrorProgressRequest =
+                        serde_json::from_slice(&body).map_err(|_| malformed("mirror progress"))?;
+                    caught_up(&broker, req.catalog).await?;
+                    same_topic(&broker, &req.topic, req.topic_id)?;
+                    if !req.returned.is_empty() {
+                        broker
+                            .settle_returned(&req.topic, req.source, &req.returned)
+                            .await
+                            .map_err(|e| to_fault(&e.into()))?;
+                    }
+                    broker
+                        .take_mirror_progress(
+                            &req.topic,
+                            req.source,
+                            req.partition,
+                            req.progress,
+                            req.end,
+                        )
+                        .await
+                        .map_err(|e| to_fault(&e.into()))?;
+                    Ok(Bytes::new())
+                }
+                MIRROR_REPORT => {
+                    let req: MirrorReportRequest =
+                        serde_json::from_slice(&body).map_err(|_| malformed("mirror report"))?;
+                    caught_up(&broker, req.catalog).await?;
+                    same_topic(&broker, &req.topic, req.topic_id)?;
+                    let reply = if req.last {
+                        MirrorReportReply {
+                            report: None,
+                            settled: broker
+                                .settle_mirror_progress(&req.topic)
+                                .await
+                                .map_err(|e| to_fault(&e.into()))?,
+                        }
+                    } else {
+                        MirrorReportReply {
+                            report: broker
+                                .mirror_report(&req.topic)
+                                .await
+                                .map_err(|e| to_fault(&e.into()))?,
+                            settled: 0,
+                        }
+                    };
+                    Ok(Bytes::from(
+                        serde_json::to_vec(&reply).expect("reports serialise"),
+                    ))
+                }
                 STATS => {
                     let req: StatsRequest =
                         serde_json::from_slice(&body).map_err(|_| malformed("stats"))?;
@@ -2443,6 +2629,8 @@ impl Service for DataService {
             CHILDREN => "children",
             WAIT_TOKEN => "wait_token",
             DELIVER => "deliver",
+            MIRROR_PROGRESS => "mirror_progress",
+            MIRROR_REPORT => "mirror_report",
             crate::moves::MOVE_LIST => "move_list",
             crate::moves::MOVE_READ => "move_read",
             crate::moves::MOVE_FREEZE => "move_freeze",

@@ -4793,3 +4793,102 @@ async fn a_decommissioned_leader_hands_its_leadership_on_and_leaves_last() {
     }
 }
 mod faults;
+
+/// A mirror whose partitions three members own: the source's progress reaches one member,
+/// and every member settles the records of its own partitions that the source's consumers
+/// acked; a promote through a third member reports and settles them all (before, only the
+/// partitions of the member the progress reached were settled: the rest were delivered
+/// again after the promote).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirrors_progress_settles_the_partitions_of_every_member() {
+    use reqwest::Method;
+    const SRC: &str = "00000000000000c1/00000000000000a1";
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready(root.path()).await;
+    let made = topic_everywhere(&nodes, serde_json::json!({"name": "m", "partitions": 6})).await;
+    let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
+    let distinct: std::collections::BTreeSet<u64> = owners.iter().copied().collect();
+    assert!(distinct.len() >= 2, "{owners:?}");
+    let (st, v) = nodes[0]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/topics/m/mirror",
+            Some(serde_json::json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": 0})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let link = format!("{SRC}/0");
+    let post = |n: &Node, path: &str, body: Value| {
+        n.http
+            .post(format!("{}{path}", n.base))
+            .header("narad-link", link.clone())
+            .json(&body)
+            .send()
+    };
+    // 60 records of the source's partition 0, spread over the mirror's partitions by key
+    let messages: Vec<Value> = (0..60)
+        .map(|i| serde_json::json!({"key": format!("k{i}"), "payload": {"seq": i}, "headers": {"narad-origin": format!("{SRC}/0/{i}")}}))
+        .collect();
+    let r = post(
+        &nodes[0],
+        "/v1/topics/m/produce/batch",
+        serde_json::json!({ "messages": messages }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "{:?}", r.text().await);
+    // the source's consumers acked the first 40; the progress reaches one member
+    let r = post(
+        &nodes[1],
+        "/v1/topics/m/progress",
+        serde_json::json!({"partition": 0, "frontier": 40, "end": 60, "shipped": 60, "leased": 0, "partitions": 1}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT, "{:?}", r.text().await);
+    // the promote, through another member, reports and settles what every member holds
+    let (st, v) = nodes[2]
+        .call(("x", "y"), Method::POST, "/v1/topics/m/promote", None)
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["report"]["partitions"][0]["received_to"], 60, "{v}");
+    assert_eq!(v["report"]["partitions"][0]["acked_frontier"], 40, "{v}");
+    assert_eq!(v["report"]["partitions"][0]["unreceived"], 0, "{v}");
+    // the new primary's consumers get exactly what the source's had not acked
+    let mut got = std::collections::BTreeSet::new();
+    let mut empty = 0;
+    while empty < 3 {
+        let (st, v) = nodes[0]
+            .call(
+                ("x", "y"),
+                Method::GET,
+                "/v1/topics/m/consume?max=100",
+                None,
+            )
+            .await;
+        if st == StatusCode::NO_CONTENT {
+            empty += 1;
+            continue;
+        }
+        assert_eq!(st, StatusCode::OK, "{v}");
+        let msgs = v["messages"].as_array().unwrap();
+        let handles: Vec<Value> = msgs.iter().map(|m| m["receipt_handle"].clone()).collect();
+        for m in msgs {
+            assert!(
+                got.insert(m["payload"]["seq"].as_u64().unwrap()),
+                "delivered twice: {m}"
+            );
+        }
+        let (st, a) = nodes[0]
+            .call(
+                ("x", "y"),
+                Method::POST,
+                "/v1/topics/m/ack",
+                Some(serde_json::json!({ "receipt_handles": handles })),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{a}");
+    }
+    assert_eq!(got, (40..60).collect());
+}

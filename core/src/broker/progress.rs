@@ -101,7 +101,7 @@ impl PartitionProgress {
 }
 
 /// What the source said of one of its partitions besides its acks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceEnd {
     /// The partition's end offset there: every record below it was acknowledged.
     pub end: u64,
@@ -157,6 +157,69 @@ pub struct MirrorReport {
     /// Every source partition reported, from a demoted source, an end this mirror holds
     /// and its last acks: nothing more is coming (a planned switchover can promote).
     pub drained: bool,
+    /// Cluster members owning partitions of the mirror that could not be asked (their
+    /// share is missing from these figures, and the records they hold that the source's
+    /// consumers acked are delivered again after a promote).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unanswered: Vec<u64>,
+}
+
+impl MirrorReport {
+    /// The report of a mirror whose partitions several cluster members own, from each
+    /// member's own (each knows the records of its partitions, and the source's progress it
+    /// was sent).
+    pub fn merge(reports: impl IntoIterator<Item = MirrorReport>) -> MirrorReport {
+        let mut by_partition: BTreeMap<u32, Vec<OriginReport>> = BTreeMap::new();
+        let mut out = MirrorReport::default();
+        for r in reports {
+            out.settled += r.settled;
+            out.unanswered.extend(r.unanswered);
+            for p in r.partitions {
+                by_partition.entry(p.partition).or_default().push(p);
+            }
+        }
+        for (partition, all) in by_partition {
+            let received_to = all.iter().map(|p| p.received_to).max().unwrap_or(0);
+            // the source's figures as most recently reported to any member
+            let latest = all
+                .iter()
+                .filter(|p| p.progress_age_ms.is_some())
+                .min_by_key(|p| p.progress_age_ms)
+                .or_else(|| all.first())
+                .expect("a partition has a report")
+                .clone();
+            // what none of the members holds (each counts against its own records)
+            let unreceived = all
+                .iter()
+                .filter(|p| p.source_end.is_some())
+                .map(|p| p.unreceived)
+                .min()
+                .unwrap_or(0);
+            out.partitions.push(OriginReport {
+                partition,
+                received_to,
+                unreceived,
+                acked_frontier: all.iter().map(|p| p.acked_frontier).max().unwrap_or(0),
+                ..latest
+            });
+        }
+        out.drained = drained(&out.partitions);
+        out
+    }
+}
+
+/// Every source partition reported from a demoted source (no new records, no new leases),
+/// every record it had is here, and nothing is leased there any more (its consumers' last
+/// acks are in the progress).
+fn drained(partitions: &[OriginReport]) -> bool {
+    !partitions.is_empty()
+        && partitions.iter().all(|r| {
+            r.source_demoted
+                && r.source_end.is_some()
+                && r.unreceived == 0
+                && r.source_leased == 0
+                && r.source_unreturned == 0
+        })
 }
 
 /// A mirror's index of its unsettled records and the progress it has taken.
@@ -370,21 +433,12 @@ impl Broker {
                 }
             })
             .collect();
-        // drained: every source partition reported from a demoted source (no new records,
-        // no new leases), every record it had is here, and nothing is leased there any more
-        // (its consumers' last acks are in the progress)
-        let drained = count > 0
-            && partitions.iter().all(|r| {
-                r.source_demoted
-                    && r.source_end.is_some()
-                    && r.unreceived == 0
-                    && r.source_leased == 0
-                    && r.source_unreturned == 0
-            });
+        let drained = drained(&partitions);
         Ok(Some(MirrorReport {
             partitions,
             settled,
             drained,
+            unanswered: Vec::new(),
         }))
     }
 
@@ -510,6 +564,57 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_reports_merge_into_the_mirrors() {
+        let part =
+            |received_to, end: Option<u64>, unreceived, age: Option<i64>, leased| OriginReport {
+                partition: 0,
+                received_to,
+                source_end: end,
+                unreceived,
+                acked_frontier: received_to / 2,
+                source_leased: leased,
+                source_unreturned: 0,
+                progress_age_ms: age,
+                source_demoted: true,
+            };
+        let a = MirrorReport {
+            partitions: vec![part(40, Some(50), 10, Some(900), 3)],
+            settled: 5,
+            drained: false,
+            unanswered: vec![],
+        };
+        let b = MirrorReport {
+            partitions: vec![part(50, Some(50), 0, Some(100), 0)],
+            settled: 7,
+            drained: false,
+            unanswered: vec![9],
+        };
+        // a member that never got progress knows only what it holds
+        let c = MirrorReport {
+            partitions: vec![part(30, None, 0, None, 0)],
+            settled: 0,
+            drained: false,
+            unanswered: vec![],
+        };
+        let m = MirrorReport::merge([a, b, c]);
+        assert_eq!(m.settled, 12);
+        assert_eq!(m.unanswered, vec![9]);
+        let p = &m.partitions[0];
+        assert_eq!(
+            (
+                p.received_to,
+                p.unreceived,
+                p.acked_frontier,
+                p.source_leased
+            ),
+            (50, 0, 25, 0)
+        );
+        assert_eq!(p.progress_age_ms, Some(100));
+        assert!(m.drained, "{m:?}");
+        assert!(!MirrorReport::merge([]).drained);
+    }
 
     #[test]
     fn progress_covers_its_frontier_and_ranges_and_is_checked() {

@@ -455,19 +455,72 @@ pub async fn progress(
             .settle_returned(&topic, link.source, &b.returned)
             .await?;
     }
+    let progress = narad_core::broker::PartitionProgress {
+        frontier: b.frontier,
+        acked: b.acked,
+    };
     broker
-        .take_mirror_progress(
-            &topic,
-            link.source,
-            b.partition,
-            narad_core::broker::PartitionProgress {
-                frontier: b.frontier,
-                acked: b.acked,
-            },
-            end,
-        )
+        .take_mirror_progress(&topic, link.source, b.partition, progress.clone(), end)
         .await?;
+    // a cluster: the members owning the mirror's other partitions settle theirs
+    if let Some(ingress) = state.ingress() {
+        let meta = broker.topic_meta(&topic)?;
+        let req = crate::forward::MirrorProgressRequest {
+            topic: topic.clone(),
+            topic_id: meta.id,
+            catalog: 0,
+            source: link.source,
+            partition: b.partition,
+            progress,
+            end,
+            returned: b.returned,
+        };
+        let missed = ingress.mirror_progress(&meta, req).await;
+        if !missed.is_empty() {
+            tracing::debug!(topic = %topic, members = ?missed, "members that did not take a mirror's progress (the source sends it again)");
+        }
+    }
     Ok(axum::http::StatusCode::NO_CONTENT.into_response())
+}
+
+/// Mirror `topic`'s report of its source: this member's, merged in a cluster with the
+/// other members' owning its partitions.
+async fn mirror_report(
+    state: &SharedState,
+    broker: &std::sync::Arc<narad_core::broker::Broker>,
+    topic: &str,
+) -> Result<Option<narad_core::broker::MirrorReport>, ApiError> {
+    let mine = broker.mirror_report(topic).await?;
+    let Some(ingress) = state.ingress() else {
+        return Ok(mine);
+    };
+    let meta = broker.topic_meta(topic)?;
+    let (theirs, settled, unanswered) = ingress.mirror_reports(&meta, false).await;
+    if mine.is_none() && theirs.is_empty() {
+        return Ok(None);
+    }
+    let mut merged = narad_core::broker::MirrorReport::merge(mine.into_iter().chain(theirs));
+    merged.settled += settled;
+    merged.unanswered = unanswered;
+    Ok(Some(merged))
+}
+
+/// Settles every record of mirror `topic` its source's progress covers, on every member
+/// owning its partitions, and drops the indexes (a promote's last step before the flip).
+async fn settle_mirror(
+    state: &SharedState,
+    broker: &std::sync::Arc<narad_core::broker::Broker>,
+    topic: &str,
+) -> Result<(u64, Vec<u64>), ApiError> {
+    let mut settled = broker.settle_mirror_progress(topic).await?;
+    let mut unanswered = Vec::new();
+    if let Some(ingress) = state.ingress() {
+        let meta = broker.topic_meta(topic)?;
+        let (_, theirs, missed) = ingress.mirror_reports(&meta, true).await;
+        settled += theirs;
+        unanswered = missed;
+    }
+    Ok((settled, unanswered))
 }
 
 /// `POST /v1/topics/{topic}/promote[?force=true]`: a mirror becomes the primary at one epoch
@@ -498,7 +551,7 @@ pub async fn promote(
     let mut report = None;
     if matches!(now, TopicRole::Mirror { .. }) {
         loop {
-            report = broker.mirror_report(&topic).await?;
+            report = mirror_report(&state, &broker, &topic).await?;
             let drained = report.as_ref().is_some_and(|r| r.drained);
             if !wait_drained || drained {
                 break;
@@ -513,21 +566,35 @@ pub async fn promote(
                 );
                 return Ok(e.response_with(NotDrainedBody { report }));
             }
-            broker.mirror_progress_wait(left).await;
+            // (in a cluster the progress may reach another member: look again soon)
+            let wait = if state.ingress().is_some() {
+                left.min(std::time::Duration::from_millis(250))
+            } else {
+                left
+            };
+            broker.mirror_progress_wait(wait).await;
         }
     }
     // the source's last progress first: the new primary's queue holds only what the
     // source's consumers had not acked
-    let settled = if matches!(now, TopicRole::Mirror { .. }) {
-        broker.settle_mirror_progress(&topic).await?
+    let (settled, unanswered) = if matches!(now, TopicRole::Mirror { .. }) {
+        settle_mirror(&state, &broker, &topic).await?
     } else {
-        0
+        (0, Vec::new())
     };
     if settled > 0 {
         tracing::info!(topic = %topic, settled, "records the source's consumers had acked are settled before the promote");
     }
+    if !unanswered.is_empty() {
+        tracing::warn!(topic = %topic, members = ?unanswered, "members owning partitions of the mirror did not answer the promote's last settle: records there the source's consumers acked are delivered again");
+    }
     if let Some(r) = report.as_mut() {
         r.settled += settled;
+        for m in unanswered {
+            if !r.unanswered.contains(&m) {
+                r.unanswered.push(m);
+            }
+        }
     }
     let role = match decide_promote(now) {
         Ok(role) => role,
