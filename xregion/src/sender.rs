@@ -430,7 +430,7 @@ impl Sender {
             .iter()
             .enumerate()
             .filter(|(i, recs)| !done[*i] && !recs.is_empty())
-            .map(|(i, recs)| (i, encode_chunks(recs, &origin)))
+            .map(|(i, recs)| (i, encode_chunks(recs, &origin, batch.now_ms)))
             .collect();
         // lanes with nothing to send are done
         for (i, recs) in by_lane.iter().enumerate() {
@@ -705,7 +705,11 @@ impl RemoteShipper for Shipper {
 type Chunk = (Bytes, Vec<u64>);
 
 /// The records of one lane as request bodies (zstd-compressed JSON), in order.
-fn encode_chunks(records: &[&Arc<Record>], origin: &dyn Fn(&Record) -> String) -> Vec<Chunk> {
+fn encode_chunks(
+    records: &[&Arc<Record>],
+    origin: &dyn Fn(&Record) -> String,
+    now_ms: i64,
+) -> Vec<Chunk> {
     let mut out = Vec::new();
     let mut body = String::with_capacity(64 << 10);
     let mut offsets = Vec::new();
@@ -716,7 +720,7 @@ fn encode_chunks(records: &[&Arc<Record>], origin: &dyn Fn(&Record) -> String) -
     };
     start(&mut body);
     for r in records {
-        let msg = encode_record(r, &origin(r));
+        let msg = encode_record(r, &origin(r), now_ms);
         if count > 0 && (count == CHUNK_RECORDS || body.len() + msg.len() + 2 > CHUNK_BYTES) {
             body.push_str("]}");
             out.push((compress(&body), std::mem::take(&mut offsets)));
@@ -741,10 +745,11 @@ fn compress(json: &str) -> Bytes {
     Bytes::from(zstd::bulk::compress(json.as_bytes(), 1).expect("zstd compresses in memory"))
 }
 
-/// One record as a batch produce message: the payload in base64, its key and headers, its
-/// own delay, and its origin here. A record forwarded again (it came from elsewhere) keeps
-/// the origin it had as the last of its `narad-via` hops.
-fn encode_record(r: &Record, origin: &str) -> String {
+/// One record as a batch produce message: the payload in base64, its key and headers, what
+/// is left of its delay at `now_ms` (it becomes due there when it would have here), and its
+/// origin here. A record forwarded again (it came from elsewhere) keeps the origin it had
+/// as the last of its `narad-via` hops.
+fn encode_record(r: &Record, origin: &str, now_ms: i64) -> String {
     let mut headers = serde_json::Map::new();
     let (mut before, mut via) = (None, None);
     for (k, v) in &r.headers {
@@ -775,8 +780,13 @@ fn encode_record(r: &Record, origin: &str) -> String {
     if let Some(k) = r.key.as_ref().filter(|k| !k.is_empty()) {
         m.insert("key".into(), String::from_utf8_lossy(k).into_owned().into());
     }
-    if r.delay_ms > 0 {
-        m.insert("delay_ms".into(), r.delay_ms.into());
+    let left = r
+        .timestamp_ms
+        .saturating_add(i64::from(r.delay_ms))
+        .saturating_sub(now_ms)
+        .clamp(0, i64::from(r.delay_ms));
+    if left > 0 {
+        m.insert("delay_ms".into(), left.into());
     }
     m.insert("headers".into(), serde_json::Value::Object(headers));
     serde_json::Value::Object(m).to_string()
@@ -901,4 +911,58 @@ fn message_index(reply: &Reply) -> Option<usize> {
     (!digits.is_empty() && rest[digits.len()..].starts_with([':', ' ']))
         .then(|| digits.parse().ok())
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(delay_ms: u32, headers: &[(&str, &str)]) -> Record {
+        Record {
+            offset: 7,
+            timestamp_ms: 1_000_000,
+            delay_ms,
+            key: None,
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Bytes::from(v.to_string())))
+                .collect(),
+            payload: Bytes::from_static(b"x"),
+        }
+    }
+
+    fn encoded(r: &Record, now_ms: i64) -> serde_json::Value {
+        serde_json::from_str(&encode_record(r, "c/t/0/7", now_ms)).unwrap()
+    }
+
+    #[test]
+    fn a_delayed_record_goes_with_what_is_left_of_its_delay() {
+        let r = record(10_000, &[]);
+        assert_eq!(encoded(&r, 1_000_000)["delay_ms"], 10_000);
+        assert_eq!(encoded(&r, 1_004_000)["delay_ms"], 6_000);
+        // due already: none; a clock behind the record's time: never more than its delay
+        assert!(encoded(&r, 1_020_000).get("delay_ms").is_none());
+        assert_eq!(encoded(&r, 900_000)["delay_ms"], 10_000);
+        assert!(
+            encoded(&record(0, &[]), 1_000_000)
+                .get("delay_ms")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_forwarded_record_names_this_hop_and_keeps_the_earlier_ones() {
+        let own = encoded(&record(0, &[("a", "1")]), 0);
+        assert_eq!(own["headers"]["narad-origin"], "c/t/0/7");
+        assert!(own["headers"].get("narad-via").is_none());
+        let once = encoded(&record(0, &[("Narad-Origin", "a/a/1/2")]), 0);
+        assert_eq!(once["headers"]["narad-origin"], "c/t/0/7");
+        assert_eq!(once["headers"]["narad-via"], "a/a/1/2");
+        assert!(once["headers"].get("Narad-Origin").is_none());
+        let twice = encoded(
+            &record(0, &[("narad-via", "z/z/0/0"), ("narad-origin", "a/a/1/2")]),
+            0,
+        );
+        assert_eq!(twice["headers"]["narad-via"], "z/z/0/0,a/a/1/2");
+    }
 }

@@ -159,6 +159,9 @@ pub struct ShipBatch {
     /// The lanes that took their share of this same slab in an earlier attempt: a retry
     /// sends only the others. Empty on a first attempt.
     pub done: Vec<bool>,
+    /// This cluster's clock as the slab goes (unix ms): a delayed record is sent with what
+    /// is left of its delay, so it becomes due on the target when it would have here.
+    pub now_ms: i64,
 }
 
 /// One parent partition's consumer progress for a [`RemoteShipper`].
@@ -1082,6 +1085,7 @@ async fn run_remote_cursor(
                     tail: !role.is_primary(),
                     records,
                     done: lanes_done,
+                    now_ms: clock.now_ms(),
                 })
                 .await
         };
