@@ -213,7 +213,8 @@ struct MirrorArgs {
     /// The source's host:port (security on: NARAD_USER, NARAD_PASSWORD).
     #[arg(long, default_value = "127.0.0.1:7942")]
     url: String,
-    /// The source's remote to mirror to, and the topic there.
+    /// The source's remote to mirror to, and the topics there: `<remote-topic>-<lanes>` for
+    /// each lane count and `<remote-topic>-steady` (each takes one source topic only).
     #[arg(long, default_value = "target")]
     remote: String,
     #[arg(long, default_value = "bench-mirror")]
@@ -231,6 +232,10 @@ struct MirrorArgs {
     batch: usize,
     #[arg(long, short = 's', default_value_t = 256)]
     size: usize,
+    /// Readers taking and acking the source topic's messages during each throughput run
+    /// (their acks are the consumer progress the remote child ships with the records).
+    #[arg(long, default_value_t = 0)]
+    consumers: usize,
     /// The steady run: messages per second (0: none), for this long, with --steady-lanes.
     #[arg(long, default_value_t = 5000)]
     rate: u64,
@@ -441,17 +446,28 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
             };
             let size = a.size.max(34);
             for lanes in a.lanes {
-                let r =
-                    narad_bench::mirror::run(&cfg, lanes, a.count, a.connections, a.batch, size)
-                        .await?;
+                let r = narad_bench::mirror::run(
+                    &cfg,
+                    lanes,
+                    a.count,
+                    a.connections,
+                    a.batch,
+                    size,
+                    a.consumers,
+                )
+                .await?;
                 if a.json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else if lanes == 0 {
                     println!("no remote child: produce {:.0} msg/s", r.produce_msgs_per_s);
                 } else {
                     println!(
-                        "{lanes} lanes: produce {:.0} msg/s, mirrored {:.0} msg/s ({:.1} MB/s of payload), caught up {:.2}s after the last produce",
-                        r.produce_msgs_per_s, r.mirror_msgs_per_s, r.mirror_mb_per_s, r.catch_up_s
+                        "{lanes} lanes: produce {:.0} msg/s, mirrored {:.0} msg/s ({:.1} MB/s of payload), caught up {:.2}s after the last produce, {} acked on the source meanwhile",
+                        r.produce_msgs_per_s,
+                        r.mirror_msgs_per_s,
+                        r.mirror_mb_per_s,
+                        r.catch_up_s,
+                        r.acked
                     );
                 }
             }

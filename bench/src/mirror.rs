@@ -36,6 +36,8 @@ pub struct MirrorResult {
     pub mirror_mb_per_s: f64,
     /// Time from the last produce's 2xx until the lag was 0.
     pub catch_up_s: f64,
+    /// Messages the consumers on the source acked meanwhile.
+    pub acked: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -60,8 +62,10 @@ pub struct MirrorConfig {
 
 const TOPIC: &str = "bench-mirror";
 
-/// The source topic, fresh, with a remote child of `lanes` lanes (none for 0).
-async fn setup(http: &mut Http, cfg: &MirrorConfig, lanes: u8) -> Result<()> {
+/// The source topic, fresh, with a remote child of `lanes` lanes (none for 0) to the remote
+/// topic `<remote_topic>-<run>` (a fresh target each run: a target becomes the mirror of the
+/// source topic that first shipped to it, and takes no other).
+async fn setup(http: &mut Http, cfg: &MirrorConfig, lanes: u8, run: &str) -> Result<()> {
     let _ = http
         .request(
             Method::DELETE,
@@ -80,7 +84,8 @@ async fn setup(http: &mut Http, cfg: &MirrorConfig, lanes: u8) -> Result<()> {
             Method::POST,
             &format!("/v1/topics/{TOPIC}/children"),
             json_body(&serde_json::json!({
-                "child": "to-remote", "remote": cfg.remote, "remote_topic": cfg.remote_topic,
+                "child": "to-remote", "remote": cfg.remote,
+                "remote_topic": format!("{}-{run}", cfg.remote_topic),
                 "lanes": lanes, "from": "attach",
             })),
         )
@@ -146,7 +151,39 @@ async fn produce(
     Ok(produced)
 }
 
-/// Throughput with `lanes` lanes (0: no remote child).
+/// `consumers` readers that take and ack the source topic's messages until `stop` (their
+/// acks are the consumer progress a remote child ships); how many they acked.
+fn spawn_consumers(
+    cfg: &MirrorConfig,
+    consumers: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Result<u64>>> {
+    (0..consumers)
+        .map(|_| {
+            let (addr, stop) = (cfg.addr.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut http = Http::connect(&addr).await?;
+                let mut acked = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let msgs =
+                        crate::narad::consume(&mut http, TOPIC, 100, Duration::from_millis(200))
+                            .await?;
+                    let handles: Vec<String> =
+                        msgs.into_iter().filter_map(|m| m.receipt_handle).collect();
+                    if !handles.is_empty() {
+                        crate::narad::ack(&mut http, TOPIC, &handles, crate::narad::Settle::Ack)
+                            .await?;
+                        acked += handles.len() as u64;
+                    }
+                }
+                Ok(acked)
+            })
+        })
+        .collect()
+}
+
+/// Throughput with `lanes` lanes (0: no remote child), with `consumers` readers acking on
+/// the source meanwhile (their progress goes with the records).
 pub async fn run(
     cfg: &MirrorConfig,
     lanes: u8,
@@ -154,9 +191,12 @@ pub async fn run(
     connections: usize,
     batch: usize,
     size: usize,
+    consumers: usize,
 ) -> Result<MirrorResult> {
     let mut admin = Http::connect(&cfg.addr).await?;
-    setup(&mut admin, cfg, lanes).await?;
+    setup(&mut admin, cfg, lanes, &lanes.to_string()).await?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers = spawn_consumers(cfg, consumers, stop.clone());
     let t0 = Instant::now();
     let produced = produce(cfg, count, connections, batch, size, t0).await?;
     let produce_time = t0.elapsed();
@@ -173,7 +213,13 @@ pub async fn run(
         }
     }
     let all = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = 0;
+    for r in readers {
+        acked += r.await.map_err(|e| BenchError::new("task", e))??;
+    }
     Ok(MirrorResult {
+        acked,
         lanes,
         messages: produced,
         payload_bytes: size,
@@ -194,7 +240,7 @@ pub async fn steady(
     size: usize,
 ) -> Result<SteadyResult> {
     let mut admin = Http::connect(&cfg.addr).await?;
-    setup(&mut admin, cfg, lanes).await?;
+    setup(&mut admin, cfg, lanes, "steady").await?;
     let t0 = Instant::now();
     let tick = Duration::from_millis(10);
     let per_tick = (rate / 100).max(1) as usize;

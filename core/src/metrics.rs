@@ -61,6 +61,8 @@ pub struct CoreMetrics {
     pub mirror_late: Family<TopicLabel, Counter>,
     /// Records of a mirror settled because its source's consumers acked them.
     pub mirror_settled: Family<TopicLabel, Counter>,
+    /// When a mirror last took its source's consumer progress (unix seconds).
+    pub mirror_progress_at: Family<TopicLabel, prometheus_client::metrics::gauge::Gauge>,
     /// Panics of supervised background tasks, and which tasks they were (readiness).
     pub tasks: std::sync::Arc<crate::supervisor::TaskHealth>,
 }
@@ -97,6 +99,7 @@ impl Default for CoreMetrics {
             fanout_errors: Family::default(),
             mirror_late: Family::default(),
             mirror_settled: Family::default(),
+            mirror_progress_at: Family::default(),
             tasks: std::sync::Arc::default(),
         }
     }
@@ -171,6 +174,7 @@ impl CoreMetrics {
         ] {
             family.remove(&label);
         }
+        self.mirror_progress_at.remove(&label);
         for outcome in ACK_OUTCOMES {
             self.acks.remove(&OutcomeLabel {
                 topic: topic.to_owned(),
@@ -200,6 +204,11 @@ impl CoreMetrics {
             "narad_mirror_settled_records",
             "records of this mirror settled because the source's consumers acked them (not processed again after a promote)",
             self.mirror_settled.clone(),
+        );
+        r.register(
+            "narad_mirror_progress_timestamp_seconds",
+            "when this mirror last took its source's consumer progress (unix seconds; the link sends it every 2 s even when nothing changed)",
+            self.mirror_progress_at.clone(),
         );
         r.register(
             "narad_fanout_cursor_errors",

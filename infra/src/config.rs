@@ -245,6 +245,11 @@ pub struct ServerConfig {
     /// How often acked state is persisted. A crash redelivers acks younger than this;
     /// shorter means more small fsyncs.
     pub ack_flush_interval_ms: u64,
+    /// How often a remote child sends its parent's consumer progress at most (a mirror's
+    /// queue follows the source's within this); 0: never (a failover then delivers again
+    /// everything the source's consumers processed, and an idle old primary learns it was
+    /// fenced only on its next produce).
+    pub mirror_progress_interval_ms: u64,
     /// How often retention runs.
     pub retention_interval_ms: u64,
     /// Bound on out-of-order acked ranges per partition; beyond it acks answer 503 (retry).
@@ -433,6 +438,7 @@ impl Default for ServerConfig {
             tail_cache_bytes: log.tail_cache.limit(),
             idle_close_ms: 10 * 60 * 1000,
             ack_flush_interval_ms: 100,
+            mirror_progress_interval_ms: 1000,
             retention_interval_ms: 30_000,
             max_ack_ranges: 65_536,
             max_topics: 10_000,
@@ -597,6 +603,9 @@ impl ServerConfig {
         }
         if !(1..=60_000).contains(&self.ack_flush_interval_ms) {
             return bad("ack_flush_interval_ms", "must be between 1 and 60000");
+        }
+        if self.mirror_progress_interval_ms > 60_000 {
+            return bad("mirror_progress_interval_ms", "must be between 0 and 60000");
         }
         if self.retention_interval_ms < 10 {
             return bad("retention_interval_ms", "must be at least 10");
@@ -794,6 +803,7 @@ impl ServerConfig {
             topic_defaults: self.topic_defaults(),
             idle_close_ms: self.idle_close_ms,
             ack_flush_interval_ms: self.ack_flush_interval_ms,
+            mirror_progress_interval_ms: self.mirror_progress_interval_ms,
             retention_interval_ms: self.retention_interval_ms,
             max_ack_ranges: self.max_ack_ranges,
             archive_gate: self.archive_settings().is_some(),

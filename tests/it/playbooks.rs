@@ -710,6 +710,21 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
         settled_on(&c, "orders").await == 300
     })
     .await;
+    // (when the mirror last heard its source's progress: what the stale-progress alert reads)
+    assert!(
+        metrics_text(&c)
+            .await
+            .lines()
+            .any(|l| l.starts_with("narad_mirror_progress_timestamp_seconds{topic=\"orders\"} ")),
+        "C shows when its progress came"
+    );
+    // and B, promoted, no longer expects any
+    assert!(
+        !metrics_text(&b)
+            .await
+            .contains("narad_mirror_progress_timestamp_seconds{topic=\"orders\"}"),
+        "B was promoted"
+    );
     // B's own records follow
     assert_eq!(produce_seqs(&b, "orders", 300..350).await.len(), 50);
     until("B's own records on C", async || {
@@ -781,4 +796,124 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::ACCEPTED);
+}
+
+/// A planned switchover twice along a chain, then back to the start: A→B→C (B's link to C
+/// set up in peacetime), A demoted and B promoted, B demoted and C promoted, then C→A and A
+/// promoted. Records of A's processed on B or on C reach A as processed, though they came
+/// back through a hop in between (their origin names B, A is an earlier hop): A's
+/// consumers get only what nobody processed (before, the acks of records whose origin did
+/// not name A itself were not handed back, and A processed them again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failback_along_a_chain_hands_back_what_was_processed_two_hops_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let (to_a, to_b, to_c) = (
+        Relay::start(0).await,
+        Relay::start(0).await,
+        Relay::start(0).await,
+    );
+    let peer = |secret: &'static str, port: u16| {
+        vec![
+            ("NARAD_CLUSTER_SECRET", secret),
+            (
+                "NARAD_REMOTES_ALLOWED_PORTS",
+                Box::leak(port.to_string().into_boxed_str()) as &str,
+            ),
+            ("NARAD_REMOTES_ALLOW_ADDRESSES", "127.0.0.0/8"),
+        ]
+    };
+    let (c, c_ca) = target_with(
+        &sub(dir.path(), "third"),
+        &peer("the third cluster's own secret, 32+ bytes", to_a.port),
+    )
+    .await;
+    let (b, b_ca) = target_with(
+        dir.path(),
+        &peer("the copy cluster's own secret, 32+ bytes", to_c.port),
+    )
+    .await;
+    let (a, a_ca) = tls_node(dir.path(), "a", SECRET, to_b.port).await;
+    to_a.set_target(port_of(&a));
+    to_b.set_target(port_of(&b));
+    to_c.set_target(port_of(&c));
+    for (body, path) in [
+        (json!({"name": "orders", "partitions": 2}), "/v1/topics"),
+        (
+            json!({"username": "mirror", "password": MIRROR_PW, "grants": [
+                {"action": "produce", "patterns": ["orders"]},
+                {"action": "replicate", "patterns": ["orders"]},
+            ]}),
+            "/v1/users",
+        ),
+    ] {
+        json_of(
+            call(&a, Method::POST, path, Some(body)).await,
+            StatusCode::CREATED,
+        )
+        .await;
+    }
+    for (on, name, relay, ca) in [
+        (&a, "b", &to_b, &b_ca),
+        (&b, "c", &to_c, &c_ca),
+        (&c, "a", &to_a, &a_ca),
+    ] {
+        let r = call(
+            on,
+            Method::POST,
+            "/v1/remotes",
+            Some(json!({"name": name, "url": format!("https://127.0.0.1:{}", relay.port), "username": "mirror", "password": MIRROR_PW, "ca_pem": ca})),
+        )
+        .await;
+        json_of(r, StatusCode::CREATED).await;
+    }
+    attach(&a, "orders", "dr", "b", "orders", "attach").await;
+    attach(&b, "orders", "onward", "c", "orders", "earliest").await;
+    assert_eq!(produce_seqs(&a, "orders", 0..100).await.len(), 100);
+    let mut processed: Vec<u64> = process(&a, "orders", 30).await;
+    until("A's copy and its progress on B", async || {
+        lag(&a, "orders").await.0 == 0 && settled_on(&b, "orders").await == 30
+    })
+    .await;
+    // A → B
+    json_of(
+        call(&a, Method::POST, "/v1/topics/orders/demote", None).await,
+        StatusCode::OK,
+    )
+    .await;
+    let promote = "/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000";
+    let v = json_of(call(&b, Method::POST, promote, None).await, StatusCode::OK).await;
+    assert_eq!(v["report"]["drained"], true, "{v}");
+    processed.extend(process(&b, "orders", 20).await);
+    until("B's copy and its progress on C", async || {
+        lag(&b, "orders").await == (0, "running".into()) && settled_on(&c, "orders").await == 50
+    })
+    .await;
+    // B → C
+    json_of(
+        call(&b, Method::POST, "/v1/topics/orders/demote", None).await,
+        StatusCode::OK,
+    )
+    .await;
+    let v = json_of(call(&c, Method::POST, promote, None).await, StatusCode::OK).await;
+    assert_eq!(v["report"]["drained"], true, "{v}");
+    processed.extend(process(&c, "orders", 25).await);
+    // C → A: A (demoted, its link drained) becomes C's mirror, then is promoted back
+    let r = call(&a, Method::DELETE, "/v1/topics/orders/children/dr", None).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    attach(&c, "orders", "back", "a", "orders", "unconsumed").await;
+    json_of(
+        call(&c, Method::POST, "/v1/topics/orders/demote", None).await,
+        StatusCode::OK,
+    )
+    .await;
+    let v = json_of(call(&a, Method::POST, promote, None).await, StatusCode::OK).await;
+    assert_eq!(v["report"]["drained"], true, "{v}");
+    let once: HashSet<u64> = processed.iter().copied().collect();
+    assert_eq!(once.len(), 75, "each processed once so far");
+    let back: BTreeSet<u64> = process(&a, "orders", 10_000).await.into_iter().collect();
+    assert_eq!(
+        back,
+        (0..100).filter(|s| !once.contains(s)).collect(),
+        "A's consumers get only what nobody processed"
+    );
 }

@@ -78,6 +78,8 @@ pub struct BrokerConfig {
     pub idle_close_ms: i64,
     /// How often acked state is written to disk. A crash redelivers acks younger than this.
     pub ack_flush_interval_ms: u64,
+    /// How often a remote child sends its parent's consumer progress at most; 0: never.
+    pub mirror_progress_interval_ms: u64,
     /// How often retention runs.
     pub retention_interval_ms: u64,
     /// Bound on out-of-order acked ranges per partition (beyond it acks answer "retry").
@@ -130,6 +132,7 @@ impl BrokerConfig {
             topic_defaults: TopicConfig::default(),
             idle_close_ms: 10 * 60 * 1000,
             ack_flush_interval_ms: 100,
+            mirror_progress_interval_ms: 1000,
             retention_interval_ms: 30_000,
             max_ack_ranges: 65_536,
             archive_gate: false,
@@ -263,6 +266,9 @@ pub enum BrokerError {
     /// A role change the topic's role forbids, or one that raced another.
     #[error("{0}")]
     RoleConflict(String),
+    /// A link would make a cycle.
+    #[error("{0}")]
+    LoopDetected(String),
     /// The partition is frozen for a move to another node: retry shortly (the forwarding
     /// member does, once the catalog names the new owner).
     #[error("partition {partition} of '{topic}' is moving to another node; retry")]
@@ -296,6 +302,7 @@ impl From<CatalogError> for BrokerError {
             CatalogError::RemoteInUse(m) => Self::RemoteInUse(m),
             CatalogError::MoveConflict(m) | CatalogError::InSyncChanged(m) => Self::MoveConflict(m),
             CatalogError::RoleChanged(m) => Self::RoleConflict(m),
+            CatalogError::LoopDetected(m) => Self::LoopDetected(m),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Consumer progress shipped with mirrored records: a mirror's queue follows its source's.
 //!
 //! A remote child's cursor sends, per parent partition and at most every
-//! [`PROGRESS_INTERVAL`], the partition's ack frontier and the acked ranges above it, clamped
+//! `mirror_progress_interval_ms` (default [`PROGRESS_INTERVAL`]), the partition's ack frontier and the acked ranges above it, clamped
 //! to what the link has shipped (so every record it covers is already on the mirror). The
 //! mirror settles, in its own partitions, every record whose origin
 //! (`narad-origin: <cluster>/<topic>/<partition>/<offset>`) that progress covers: once it
@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 use super::*;
 use crate::catalog::role::Source;
 
-/// How often a remote child's cursor sends its partition's progress (when it changed, and
-/// every [`PROGRESS_RESEND`] anyway).
+/// How often a remote child's cursor sends its partition's progress by default (when it
+/// changed, and every [`PROGRESS_RESEND`] anyway): `mirror_progress_interval_ms`.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// Progress is sent again this often even when it did not change (a mirror that restarted
 /// right after taking it may not have persisted what it settled).
@@ -326,6 +326,12 @@ impl Broker {
         }
         let n = self.settle_covered(&t, &mut index).await;
         drop(index);
+        self.metrics
+            .mirror_progress_at
+            .get_or_create(&TopicLabel {
+                topic: topic.to_owned(),
+            })
+            .set(self.clock.now_ms() / 1000);
         self.mirror_progress_taken.notify_waiters();
         n
     }
@@ -456,6 +462,10 @@ impl Broker {
         let mut index = index.lock().await;
         let n = self.settle_covered(&t, &mut index).await?;
         self.mirror_indexes.lock().remove(&t.id());
+        // (no longer a mirror: no progress is expected)
+        self.metrics.mirror_progress_at.remove(&TopicLabel {
+            topic: topic.to_owned(),
+        });
         Ok(n)
     }
 

@@ -92,6 +92,36 @@ enum Route {
     Unreadable,
 }
 
+/// Where `r` sat in topic `topic` if it came from there or passed through it: the partition
+/// and offset its origin or one of its earlier hops names there.
+pub(crate) fn position_in(r: &Record, topic: u64) -> Option<(u32, u64)> {
+    let last = |name: &str| {
+        r.headers
+            .iter()
+            .rev()
+            .find(|(h, _)| h.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    };
+    let origin = last(ORIGIN_HEADER)?;
+    let hop = |v: &[u8]| -> Option<(u64, u32, u64)> {
+        let mut parts = std::str::from_utf8(v).ok()?.split('/');
+        parts.next()?;
+        let t = parts
+            .next()
+            .filter(|t| t.len() == 16)
+            .and_then(|t| u64::from_str_radix(t, 16).ok())?;
+        let p = parts.next()?.parse().ok()?;
+        let o = parts.next()?.parse().ok()?;
+        parts.next().is_none().then_some((t, p, o))
+    };
+    let via = last(VIA_HEADER);
+    std::iter::once(origin.as_ref())
+        .chain(via.into_iter().flat_map(|v| v.split(|&b| b == b',')))
+        .filter_map(hop)
+        .find(|(t, _, _)| *t == topic)
+        .map(|(_, p, o)| (p, o))
+}
+
 /// Whether `r` came from topic `topic` or passed through it, or names an origin this
 /// version cannot read.
 pub(crate) fn came_through(r: &Record, topic: u64) -> bool {
@@ -587,8 +617,9 @@ impl Broker {
 /// Most records one progress round reads looking for records that came from the target.
 const RETURN_SCAN_MAX: u64 = 16_384;
 
-/// The records of `part` in `[from, to)` (acked: below its ack frontier) whose origin is
-/// topic `target` (the link's target: they came from it, and it is the old primary), as
+/// The records of `part` in `[from, to)` (acked: below its ack frontier) whose origin, or an
+/// earlier hop, is topic `target` (the link's target: they came from it, and it is the old
+/// primary), as
 /// ranges of the target's own offsets; and where the scan stopped (at most `budget`
 /// records: [`RETURN_SCAN_MAX`] a round in all).
 async fn scan_returned(
@@ -614,10 +645,10 @@ async fn scan_returned(
         let Some(last) = records.last().map(|r| r.offset) else {
             break;
         };
+        // (its origin, or an earlier hop: a record forwarded on its way back, say after
+        // failovers across three clusters)
         for r in records.iter().filter(|r| r.offset < limit) {
-            if let Some((src, p, o)) = super::progress::origin_of(r)
-                && src.topic == target
-            {
+            if let Some((p, o)) = position_in(r, target) {
                 found.entry(p).or_default().push(o);
             }
         }
@@ -772,9 +803,11 @@ async fn run_remote_cursor(
         // a mirror's queue serves nobody)
         let role = parent.meta.read().role;
         let now_ms = clock.now_ms();
-        let due = progress_sent.as_ref().is_none_or(|(_, at)| {
-            now_ms.saturating_sub(*at) >= super::PROGRESS_INTERVAL.as_millis() as i64
-        });
+        let interval = b.cfg.mirror_progress_interval_ms as i64;
+        let due = interval > 0
+            && progress_sent
+                .as_ref()
+                .is_none_or(|(_, at)| now_ms.saturating_sub(*at) >= interval);
         let acks_here = !matches!(role, crate::catalog::TopicRole::Mirror { .. });
         if acks_here && due && cursor.status.lock().state == "running" {
             let (mut snap, leased) = {
@@ -847,7 +880,8 @@ async fn run_remote_cursor(
             let resend = !returned.is_empty()
                 || progress_sent.as_ref().is_none_or(|(p, at)| {
                     *p != (progress.clone(), end)
-                        || now_ms.saturating_sub(*at) >= super::PROGRESS_RESEND.as_millis() as i64
+                        || now_ms.saturating_sub(*at)
+                            >= (super::PROGRESS_RESEND.as_millis() as i64).max(interval)
                 });
             let cluster_id = b.cluster_id();
             if resend && let Some(cluster_id) = cluster_id {
@@ -955,8 +989,8 @@ async fn run_remote_cursor(
             }
             drop(b);
             // (a cursor wakes every progress interval to send its consumers' acks)
-            let idle = if acks_here {
-                super::PROGRESS_INTERVAL
+            let idle = if acks_here && interval > 0 {
+                Duration::from_millis(interval as u64)
             } else {
                 fanout::IDLE_WAIT
             };

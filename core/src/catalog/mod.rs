@@ -294,6 +294,9 @@ pub enum CatalogError {
     /// A topic's role changed since the proposer looked.
     #[error("{0}")]
     RoleChanged(String),
+    /// A topic would mirror the topic it ships to (a cycle of two links).
+    #[error("{0}")]
+    LoopDetected(String),
 }
 
 /// Every topic's metadata and every remote, by name, and how many commands made them.
@@ -710,6 +713,19 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                     old.name,
                     old.role.epoch(),
                     role.epoch()
+                )));
+            }
+            // a topic never mirrors a topic one of its own links ships to (two attaches
+            // racing each other's checks would make each the other's mirror)
+            if let role::TopicRole::Mirror { of, .. } = role
+                && let Some(c) = next
+                    .remote_children
+                    .values()
+                    .find(|c| c.parent_id == old.id && c.target_id == of.topic)
+            {
+                return Err(CatalogError::LoopDetected(format!(
+                    "topic '{}' ships to the topic it would mirror (its remote child '{}'): links do not loop",
+                    old.name, c.name
                 )));
             }
             let t = Arc::new(TopicMeta {

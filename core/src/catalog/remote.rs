@@ -275,6 +275,16 @@ pub(super) fn apply_attach_remote(
     {
         return Err(CatalogError::RemoteNotFound(child.remote.clone()));
     }
+    // the other half of the loop rule the checks apply across clusters, here where it is
+    // atomic: a topic never ships to the topic it mirrors
+    if let super::role::TopicRole::Mirror { of, .. } = parent.role
+        && of.topic == child.target_id
+    {
+        return Err(CatalogError::LoopDetected(format!(
+            "'{}' mirrors the topic this child would ship to: links do not loop",
+            parent.name
+        )));
+    }
     let taken = next.remote_children.contains_key(&child.name)
         || next
             .children_of(parent.id)

@@ -714,3 +714,77 @@ fn an_owners_witnesses_change_only_from_what_the_proposer_saw() {
     let loaded = Catalog::default().with_in_sync(cat.in_sync_all());
     assert_eq!(loaded.in_sync(1), vec![3]);
 }
+
+/// Two attaches that raced each other's checks across two clusters: each cluster's catalog
+/// refuses the half of the cycle that would come second, whichever it is (a topic never
+/// mirrors a topic it ships to, nor ships to the topic it mirrors).
+#[test]
+fn a_topic_never_mirrors_a_topic_it_ships_to() {
+    let there = role::Source {
+        cluster: 0xc1,
+        topic: 0xa1,
+    };
+    let child = |name: &str, target_id| RemoteChild {
+        name: name.into(),
+        parent: "t".into(),
+        parent_id: 1,
+        remote: "q".into(),
+        remote_id: 5,
+        remote_topic: "t".into(),
+        target_id,
+        lanes: 1,
+        epoch: 1,
+        starts: Vec::new(),
+        paused: false,
+        created_at_ms: 0,
+        skips: Vec::new(),
+    };
+    let base = run(&[
+        CatalogCommand::CreateTopic {
+            topic: topic(1, "t"),
+        },
+        CatalogCommand::PutRemote {
+            remote: remote(5, "q"),
+            expect_version: None,
+        },
+    ]);
+    let mirror = CatalogCommand::SetRole {
+        topic_id: 1,
+        expect: role::TopicRole::default(),
+        role: role::TopicRole::Mirror {
+            epoch: 0,
+            of: there,
+        },
+    };
+    // the child first: the mirror role is refused
+    let (with_child, _) = apply(
+        &base,
+        &CatalogCommand::AttachRemote {
+            child: child("back", 0xa1),
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        apply(&with_child, &mirror),
+        Err(CatalogError::LoopDetected(_))
+    ));
+    // a child to another topic is no loop
+    let (other, _) = apply(
+        &base,
+        &CatalogCommand::AttachRemote {
+            child: child("onward", 0xb2),
+        },
+    )
+    .unwrap();
+    let (mirrored, _) = apply(&other, &mirror).unwrap();
+    // the mirror role first: the child back to its source is refused
+    assert!(matches!(
+        apply(
+            &mirrored,
+            &CatalogCommand::AttachRemote {
+                child: child("back", 0xa1),
+            }
+        ),
+        Err(CatalogError::LoopDetected(_))
+    ));
+}

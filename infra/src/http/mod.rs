@@ -231,6 +231,7 @@ pub fn broker_error_code(e: &BrokerError) -> ErrorCode {
         BrokerError::MirrorReadOnly(_) => ErrorCode::MirrorReadOnly,
         BrokerError::Fenced(_) => ErrorCode::Fenced,
         BrokerError::RoleConflict(_) => ErrorCode::RoleConflict,
+        BrokerError::LoopDetected(_) => ErrorCode::LoopDetected,
     }
 }
 
