@@ -126,7 +126,14 @@ impl ClusterNode {
             MetaConfig {
                 node_id: s.node_id,
                 dir: data_dir.join("raft"),
-                tuning: Tuning::default(),
+                tuning: match s.test_snapshot_after {
+                    0 => Tuning::default(),
+                    n => Tuning {
+                        snapshot_after: n,
+                        keep_after_snapshot: (n / 4).max(1),
+                        ..Tuning::default()
+                    },
+                },
             },
             RpcConfig {
                 node_id: s.node_id,

@@ -100,6 +100,8 @@ pub struct ClusterSettings {
     pub advertise: String,
     pub members: Vec<narad_cluster::members::Member>,
     pub secrets: ClusterSecrets,
+    /// Tests only (0: the default, 5,000): the metastore snapshots after this many entries.
+    pub test_snapshot_after: u64,
 }
 
 impl ClusterSettings {
@@ -397,6 +399,9 @@ pub struct ServerConfig {
     pub move_test_stall_frozen_ms: u64,
     /// ... or right before it proposes its flip (to kill a leader or the source then).
     pub move_test_stall_flip_ms: u64,
+    /// For tests (0: the default, 5,000): the metastore snapshots its state and purges its
+    /// log after this many entries (a test makes a member catch up by a snapshot).
+    pub cluster_test_snapshot_after: u64,
     /// ... and its flip's answer is treated as lost (the mover asks the cluster instead).
     pub move_test_lose_flip_reply: bool,
 
@@ -478,6 +483,7 @@ impl Default for ServerConfig {
             move_test_stall_before_freeze_ms: 0,
             move_test_stall_frozen_ms: 0,
             move_test_stall_flip_ms: 0,
+            cluster_test_snapshot_after: 0,
             move_test_lose_flip_reply: false,
             default_partitions: topic.partitions,
             default_visibility_timeout_ms: topic.visibility_timeout_ms,
@@ -1005,6 +1011,7 @@ impl ServerConfig {
             advertise,
             members,
             secrets,
+            test_snapshot_after: self.cluster_test_snapshot_after,
         }))
     }
 

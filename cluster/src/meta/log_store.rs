@@ -198,6 +198,20 @@ impl LogStore {
         None
     }
 
+    /// Why a snapshot whose history holds `theirs(index)` at an index conflicts with what
+    /// this member committed, if it does (and the snapshot's history reaches that far back).
+    pub fn snapshot_conflict(
+        &self,
+        theirs: impl Fn(u64) -> Option<LogId<NodeId>>,
+    ) -> Option<String> {
+        let committed = self.inner.lock().state.committed?;
+        let other = theirs(committed.index)?;
+        (other != committed).then(|| format!(
+            "the leader's snapshot conflicts with metadata this member committed (at index {}: the snapshot's history holds {other}, this member committed {committed}): another member lost acknowledged metadata (restored from an older copy of its data directory, or a lost disk) while this one was away; this member stops taking part rather than undo it (see docs/operations.md, restoring a member)",
+            committed.index
+        ))
+    }
+
     /// Stops this member taking part in the metastore, for `why` (see
     /// [`Self::committed_conflict`]); once is enough, and it holds until the process ends.
     pub fn halt(&self, why: String) {

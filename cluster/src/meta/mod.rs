@@ -306,6 +306,8 @@ impl Metastore {
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let net = network::Network::new(rpc.clone());
         let guard = log.clone();
+        let mut sm = sm;
+        sm.guard(log.clone());
         let raft = Raft::new(cfg.node_id, Arc::new(config), net, log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;

@@ -60,7 +60,16 @@ struct Data {
     users: Arc<Users>,
     dedupe: HashMap<u128, MetaResponse>,
     dedupe_order: VecDeque<u128>,
+    /// The history's shape: the last log id of each run of entries one leader wrote, in
+    /// order (at most [`MAX_LEADER_RUNS`], the oldest dropped): the log id at any index they
+    /// cover follows from it. A member checks a snapshot against what it committed with it.
+    leaders: VecDeque<LogId<NodeId>>,
+    /// Older runs were dropped (the first run's start is not known).
+    leaders_cut: bool,
 }
+
+/// Most leader runs a state machine remembers (see `Data::leaders`).
+pub const MAX_LEADER_RUNS: usize = 4096;
 
 impl Data {
     fn apply(&mut self, req: MetaRequest, index: u64) -> MetaResponse {
@@ -119,6 +128,31 @@ impl Data {
         resp
     }
 
+    /// Notes that entry `id` was applied (see `leaders`).
+    fn ran(&mut self, id: LogId<NodeId>) {
+        match self.leaders.back_mut() {
+            Some(last) if last.leader_id == id.leader_id => *last = id,
+            _ => {
+                if self.leaders.len() == MAX_LEADER_RUNS {
+                    self.leaders.pop_front();
+                    self.leaders_cut = true;
+                }
+                self.leaders.push_back(id);
+            }
+        }
+    }
+
+    /// The log id this history holds at `index`, if it knows (the runs cover it).
+    pub(super) fn log_id_at(&self, index: u64) -> Option<LogId<NodeId>> {
+        let i = self.leaders.partition_point(|l| l.index < index);
+        let run = self.leaders.get(i)?;
+        // the first run's start is known only if nothing was dropped before it
+        if i == 0 && self.leaders_cut {
+            return None;
+        }
+        Some(LogId::new(run.leader_id, index))
+    }
+
     fn view(&self) -> MetaView {
         MetaView {
             last_applied: self.last_applied,
@@ -150,6 +184,8 @@ impl Data {
                 .iter()
                 .filter_map(|id| self.dedupe.get(id).map(|r| (*id, r.clone())))
                 .collect(),
+            leaders: self.leaders.iter().copied().collect(),
+            leaders_cut: self.leaders_cut,
         }
     }
 
@@ -172,6 +208,11 @@ impl Data {
             return Err("too many remembered requests".into());
         }
         let dedupe_order = f.dedupe.iter().map(|(id, _)| *id).collect();
+        if f.leaders.len() > MAX_LEADER_RUNS
+            || f.leaders.windows(2).any(|w| w[0].index >= w[1].index)
+        {
+            return Err("the leader runs are not in order".into());
+        }
         let mut users = Users::new();
         for u in f.users {
             if users.insert(u.username.clone(), Arc::new(u)).is_some() {
@@ -185,6 +226,9 @@ impl Data {
             users: Arc::new(users),
             dedupe: f.dedupe.into_iter().collect(),
             dedupe_order,
+            // (a snapshot written before they were kept knows no history)
+            leaders_cut: f.leaders_cut || f.leaders.is_empty(),
+            leaders: f.leaders.into_iter().collect(),
         })
     }
 }
@@ -213,6 +257,10 @@ struct StateFile {
     #[serde(default)]
     users: Vec<UserRecord>,
     dedupe: Vec<(u128, MetaResponse)>,
+    #[serde(default)]
+    leaders: Vec<LogId<NodeId>>,
+    #[serde(default)]
+    leaders_cut: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -266,6 +314,9 @@ pub struct StateMachine {
     had_snapshot: bool,
     data: Data,
     published: watch::Sender<Arc<MetaView>>,
+    /// The member's log, to check a snapshot against what it committed (see
+    /// `install_snapshot`).
+    log: Option<super::LogStore>,
 }
 
 impl StateMachine {
@@ -281,7 +332,13 @@ impl StateMachine {
             had_snapshot,
             data,
             published,
+            log: None,
         })
+    }
+
+    /// Checks every snapshot a leader sends against what `log` committed.
+    pub fn guard(&mut self, log: super::LogStore) {
+        self.log = Some(log);
     }
 
     /// Whether a snapshot was on disk when the state machine opened.
@@ -348,6 +405,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for e in entries {
             let index = e.log_id.index;
             self.data.last_applied = Some(e.log_id);
+            self.data.ran(e.log_id);
             out.push(match e.payload {
                 EntryPayload::Blank => MetaResponse::done(index),
                 EntryPayload::Normal(req) => self.data.apply(req, index),
@@ -396,6 +454,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return Err(bad("the snapshot's content is not the one announced".into()));
         }
         let data = Data::from_file(body.state).map_err(bad)?;
+        // a snapshot never replaces metadata this member committed with another history
+        // (openraft installs one past the commit point without looking; see
+        // `LogStore::committed_conflict` for the entries' side)
+        if let Some(log) = &self.log
+            && let Some(why) = log.snapshot_conflict(|index| data.log_id_at(index))
+        {
+            log.halt(why.clone());
+            return Err(bad(why));
+        }
         let dir = self.dir.clone();
         tokio::task::spawn_blocking(move || {
             narad_core::fsutil::write_file_atomic(&dir.join(SNAPSHOT_FILE), &bytes)

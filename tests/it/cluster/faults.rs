@@ -967,9 +967,28 @@ async fn a_leader_restored_from_an_older_copy_does_not_lead_from_its_saved_vote(
 /// were gone everywhere): its Raft stops, it stays not ready and says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_never_drops_metadata_it_committed_to_follow_a_leader_that_lacks_it() {
+    never_drops_committed_metadata(false).await;
+}
+
+/// The same, once the new leader compacted its log into a snapshot: it sends the old leader
+/// that snapshot instead of entries, and the old leader must not take it either (a review
+/// found it did: the topics it alone held were deleted with their data, and every member
+/// said it was ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_never_takes_a_snapshot_that_drops_metadata_it_committed() {
+    never_drops_committed_metadata(true).await;
+}
+
+/// See the two tests above; `snapshot`: the new leader writes enough for a snapshot first.
+async fn never_drops_committed_metadata(snapshot: bool) {
     use reqwest::Method;
     let root = tempfile::tempdir().unwrap();
-    let mut nodes = three_ready(root.path()).await;
+    let env: &[(&str, &str)] = if snapshot {
+        &[("NARAD_CLUSTER_TEST_SNAPSHOT_AFTER", "8")]
+    } else {
+        &[]
+    };
+    let mut nodes = three_ready_with(root.path(), env).await;
     let leader = leader_of(&nodes[0].status().await.unwrap()).unwrap();
     let l = nodes.iter().position(|n| n.id == leader).unwrap();
     let (r, f) = ((l + 1) % 3, (l + 2) % 3);
@@ -1021,6 +1040,21 @@ async fn a_member_never_drops_metadata_it_committed_to_follow_a_leader_that_lack
         },
     )
     .await;
+    if snapshot {
+        // enough metadata for a snapshot and a purge past where the old leader's log
+        // matches theirs
+        for i in 0..30 {
+            let (st, v) = nodes[f]
+                .call(
+                    ("x", "y"),
+                    Method::POST,
+                    "/v1/topics",
+                    Some(serde_json::json!({"name": format!("later{i}"), "partitions": 1})),
+                )
+                .await;
+            assert_eq!(st, StatusCode::CREATED, "{v}");
+        }
+    }
     // the old leader comes back to a log that conflicts with what it committed
     nodes[l].start().await;
     let n = &nodes[l];
@@ -1029,7 +1063,7 @@ async fn a_member_never_drops_metadata_it_committed_to_follow_a_leader_that_lack
         60,
         async || {
             n.log()
-                .contains("the leader's log conflicts with metadata this member committed")
+                .contains("conflicts with metadata this member committed")
         },
     )
     .await;
