@@ -100,6 +100,31 @@ async fn a_mirror_takes_only_its_links_batches_and_a_promote_fences_the_old_sour
     assert_eq!(status, StatusCode::CONFLICT, "{text}");
     assert!(text.contains("mirror_read_only"), "{text}");
     assert!(took.as_secs() < 10, "the parked reader waited {took:?}");
+    // a planned switchover with no source link running: said within seconds, not at the
+    // timeout (60 s by default), and nothing changes
+    let t = std::time::Instant::now();
+    let r = call_as(
+        &b,
+        ROOT,
+        Method::POST,
+        "/v1/topics/orders/promote?wait_drained=true",
+        None,
+    )
+    .await;
+    let v = body(r, StatusCode::CONFLICT).await;
+    assert_eq!(v["code"], "not_drained", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("heard nothing from its source"),
+        "{v}"
+    );
+    assert!(
+        t.elapsed().as_secs() < 20,
+        "answered after {:?}",
+        t.elapsed()
+    );
     // a dry run changes nothing; an epoch past the largest is refused
     let r = call_as(
         &b,

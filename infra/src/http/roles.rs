@@ -174,6 +174,10 @@ struct NotDrainedBody {
     report: Option<narad_core::broker::MirrorReport>,
 }
 
+/// A promote waiting for its source to drain gives up this soon if the source's link sends
+/// nothing (it sends its progress every 2 s when it runs).
+const SOURCE_SILENT: std::time::Duration = std::time::Duration::from_secs(6);
+
 /// How long `promote?wait_drained=true` waits by default, and at most.
 const DRAIN_TIMEOUT_MS: u64 = 60_000;
 const MAX_DRAIN_TIMEOUT_MS: u64 = 600_000;
@@ -547,7 +551,8 @@ pub async fn promote(
     let now = broker.with_topic_meta(&topic, |m| m.role)?;
     // a planned switchover: the source was demoted; wait until every record and every ack
     // it had is here
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
+    let started = std::time::Instant::now();
+    let deadline = started + std::time::Duration::from_millis(timeout_ms);
     let mut report = None;
     if matches!(now, TopicRole::Mirror { .. }) {
         loop {
@@ -555,6 +560,25 @@ pub async fn promote(
             let drained = report.as_ref().is_some_and(|r| r.drained);
             if !wait_drained || drained {
                 break;
+            }
+            // a source whose link runs sends its progress every 2 s even when nothing
+            // changed: silence means nothing is coming, so say so now rather than at the
+            // timeout
+            let heard = report.as_ref().is_some_and(|r| {
+                r.partitions.iter().any(|p| {
+                    p.progress_age_ms
+                        .is_some_and(|a| a <= SOURCE_SILENT.as_millis() as i64)
+                })
+            });
+            if !heard && started.elapsed() >= SOURCE_SILENT {
+                let e = ApiError::new(
+                    ErrorCode::NotDrained,
+                    format!(
+                        "topic '{topic}' heard nothing from its source for {} s: its link is not running (look at the source's remote child: narad topic children there), or the source sends no progress (mirror_progress_interval_ms=0); nothing was changed",
+                        SOURCE_SILENT.as_secs()
+                    ),
+                );
+                return Ok(e.response_with(NotDrainedBody { report }));
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -566,12 +590,9 @@ pub async fn promote(
                 );
                 return Ok(e.response_with(NotDrainedBody { report }));
             }
-            // (in a cluster the progress may reach another member: look again soon)
-            let wait = if state.ingress().is_some() {
-                left.min(std::time::Duration::from_millis(250))
-            } else {
-                left
-            };
+            // (in a cluster the progress may reach another member, and silence is looked
+            // at again: soon)
+            let wait = left.min(std::time::Duration::from_millis(250));
             broker.mirror_progress_wait(wait).await;
         }
     }
