@@ -368,6 +368,10 @@ impl Metastore {
         cmd: MetaCmd,
         deadline: Duration,
     ) -> Result<MetaResponse, ProposeError> {
+        // a member that stopped taking part passes nothing on (nothing is applied: say so)
+        if let Some(why) = self.halted() {
+            return Err(ProposeError::Stopped(why));
+        }
         let req = MetaRequest {
             id: u128::from_le_bytes(random_bytes()),
             cmd,

@@ -1095,6 +1095,26 @@ async fn never_drops_committed_metadata(snapshot: bool) {
         !n.ready().await,
         "a member that stopped taking part is not ready"
     );
+    // nor passes metadata changes on: refused at once, applied nowhere
+    let t = std::time::Instant::now();
+    let (st, v) = n
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/topics",
+            Some(serde_json::json!({"name": "through-halted", "partitions": 1})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert!(
+        t.elapsed().as_secs() < 5,
+        "answered after {:?}",
+        t.elapsed()
+    );
+    let (_, topics) = nodes[f]
+        .call(("x", "y"), Method::GET, "/v1/topics", None)
+        .await;
+    assert!(!topics.to_string().contains("through-halted"), "{topics}");
 }
 
 /// A partition owner frozen (SIGSTOP: a paused VM): a keyless produce through another
