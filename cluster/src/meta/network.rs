@@ -180,9 +180,16 @@ pub struct MetaService {
     pub removed: std::sync::atomic::AtomicBool,
     /// The log, to check what a leader sends against what this member committed.
     log: OnceLock<super::LogStore>,
+    /// The snapshot a leader is sending, gathered to check it before its last chunk goes
+    /// on: its id and the bytes so far.
+    incoming: Arc<parking_lot::Mutex<Option<Incoming>>>,
 }
 
 impl MetaService {
+    fn incoming_handle(&self) -> Arc<parking_lot::Mutex<Option<Incoming>>> {
+        self.incoming.clone()
+    }
+
     pub fn set(&self, raft: Raft<TypeConfig>, rpc: &Rpc, log: super::LogStore) {
         let _ = self.rpc.set(rpc.downgrade());
         let _ = self.raft.set(raft);
@@ -198,6 +205,53 @@ impl MetaService {
     pub fn serve_data(&self, data: Arc<dyn Service>) {
         let _ = self.data.set(data);
     }
+}
+
+/// A snapshot being received: its id and the bytes so far.
+type Incoming = (String, Vec<u8>);
+
+/// Most snapshot bytes gathered for the check (a larger one goes on unchecked).
+const MAX_CHECKED_SNAPSHOT: usize = 256 << 20;
+
+/// Gathers a snapshot's chunks in `incoming`; at its last chunk, why it conflicts with what
+/// `log` committed, if it does.
+fn self_snapshot_check(
+    incoming: &parking_lot::Mutex<Option<Incoming>>,
+    req: &InstallSnapshotRequest<TypeConfig>,
+    log: &super::LogStore,
+) -> Option<String> {
+    let mut slot = incoming.lock();
+    if req.offset == 0 {
+        *slot = Some((req.meta.snapshot_id.clone(), Vec::new()));
+    }
+    let whole = match slot.as_mut() {
+        Some((id, bytes))
+            if *id == req.meta.snapshot_id
+                && bytes.len() as u64 == req.offset
+                && bytes.len() + req.data.len() <= MAX_CHECKED_SNAPSHOT =>
+        {
+            bytes.extend_from_slice(&req.data);
+            req.done
+        }
+        // a chunk sent again (its answer was lost): held already
+        Some((id, bytes))
+            if *id == req.meta.snapshot_id
+                && req.offset.saturating_add(req.data.len() as u64) <= bytes.len() as u64 =>
+        {
+            req.done && req.offset + req.data.len() as u64 == bytes.len() as u64
+        }
+        _ => {
+            // (out of order, or too large: openraft judges it as it comes)
+            *slot = None;
+            false
+        }
+    };
+    if !whole {
+        return None;
+    }
+    let (_, bytes) = slot.take()?;
+    drop(slot);
+    super::state::snapshot_conflict(&bytes, log)
 }
 
 fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, Fault> {
@@ -245,6 +299,7 @@ impl Service for MetaService {
         };
         let handing_off = self.handing_off.load(std::sync::atomic::Ordering::Acquire);
         let log = self.log.get().cloned();
+        let incoming = self.incoming_handle();
         // a member that found its committed metadata conflicting takes no part any more
         if let Some(why) = log.as_ref().and_then(super::LogStore::halted)
             && matches!(op, RAFT_APPEND | RAFT_VOTE | PRE_VOTE | RAFT_SNAPSHOT)
@@ -272,11 +327,21 @@ impl Service for MetaService {
                 }
                 RAFT_VOTE => encode(&raft.vote(decode::<VoteRequest<NodeId>>(&body)?).await),
                 PRE_VOTE => encode(&election::answer(&raft, handing_off, decode(&body)?).await?),
-                RAFT_SNAPSHOT => encode(
-                    &raft
-                        .install_snapshot(decode::<InstallSnapshotRequest<TypeConfig>>(&body)?)
-                        .await,
-                ),
+                RAFT_SNAPSHOT => {
+                    let req = decode::<InstallSnapshotRequest<TypeConfig>>(&body)?;
+                    // (from a leader this member would follow) a snapshot is checked whole
+                    // before its last chunk reaches openraft, which would install it past the
+                    // commit point without looking, and purge the log first
+                    let current = raft.metrics().borrow().vote;
+                    if let Some(log) = &log
+                        && req.vote >= current
+                        && let Some(why) = self_snapshot_check(&incoming, &req, log)
+                    {
+                        log.halt(why.clone());
+                        return Err(Fault::new(409, "member_halted", why));
+                    }
+                    encode(&raft.install_snapshot(req).await)
+                }
                 PROPOSE => {
                     let req: MetaRequest = decode(&body)?;
                     match write_here(&raft, req).await {

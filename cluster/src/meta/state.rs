@@ -280,6 +280,15 @@ fn encode(body: &SnapshotBody) -> Vec<u8> {
     b
 }
 
+/// Why a whole snapshot a leader sent (`bytes`) conflicts with what `log` committed, if it
+/// does (see `LogStore::snapshot_conflict`). A snapshot that does not parse says nothing
+/// here (openraft refuses it).
+pub(super) fn snapshot_conflict(bytes: &[u8], log: &super::LogStore) -> Option<String> {
+    let body = decode(bytes).ok()?;
+    let data = Data::from_file(body.state).ok()?;
+    log.snapshot_conflict(|index| data.log_id_at(index))
+}
+
 /// Checks and parses a snapshot's bytes (from disk or from the leader).
 fn decode(b: &[u8]) -> Result<SnapshotBody, String> {
     if b.len() < 20 || &b[..8] != MAGIC {
