@@ -1072,24 +1072,46 @@ impl Ingress {
                 theirs.entry(o).or_default().push(p);
             }
         }
-        let asks = theirs.into_iter().map(|(node, parts)| async move {
-            let req = StatsRequest {
-                topic: meta.name.clone(),
-                catalog: self.broker.followed(),
-                topic_id: Some(meta.id),
-            };
-            let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-            let got = if self.is_down(node) {
-                None
-            } else {
-                self.call(node, op, body, CALL_DEADLINE)
-                    .await
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<T>(&b).ok())
-            };
-            (parts, got)
+        let req = StatsRequest {
+            topic: meta.name.clone(),
+            catalog: self.broker.followed(),
+            topic_id: Some(meta.id),
+        };
+        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let (nodes, parts): (Vec<u64>, Vec<Vec<u32>>) = theirs.into_iter().unzip();
+        self.call_each(nodes, op, body)
+            .await
+            .into_iter()
+            .zip(parts)
+            .map(|((_, got), parts)| {
+                (
+                    parts,
+                    got.and_then(|b| serde_json::from_slice::<T>(&b).ok()),
+                )
+            })
+            .collect()
+    }
+
+    /// Calls `op` with `body` on each of `nodes` at once (none on a member taken for down):
+    /// each node with its answer, if it gave one.
+    async fn call_each(
+        self: &Arc<Self>,
+        nodes: Vec<u64>,
+        op: Op,
+        body: Bytes,
+    ) -> Vec<(u64, Option<Bytes>)> {
+        let calls = nodes.into_iter().map(|node| {
+            let body = body.clone();
+            async move {
+                let got = if self.is_down(node) {
+                    None
+                } else {
+                    self.call(node, op, body, CALL_DEADLINE).await.ok()
+                };
+                (node, got)
+            }
         });
-        futures_util::future::join_all(asks).await
+        futures_util::future::join_all(calls).await
     }
 
     /// The figures of the partitions of `meta` other members own (or only of `only`), from
@@ -1139,21 +1161,10 @@ impl Ingress {
     ) -> Vec<u64> {
         req.catalog = self.broker.followed();
         let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-        let calls = self.other_owners(meta).into_iter().map(|node| {
-            let body = body.clone();
-            async move {
-                let ok = !self.is_down(node)
-                    && self
-                        .call(node, MIRROR_PROGRESS, body, CALL_DEADLINE)
-                        .await
-                        .is_ok();
-                (!ok).then_some(node)
-            }
-        });
-        futures_util::future::join_all(calls)
+        self.call_each(self.other_owners(meta), MIRROR_PROGRESS, body)
             .await
             .into_iter()
-            .flatten()
+            .filter_map(|(node, got)| got.is_none().then_some(node))
             .collect()
     }
 
@@ -1172,23 +1183,12 @@ impl Ingress {
             last,
         };
         let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-        let calls = self.other_owners(meta).into_iter().map(|node| {
-            let body = body.clone();
-            async move {
-                let got = if self.is_down(node) {
-                    None
-                } else {
-                    self.call(node, MIRROR_REPORT, body, CALL_DEADLINE)
-                        .await
-                        .ok()
-                        .and_then(|b| serde_json::from_slice::<MirrorReportReply>(&b).ok())
-                };
-                (node, got)
-            }
-        });
         let (mut reports, mut settled, mut unanswered) = (Vec::new(), 0, Vec::new());
-        for (node, got) in futures_util::future::join_all(calls).await {
-            match got {
+        for (node, got) in self
+            .call_each(self.other_owners(meta), MIRROR_REPORT, body)
+            .await
+        {
+            match got.and_then(|b| serde_json::from_slice::<MirrorReportReply>(&b).ok()) {
                 Some(r) => {
                     settled += r.settled;
                     reports.extend(r.report);

@@ -240,28 +240,7 @@ pub(crate) struct MirrorIndex {
     full_logged: bool,
 }
 
-/// The origin a mirrored record names, if it carries one in the form the sender writes.
-pub(crate) fn origin_of(r: &Record) -> Option<(Source, u32, u64)> {
-    let v = r
-        .headers
-        .iter()
-        .rev()
-        .find(|(h, _)| h.eq_ignore_ascii_case(remotes::ORIGIN_HEADER))?;
-    let v = std::str::from_utf8(&v.1).ok()?;
-    let mut parts = v.split('/');
-    let hex = |s: Option<&str>| {
-        s.filter(|s| s.len() == 16)
-            .and_then(|s| u64::from_str_radix(s, 16).ok())
-    };
-    let cluster = hex(parts.next())?;
-    let topic = hex(parts.next())?;
-    let p = parts.next()?.parse().ok()?;
-    let o = parts.next()?.parse().ok()?;
-    parts
-        .next()
-        .is_none()
-        .then_some((Source { cluster, topic }, p, o))
-}
+pub(crate) use remotes::origin_of;
 
 impl Broker {
     /// Up to `max` records of `part` from `next` (off the runtime's threads), or, when

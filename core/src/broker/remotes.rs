@@ -86,40 +86,57 @@ pub const MAX_HOPS: usize = 8;
 enum Route {
     /// Written here.
     Own,
-    /// Shipped here: the topic ids of its origin and every earlier hop.
-    Through(Vec<u64>),
+    /// Shipped here: its earlier hops, oldest first, then its origin.
+    Through(Vec<Hop>),
     /// An origin this version cannot read (never forwarded).
     Unreadable,
+}
+
+/// One place a record sat: the topic (on its cluster), the partition and the offset.
+pub(crate) type Hop = (crate::catalog::role::Source, u32, u64);
+
+/// The last value of header `name` on `r` (names in any case: the last one counts).
+fn last_header<'a>(r: &'a Record, name: &str) -> Option<&'a [u8]> {
+    r.headers
+        .iter()
+        .rev()
+        .find(|(h, _)| h.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_ref())
+}
+
+/// One hop `<cluster>/<topic>/<partition>/<offset>` (ids in 16 hex digits), as a sender
+/// writes it in [`ORIGIN_HEADER`] and [`VIA_HEADER`].
+pub(crate) fn parse_hop(v: &[u8]) -> Option<Hop> {
+    let mut parts = std::str::from_utf8(v).ok()?.split('/');
+    let hex = |s: Option<&str>| {
+        s.filter(|s| s.len() == 16)
+            .and_then(|s| u64::from_str_radix(s, 16).ok())
+    };
+    let cluster = hex(parts.next())?;
+    let topic = hex(parts.next())?;
+    let p = parts.next()?.parse().ok()?;
+    let o = parts.next()?.parse().ok()?;
+    parts
+        .next()
+        .is_none()
+        .then_some((crate::catalog::role::Source { cluster, topic }, p, o))
+}
+
+/// The origin `r` names, if it carries one this version reads.
+pub(crate) fn origin_of(r: &Record) -> Option<Hop> {
+    last_header(r, ORIGIN_HEADER).and_then(parse_hop)
 }
 
 /// Where `r` sat in topic `topic` if it came from there or passed through it: the partition
 /// and offset its origin or one of its earlier hops names there.
 pub(crate) fn position_in(r: &Record, topic: u64) -> Option<(u32, u64)> {
-    let last = |name: &str| {
-        r.headers
-            .iter()
-            .rev()
-            .find(|(h, _)| h.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
-    };
-    let origin = last(ORIGIN_HEADER)?;
-    let hop = |v: &[u8]| -> Option<(u64, u32, u64)> {
-        let mut parts = std::str::from_utf8(v).ok()?.split('/');
-        parts.next()?;
-        let t = parts
-            .next()
-            .filter(|t| t.len() == 16)
-            .and_then(|t| u64::from_str_radix(t, 16).ok())?;
-        let p = parts.next()?.parse().ok()?;
-        let o = parts.next()?.parse().ok()?;
-        parts.next().is_none().then_some((t, p, o))
-    };
-    let via = last(VIA_HEADER);
-    std::iter::once(origin.as_ref())
-        .chain(via.into_iter().flat_map(|v| v.split(|&b| b == b',')))
-        .filter_map(hop)
-        .find(|(t, _, _)| *t == topic)
-        .map(|(_, p, o)| (p, o))
+    match route_of(r) {
+        Route::Through(hops) => hops
+            .into_iter()
+            .find(|(s, _, _)| s.topic == topic)
+            .map(|(_, p, o)| (p, o)),
+        Route::Own | Route::Unreadable => None,
+    }
 }
 
 /// Whether `r` came from topic `topic` or passed through it, or names an origin this
@@ -127,46 +144,26 @@ pub(crate) fn position_in(r: &Record, topic: u64) -> Option<(u32, u64)> {
 pub(crate) fn came_through(r: &Record, topic: u64) -> bool {
     match route_of(r) {
         Route::Own => false,
-        Route::Through(topics) => topics.contains(&topic),
+        Route::Through(hops) => hops.iter().any(|(s, _, _)| s.topic == topic),
         Route::Unreadable => true,
     }
 }
 
 /// The route `r` came by (see [`ORIGIN_HEADER`] and [`VIA_HEADER`]).
 fn route_of(r: &Record) -> Route {
-    let last = |name: &str| {
-        r.headers
-            .iter()
-            .rev()
-            .find(|(h, _)| h.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
-    };
-    let Some(origin) = last(ORIGIN_HEADER) else {
+    let Some(origin) = last_header(r, ORIGIN_HEADER) else {
         return Route::Own;
     };
-    let topic = |v: &[u8]| {
-        let v = std::str::from_utf8(v).ok()?;
-        let mut parts = v.split('/');
-        parts.next()?;
-        parts
-            .next()
-            .filter(|t| t.len() == 16)
-            .and_then(|t| u64::from_str_radix(t, 16).ok())
-    };
-    let mut topics = Vec::new();
-    if let Some(via) = last(VIA_HEADER) {
-        for hop in via.split(|&b| b == b',') {
-            match topic(hop) {
-                Some(t) => topics.push(t),
-                None => return Route::Unreadable,
-            }
-        }
+    let hops = last_header(r, VIA_HEADER)
+        .into_iter()
+        .flat_map(|via| via.split(|&b| b == b','))
+        .chain(std::iter::once(origin))
+        .map(parse_hop)
+        .collect::<Option<Vec<Hop>>>();
+    match hops {
+        Some(hops) => Route::Through(hops),
+        None => Route::Unreadable,
     }
-    match topic(origin) {
-        Some(t) => topics.push(t),
-        None => return Route::Unreadable,
-    }
-    Route::Through(topics)
 }
 
 /// Most records one slab of a remote cursor holds.
@@ -1018,12 +1015,13 @@ async fn run_remote_cursor(
             match route_of(&r) {
                 Route::Own => kept.push(r),
                 Route::Unreadable => {}
-                Route::Through(topics) if topics.contains(&current.target_id) => {}
+                Route::Through(hops)
+                    if hops.iter().any(|(s, _, _)| s.topic == current.target_id) => {}
                 Route::Through(_) if !forwards => {
                     held_at = Some(r.offset);
                     break;
                 }
-                Route::Through(topics) if topics.len() >= MAX_HOPS => {
+                Route::Through(hops) if hops.len() >= MAX_HOPS => {
                     if !too_far_logged {
                         too_far_logged = true;
                         tracing::warn!(parent = %child.parent, child = %child.name, partition = pidx, offset = r.offset, "a record that went through {MAX_HOPS} links already is not forwarded again (logged once per cursor)");
