@@ -12,7 +12,7 @@ impl Broker {
     ) -> Result<Vec<Produced>, BrokerError> {
         self.check_running()?;
         let topic = self.topic(topic_name)?;
-        let cfg = {
+        let (cfg, role) = {
             let meta = topic.meta.read();
             if meta.parent.as_ref().is_some_and(|l| l.delay_ms > 0) {
                 // (the parent is not named: the producer may not be allowed to see it)
@@ -20,7 +20,12 @@ impl Broker {
                     "'{topic_name}' is a delay child: it only receives copies from its parent"
                 )));
             }
-            meta.config.clone()
+            (meta.config.clone(), meta.role)
+        };
+        // a mirror indexes what its link brings by origin as it takes it (see `progress`)
+        let mirror_of = match role {
+            crate::catalog::TopicRole::Mirror { of, .. } => Some(of),
+            _ => None,
         };
         let n = cfg.partitions;
         let total = messages.len();
@@ -143,7 +148,17 @@ impl Broker {
         for (p, indices, rx) in submitted {
             let result = match rx {
                 Ok(rx) => match rx.await {
-                    Ok(r) => r.map(|(appended, _records)| appended),
+                    // (a mirror keeps the records to index them)
+                    Ok(r) => r.map(|(appended, records)| {
+                        (
+                            appended,
+                            if mirror_of.is_some() {
+                                records
+                            } else {
+                                Vec::new()
+                            },
+                        )
+                    }),
                     Err(_) => Err(crate::log::LogError::Closed),
                 },
                 Err(e) => Err(e),
@@ -151,10 +166,14 @@ impl Broker {
             outcomes.push((p, indices, result));
         }
         let mut touched = Vec::new();
+        let mut taken = Vec::new();
         let mut first_err = None;
         for (p, indices, result) in outcomes {
             match result {
-                Ok(appended) => {
+                Ok((appended, records)) => {
+                    if !records.is_empty() {
+                        taken.push((p, appended.base_offset, records));
+                    }
                     for (i, idx) in indices.into_iter().enumerate() {
                         results[idx] = Produced {
                             partition: p,
@@ -173,6 +192,11 @@ impl Broker {
             let part = &parts[p as usize];
             part.touch(now);
             part.queue.lock().on_append(end);
+        }
+        if let Some(source) = mirror_of {
+            for (p, base, records) in &taken {
+                self.index_taken(&topic, source, *p, *base, records);
+            }
         }
         if !touched.is_empty() {
             topic.appended.notify_waiters();

@@ -10,10 +10,12 @@
 //!
 //! The mirror keeps, per topic, an index of its records that are not settled yet by origin
 //! (origin partition and offset → local partition and offset), so progress that covers
-//! records later settles them without reading the log again; each record is read once, when
-//! it is first looked at. The index is memory only (what it settled is in the queue state,
-//! persisted as acks are); after a restart it is built again from each partition's ack
-//! frontier at the next progress.
+//! records later settles them without reading the log again. Records are indexed as the
+//! mirror takes them (their headers are at hand then); what the index missed (records taken
+//! before the first progress, or while it was busy) is read back once, at the next
+//! progress. The index is memory only (what it settled is in the queue state, persisted as
+//! acks are); after a restart it is built again from each partition's ack frontier at the
+//! next progress.
 
 use std::collections::BTreeMap;
 
@@ -238,6 +240,8 @@ pub(crate) struct MirrorIndex {
     progress: BTreeMap<u32, PartitionProgress>,
     /// The index is full: logged once.
     full_logged: bool,
+    /// Records read back from the log to index them (the ones not indexed as they came).
+    read_back: u64,
 }
 
 pub(crate) use remotes::origin_of;
@@ -448,6 +452,91 @@ impl Broker {
         Ok(n)
     }
 
+    /// Indexes records mirror `t` just took from its source's link into `partition` (durable,
+    /// from offset `base`), so the progress that covers them settles them without reading
+    /// them back. Best effort, and never waits: records the index cannot take now (it is
+    /// busy, none exists yet, or they do not follow what it looked at last) are read back
+    /// at the next progress instead.
+    pub(super) fn index_taken(
+        &self,
+        t: &Topic,
+        source: Source,
+        partition: u32,
+        base: u64,
+        records: &[NewRecord],
+    ) {
+        let Some(index) = self.mirror_indexes.lock().get(&t.id()).cloned() else {
+            return;
+        };
+        let Ok(mut index) = index.try_lock() else {
+            return;
+        };
+        if index.source != source {
+            return;
+        }
+        let Some(part) = t.partitions().get(partition as usize).cloned() else {
+            return;
+        };
+        let p = partition as usize;
+        if index.scanned.len() <= p {
+            index.scanned.resize(p + 1, 0);
+        }
+        let end = base + records.len() as u64;
+        let mut q = part.queue.lock();
+        // everything below `start` was looked at (or is settled): these must follow it
+        let start = index.scanned[p].max(q.frontier());
+        if start < base || start >= end {
+            return;
+        }
+        let mut settled = 0u64;
+        let mut upto = end;
+        for (offset, r) in (base..end).zip(records).skip((start - base) as usize) {
+            let Some((src, op, oo)) = origin_of(&r.headers) else {
+                continue;
+            };
+            if src != index.source {
+                continue;
+            }
+            let got = index.received.entry(op).or_insert(0);
+            *got = (*got).max(oo.saturating_add(1));
+            // (lanes ship concurrently: progress may already cover a record that comes late)
+            if index.progress.get(&op).is_some_and(|p| p.covers(oo)) {
+                settled += u64::from(q.settle_processed(offset));
+            } else if index.pending.len() < MAX_INDEXED {
+                index.pending.insert((op, oo), (partition, offset));
+            } else {
+                // full: the rest is left for the read at the next progress, which logs it
+                upto = offset;
+                break;
+            }
+        }
+        index.scanned[p] = upto;
+        drop(q);
+        self.count_settled(t, settled);
+    }
+
+    /// Records mirror `topic`'s index read back from the log so far (tests).
+    #[cfg(test)]
+    pub(super) async fn mirror_read_back(&self, topic: &str) -> u64 {
+        let t = self.topic(topic).unwrap();
+        let index = self.mirror_indexes.lock().get(&t.id()).cloned();
+        match index {
+            Some(i) => i.lock().await.read_back,
+            None => 0,
+        }
+    }
+
+    fn count_settled(&self, t: &Topic, settled: u64) {
+        if settled > 0 {
+            self.metrics
+                .mirror_settled
+                .get_or_create(&TopicLabel {
+                    topic: t.meta.read().name.clone(),
+                })
+                .inc_by(settled);
+        }
+    }
+
     fn mirror_index(&self, t: &Arc<Topic>, source: Source) -> Arc<tokio::sync::Mutex<MirrorIndex>> {
         let mut all = self.mirror_indexes.lock();
         let fresh = || {
@@ -459,6 +548,7 @@ impl Broker {
                 received: BTreeMap::new(),
                 ends: BTreeMap::new(),
                 full_logged: false,
+                read_back: 0,
             }))
         };
         let entry = all.entry(t.id()).or_insert_with(fresh);
@@ -500,9 +590,10 @@ impl Broker {
                 let Some(last) = records.last().map(|r| r.offset) else {
                     break;
                 };
+                index.read_back += records.len() as u64;
                 let mut q = part.queue.lock();
                 for r in &records {
-                    let Some((src, op, oo)) = origin_of(r) else {
+                    let Some((src, op, oo)) = origin_of(&r.headers) else {
                         continue;
                     };
                     if src != index.source {
@@ -538,14 +629,7 @@ impl Broker {
                 settled += u64::from(part.queue.lock().settle_processed(lo));
             }
         }
-        if settled > 0 {
-            self.metrics
-                .mirror_settled
-                .get_or_create(&TopicLabel {
-                    topic: meta.name.clone(),
-                })
-                .inc_by(settled);
-        }
+        self.count_settled(t, settled);
         Ok(settled)
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Applied, CatalogCommand, RemoteChild, RemoteMeta};
@@ -95,9 +96,9 @@ enum Route {
 /// One place a record sat: the topic (on its cluster), the partition and the offset.
 pub(crate) type Hop = (crate::catalog::role::Source, u32, u64);
 
-/// The last value of header `name` on `r` (names in any case: the last one counts).
-fn last_header<'a>(r: &'a Record, name: &str) -> Option<&'a [u8]> {
-    r.headers
+/// The last value of header `name` in `headers` (names in any case: the last one counts).
+fn last_header<'a>(headers: &'a [(String, Bytes)], name: &str) -> Option<&'a [u8]> {
+    headers
         .iter()
         .rev()
         .find(|(h, _)| h.eq_ignore_ascii_case(name))
@@ -122,9 +123,9 @@ pub(crate) fn parse_hop(v: &[u8]) -> Option<Hop> {
         .then_some((crate::catalog::role::Source { cluster, topic }, p, o))
 }
 
-/// The origin `r` names, if it carries one this version reads.
-pub(crate) fn origin_of(r: &Record) -> Option<Hop> {
-    last_header(r, ORIGIN_HEADER).and_then(parse_hop)
+/// The origin a record with `headers` names, if it carries one this version reads.
+pub(crate) fn origin_of(headers: &[(String, Bytes)]) -> Option<Hop> {
+    last_header(headers, ORIGIN_HEADER).and_then(parse_hop)
 }
 
 /// Where `r` sat in topic `topic` if it came from there or passed through it: the partition
@@ -151,10 +152,10 @@ pub(crate) fn came_through(r: &Record, topic: u64) -> bool {
 
 /// The route `r` came by (see [`ORIGIN_HEADER`] and [`VIA_HEADER`]).
 fn route_of(r: &Record) -> Route {
-    let Some(origin) = last_header(r, ORIGIN_HEADER) else {
+    let Some(origin) = last_header(&r.headers, ORIGIN_HEADER) else {
         return Route::Own;
     };
-    let hops = last_header(r, VIA_HEADER)
+    let hops = last_header(&r.headers, VIA_HEADER)
         .into_iter()
         .flat_map(|via| via.split(|&b| b == b','))
         .chain(std::iter::once(origin))

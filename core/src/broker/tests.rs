@@ -1748,3 +1748,96 @@ async fn a_deleted_topics_segments_are_not_held_open() {
     }
     b.shutdown().await;
 }
+
+/// A mirror indexes by origin what its link brings as it takes it, so the source's progress
+/// settles records without reading them back; one that comes after progress already
+/// covering it (lanes ship concurrently) is settled as it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_indexes_records_as_it_takes_them() {
+    use crate::catalog::TopicRole;
+    use crate::catalog::role::Source;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("m", 2)).await.unwrap();
+    let src = Source {
+        cluster: 0xa1,
+        topic: 0xb2,
+    };
+    b.set_role(
+        "m",
+        TopicRole::default(),
+        TopicRole::Mirror { epoch: 1, of: src },
+    )
+    .await
+    .unwrap();
+    let take = |offsets: std::ops::Range<u64>| {
+        let b = b.clone();
+        async move {
+            let msgs = offsets
+                .map(|o| ProduceMessage {
+                    partition: Some(0),
+                    headers: vec![(
+                        "narad-origin".into(),
+                        Bytes::from(format!("{:016x}/{:016x}/0/{o}", src.cluster, src.topic)),
+                    )],
+                    payload: Bytes::from_static(b"x"),
+                    ..Default::default()
+                })
+                .collect();
+            b.produce("m", msgs).await.unwrap();
+        }
+    };
+    let progress = |frontier| PartitionProgress {
+        frontier,
+        acked: vec![],
+    };
+    let settled = || {
+        b.metrics()
+            .mirror_settled
+            .get_or_create(&TopicLabel { topic: "m".into() })
+            .get()
+    };
+    // before any progress there is no index: the first progress reads them back
+    take(0..10).await;
+    let n = b
+        .take_mirror_progress("m", src, 0, progress(0), None)
+        .await
+        .unwrap();
+    assert_eq!((n, b.mirror_read_back("m").await), (0, 10));
+    // from then on records are indexed as they come, and settled without a read
+    take(10..20).await;
+    let n = b
+        .take_mirror_progress("m", src, 0, progress(15), None)
+        .await
+        .unwrap();
+    assert_eq!((n, b.mirror_read_back("m").await), (15, 10));
+    // 25 comes before 20..25 (another lane): progress to 25 settles what is held
+    take(25..26).await;
+    let n = b
+        .take_mirror_progress("m", src, 0, progress(25), None)
+        .await
+        .unwrap();
+    assert_eq!(n, 5);
+    assert_eq!(settled(), 20);
+    // and the late ones are settled as they come, read back never
+    take(20..25).await;
+    assert_eq!(settled(), 25);
+    assert_eq!(b.mirror_read_back("m").await, 10);
+    // records naming another source are not this mirror's to settle
+    let other = ProduceMessage {
+        partition: Some(0),
+        headers: vec![(
+            "narad-origin".into(),
+            Bytes::from(format!("{:016x}/{:016x}/0/3", 0xcc, 0xdd)),
+        )],
+        payload: Bytes::from_static(b"y"),
+        ..Default::default()
+    };
+    b.produce("m", vec![other]).await.unwrap();
+    let n = b
+        .take_mirror_progress("m", src, 0, progress(26), None)
+        .await
+        .unwrap();
+    assert_eq!((n, b.mirror_read_back("m").await), (1, 10));
+    assert_eq!(b.topic_info("m").unwrap().partitions[0].queue.unacked, 1);
+}
