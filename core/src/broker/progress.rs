@@ -232,8 +232,8 @@ pub(crate) struct MirrorIndex {
     received: BTreeMap<u32, u64>,
     /// Per source partition: its end and state as last reported.
     ends: BTreeMap<u32, SourceEnd>,
-    /// Per local partition: the next offset not looked at yet.
-    scanned: Vec<u64>,
+    /// Per local partition: what was looked at.
+    scanned: Vec<Looked>,
     /// Records not settled, by origin: (origin partition, origin offset) → (local partition,
     /// local offset).
     pending: BTreeMap<(u32, u64), (u32, u64)>,
@@ -245,6 +245,79 @@ pub(crate) struct MirrorIndex {
 }
 
 pub(crate) use remotes::origin_of;
+
+/// Most batches one local partition's index holds above its contiguous part (taken out of
+/// order: concurrent requests finish in any order); beyond, batches are left to be read.
+const MAX_AHEAD: usize = 1024;
+
+/// What a mirror's index looked at of one of its local partitions.
+#[derive(Debug, Default)]
+struct Looked {
+    /// Every offset below it was looked at (or is settled).
+    below: u64,
+    /// Batches looked at above `below`, as they were taken: start → end.
+    ahead: BTreeMap<u64, u64>,
+}
+
+impl Looked {
+    /// Moves `below` to at least `floor` (everything below it was looked at or is settled)
+    /// and over the batches that follow it now. Returns the new `below`.
+    fn advance(&mut self, floor: u64) -> u64 {
+        self.below = self.below.max(floor);
+        while let Some((&start, &end)) = self.ahead.first_key_value() {
+            if start > self.below {
+                break;
+            }
+            self.below = self.below.max(end);
+            self.ahead.pop_first();
+        }
+        self.below
+    }
+}
+
+/// What became of one record a mirror's index looked at.
+enum Indexed {
+    /// Not from this index's source (or no origin this version reads).
+    Skipped,
+    /// Settled now (the progress covers it); `false`: it already was.
+    Settled(bool),
+    /// Kept in the index until the progress covers it.
+    Kept,
+    /// The index is full: not kept.
+    Full,
+}
+
+impl MirrorIndex {
+    /// Looks at the record at `local` (partition and offset here) with `headers`.
+    fn look(
+        &mut self,
+        q: &mut crate::queue::PartitionQueue,
+        local: (u32, u64),
+        headers: &[(String, bytes::Bytes)],
+    ) -> Indexed {
+        let Some((src, op, oo)) = origin_of(headers) else {
+            return Indexed::Skipped;
+        };
+        if src != self.source {
+            return Indexed::Skipped;
+        }
+        if self.progress.get(&op).is_some_and(|p| p.covers(oo)) {
+            self.note_received(op, oo);
+            return Indexed::Settled(q.settle_processed(local.1));
+        }
+        if self.pending.len() >= MAX_INDEXED {
+            return Indexed::Full;
+        }
+        self.note_received(op, oo);
+        self.pending.insert((op, oo), local);
+        Indexed::Kept
+    }
+
+    fn note_received(&mut self, op: u32, oo: u64) {
+        let got = self.received.entry(op).or_insert(0);
+        *got = (*got).max(oo.saturating_add(1));
+    }
+}
 
 impl Broker {
     /// Up to `max` records of `part` from `next` (off the runtime's threads), or, when
@@ -437,13 +510,33 @@ impl Broker {
     }
 
     /// Settles every record of mirror `topic` that the progress taken so far covers (a
-    /// promote does this last), and drops the index. Returns how many were settled.
+    /// promote does this last), makes the queue state of its partitions here durable (a
+    /// promote answered is followed by no more progress: what the source's consumers acked
+    /// must survive a crash of the new primary right after it), and drops the index.
+    /// Returns how many were settled.
     pub async fn settle_mirror_progress(self: &Arc<Self>, topic: &str) -> Result<u64, BrokerError> {
         let t = self.topic(topic)?;
         let found = self.mirror_indexes.lock().get(&t.id()).cloned();
         let Some(index) = found else { return Ok(0) };
         let mut index = index.lock().await;
         let n = self.settle_covered(&t, &mut index).await?;
+        let parts = t.partitions();
+        let persisted = tokio::task::spawn_blocking(move || {
+            parts.iter().try_for_each(|p| {
+                p.persist_queue(false)
+                    .map(drop)
+                    .map_err(|source| LogError::Io {
+                        path: p.dir.clone(),
+                        source,
+                    })
+            })
+        })
+        .await
+        .expect("queue persist task");
+        if let Err(e) = persisted {
+            tracing::error!(topic = %topic, error = %e, "could not make what the mirror settled durable before its promote (nothing was changed)");
+            return Err(e.into());
+        }
         self.mirror_indexes.lock().remove(&t.id());
         // (no longer a mirror: no progress is expected)
         self.metrics.mirror_progress_at.remove(&TopicLabel {
@@ -479,39 +572,37 @@ impl Broker {
         };
         let p = partition as usize;
         if index.scanned.len() <= p {
-            index.scanned.resize(p + 1, 0);
+            index.scanned.resize_with(p + 1, Looked::default);
         }
         let end = base + records.len() as u64;
         let mut q = part.queue.lock();
-        // everything below `start` was looked at (or is settled): these must follow it
-        let start = index.scanned[p].max(q.frontier());
-        if start < base || start >= end {
+        // everything below `start` was looked at (or is settled)
+        let start = index.scanned[p].advance(q.frontier());
+        let from = start.max(base);
+        // (a batch above a gap is kept aside, so long as there are not too many)
+        if from >= end || (from > start && index.scanned[p].ahead.len() >= MAX_AHEAD) {
             return;
         }
         let mut settled = 0u64;
         let mut upto = end;
-        for (offset, r) in (base..end).zip(records).skip((start - base) as usize) {
-            let Some((src, op, oo)) = origin_of(&r.headers) else {
-                continue;
-            };
-            if src != index.source {
-                continue;
-            }
-            let got = index.received.entry(op).or_insert(0);
-            *got = (*got).max(oo.saturating_add(1));
-            // (lanes ship concurrently: progress may already cover a record that comes late)
-            if index.progress.get(&op).is_some_and(|p| p.covers(oo)) {
-                settled += u64::from(q.settle_processed(offset));
-            } else if index.pending.len() < MAX_INDEXED {
-                index.pending.insert((op, oo), (partition, offset));
-            } else {
-                // full: the rest is left for the read at the next progress, which logs it
-                upto = offset;
-                break;
+        for (offset, r) in (from..end).zip(&records[(from - base) as usize..]) {
+            match index.look(&mut q, (partition, offset), &r.headers) {
+                Indexed::Settled(now) => settled += u64::from(now),
+                Indexed::Skipped | Indexed::Kept => {}
+                // the rest is left for the read at the next progress, which logs it
+                Indexed::Full => {
+                    upto = offset;
+                    break;
+                }
             }
         }
-        index.scanned[p] = upto;
         drop(q);
+        let looked = &mut index.scanned[p];
+        if from == start {
+            looked.advance(upto);
+        } else if upto > from {
+            looked.ahead.insert(from, upto);
+        }
         self.count_settled(t, settled);
     }
 
@@ -568,7 +659,9 @@ impl Broker {
     ) -> Result<u64, BrokerError> {
         let meta = t.meta.read().clone();
         let parts = t.partitions();
-        index.scanned.resize(parts.len(), 0);
+        if index.scanned.len() < parts.len() {
+            index.scanned.resize_with(parts.len(), Looked::default);
+        }
         let mut settled = 0u64;
         for (i, part) in parts.iter().enumerate() {
             if !self.is_local(&meta, i as u32) {
@@ -578,13 +671,22 @@ impl Broker {
                 let q = part.queue.lock();
                 (q.frontier(), q.hwm())
             };
-            let mut next = index.scanned[i].max(frontier);
-            while next < hwm && index.pending.len() < MAX_INDEXED {
-                let records = match self.read_slab(part, next, 4096).await? {
-                    Ok(r) => r,
-                    Err(oldest) => {
-                        next = oldest;
+            // what was not looked at yet: up to the next batch indexed as it came
+            let mut looked = std::mem::take(&mut index.scanned[i]);
+            let mut next = looked.advance(frontier);
+            let mut full = false;
+            while next < hwm && !full {
+                let stop = looked.ahead.keys().next().map_or(hwm, |&s| s.min(hwm));
+                let max = (stop.saturating_sub(next) as usize).clamp(1, 4096);
+                let records = match self.read_slab(part, next, max).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(oldest)) => {
+                        next = looked.advance(oldest);
                         continue;
+                    }
+                    Err(e) => {
+                        index.scanned[i] = looked;
+                        return Err(e);
                     }
                 };
                 let Some(last) = records.last().map(|r| r.offset) else {
@@ -592,24 +694,22 @@ impl Broker {
                 };
                 index.read_back += records.len() as u64;
                 let mut q = part.queue.lock();
+                let mut upto = last + 1;
                 for r in &records {
-                    let Some((src, op, oo)) = origin_of(&r.headers) else {
-                        continue;
-                    };
-                    if src != index.source {
-                        continue;
-                    }
-                    let got = index.received.entry(op).or_insert(0);
-                    *got = (*got).max(oo.saturating_add(1));
-                    if index.progress.get(&op).is_some_and(|p| p.covers(oo)) {
-                        settled += u64::from(q.settle_processed(r.offset));
-                    } else {
-                        index.pending.insert((op, oo), (i as u32, r.offset));
+                    match index.look(&mut q, (i as u32, r.offset), &r.headers) {
+                        Indexed::Settled(now) => settled += u64::from(now),
+                        Indexed::Skipped | Indexed::Kept => {}
+                        Indexed::Full => {
+                            upto = r.offset;
+                            full = true;
+                            break;
+                        }
                     }
                 }
-                next = last + 1;
+                drop(q);
+                next = looked.advance(upto);
             }
-            index.scanned[i] = next;
+            index.scanned[i] = looked;
             if index.pending.len() >= MAX_INDEXED && !index.full_logged {
                 index.full_logged = true;
                 tracing::warn!(topic = %meta.name, indexed = index.pending.len(), "a mirror's index of unsettled records is full: records beyond it are not settled by the source's progress (processed again after a promote)");

@@ -1840,4 +1840,21 @@ async fn a_mirror_indexes_records_as_it_takes_them() {
         .unwrap();
     assert_eq!((n, b.mirror_read_back("m").await), (1, 10));
     assert_eq!(b.topic_info("m").unwrap().partitions[0].queue.unacked, 1);
+    // a batch the index could not take as it came (busy) is read back, and only it: the
+    // batch after it was indexed as it came, above the gap
+    let index = b
+        .mirror_indexes
+        .lock()
+        .get(&b.topic("m").unwrap().id())
+        .cloned();
+    let busy = index.as_ref().unwrap().lock().await;
+    take(26..31).await;
+    drop(busy);
+    take(31..36).await;
+    let n = b
+        .take_mirror_progress("m", src, 0, progress(36), None)
+        .await
+        .unwrap();
+    assert_eq!((n, b.mirror_read_back("m").await), (10, 15));
+    assert_eq!(b.topic_info("m").unwrap().partitions[0].queue.unacked, 1);
 }

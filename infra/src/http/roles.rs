@@ -555,11 +555,16 @@ pub async fn promote(
     let deadline = started + std::time::Duration::from_millis(timeout_ms);
     let mut report = None;
     if matches!(now, TopicRole::Mirror { .. }) {
+        let mut waiting = false;
         loop {
             report = mirror_report(&state, &broker, &topic).await?;
             let drained = report.as_ref().is_some_and(|r| r.drained);
             if !wait_drained || drained {
                 break;
+            }
+            if !waiting {
+                waiting = true;
+                tracing::info!(topic = %topic, timeout_ms, "the promote waits until its source is drained (every record and ack of the demoted source here)");
             }
             // a source whose link runs sends its progress every 2 s even when nothing
             // changed: silence means nothing is coming, so say so now rather than at the
