@@ -602,6 +602,95 @@ async fn an_idle_old_primary_is_fenced_by_its_progress() {
     expect_read_only(&a, "orders").await;
 }
 
+/// A planned switchover whose new primary is killed (-9). Killed while its promote waits for
+/// the drain, nothing changed: after a restart it is still the mirror, and the same command
+/// promotes it. Killed the moment it answered, what the old primary's consumers processed
+/// stays settled (the promote made it durable before the role changed): none of it is
+/// delivered again, and nothing else is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_survives_a_kill_of_the_new_primary() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = Relay::start(0).await;
+    // (B writes its queue state seldom: only the promote itself can have made its settles
+    // durable before the kill)
+    let (mut b, ca) = target_with(dir.path(), &[("NARAD_ACK_FLUSH_INTERVAL_MS", "60000")]).await;
+    relay.set_target(port_of(&b));
+    let a = source(dir.path(), relay.port).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "orders", "partitions": 2})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/remotes",
+        Some(json!({"name": "b", "url": format!("https://127.0.0.1:{}", relay.port), "username": "mirror", "password": MIRROR_PW, "ca_pem": ca})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    attach(&a, "orders", "dr", "b", "orders", "attach").await;
+    assert_eq!(produce_seqs(&a, "orders", 0..400).await.len(), 400);
+    let processed_on_a: HashSet<u64> = process(&a, "orders", 300).await.into_iter().collect();
+    until("A's copy and its progress on B", async || {
+        lag(&a, "orders").await.0 == 0 && settled_on(&b, "orders").await == 300
+    })
+    .await;
+    // killed while its promote waits (A is still the primary: nothing is drained)
+    let pid = b.child.as_ref().unwrap().id().to_string();
+    let waiting = b
+        .http
+        .post(b.url("/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000"))
+        .basic_auth("admin", Some(ROOT_PW))
+        .send();
+    let kill = async {
+        until("the promote waits for the drain", async || {
+            b.log()
+                .contains("the promote waits until its source is drained")
+        })
+        .await;
+        let killed = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+    };
+    let (answer, ()) = tokio::join!(waiting, kill);
+    assert!(answer.is_err(), "a killed promote answered: {answer:?}");
+    b.kill9();
+    b.restart().await;
+    relay.set_target(port_of(&b));
+    assert_eq!(role_of(&b, "orders").await, ("mirror".into(), 0));
+    // the planned switchover, again: A stops taking produces, B waits for its last records
+    // and acks, and is killed the moment it answers
+    let r = call(&a, Method::POST, "/v1/topics/orders/demote", None).await;
+    json_of(r, StatusCode::OK).await;
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000",
+        None,
+    )
+    .await;
+    let v = json_of(r, StatusCode::OK).await;
+    b.kill9();
+    assert_eq!(v["report"]["drained"], true, "{v}");
+    b.restart().await;
+    assert_eq!(role_of(&b, "orders").await, ("primary".into(), 1));
+    let on_b: Vec<u64> = process(&b, "orders", 10_000).await;
+    let twice: Vec<u64> = on_b
+        .iter()
+        .copied()
+        .filter(|s| processed_on_a.contains(s))
+        .collect();
+    assert!(twice.is_empty(), "processed on A and again on B: {twice:?}");
+    let all: BTreeSet<u64> = on_b.iter().copied().chain(processed_on_a).collect();
+    assert_eq!(all, (0..400).collect(), "every record processed once");
+}
+
 /// Re-protection: B mirrors A and has a link of its own to C, set up in peacetime. While B
 /// is a mirror the link holds A's records (its lag counts them: they are not on C); once A
 /// is lost and B promoted, they go to C with B's own, each once, naming B as its origin and

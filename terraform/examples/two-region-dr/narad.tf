@@ -52,9 +52,10 @@ resource "narad_topic" "standby" {
 
 # --- users and remotes, both ways (idle until a child uses them) ----------------------------
 # Each cluster has a user for the other, with produce AND replicate on the topic only: never
-# an admin (a remote's checks refuse an admin credential: not_admin). Raising
-# mirror_password_version draws new passwords; the provider changes them in place on the
-# user and on the remote.
+# an admin (a remote's checks refuse an admin credential: not_admin). Both ways exist from
+# the first apply, so a failover or a failback only promotes or demotes the topic (CLI) and
+# changes which remote child exists (mirror_direction). Raising mirror_password_version
+# draws new passwords; the provider changes them in place on the user and on the remote.
 
 resource "random_password" "to_standby" {
   length  = 40
@@ -125,11 +126,18 @@ resource "narad_remote" "primary" {
   url      = module.primary.http_endpoint
   username = narad_user.mirror_from_standby.username
   password = random_password.to_primary.result
+  # ca_pem = file("primary-ca.pem")   # only when A's certificate is not from a public CA
 }
 
 # --- the remote child: which way records flow -----------------------------------------------
-# Links never chain (a target topic that mirrors anywhere is refused: loop_detected), so the
+# At most one of the two exists. The loop rule refuses a link whose target topic ships to a
+# remote itself (loop_detected): B->A while A's dr exists, A->B while B's back does. So the
 # direction changes through "none": one apply detaches, the next attaches the other way.
+# A link from B's topic to a third cluster is allowed (re-protection,
+# docs/playbooks/disaster-recovery.md; not part of this example): it stands by while B is a
+# mirror and ships once B is promoted. Attach it after dr: while it exists, the loop rule
+# refuses dr. Attaching makes the target topic the parent's read-only mirror; promoting and
+# demoting it are CLI steps (README.md), not resources.
 
 resource "narad_child" "dr" {
   count    = var.mirror_direction == "primary_to_standby" ? 1 : 0
@@ -151,7 +159,8 @@ resource "narad_child" "back" {
   child        = "back"
   remote       = narad_remote.primary.name
   remote_topic = narad_topic.primary.name
-  # B's own records its consumers have not acked, and every new one (failback.md, step 1)
+  # B's own records its consumers have not acked, and every new one (failback.md, step 1);
+  # A's records never go back to A. Makes A's (demoted) topic B's mirror.
   from  = "unconsumed"
   lanes = var.mirror_lanes
 }

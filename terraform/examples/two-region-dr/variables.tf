@@ -106,7 +106,7 @@ variable "topic_retention_ms" {
 
 variable "mirror_direction" {
   type        = string
-  description = "Which way the topic is mirrored: primary_to_standby (peacetime: A's remote child dr), none (between the two, and while A is lost), standby_to_primary (failback: B's remote child back). Change it through none: links never chain."
+  description = "Which way the topic is mirrored: primary_to_standby (peacetime, and while A is lost: A's remote child dr ships A's tail when A returns), none (between the two), standby_to_primary (failback: B's remote child back). Change it through none: a topic never mirrors the topic it ships to (loop_detected)."
   default     = "primary_to_standby"
 
   validation {
