@@ -467,10 +467,17 @@ async fn remote(c: &Client, cmd: RemoteCmd, output: Output) -> Result<(), BoxErr
             }
             print_reply(c.patch_json(&path(&name), &body).await?)?;
         }
-        RemoteCmd::Test { name, topic } => {
+        RemoteCmd::Test {
+            name,
+            topic,
+            parent,
+        } => {
             let mut p = format!("{}/test", path(&name));
             if let Some(t) = &topic {
                 p.push_str(&format!("?topic={}", enc(t)));
+            }
+            if let Some(parent) = &parent {
+                p.push_str(&format!("&parent={}", enc(parent)));
             }
             let Reply::Json(j) = c.post_json(&p, &serde_json::json!({})).await? else {
                 return Err("the broker answered the test with no body".into());

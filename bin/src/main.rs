@@ -147,11 +147,18 @@ enum RemoteCmd {
     },
     /// Check the remote from the node at --server: reachable, a Narad with security on, the
     /// credential works and is not an admin's, and (with --topic) the topic exists and takes
-    /// produces. Exits non-zero when a check fails.
+    /// produces; with --parent too, every check an attach of that local topic runs (the loop
+    /// rule, its JSON Schema, whether the remote topic would become its mirror). Exits
+    /// non-zero when a check fails.
     Test {
+        /// The remote's name.
         name: String,
+        /// The topic on the remote that records would be sent to.
         #[arg(long)]
         topic: Option<String>,
+        /// The local topic that would be mirrored (needs --topic).
+        #[arg(long, requires = "topic")]
+        parent: Option<String>,
     },
     /// Delete a remote.
     Rm { name: String },

@@ -460,9 +460,13 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     )
     .await;
     json_of(r, StatusCode::CREATED).await;
-    // (its test names the loop rule while A's topic still mirrors to B)
-    let r = call(&b, Method::POST, "/v1/remotes/a/test?topic=orders", None).await;
-    assert_eq!(json_of(r, StatusCode::OK).await["state"], "loop_detected");
+    // (its test names the loop rule while A's topic still mirrors to B, with or without
+    // the topic it would mirror)
+    for q in ["topic=orders", "topic=orders&parent=orders"] {
+        let r = call(&b, Method::POST, &format!("/v1/remotes/a/test?{q}"), None).await;
+        let v = json_of(r, StatusCode::OK).await;
+        assert_eq!(v["state"], "loop_detected", "{v}");
+    }
     let r = call(
         &a,
         Method::POST,
@@ -885,6 +889,99 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::ACCEPTED);
+}
+
+/// A copy with a link of its own onward: a primary that ships onward is not made another's
+/// mirror (the loop rule), but once demoted it is, and its link then stands by with what it
+/// mirrors and forwards it once it is promoted. So re-protection can be set up in either
+/// order, and a failback's old primary can protect itself again on a copy that kept its own
+/// onward link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, c_ca) = target(&sub(dir.path(), "third")).await;
+    let (b, b_ca) = target_with(
+        dir.path(),
+        &[
+            (
+                "NARAD_CLUSTER_SECRET",
+                "the copy cluster's own secret, 32+ bytes",
+            ),
+            ("NARAD_REMOTES_ALLOWED_PORTS", &port_of(&c).to_string()),
+            ("NARAD_REMOTES_ALLOW_ADDRESSES", "127.0.0.0/8"),
+        ],
+    )
+    .await;
+    let a = source(dir.path(), port_of(&b)).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": "orders", "partitions": 2})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    // B's link to C first, while B is a primary with records of its own
+    add_remote(&b, "c", &c, &c_ca).await;
+    attach(&b, "orders", "onward", "c", "orders", "attach").await;
+    assert_eq!(produce_seqs(&b, "orders", 1000..1010).await.len(), 10);
+    until("B's own records on C", async || {
+        lag(&b, "orders").await == (0, "running".into())
+    })
+    .await;
+    // A→B would make a primary that ships onward a mirror: refused, nothing changed
+    add_remote(&a, "b", &b, &b_ca).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics/orders/children",
+        Some(json!({"child": "dr", "remote": "b", "remote_topic": "orders", "from": "attach"})),
+    )
+    .await;
+    let v = json_of(r, StatusCode::CONFLICT).await;
+    assert_eq!(v["code"], "loop_detected", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("demote it there first")),
+        "{v}"
+    );
+    assert_eq!(role_of(&b, "orders").await, ("primary".into(), 0));
+    // demoted, B becomes A's mirror; its link to C stands by with A's records
+    let r = call(&b, Method::POST, "/v1/topics/orders/demote", None).await;
+    json_of(r, StatusCode::OK).await;
+    attach(&a, "orders", "dr", "b", "orders", "attach").await;
+    assert_eq!(role_of(&b, "orders").await.0, "mirror");
+    assert_eq!(produce_seqs(&a, "orders", 0..50).await.len(), 50);
+    until("B's link to C stands by with A's records", async || {
+        lag(&a, "orders").await.0 == 0 && lag(&b, "orders").await == (50, "standby".into())
+    })
+    .await;
+    // (every check of the attach passes again, as at a resume: B's link goes elsewhere)
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/remotes/b/test?topic=orders&parent=orders",
+        None,
+    )
+    .await;
+    let v = json_of(r, StatusCode::OK).await;
+    assert_eq!(v["state"], "running", "{v}");
+    // B promoted: A's records go on to C, each once, beside B's own
+    let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
+    json_of(r, StatusCode::OK).await;
+    until("A's records on C", async || {
+        lag(&b, "orders").await == (0, "running".into())
+    })
+    .await;
+    let on_c: Vec<u64> = replay_all(&c, "orders", 2)
+        .await
+        .iter()
+        .map(|r| r.2)
+        .collect();
+    let set: BTreeSet<u64> = on_c.iter().copied().collect();
+    assert_eq!(on_c.len(), 60, "each once: {on_c:?}");
+    assert_eq!(set, (0..50).chain(1000..1010).collect());
 }
 
 /// A planned switchover twice along a chain, then back to the start: A→B→C (B's link to C

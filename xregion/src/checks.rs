@@ -229,10 +229,17 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
             format!("topic '{topic}' on the remote: {}", answered(&reply)),
         );
     }
-    let id = serde_json::from_slice::<serde_json::Value>(&reply.body)
-        .ok()
+    let described = serde_json::from_slice::<serde_json::Value>(&reply.body).ok();
+    let id = described
+        .as_ref()
         .and_then(|v| v.get("id")?.as_str().map(str::to_owned))
         .filter(|id| id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()));
+    // its failover role (absent from an older version: taken as a primary)
+    let role = described
+        .as_ref()
+        .and_then(|v| v.get("failover")?.get("role")?.as_str())
+        .unwrap_or("primary")
+        .to_owned();
     let Some(id) = id else {
         return run.fail(
             "topic",
@@ -257,8 +264,10 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
         "topic",
         format!("topic '{topic}' exists (incarnation {id})"),
     );
-    // 5. the loop rule: a target that mirrors to remotes of its own would make chains (and,
-    //    with this link, possibly a cycle)
+    // 5. the loop rule: a primary that mirrors to remotes of its own is the head of links
+    //    of its own (this link would make it a mirror, and with a link back here, a cycle);
+    //    a mirror or a demoted topic with links of its own is a copy protected onward (its
+    //    links stand by until it is promoted, and forward what it holds then)
     let reply = match client
         .request(Method::GET, &format!("v1/topics/{topic}/children"), None)
         .await
@@ -279,19 +288,54 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
             ),
         );
     };
-    let mirrors = children["children"]
+    let links: Vec<&serde_json::Value> = children["children"]
         .as_array()
-        .is_some_and(|l| l.iter().any(|c| c.get("remote").is_some()));
-    if mirrors {
+        .map(|l| l.iter().filter_map(|c| c.get("remote")).collect())
+        .unwrap_or_default();
+    let mirrors = !links.is_empty();
+    // one of them ships to the topic this link would mirror (a cycle of two); an older
+    // version that names no ids is taken as one that may
+    let back = target.parent_id.is_none_or(|parent| {
+        links.iter().any(|l| {
+            l.get("target_topic_id")
+                .and_then(|v| v.as_str())
+                .is_none_or(|id| u64::from_str_radix(id, 16) == Ok(parent))
+        })
+    });
+    if mirrors && back && role != "primary" {
+        return run.fail(
+            "no_remote_children",
+            "loop_detected",
+            match target.parent_id {
+                Some(_) => format!(
+                    "topic '{topic}' on the remote ships to the topic this link would mirror: links do not loop (detach that link there first)"
+                ),
+                None => format!(
+                    "topic '{topic}' on the remote mirrors to remotes of its own: name the topic that would be mirrored (parent) to check whether it ships to it"
+                ),
+            },
+        );
+    }
+    if mirrors && role == "primary" {
         return run.fail(
             "no_remote_children",
             "loop_detected",
             format!(
-                "topic '{topic}' on the remote mirrors to remotes of its own: links do not chain (the loop rule)"
+                "topic '{topic}' on the remote is a primary that mirrors to remotes of its own: this link would make it a mirror (the loop rule); demote it there first (narad topic demote), or attach this link before its own"
             ),
         );
     }
-    run.pass("no_remote_children", format!("'{topic}' mirrors nowhere"));
+    if mirrors {
+        run.pass(
+            "no_remote_children",
+            format!(
+                "'{topic}' is {} with links of its own: they stand by while it is a mirror and forward what it holds once it is promoted",
+                if role == "demoted" { "demoted" } else { "a mirror" }
+            ),
+        );
+    } else {
+        run.pass("no_remote_children", format!("'{topic}' mirrors nowhere"));
+    }
     // 6. the same schema, or the target refuses records the parent took
     if let Some(want) = target.schema {
         let reply = match client

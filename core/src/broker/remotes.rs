@@ -325,6 +325,10 @@ impl RemoteCursor {
 pub struct RemoteChildInfo {
     pub remote: String,
     pub remote_topic: String,
+    /// The incarnation id of the topic it ships to (16 hex digits): another cluster's link
+    /// checks by it that this one does not ship to the topic it would mirror here.
+    #[serde(default)]
+    pub target_topic_id: String,
     pub lanes: u8,
     pub paused: bool,
     /// `running`, `paused`, or what stops it (the worst over the parent's partitions).
@@ -547,6 +551,7 @@ impl Broker {
                 remote: Some(RemoteChildInfo {
                     remote: c.remote.clone(),
                     remote_topic: c.remote_topic.clone(),
+                    target_topic_id: format!("{:016x}", c.target_id),
                     lanes: c.lanes,
                     paused: c.paused,
                     state: state.to_owned(),
@@ -731,8 +736,10 @@ async fn run_remote_cursor(
     let mut returned_scan = 0u64;
     // acked ranges above the frontier whose records were looked at (and handed back)
     let mut returned_ranges: std::collections::BTreeSet<(u64, u64)> = Default::default();
-    // the parent's settings and schema count the target was last brought to
-    let mut synced: Option<(crate::topic::TopicConfig, usize)> = None;
+    // the parent's settings, schema count and epoch the target was last brought to (a
+    // target follows the parent to each epoch it is promoted to, whatever the parent was
+    // when this cursor started)
+    let mut synced: Option<(crate::topic::TopicConfig, usize, u64)> = None;
     // a record past the hop limit was logged
     let mut too_far_logged = false;
     loop {
@@ -1069,7 +1076,7 @@ async fn run_remote_cursor(
                 let m = parent.meta.read();
                 (m.config.clone(), m.schemas.clone())
             };
-            let want = (config.clone(), schemas.len());
+            let want = (config.clone(), schemas.len(), role.epoch());
             if synced.as_ref() != Some(&want) {
                 let sent = shipper
                     .sync_catalog(CatalogSync {

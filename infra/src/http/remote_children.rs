@@ -41,7 +41,7 @@ fn invalid(msg: impl Into<String>) -> ApiError {
 /// What a link from `meta` makes its target topic the mirror of: this cluster's topic at its
 /// epoch, while it is the primary (a demoted topic's link ships its tail to the primary that
 /// replaced it, which is no mirror).
-async fn mirror_of(
+pub(super) async fn mirror_of(
     broker: &std::sync::Arc<narad_core::broker::Broker>,
     meta: &narad_core::broker::TopicMeta,
 ) -> Result<Option<narad_xregion::checks::MirrorOf>, ApiError> {

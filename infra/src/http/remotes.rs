@@ -408,22 +408,45 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `POST /v1/remotes/{name}/test[?topic=T]`: runs the checks a remote must pass (see
-/// `narad_xregion::checks`) from this node, and reports each.
+/// `POST /v1/remotes/{name}/test[?topic=T[&parent=P]]`: runs the checks a remote must pass
+/// (see `narad_xregion::checks`) from this node, and reports each; with `parent`, every check
+/// an attach of local topic P to T runs (the loop rule against P, P's JSON Schema, and
+/// whether T would become P's mirror, asked without changing it).
 pub async fn test(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     uri: Uri,
 ) -> ApiResult {
-    let q = Query::parse(uri.query(), &["topic"])?;
+    let q = Query::parse(uri.query(), &["topic", "parent"])?;
     caller.require_admin()?;
     let topic = q.str("topic");
-    if let Some(t) = topic {
-        narad_core::topic::validate_name(t).map_err(|e| {
-            ApiError::new(ErrorCode::InvalidParameter, format!("topic: {}", e.reason))
-        })?;
+    for (field, name) in [("topic", topic), ("parent", q.str("parent"))] {
+        if let Some(t) = name {
+            narad_core::topic::validate_name(t).map_err(|e| {
+                ApiError::new(
+                    ErrorCode::InvalidParameter,
+                    format!("{field}: {}", e.reason),
+                )
+            })?;
+        }
     }
+    let parent = match q.str("parent") {
+        Some(_) if topic.is_none() => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidParameter,
+                "parent: comes only with topic (the remote's topic it would ship to)",
+            ));
+        }
+        Some(p) => Some(state.broker()?.topic_meta(p)?),
+        None => None,
+    };
+    let mirror = match &parent {
+        Some(meta) => super::remote_children::mirror_of(state.broker()?, meta)
+            .await?
+            .map(|m| narad_xregion::checks::MirrorOf { dry: true, ..m }),
+        None => None,
+    };
     let keys = state.remotes.keys()?;
     let r = state.broker()?.remote(&name)?;
     let client =
@@ -437,9 +460,9 @@ pub async fn test(
         &client,
         narad_xregion::checks::Target {
             topic,
-            parent_id: None,
-            schema: None,
-            mirror: None,
+            parent_id: parent.as_ref().map(|m| m.id),
+            schema: parent.as_ref().map(|m| m.schemas.last().map(|v| &v.schema)),
+            mirror,
         },
     )
     .await;

@@ -135,9 +135,11 @@ resource "narad_remote" "primary" {
 # direction changes through "none": one apply detaches, the next attaches the other way.
 # A link from B's topic to a third cluster is allowed (re-protection,
 # docs/playbooks/disaster-recovery.md; not part of this example): it stands by while B is a
-# mirror and ships once B is promoted. Attach it after dr: while it exists, the loop rule
-# refuses dr. Attaching makes the target topic the parent's read-only mirror; promoting and
-# demoting it are CLI steps (README.md), not resources.
+# mirror and ships once B is promoted. Attach it after dr, or demote B's topic first: the
+# loop rule refuses to make a primary that ships onward a mirror (dr attaches beside it
+# once B's topic is demoted, as at the end of a failback). Attaching makes the target
+# topic the parent's read-only mirror; promoting and demoting it are CLI steps
+# (README.md), not resources.
 
 resource "narad_child" "dr" {
   count    = var.mirror_direction == "primary_to_standby" ? 1 : 0
