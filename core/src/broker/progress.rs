@@ -44,6 +44,12 @@ pub fn progress_max_origin_partitions() -> u32 {
 /// Most offsets one progress message hands back (see `settle_returned`).
 pub const MAX_RETURNED: u64 = 1 << 16;
 
+/// Most records one progress message makes its mirror read back to index (records the
+/// index did not take as they came, say the whole backlog after a restart): the rest is
+/// read at the next progress (one comes every interval, and every 2 s anyway), so a link's
+/// request costs bounded time. A promote reads all that is left.
+pub const READ_PER_PROGRESS: u64 = 1 << 16;
+
 /// Most unsettled records one mirror's index holds; records beyond are not indexed (they
 /// stay deliverable after a promote: duplicates, never a gap).
 pub const MAX_INDEXED: usize = 4 << 20;
@@ -367,10 +373,18 @@ impl Broker {
         let mut index = index.lock().await;
         // what came so far first: progress counts only for records this mirror holds (a
         // link that claims more is not believed beyond them), and replaces the last (one
-        // cursor sends one at a time)
-        self.settle_covered(&t, &mut index).await?;
+        // cursor sends one at a time). While the index has not looked at all it holds (a
+        // backlog read a share per message), what it holds is not known yet: the link's own
+        // claim of what it shipped bounds the progress then.
+        let mut budget = READ_PER_PROGRESS;
+        self.settle_covered(&t, &mut index, &mut budget).await?;
         let held = index.received.get(&partition).copied().unwrap_or(0);
-        index.progress.insert(partition, progress.clamped(held));
+        let limit = if budget > 0 {
+            held
+        } else {
+            end.map_or(u64::MAX, |e| e.shipped).max(held)
+        };
+        index.progress.insert(partition, progress.clamped(limit));
         if let Some(end) = end {
             index.ends.insert(
                 partition,
@@ -380,7 +394,7 @@ impl Broker {
                 },
             );
         }
-        let n = self.settle_covered(&t, &mut index).await;
+        let n = self.settle_covered(&t, &mut index, &mut budget).await;
         drop(index);
         self.metrics
             .mirror_progress_at
@@ -468,7 +482,8 @@ impl Broker {
         let found = self.mirror_indexes.lock().get(&t.id()).cloned();
         let Some(index) = found else { return Ok(None) };
         let mut index = index.lock().await;
-        let settled = self.settle_covered(&t, &mut index).await?;
+        let mut all = u64::MAX;
+        let settled = self.settle_covered(&t, &mut index, &mut all).await?;
         let now = self.clock.now_ms();
         let count = index
             .ends
@@ -519,7 +534,8 @@ impl Broker {
         let found = self.mirror_indexes.lock().get(&t.id()).cloned();
         let Some(index) = found else { return Ok(0) };
         let mut index = index.lock().await;
-        let n = self.settle_covered(&t, &mut index).await?;
+        let mut all = u64::MAX;
+        let n = self.settle_covered(&t, &mut index, &mut all).await?;
         let parts = t.partitions();
         let persisted = tokio::task::spawn_blocking(move || {
             parts.iter().try_for_each(|p| {
@@ -656,6 +672,7 @@ impl Broker {
         self: &Arc<Self>,
         t: &Arc<Topic>,
         index: &mut MirrorIndex,
+        budget: &mut u64,
     ) -> Result<u64, BrokerError> {
         let meta = t.meta.read().clone();
         let parts = t.partitions();
@@ -675,9 +692,9 @@ impl Broker {
             let mut looked = std::mem::take(&mut index.scanned[i]);
             let mut next = looked.advance(frontier);
             let mut full = false;
-            while next < hwm && !full {
+            while next < hwm && !full && *budget > 0 {
                 let stop = looked.ahead.keys().next().map_or(hwm, |&s| s.min(hwm));
-                let max = (stop.saturating_sub(next) as usize).clamp(1, 4096);
+                let max = (stop.saturating_sub(next).min(*budget) as usize).clamp(1, 4096);
                 let records = match self.read_slab(part, next, max).await {
                     Ok(Ok(r)) => r,
                     Ok(Err(oldest)) => {
@@ -693,6 +710,7 @@ impl Broker {
                     break;
                 };
                 index.read_back += records.len() as u64;
+                *budget = budget.saturating_sub(records.len() as u64);
                 let mut q = part.queue.lock();
                 let mut upto = last + 1;
                 for r in &records {

@@ -1858,3 +1858,58 @@ async fn a_mirror_indexes_records_as_it_takes_them() {
     assert_eq!((n, b.mirror_read_back("m").await), (10, 15));
     assert_eq!(b.topic_info("m").unwrap().partitions[0].queue.unacked, 1);
 }
+
+/// A mirror's backlog not indexed as it came (say after a restart) is read back a bounded
+/// share per progress message, so a link's request costs bounded time; the next ones read
+/// the rest, and a promote settles all that is covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirrors_backlog_is_read_a_bounded_share_per_progress() {
+    use crate::catalog::TopicRole;
+    use crate::catalog::role::Source;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("m", 1)).await.unwrap();
+    let src = Source {
+        cluster: 0xa1,
+        topic: 0xb2,
+    };
+    b.set_role(
+        "m",
+        TopicRole::default(),
+        TopicRole::Mirror { epoch: 1, of: src },
+    )
+    .await
+    .unwrap();
+    let total = progress::READ_PER_PROGRESS + 1000;
+    for start in (0..total).step_by(1000) {
+        let msgs = (start..total.min(start + 1000))
+            .map(|o| ProduceMessage {
+                headers: vec![(
+                    "narad-origin".into(),
+                    Bytes::from(format!("{:016x}/{:016x}/0/{o}", src.cluster, src.topic)),
+                )],
+                payload: Bytes::from_static(b"x"),
+                ..Default::default()
+            })
+            .collect();
+        b.produce("m", msgs).await.unwrap();
+    }
+    let progress = |frontier| PartitionProgress {
+        frontier,
+        acked: vec![],
+    };
+    let n = b
+        .take_mirror_progress("m", src, 0, progress(total), None)
+        .await
+        .unwrap();
+    assert_eq!(n, progress::READ_PER_PROGRESS);
+    assert_eq!(b.mirror_read_back("m").await, progress::READ_PER_PROGRESS);
+    // the promote's last settle reads what is left
+    assert_eq!(b.settle_mirror_progress("m").await.unwrap(), 1000);
+    let info = b.topic_info("m").unwrap();
+    assert_eq!(
+        info.partitions[0].queue.unacked, 0,
+        "{:?}",
+        info.partitions[0]
+    );
+}
