@@ -50,6 +50,9 @@ pub const MAX_RETURNED: u64 = 1 << 16;
 /// request costs bounded time. A promote reads all that is left.
 pub const READ_PER_PROGRESS: u64 = 1 << 16;
 
+/// Indexed records settled per step once progress covers them.
+const SETTLE_BATCH: usize = 1024;
+
 /// Most unsettled records one mirror's index holds; records beyond are not indexed (they
 /// stay deliverable after a promote: duplicates, never a gap).
 pub const MAX_INDEXED: usize = 4 << 20;
@@ -733,18 +736,33 @@ impl Broker {
                 tracing::warn!(topic = %meta.name, indexed = index.pending.len(), "a mirror's index of unsettled records is full: records beyond it are not settled by the source's progress (processed again after a promote)");
             }
         }
-        // indexed records the progress covers now
-        let mut covered = Vec::new();
-        for (&op, p) in &index.progress {
+        // indexed records the progress covers now, a bounded batch at a time (a second's
+        // worth of records collected at once took fresh pages every time)
+        let MirrorIndex {
+            progress, pending, ..
+        } = index;
+        let mut batch = Vec::with_capacity(SETTLE_BATCH);
+        for (&op, p) in progress.iter() {
             let ranges = std::iter::once((0, p.frontier)).chain(p.acked.iter().copied());
             for (s, e) in ranges {
-                covered.extend(index.pending.range((op, s)..(op, e)).map(|(k, v)| (*k, *v)));
-            }
-        }
-        for (k, (lp, lo)) in covered {
-            index.pending.remove(&k);
-            if let Some(part) = parts.get(lp as usize) {
-                settled += u64::from(part.queue.lock().settle_processed(lo));
+                loop {
+                    batch.clear();
+                    batch.extend(
+                        pending
+                            .range((op, s)..(op, e))
+                            .take(SETTLE_BATCH)
+                            .map(|(k, v)| (*k, *v)),
+                    );
+                    if batch.is_empty() {
+                        break;
+                    }
+                    for &(k, (lp, lo)) in &batch {
+                        pending.remove(&k);
+                        if let Some(part) = parts.get(lp as usize) {
+                            settled += u64::from(part.queue.lock().settle_processed(lo));
+                        }
+                    }
+                }
             }
         }
         self.count_settled(t, settled);
