@@ -606,6 +606,48 @@ async fn an_idle_old_primary_is_fenced_by_its_progress() {
     expect_read_only(&a, "orders").await;
 }
 
+/// An attach this cluster refuses changes nothing on the remote: the checks' last step
+/// makes the target topic the parent's mirror, so every local refusal comes before them (a
+/// refused attach had left the target read-only, its producers and consumers refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_attach_leaves_the_target_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, ca) = target(dir.path()).await;
+    let a = source(dir.path(), port_of(&b)).await;
+    for name in ["p", "q"] {
+        let r = call(
+            &a,
+            Method::POST,
+            "/v1/topics",
+            Some(json!({"name": name, "partitions": 1})),
+        )
+        .await;
+        json_of(r, StatusCode::CREATED).await;
+    }
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics/p/children",
+        Some(json!({"child": "q"})),
+    )
+    .await;
+    json_of(r, StatusCode::OK).await;
+    add_remote(&a, "b", &b, &ca).await;
+    // a fan-out child takes no children; a parent has a child of that name already
+    for (parent, child) in [("q", "dr"), ("p", "q")] {
+        let r = call(
+            &a,
+            Method::POST,
+            &format!("/v1/topics/{parent}/children"),
+            Some(json!({"child": child, "remote": "b", "remote_topic": "orders"})),
+        )
+        .await;
+        expect_error(r, StatusCode::CONFLICT, "fanout_conflict").await;
+        assert_eq!(role_of(&b, "orders").await, ("primary".into(), 0));
+    }
+    assert_eq!(produce_seqs(&b, "orders", 0..1).await.len(), 1);
+}
+
 /// A planned switchover whose new primary is killed (-9). Killed while its promote waits for
 /// the drain, nothing changed: after a restart it is still the mirror, and the same command
 /// promotes it. Killed the moment it answered, what the old primary's consumers processed

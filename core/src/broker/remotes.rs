@@ -401,6 +401,23 @@ impl Broker {
     }
 
     /// Makes `child` a remote child (its cursors start where `child.starts` says).
+    /// Whether an attach of `child` would be taken here now, taking nothing. An attach runs
+    /// it before its checks reach the remote, whose last step makes the target topic the
+    /// parent's mirror: an attach refused here only afterwards left that topic read-only
+    /// for nothing. (The target's id is not known yet, so the loop rule against it is left
+    /// to the attach itself; the checks refuse a target that ships back to the parent.)
+    pub fn precheck_attach_remote(&self, child: &RemoteChild) -> Result<(), BrokerError> {
+        let cmd = CatalogCommand::AttachRemote {
+            child: RemoteChild {
+                target_id: 0,
+                ..child.clone()
+            },
+        };
+        crate::catalog::apply(&self.store.catalog(), &cmd)
+            .map(drop)
+            .map_err(Into::into)
+    }
+
     pub async fn attach_remote(self: &Arc<Self>, child: RemoteChild) -> Result<(), BrokerError> {
         self.check_running()?;
         let _guard = self.meta_lock.lock().await;

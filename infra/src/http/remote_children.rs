@@ -89,6 +89,26 @@ pub async fn attach(
     let remote = broker
         .remote(&a.remote)
         .map_err(|_| invalid(format!("remote: no remote is named '{}'", a.remote)))?;
+    // everything this cluster would refuse, before the checks change anything there
+    let child = RemoteChild {
+        name: a.child.clone(),
+        parent: parent.to_owned(),
+        parent_id: meta.id,
+        remote: remote.name.clone(),
+        remote_id: remote.id,
+        remote_topic: a.remote_topic.clone(),
+        target_id: 0,
+        lanes,
+        epoch: narad_core::random_u64() | 1,
+        starts: Vec::new(),
+        paused: false,
+        skips: Vec::new(),
+        created_at_ms: {
+            use narad_core::clock::Clock as _;
+            narad_core::clock::SystemClock.now_ms()
+        },
+    };
+    broker.precheck_attach_remote(&child)?;
     let keys = state.remotes.keys.as_deref().ok_or_else(|| {
         ApiError::new(
             ErrorCode::RemotesUnavailable,
@@ -154,22 +174,9 @@ pub async fn attach(
         }
     };
     let child = RemoteChild {
-        name: a.child.clone(),
-        parent: parent.to_owned(),
-        parent_id: meta.id,
-        remote: remote.name.clone(),
-        remote_id: remote.id,
-        remote_topic: a.remote_topic.clone(),
         target_id,
-        lanes,
-        epoch: narad_core::random_u64() | 1,
         starts,
-        paused: false,
-        skips: Vec::new(),
-        created_at_ms: {
-            use narad_core::clock::Clock as _;
-            narad_core::clock::SystemClock.now_ms()
-        },
+        ..child
     };
     broker.attach_remote(child).await?;
     tracing::info!(
