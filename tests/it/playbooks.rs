@@ -1188,21 +1188,9 @@ async fn try_call(
     Some((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
 }
 
-/// An unplanned failover under random load (seeded: `NARAD_TEST_SEED` replays a run):
-/// keyed and keyless batches, two consumers that take random counts and ack random parts
-/// of what they hold, out of order, and leave some leased; A is killed -9 in steady state
-/// and B promoted. Checked against the promote's own report: B holds exactly what the
-/// report says it received from each of A's partitions; every record A acknowledged that
-/// B holds was processed on A or is delivered on B; a record processed on A comes again on
-/// B only if it was acked within the age of A's last progress (as the report gives it, plus
-/// a second for the link's own lag); and once A returns (fenced, its tail shipped) nothing
-/// A acknowledged is missing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::time::{Duration, Instant};
+/// A mirroring to B (`orders`, 3 partitions on A, 2 on B, a 2-lane link), and the seed of a
+/// random run (`NARAD_TEST_SEED`, or the clock's; printed).
+async fn random_pair() -> (tempfile::TempDir, Server, Server, u64) {
     let seed: u64 = std::env::var("NARAD_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -1210,7 +1198,7 @@ async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
     eprintln!("NARAD_TEST_SEED={seed}");
     let dir = tempfile::tempdir().unwrap();
     let (b, ca) = target(dir.path()).await;
-    let mut a = source(dir.path(), port_of(&b)).await;
+    let a = source(dir.path(), port_of(&b)).await;
     let r = call(
         &a,
         Method::POST,
@@ -1221,6 +1209,31 @@ async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
     json_of(r, StatusCode::CREATED).await;
     add_remote(&a, "b", &b, &ca).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
+    (dir, b, a, seed)
+}
+
+/// What [`random_load`] did on A.
+struct Load {
+    /// Records A answered 2xx for.
+    produced: HashSet<u64>,
+    /// Records whose ack A answered 204 for, and when the answer came.
+    acked: std::collections::HashMap<u64, std::time::Instant>,
+    /// Receipt handles of records still leased on A when the load stopped.
+    leased: Vec<Value>,
+    /// When A was killed (with `kill`).
+    killed_at: Option<std::time::Instant>,
+}
+
+/// Seeded random load on A's `orders` while it mirrors to B: keyed and keyless batches, and
+/// two consumers that take random counts and ack random parts of what they hold, out of
+/// order, leaving one record in forty leased. Runs until A's consumers acked 6,000 records
+/// and B settled 4,000 of them from their progress; then, with `kill`, A is killed -9
+/// under the load.
+async fn random_load(a: &Server, b: &Server, seed: u64, kill: bool) -> Load {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Instant;
     let pid = a.child.as_ref().unwrap().id().to_string();
     let stop = AtomicBool::new(false);
     let next_seq = AtomicU64::new(0);
@@ -1244,7 +1257,7 @@ async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
                 .collect();
             let body = json!({ "messages": msgs });
             match try_call(
-                &a,
+                a,
                 Method::POST,
                 "/v1/topics/orders/produce/batch",
                 Some(body),
@@ -1261,10 +1274,10 @@ async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
     };
     let consumer = |id: u64| {
         let (stop, acked_on_a) = (&stop, &acked_on_a);
-        let a = &a;
         async move {
             let mut rng = Rng(seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let mut held: Vec<(u64, Value)> = Vec::new();
+            let mut kept = Vec::new();
             while !stop.load(Ordering::SeqCst) {
                 let max = 1 + rng.below(20);
                 let path = format!("/v1/topics/orders/consume?max={max}&wait=100ms");
@@ -1275,7 +1288,9 @@ async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
                     StatusCode::OK => {
                         for m in v["messages"].as_array().unwrap() {
                             // one in forty stays leased, never acked
-                            if rng.below(40) != 0 {
+                            if rng.below(40) == 0 {
+                                kept.push(m["receipt_handle"].clone());
+                            } else {
                                 let seq = m["payload"]["seq"].as_u64().unwrap();
                                 held.push((seq, m["receipt_handle"].clone()));
                             }
@@ -1309,26 +1324,57 @@ async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
                     None => break,
                 }
             }
+            kept.extend(held.into_iter().map(|(_, h)| h));
+            kept
         }
     };
-    let killer = async {
+    let controller = async {
         // steady state: records flow, consumers ack, and their progress reaches B
         until("A's consumers' progress on B", async || {
-            acked_on_a.lock().unwrap().len() >= 6000 && settled_on(&b, "orders").await >= 4000
+            acked_on_a.lock().unwrap().len() >= 6000 && settled_on(b, "orders").await >= 4000
         })
         .await;
-        let killed = std::process::Command::new("kill")
-            .args(["-9", &pid])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        *killed_at.lock().unwrap() = Some(Instant::now());
+        if kill {
+            let killed = std::process::Command::new("kill")
+                .args(["-9", &pid])
+                .status()
+                .unwrap();
+            assert!(killed.success());
+            *killed_at.lock().unwrap() = Some(Instant::now());
+        }
         stop.store(true, Ordering::SeqCst);
     };
-    tokio::join!(producer, consumer(1), consumer(2), killer);
+    let ((), mut leased, more, ()) = tokio::join!(producer, consumer(1), consumer(2), controller);
+    leased.extend(more);
+    Load {
+        produced: produced.into_inner().unwrap(),
+        acked: acked_on_a.into_inner().unwrap(),
+        leased,
+        killed_at: killed_at.into_inner().unwrap(),
+    }
+}
+
+/// An unplanned failover under random load (seeded: `NARAD_TEST_SEED` replays a run):
+/// keyed and keyless batches, two consumers that take random counts and ack random parts
+/// of what they hold, out of order, and leave some leased; A is killed -9 in steady state
+/// and B promoted. Checked against the promote's own report: B holds exactly what the
+/// report says it received from each of A's partitions; every record A acknowledged that
+/// B holds was processed on A or is delivered on B; a record processed on A comes again on
+/// B only if it was acked within the age of A's last progress (as the report gives it, plus
+/// a second for the link's own lag); and once A returns (fenced, its tail shipped) nothing
+/// A acknowledged is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+    let (_dir, b, mut a, seed) = random_pair().await;
+    let Load {
+        produced,
+        acked: acked_on_a,
+        killed_at,
+        ..
+    } = random_load(&a, &b, seed, true).await;
     a.kill9();
-    let produced = produced.into_inner().unwrap();
-    let acked_on_a = acked_on_a.into_inner().unwrap();
     // failover: B is promoted; its report is what B holds from each of A's partitions
     let promoted_at = Instant::now();
     let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
@@ -1388,7 +1434,7 @@ async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
             promoted_at - acked
         );
     }
-    let killed_at = killed_at.into_inner().unwrap().unwrap();
+    let killed_at = killed_at.unwrap();
     eprintln!(
         "produced {}, acked on A {}, on B at the promote {}, delivered on B {}, processed twice {}, promote {:?} after the kill",
         produced.len(),
@@ -1416,5 +1462,83 @@ async fn an_unplanned_failover_under_random_load_keeps_its_bounds() {
         "{} records A acknowledged were processed nowhere (seed {seed}): {:?}",
         lost.len(),
         &lost[..lost.len().min(20)]
+    );
+}
+
+/// A planned switchover under the same random load: A's consumers stop and give back what
+/// they held, A is demoted, and B promoted once drained. B's consumers then get exactly
+/// what A's consumers had not acked: nothing lost, nothing processed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_switchover_under_random_load_processes_each_record_once() {
+    let (_dir, b, a, seed) = random_pair().await;
+    let Load {
+        produced,
+        acked,
+        leased,
+        ..
+    } = random_load(&a, &b, seed, false).await;
+    // A's consumers give back what they hold (a lease is not carried)
+    for chunk in leased.chunks(100) {
+        let r = call(
+            &a,
+            Method::POST,
+            "/v1/topics/orders/ack",
+            Some(json!({"receipt_handles": chunk, "extend": 0})),
+        )
+        .await;
+        let v = json_of(r, StatusCode::OK).await;
+        assert!(
+            v["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["status"] == 204),
+            "{v}"
+        );
+    }
+    let r = call(&a, Method::POST, "/v1/topics/orders/demote", None).await;
+    json_of(r, StatusCode::OK).await;
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000",
+        None,
+    )
+    .await;
+    let v = json_of(r, StatusCode::OK).await;
+    assert_eq!(v["report"]["drained"], true, "(seed {seed}) {v}");
+    let on_b = process(&b, "orders", 1_000_000).await;
+    let delivered: HashSet<u64> = on_b.iter().copied().collect();
+    assert_eq!(
+        delivered.len(),
+        on_b.len(),
+        "delivered twice on B (seed {seed})"
+    );
+    let twice: Vec<u64> = on_b
+        .iter()
+        .copied()
+        .filter(|s| acked.contains_key(s))
+        .collect();
+    let unacked: HashSet<u64> = produced
+        .iter()
+        .copied()
+        .filter(|s| !acked.contains_key(s))
+        .collect();
+    eprintln!(
+        "produced {}, acked on A {}, given back {}, delivered on B {}",
+        produced.len(),
+        acked.len(),
+        leased.len(),
+        delivered.len()
+    );
+    assert!(
+        twice.is_empty(),
+        "{} processed on A and again on B (seed {seed}): {:?}",
+        twice.len(),
+        &twice[..twice.len().min(20)]
+    );
+    assert_eq!(
+        delivered, unacked,
+        "B delivers exactly what A's consumers had not acked (seed {seed})"
     );
 }
