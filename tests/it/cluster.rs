@@ -4073,6 +4073,132 @@ async fn three_ready_with(root: &Path, env: &[(&str, &str)]) -> Vec<Node> {
     nodes
 }
 
+/// Failover meets a partition move (item 9 of the failover design): a mirror's partition
+/// holding records the source's consumers had not acked moves to another member between two
+/// progress messages. What the first progress settled moves with the partition's queue, the
+/// second settles on the new owner (which indexes the partition afresh), and after the
+/// promote the new primary's consumers get exactly what the source's had not acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_partition_moved_mid_failover_keeps_its_progress() {
+    use reqwest::Method;
+    const SRC: &str = "00000000000000c1/00000000000000a1";
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready_with(root.path(), &[]).await;
+    topic_everywhere(&nodes, serde_json::json!({"name": "m", "partitions": 3})).await;
+    let (st, v) = nodes[0]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/topics/m/mirror",
+            Some(serde_json::json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": 0})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let link = format!("{SRC}/0");
+    let post = |n: &Node, path: &str, body: Value| {
+        n.http
+            .post(format!("{}{path}", n.base))
+            .header("narad-link", link.clone())
+            .json(&body)
+            .send()
+    };
+    let messages: Vec<Value> = (0..90)
+        .map(|i| serde_json::json!({"key": format!("k{i}"), "payload": {"seq": i}, "headers": {"narad-origin": format!("{SRC}/0/{i}")}}))
+        .collect();
+    let r = post(
+        &nodes[0],
+        "/v1/topics/m/produce/batch",
+        serde_json::json!({ "messages": messages }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "{:?}", r.text().await);
+    let progress = |frontier: u64| serde_json::json!({"partition": 0, "frontier": frontier, "end": 90, "shipped": 90, "leased": 0, "partitions": 1});
+    let r = post(&nodes[1], "/v1/topics/m/progress", progress(40))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT, "{:?}", r.text().await);
+    // partition 0 of the mirror moves to a member that does not own it
+    let owners_of = async |n: &Node| -> (Vec<u64>, usize) {
+        let (_, t) = n.call(("x", "y"), Method::GET, "/v1/topics/m", None).await;
+        let owners = t["partition_owners"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        let (_, m) = n
+            .call(("x", "y"), Method::GET, "/v1/cluster/moves", None)
+            .await;
+        (owners, m["moves"].as_array().map_or(usize::MAX, Vec::len))
+    };
+    let from = owners_of(&nodes[0]).await.0[0];
+    let to = nodes.iter().map(|n| n.id).find(|&id| id != from).unwrap();
+    let (st, body) = nodes[2]
+        .call(
+            ("x", "y"),
+            Method::POST,
+            "/v1/cluster/moves",
+            Some(serde_json::json!({"topic": "m", "partition": 0, "to": to})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    until("partition 0 moved", 60, async || {
+        for n in &nodes {
+            let (owners, moves) = owners_of(n).await;
+            if owners.first() != Some(&to) || moves != 0 {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    // the source's consumers acked up to 70 since: the progress reaches another member
+    let r = post(&nodes[2], "/v1/topics/m/progress", progress(70))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT, "{:?}", r.text().await);
+    let (st, v) = nodes[1]
+        .call(("x", "y"), Method::POST, "/v1/topics/m/promote", None)
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["report"]["partitions"][0]["received_to"], 90, "{v}");
+    assert_eq!(v["report"]["partitions"][0]["acked_frontier"], 70, "{v}");
+    let mut got = std::collections::BTreeSet::new();
+    let mut empty = 0;
+    while empty < 3 {
+        let (st, v) = nodes[0]
+            .call(
+                ("x", "y"),
+                Method::GET,
+                "/v1/topics/m/consume?max=100",
+                None,
+            )
+            .await;
+        if st == StatusCode::NO_CONTENT {
+            empty += 1;
+            continue;
+        }
+        assert_eq!(st, StatusCode::OK, "{v}");
+        let msgs = v["messages"].as_array().unwrap();
+        let handles: Vec<Value> = msgs.iter().map(|m| m["receipt_handle"].clone()).collect();
+        for m in msgs {
+            assert!(
+                got.insert(m["payload"]["seq"].as_u64().unwrap()),
+                "delivered twice: {m}"
+            );
+        }
+        let (st, a) = nodes[0]
+            .call(
+                ("x", "y"),
+                Method::POST,
+                "/v1/topics/m/ack",
+                Some(serde_json::json!({ "receipt_handles": handles })),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{a}");
+    }
+    assert_eq!(got, (70..90).collect());
+}
+
 /// The phase and bytes copied of the move of partition `p` of `c`, as `n` reports it.
 async fn move_phase(n: &Node, p: u32) -> Option<(String, u64)> {
     let (_, m) = n
