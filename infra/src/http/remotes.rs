@@ -438,7 +438,14 @@ pub async fn test(
                 "parent: comes only with topic (the remote's topic it would ship to)",
             ));
         }
-        Some(p) => Some(state.broker()?.topic_meta(p)?),
+        // (a parent that is not here is a fault of the query, as a missing remote is of an
+        // attach's body)
+        Some(p) => Some(state.broker()?.topic_meta(p).map_err(|_| {
+            ApiError::new(
+                ErrorCode::InvalidParameter,
+                format!("parent: no topic is named '{p}'"),
+            )
+        })?),
         None => None,
     };
     let mirror = match &parent {
