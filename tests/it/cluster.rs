@@ -4073,6 +4073,92 @@ async fn three_ready_with(root: &Path, env: &[(&str, &str)]) -> Vec<Node> {
     nodes
 }
 
+/// The source cluster and topic the mirror tests' records name (`narad-origin`).
+const SRC: &str = "00000000000000c1/00000000000000a1";
+
+/// Makes `topic` (through `n`) the mirror of [`SRC`] at epoch 0.
+async fn mirror_of_src(n: &Node, topic: &str) {
+    let (st, v) = n
+        .call(
+            ("x", "y"),
+            reqwest::Method::POST,
+            &format!("/v1/topics/{topic}/mirror"),
+            Some(serde_json::json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": 0})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+}
+
+/// A request as [`SRC`]'s link at epoch 0 makes it (dev mode: no user needed).
+fn link_post(
+    n: &Node,
+    path: &str,
+    body: Value,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> {
+    n.http
+        .post(format!("{}{path}", n.base))
+        .header("narad-link", format!("{SRC}/0"))
+        .json(&body)
+        .send()
+}
+
+/// `count` records of [`SRC`]'s partition 0 (origin offsets and `seq` 0..count, keyed apart
+/// so they spread over the mirror's partitions), taken by `topic` through `n` as its link
+/// sends them.
+async fn take_from_src(n: &Node, topic: &str, count: u64) {
+    let messages: Vec<Value> = (0..count)
+        .map(|i| serde_json::json!({"key": format!("k{i}"), "payload": {"seq": i}, "headers": {"narad-origin": format!("{SRC}/0/{i}")}}))
+        .collect();
+    let r = link_post(
+        n,
+        &format!("/v1/topics/{topic}/produce/batch"),
+        serde_json::json!({ "messages": messages }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "{:?}", r.text().await);
+}
+
+/// Consumes and acks everything `topic` delivers through `n` (until three empty answers):
+/// the `seq` of each record, none delivered twice.
+async fn take_all(n: &Node, topic: &str) -> std::collections::BTreeSet<u64> {
+    let mut got = std::collections::BTreeSet::new();
+    let mut empty = 0;
+    while empty < 3 {
+        let (st, v) = n
+            .call(
+                ("x", "y"),
+                reqwest::Method::GET,
+                &format!("/v1/topics/{topic}/consume?max=100"),
+                None,
+            )
+            .await;
+        if st == StatusCode::NO_CONTENT {
+            empty += 1;
+            continue;
+        }
+        assert_eq!(st, StatusCode::OK, "{v}");
+        let msgs = v["messages"].as_array().unwrap();
+        let handles: Vec<Value> = msgs.iter().map(|m| m["receipt_handle"].clone()).collect();
+        for m in msgs {
+            assert!(
+                got.insert(m["payload"]["seq"].as_u64().unwrap()),
+                "delivered twice: {m}"
+            );
+        }
+        let (st, a) = n
+            .call(
+                ("x", "y"),
+                reqwest::Method::POST,
+                &format!("/v1/topics/{topic}/ack"),
+                Some(serde_json::json!({ "receipt_handles": handles })),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{a}");
+    }
+    got
+}
+
 /// Failover meets a partition move (item 9 of the failover design): a mirror's partition
 /// holding records the source's consumers had not acked moves to another member between two
 /// progress messages. What the first progress settled moves with the partition's queue, the
@@ -4081,40 +4167,13 @@ async fn three_ready_with(root: &Path, env: &[(&str, &str)]) -> Vec<Node> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_partition_moved_mid_failover_keeps_its_progress() {
     use reqwest::Method;
-    const SRC: &str = "00000000000000c1/00000000000000a1";
     let root = tempfile::tempdir().unwrap();
     let nodes = three_ready_with(root.path(), &[]).await;
     topic_everywhere(&nodes, serde_json::json!({"name": "m", "partitions": 3})).await;
-    let (st, v) = nodes[0]
-        .call(
-            ("x", "y"),
-            Method::POST,
-            "/v1/topics/m/mirror",
-            Some(serde_json::json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": 0})),
-        )
-        .await;
-    assert_eq!(st, StatusCode::OK, "{v}");
-    let link = format!("{SRC}/0");
-    let post = |n: &Node, path: &str, body: Value| {
-        n.http
-            .post(format!("{}{path}", n.base))
-            .header("narad-link", link.clone())
-            .json(&body)
-            .send()
-    };
-    let messages: Vec<Value> = (0..90)
-        .map(|i| serde_json::json!({"key": format!("k{i}"), "payload": {"seq": i}, "headers": {"narad-origin": format!("{SRC}/0/{i}")}}))
-        .collect();
-    let r = post(
-        &nodes[0],
-        "/v1/topics/m/produce/batch",
-        serde_json::json!({ "messages": messages }),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status(), StatusCode::ACCEPTED, "{:?}", r.text().await);
+    mirror_of_src(&nodes[0], "m").await;
+    take_from_src(&nodes[0], "m", 90).await;
     let progress = |frontier: u64| serde_json::json!({"partition": 0, "frontier": frontier, "end": 90, "shipped": 90, "leased": 0, "partitions": 1});
-    let r = post(&nodes[1], "/v1/topics/m/progress", progress(40))
+    let r = link_post(&nodes[1], "/v1/topics/m/progress", progress(40))
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT, "{:?}", r.text().await);
@@ -4152,7 +4211,7 @@ async fn a_mirror_partition_moved_mid_failover_keeps_its_progress() {
     })
     .await;
     // the source's consumers acked up to 70 since: the progress reaches another member
-    let r = post(&nodes[2], "/v1/topics/m/progress", progress(70))
+    let r = link_post(&nodes[2], "/v1/topics/m/progress", progress(70))
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT, "{:?}", r.text().await);
@@ -4162,40 +4221,7 @@ async fn a_mirror_partition_moved_mid_failover_keeps_its_progress() {
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["report"]["partitions"][0]["received_to"], 90, "{v}");
     assert_eq!(v["report"]["partitions"][0]["acked_frontier"], 70, "{v}");
-    let mut got = std::collections::BTreeSet::new();
-    let mut empty = 0;
-    while empty < 3 {
-        let (st, v) = nodes[0]
-            .call(
-                ("x", "y"),
-                Method::GET,
-                "/v1/topics/m/consume?max=100",
-                None,
-            )
-            .await;
-        if st == StatusCode::NO_CONTENT {
-            empty += 1;
-            continue;
-        }
-        assert_eq!(st, StatusCode::OK, "{v}");
-        let msgs = v["messages"].as_array().unwrap();
-        let handles: Vec<Value> = msgs.iter().map(|m| m["receipt_handle"].clone()).collect();
-        for m in msgs {
-            assert!(
-                got.insert(m["payload"]["seq"].as_u64().unwrap()),
-                "delivered twice: {m}"
-            );
-        }
-        let (st, a) = nodes[0]
-            .call(
-                ("x", "y"),
-                Method::POST,
-                "/v1/topics/m/ack",
-                Some(serde_json::json!({ "receipt_handles": handles })),
-            )
-            .await;
-        assert_eq!(st, StatusCode::OK, "{a}");
-    }
+    let got = take_all(&nodes[0], "m").await;
     assert_eq!(got, (70..90).collect());
 }
 
@@ -4928,44 +4954,17 @@ mod faults;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirrors_progress_settles_the_partitions_of_every_member() {
     use reqwest::Method;
-    const SRC: &str = "00000000000000c1/00000000000000a1";
     let root = tempfile::tempdir().unwrap();
     let nodes = three_ready(root.path()).await;
     let made = topic_everywhere(&nodes, serde_json::json!({"name": "m", "partitions": 6})).await;
     let owners: Vec<u64> = serde_json::from_value(made["partition_owners"].clone()).unwrap();
     let distinct: std::collections::BTreeSet<u64> = owners.iter().copied().collect();
     assert!(distinct.len() >= 2, "{owners:?}");
-    let (st, v) = nodes[0]
-        .call(
-            ("x", "y"),
-            Method::POST,
-            "/v1/topics/m/mirror",
-            Some(serde_json::json!({"source_cluster": "00000000000000c1", "source_topic": "00000000000000a1", "epoch": 0})),
-        )
-        .await;
-    assert_eq!(st, StatusCode::OK, "{v}");
-    let link = format!("{SRC}/0");
-    let post = |n: &Node, path: &str, body: Value| {
-        n.http
-            .post(format!("{}{path}", n.base))
-            .header("narad-link", link.clone())
-            .json(&body)
-            .send()
-    };
+    mirror_of_src(&nodes[0], "m").await;
     // 60 records of the source's partition 0, spread over the mirror's partitions by key
-    let messages: Vec<Value> = (0..60)
-        .map(|i| serde_json::json!({"key": format!("k{i}"), "payload": {"seq": i}, "headers": {"narad-origin": format!("{SRC}/0/{i}")}}))
-        .collect();
-    let r = post(
-        &nodes[0],
-        "/v1/topics/m/produce/batch",
-        serde_json::json!({ "messages": messages }),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.status(), StatusCode::ACCEPTED, "{:?}", r.text().await);
+    take_from_src(&nodes[0], "m", 60).await;
     // the source's consumers acked the first 40; the progress reaches one member
-    let r = post(
+    let r = link_post(
         &nodes[1],
         "/v1/topics/m/progress",
         serde_json::json!({"partition": 0, "frontier": 40, "end": 60, "shipped": 60, "leased": 0, "partitions": 1}),
@@ -4982,39 +4981,6 @@ async fn a_mirrors_progress_settles_the_partitions_of_every_member() {
     assert_eq!(v["report"]["partitions"][0]["acked_frontier"], 40, "{v}");
     assert_eq!(v["report"]["partitions"][0]["unreceived"], 0, "{v}");
     // the new primary's consumers get exactly what the source's had not acked
-    let mut got = std::collections::BTreeSet::new();
-    let mut empty = 0;
-    while empty < 3 {
-        let (st, v) = nodes[0]
-            .call(
-                ("x", "y"),
-                Method::GET,
-                "/v1/topics/m/consume?max=100",
-                None,
-            )
-            .await;
-        if st == StatusCode::NO_CONTENT {
-            empty += 1;
-            continue;
-        }
-        assert_eq!(st, StatusCode::OK, "{v}");
-        let msgs = v["messages"].as_array().unwrap();
-        let handles: Vec<Value> = msgs.iter().map(|m| m["receipt_handle"].clone()).collect();
-        for m in msgs {
-            assert!(
-                got.insert(m["payload"]["seq"].as_u64().unwrap()),
-                "delivered twice: {m}"
-            );
-        }
-        let (st, a) = nodes[0]
-            .call(
-                ("x", "y"),
-                Method::POST,
-                "/v1/topics/m/ack",
-                Some(serde_json::json!({ "receipt_handles": handles })),
-            )
-            .await;
-        assert_eq!(st, StatusCode::OK, "{a}");
-    }
+    let got = take_all(&nodes[0], "m").await;
     assert_eq!(got, (40..60).collect());
 }

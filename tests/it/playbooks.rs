@@ -81,6 +81,58 @@ async fn attach(on: &Server, parent: &str, child: &str, remote: &str, topic: &st
     json_of(r, StatusCode::OK).await;
 }
 
+/// B, the copy (see [`target`]), with what it needs to link onward itself: a cluster secret
+/// and `port` allowed as a remote's.
+async fn copy_linking_to(dir: &std::path::Path, port: u16) -> (Server, String) {
+    target_with(
+        dir,
+        &[
+            (
+                "NARAD_CLUSTER_SECRET",
+                "the copy cluster's own secret, 32+ bytes",
+            ),
+            ("NARAD_REMOTES_ALLOWED_PORTS", &port.to_string()),
+            ("NARAD_REMOTES_ALLOW_ADDRESSES", "127.0.0.0/8"),
+        ],
+    )
+    .await
+}
+
+/// A planned switchover of `orders`: `from` is demoted, then `to` promoted once drained
+/// (every record and ack of `from` there); the promote's answer.
+async fn switch_over(from: &Server, to: &Server) -> Value {
+    let r = call(from, Method::POST, "/v1/topics/orders/demote", None).await;
+    json_of(r, StatusCode::OK).await;
+    let r = call(
+        to,
+        Method::POST,
+        "/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000",
+        None,
+    )
+    .await;
+    json_of(r, StatusCode::OK).await
+}
+
+/// Creates topic `name` with `partitions` on `on`.
+async fn create_topic(on: &Server, name: &str, partitions: u32) {
+    let r = call(
+        on,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": name, "partitions": partitions})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+}
+
+/// Waits until the remote child of `orders` on `on` shipped everything and runs.
+async fn caught_up(on: &Server, what: &str) {
+    until(what, async || {
+        lag(on, "orders").await == (0, "running".into())
+    })
+    .await;
+}
+
 /// A topic's failover role and epoch on `on`.
 async fn role_of(on: &Server, topic: &str) -> (String, u64) {
     let v = json_of(
@@ -162,14 +214,7 @@ async fn moving_a_topic_to_another_cluster_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (b, ca) = target(dir.path()).await;
     let a = source(dir.path(), port_of(&b)).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics",
-        Some(json!({"name": "orders", "partitions": 2})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    create_topic(&a, "orders", 2).await;
     // life before the move: A's producers write, A's consumers process part of it
     assert_eq!(produce_seqs(&a, "orders", 0..300).await.len(), 300);
     let mut processed_on_a = process(&a, "orders", 180).await;
@@ -308,19 +353,7 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     // the regions' link: each reaches the other through a relay the test can cut (A's
     // relay keeps its port when A restarts on another)
     let (relay, to_a) = (Relay::start(0).await, Relay::start(0).await);
-    let to_a_port = to_a.port.to_string();
-    let (b, b_ca) = target_with(
-        dir.path(),
-        &[
-            (
-                "NARAD_CLUSTER_SECRET",
-                "the copy cluster's own secret, 32+ bytes",
-            ),
-            ("NARAD_REMOTES_ALLOWED_PORTS", &to_a_port),
-            ("NARAD_REMOTES_ALLOW_ADDRESSES", "127.0.0.0/8"),
-        ],
-    )
-    .await;
+    let (b, b_ca) = copy_linking_to(dir.path(), to_a.port).await;
     relay.set_target(port_of(&b));
     let (mut a, a_ca) = tls_node(dir.path(), "a", SECRET, relay.port).await;
     to_a.set_target(port_of(&a));
@@ -506,18 +539,9 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     .await;
     let v = json_of(r, StatusCode::OK).await;
     assert_eq!(v["results"][0]["status"], 204, "{v}");
-    let r = call(&b, Method::POST, "/v1/topics/orders/demote", None).await;
-    json_of(r, StatusCode::OK).await;
     // (A waits for every record and ack of the demoted B, and for the acks of A's own
     // records B's consumers processed during the failover, handed back)
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000",
-        None,
-    )
-    .await;
-    let v = json_of(r, StatusCode::OK).await;
+    let v = switch_over(&b, &a).await;
     assert_eq!(v["failover"]["epoch"], 2, "{v}");
     assert_eq!(v["report"]["drained"], true, "{v}");
     // a B→A→B loop is impossible: A's own records are not on A twice, B's are there once
@@ -581,21 +605,11 @@ async fn an_idle_old_primary_is_fenced_by_its_progress() {
     let dir = tempfile::tempdir().unwrap();
     let (b, ca) = target(dir.path()).await;
     let a = source(dir.path(), port_of(&b)).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics",
-        Some(json!({"name": "orders", "partitions": 2})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    create_topic(&a, "orders", 2).await;
     add_remote(&a, "b", &b, &ca).await;
     attach(&a, "orders", "to-b", "b", "orders", "attach").await;
     assert_eq!(produce_seqs(&a, "orders", 0..20).await.len(), 20);
-    until("the copy caught up", async || {
-        lag(&a, "orders").await == (0, "running".into())
-    })
-    .await;
+    caught_up(&a, "the copy caught up").await;
     let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
     json_of(r, StatusCode::OK).await;
     // nothing is produced to A: its link hears `fenced` on its next progress
@@ -662,14 +676,7 @@ async fn a_switchover_survives_a_kill_of_the_new_primary() {
     let (mut b, ca) = target_with(dir.path(), &[("NARAD_ACK_FLUSH_INTERVAL_MS", "60000")]).await;
     relay.set_target(port_of(&b));
     let a = source(dir.path(), relay.port).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics",
-        Some(json!({"name": "orders", "partitions": 2})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    create_topic(&a, "orders", 2).await;
     let r = call(
         &a,
         Method::POST,
@@ -712,16 +719,7 @@ async fn a_switchover_survives_a_kill_of_the_new_primary() {
     assert_eq!(role_of(&b, "orders").await, ("mirror".into(), 0));
     // the planned switchover, again: A stops taking produces, B waits for its last records
     // and acks, and is killed the moment it answers
-    let r = call(&a, Method::POST, "/v1/topics/orders/demote", None).await;
-    json_of(r, StatusCode::OK).await;
-    let r = call(
-        &b,
-        Method::POST,
-        "/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000",
-        None,
-    )
-    .await;
-    let v = json_of(r, StatusCode::OK).await;
+    let v = switch_over(&a, &b).await;
     b.kill9();
     assert_eq!(v["report"]["drained"], true, "{v}");
     b.restart().await;
@@ -745,27 +743,9 @@ async fn a_switchover_survives_a_kill_of_the_new_primary() {
 async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let (c, c_ca) = target(&sub(dir.path(), "third")).await;
-    let (b, b_ca) = target_with(
-        dir.path(),
-        &[
-            (
-                "NARAD_CLUSTER_SECRET",
-                "the copy cluster's own secret, 32+ bytes",
-            ),
-            ("NARAD_REMOTES_ALLOWED_PORTS", &port_of(&c).to_string()),
-            ("NARAD_REMOTES_ALLOW_ADDRESSES", "127.0.0.0/8"),
-        ],
-    )
-    .await;
+    let (b, b_ca) = copy_linking_to(dir.path(), port_of(&c)).await;
     let mut a = source(dir.path(), port_of(&b)).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics",
-        Some(json!({"name": "orders", "partitions": 2})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    create_topic(&a, "orders", 2).await;
     add_remote(&a, "b", &b, &b_ca).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
     assert_eq!(produce_seqs(&a, "orders", 0..300).await.len(), 300);
@@ -786,10 +766,7 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
     a.kill9();
     let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
     assert_eq!(json_of(r, StatusCode::OK).await["failover"]["epoch"], 1);
-    until("B's link to C caught up", async || {
-        lag(&b, "orders").await == (0, "running".into())
-    })
-    .await;
+    caught_up(&b, "B's link to C caught up").await;
     let on_b = replay_all(&b, "orders", 2).await;
     let a_cluster = on_b[0].3.split('/').next().unwrap().to_owned();
     let mut on_c = Vec::new();
@@ -869,14 +846,7 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
     .await;
     // the hops a record went through come only from a link, in the one form a link
     // writes, and never name the cluster that takes them
-    let r = call(
-        &b,
-        Method::POST,
-        "/v1/topics",
-        Some(json!({"name": "plain", "partitions": 1})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    create_topic(&b, "plain", 1).await;
     let r = call(
         &b,
         Method::POST,
@@ -942,35 +912,14 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
 async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
     let dir = tempfile::tempdir().unwrap();
     let (c, c_ca) = target(&sub(dir.path(), "third")).await;
-    let (b, b_ca) = target_with(
-        dir.path(),
-        &[
-            (
-                "NARAD_CLUSTER_SECRET",
-                "the copy cluster's own secret, 32+ bytes",
-            ),
-            ("NARAD_REMOTES_ALLOWED_PORTS", &port_of(&c).to_string()),
-            ("NARAD_REMOTES_ALLOW_ADDRESSES", "127.0.0.0/8"),
-        ],
-    )
-    .await;
+    let (b, b_ca) = copy_linking_to(dir.path(), port_of(&c)).await;
     let a = source(dir.path(), port_of(&b)).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics",
-        Some(json!({"name": "orders", "partitions": 2})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    create_topic(&a, "orders", 2).await;
     // B's link to C first, while B is a primary with records of its own
     add_remote(&b, "c", &c, &c_ca).await;
     attach(&b, "orders", "onward", "c", "orders", "attach").await;
     assert_eq!(produce_seqs(&b, "orders", 1000..1010).await.len(), 10);
-    until("B's own records on C", async || {
-        lag(&b, "orders").await == (0, "running".into())
-    })
-    .await;
+    caught_up(&b, "B's own records on C").await;
     // A→B would make a primary that ships onward a mirror: refused, nothing changed
     add_remote(&a, "b", &b, &b_ca).await;
     let r = call(
@@ -1012,10 +961,7 @@ async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
     // B promoted: A's records go on to C, each once, beside B's own
     let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
     json_of(r, StatusCode::OK).await;
-    until("A's records on C", async || {
-        lag(&b, "orders").await == (0, "running".into())
-    })
-    .await;
+    caught_up(&b, "A's records on C").await;
     let on_c: Vec<u64> = replay_all(&c, "orders", 2)
         .await
         .iter()
@@ -1199,14 +1145,7 @@ async fn random_pair() -> (tempfile::TempDir, Server, Server, u64) {
     let dir = tempfile::tempdir().unwrap();
     let (b, ca) = target(dir.path()).await;
     let a = source(dir.path(), port_of(&b)).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics",
-        Some(json!({"name": "orders", "partitions": 3})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    create_topic(&a, "orders", 3).await;
     add_remote(&a, "b", &b, &ca).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
     (dir, b, a, seed)
@@ -1496,16 +1435,7 @@ async fn a_planned_switchover_under_random_load_processes_each_record_once() {
             "{v}"
         );
     }
-    let r = call(&a, Method::POST, "/v1/topics/orders/demote", None).await;
-    json_of(r, StatusCode::OK).await;
-    let r = call(
-        &b,
-        Method::POST,
-        "/v1/topics/orders/promote?wait_drained=true&timeout_ms=30000",
-        None,
-    )
-    .await;
-    let v = json_of(r, StatusCode::OK).await;
+    let v = switch_over(&a, &b).await;
     assert_eq!(v["report"]["drained"], true, "(seed {seed}) {v}");
     let on_b = process(&b, "orders", 1_000_000).await;
     let delivered: HashSet<u64> = on_b.iter().copied().collect();

@@ -1749,17 +1749,12 @@ async fn a_deleted_topics_segments_are_not_held_open() {
     b.shutdown().await;
 }
 
-/// A mirror indexes by origin what its link brings as it takes it, so the source's progress
-/// settles records without reading them back; one that comes after progress already
-/// covering it (lanes ship concurrently) is settled as it comes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mirror_indexes_records_as_it_takes_them() {
+/// A broker whose topic `m` (`partitions`) mirrors a source topic, and that source.
+async fn mirror_broker(dir: &Path, partitions: u32) -> (Arc<Broker>, crate::catalog::role::Source) {
     use crate::catalog::TopicRole;
-    use crate::catalog::role::Source;
-    let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path()).await;
-    b.create_topic(create("m", 2)).await.unwrap();
-    let src = Source {
+    let b = open(dir).await;
+    b.create_topic(create("m", partitions)).await.unwrap();
+    let src = crate::catalog::role::Source {
         cluster: 0xa1,
         topic: 0xb2,
     };
@@ -1770,20 +1765,33 @@ async fn a_mirror_indexes_records_as_it_takes_them() {
     )
     .await
     .unwrap();
+    (b, src)
+}
+
+/// A record for partition 0 as a link sends it: from partition 0 of `src`, at offset `o`.
+fn from_origin(src: crate::catalog::role::Source, o: u64) -> ProduceMessage {
+    ProduceMessage {
+        partition: Some(0),
+        headers: vec![(
+            "narad-origin".into(),
+            Bytes::from(format!("{:016x}/{:016x}/0/{o}", src.cluster, src.topic)),
+        )],
+        payload: Bytes::from_static(b"x"),
+        ..Default::default()
+    }
+}
+
+/// A mirror indexes by origin what its link brings as it takes it, so the source's progress
+/// settles records without reading them back; one that comes after progress already
+/// covering it (lanes ship concurrently) is settled as it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_indexes_records_as_it_takes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, src) = mirror_broker(dir.path(), 2).await;
     let take = |offsets: std::ops::Range<u64>| {
         let b = b.clone();
         async move {
-            let msgs = offsets
-                .map(|o| ProduceMessage {
-                    partition: Some(0),
-                    headers: vec![(
-                        "narad-origin".into(),
-                        Bytes::from(format!("{:016x}/{:016x}/0/{o}", src.cluster, src.topic)),
-                    )],
-                    payload: Bytes::from_static(b"x"),
-                    ..Default::default()
-                })
-                .collect();
+            let msgs = offsets.map(|o| from_origin(src, o)).collect();
             b.produce("m", msgs).await.unwrap();
         }
     };
@@ -1824,15 +1832,13 @@ async fn a_mirror_indexes_records_as_it_takes_them() {
     assert_eq!(settled(), 25);
     assert_eq!(b.mirror_read_back("m").await, 10);
     // records naming another source are not this mirror's to settle
-    let other = ProduceMessage {
-        partition: Some(0),
-        headers: vec![(
-            "narad-origin".into(),
-            Bytes::from(format!("{:016x}/{:016x}/0/3", 0xcc, 0xdd)),
-        )],
-        payload: Bytes::from_static(b"y"),
-        ..Default::default()
-    };
+    let other = from_origin(
+        crate::catalog::role::Source {
+            cluster: 0xcc,
+            topic: 0xdd,
+        },
+        3,
+    );
     b.produce("m", vec![other]).await.unwrap();
     let n = b
         .take_mirror_progress("m", src, 0, progress(26), None)
@@ -1864,33 +1870,12 @@ async fn a_mirror_indexes_records_as_it_takes_them() {
 /// the rest, and a promote settles all that is covered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirrors_backlog_is_read_a_bounded_share_per_progress() {
-    use crate::catalog::TopicRole;
-    use crate::catalog::role::Source;
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path()).await;
-    b.create_topic(create("m", 1)).await.unwrap();
-    let src = Source {
-        cluster: 0xa1,
-        topic: 0xb2,
-    };
-    b.set_role(
-        "m",
-        TopicRole::default(),
-        TopicRole::Mirror { epoch: 1, of: src },
-    )
-    .await
-    .unwrap();
+    let (b, src) = mirror_broker(dir.path(), 1).await;
     let total = progress::READ_PER_PROGRESS + 1000;
     for start in (0..total).step_by(1000) {
         let msgs = (start..total.min(start + 1000))
-            .map(|o| ProduceMessage {
-                headers: vec![(
-                    "narad-origin".into(),
-                    Bytes::from(format!("{:016x}/{:016x}/0/{o}", src.cluster, src.topic)),
-                )],
-                payload: Bytes::from_static(b"x"),
-                ..Default::default()
-            })
+            .map(|o| from_origin(src, o))
             .collect();
         b.produce("m", msgs).await.unwrap();
     }
