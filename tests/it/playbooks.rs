@@ -920,6 +920,16 @@ async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
     attach(&b, "orders", "onward", "c", "orders", "attach").await;
     assert_eq!(produce_seqs(&b, "orders", 1000..1010).await.len(), 10);
     caught_up(&b, "B's own records on C").await;
+    // more of B's own records wait behind a paused link
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/children/onward/pause",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(produce_seqs(&b, "orders", 1010..1015).await.len(), 5);
     // A→B would make a primary that ships onward a mirror: refused, nothing changed
     add_remote(&a, "b", &b, &b_ca).await;
     let r = call(
@@ -938,9 +948,29 @@ async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
         "{v}"
     );
     assert_eq!(role_of(&b, "orders").await, ("primary".into(), 0));
-    // demoted, B becomes A's mirror; its link to C stands by with A's records
+    // demoted, B still owes C its tail: as A's mirror it could never ship it, so not yet
     let r = call(&b, Method::POST, "/v1/topics/orders/demote", None).await;
     json_of(r, StatusCode::OK).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/topics/orders/children",
+        Some(json!({"child": "dr", "remote": "b", "remote_topic": "orders", "from": "attach"})),
+    )
+    .await;
+    let v = json_of(r, StatusCode::CONFLICT).await;
+    assert_eq!(v["code"], "remote_check_failed", "{v}");
+    assert_eq!(role_of(&b, "orders").await, ("demoted".into(), 0));
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/children/onward/resume",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    caught_up(&b, "B's tail on C").await;
+    // then B becomes A's mirror; its link to C stands by with A's records
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
     assert_eq!(role_of(&b, "orders").await.0, "mirror");
     assert_eq!(produce_seqs(&a, "orders", 0..50).await.len(), 50);
@@ -968,8 +998,8 @@ async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
         .map(|r| r.2)
         .collect();
     let set: BTreeSet<u64> = on_c.iter().copied().collect();
-    assert_eq!(on_c.len(), 60, "each once: {on_c:?}");
-    assert_eq!(set, (0..50).chain(1000..1010).collect());
+    assert_eq!(on_c.len(), 65, "each once: {on_c:?}");
+    assert_eq!(set, (0..50).chain(1000..1015).collect());
 }
 
 /// A planned switchover twice along a chain, then back to the start: A→B→C (B's link to C

@@ -316,6 +316,27 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
             },
         );
     }
+    // a demoted topic may still be shipping its tail (records it acknowledged) to the
+    // primary that replaced it: made a mirror here, it would ship them at this link's epoch,
+    // which that primary refuses, and they would never reach it
+    let unshipped = children["children"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c.get("remote").is_some())
+        .any(|c| c["lag_messages"].as_u64() != Some(0))
+        || children["partitions_unavailable"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty());
+    if mirrors && role == "demoted" && unshipped {
+        return run.fail(
+            "no_remote_children",
+            "destination_refused",
+            format!(
+                "topic '{topic}' on the remote is demoted and its own links have not shipped everything yet (its tail, for the primary that replaced it): wait until their lag is 0 there (narad topic children), then attach"
+            ),
+        );
+    }
     if mirrors && role == "primary" {
         return run.fail(
             "no_remote_children",

@@ -542,10 +542,16 @@ impl Sender {
     async fn sync_catalog(self: Arc<Self>, u: CatalogSync) -> Result<(), SyncRefused> {
         let refused = |message: String| SyncRefused {
             schema: false,
+            followed: false,
             message,
         };
         let child = u.child.clone();
-        let (_, client) = self.link_client(&child).map_err(refused)?;
+        let (remote, client) = self.link_client(&child).map_err(refused)?;
+        // through the remote's gate like a batch (nothing goes while it is open)
+        let gate = self.gate(remote.id);
+        if gate.is_open() {
+            return Err(refused("the remote's gate is open".into()));
+        }
         // the newest versions that fit one request (the target holds the older ones, or
         // says which it lacks)
         let mut versions = Vec::new();
@@ -575,14 +581,17 @@ impl Sender {
             "schemas": versions,
         });
         let path = format!("v1/topics/{}/mirror", child.remote_topic);
-        let reply = client
-            .request(
-                hyper::Method::POST,
-                &path,
-                Some(Bytes::from(body.to_string())),
-            )
-            .await
-            .map_err(|e| refused(e.to_string()))?;
+        let reply = {
+            let _slot = gate.slots.acquire().await;
+            client
+                .request(
+                    hyper::Method::POST,
+                    &path,
+                    Some(Bytes::from(body.to_string())),
+                )
+                .await
+                .map_err(|e| refused(e.to_string()))?
+        };
         let code = code_of(&reply);
         let status = reply.status.as_u16();
         if status == 200 {
@@ -595,14 +604,17 @@ impl Sender {
                         .map(|s| s.chars().take(200).collect::<String>())
                 });
             return match settings_error {
-                Some(e) => Err(refused(format!(
-                    "the remote did not take the settings: {e}"
-                ))),
+                Some(e) => Err(SyncRefused {
+                    schema: false,
+                    followed: true,
+                    message: format!("the remote did not take the settings: {e}"),
+                }),
                 None => Ok(()),
             };
         }
         Err(SyncRefused {
             schema: code.as_deref() == Some("schema_incompatible"),
+            followed: false,
             message: match code {
                 Some(c) => format!(
                     "bringing the target's settings and schemas to the parent's: the remote answered {status} {c}"

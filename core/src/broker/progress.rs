@@ -243,9 +243,10 @@ pub(crate) struct MirrorIndex {
     ends: BTreeMap<u32, SourceEnd>,
     /// Per local partition: what was looked at.
     scanned: Vec<Looked>,
-    /// Records not settled, by origin: (origin partition, origin offset) → (local partition,
-    /// local offset).
-    pending: BTreeMap<(u32, u64), (u32, u64)>,
+    /// Records not settled, by origin: (origin partition, origin offset, local partition,
+    /// local offset); a record the link shipped twice (a chunk sent again) has a local copy
+    /// for each time.
+    pending: std::collections::BTreeSet<(u32, u64, u32, u64)>,
     progress: BTreeMap<u32, PartitionProgress>,
     /// The index is full: logged once.
     full_logged: bool,
@@ -318,7 +319,7 @@ impl MirrorIndex {
             return Indexed::Full;
         }
         self.note_received(op, oo);
-        self.pending.insert((op, oo), local);
+        self.pending.insert((op, oo, local.0, local.1));
         Indexed::Kept
     }
 
@@ -653,7 +654,7 @@ impl Broker {
             Arc::new(tokio::sync::Mutex::new(MirrorIndex {
                 source,
                 scanned: Vec::new(),
-                pending: BTreeMap::new(),
+                pending: Default::default(),
                 progress: BTreeMap::new(),
                 received: BTreeMap::new(),
                 ends: BTreeMap::new(),
@@ -692,21 +693,22 @@ impl Broker {
                 (q.frontier(), q.hwm())
             };
             // what was not looked at yet: up to the next batch indexed as it came
-            let mut looked = std::mem::take(&mut index.scanned[i]);
-            let mut next = looked.advance(frontier);
+            // (what was looked at stays in the index across each read: a caller dropped
+            // mid-read, say a client gone, leaves it as it was)
+            let mut next = index.scanned[i].advance(frontier);
             let mut full = false;
             while next < hwm && !full && *budget > 0 {
-                let stop = looked.ahead.keys().next().map_or(hwm, |&s| s.min(hwm));
+                let stop = index.scanned[i]
+                    .ahead
+                    .keys()
+                    .next()
+                    .map_or(hwm, |&s| s.min(hwm));
                 let max = (stop.saturating_sub(next).min(*budget) as usize).clamp(1, 4096);
-                let records = match self.read_slab(part, next, max).await {
-                    Ok(Ok(r)) => r,
-                    Ok(Err(oldest)) => {
-                        next = looked.advance(oldest);
+                let records = match self.read_slab(part, next, max).await? {
+                    Ok(r) => r,
+                    Err(oldest) => {
+                        next = index.scanned[i].advance(oldest);
                         continue;
-                    }
-                    Err(e) => {
-                        index.scanned[i] = looked;
-                        return Err(e);
                     }
                 };
                 let Some(last) = records.last().map(|r| r.offset) else {
@@ -728,9 +730,8 @@ impl Broker {
                     }
                 }
                 drop(q);
-                next = looked.advance(upto);
+                next = index.scanned[i].advance(upto);
             }
-            index.scanned[i] = looked;
             if index.pending.len() >= MAX_INDEXED && !index.full_logged {
                 index.full_logged = true;
                 tracing::warn!(topic = %meta.name, indexed = index.pending.len(), "a mirror's index of unsettled records is full: records beyond it are not settled by the source's progress (processed again after a promote)");
@@ -749,15 +750,16 @@ impl Broker {
                     batch.clear();
                     batch.extend(
                         pending
-                            .range((op, s)..(op, e))
+                            .range((op, s, 0, 0)..(op, e, 0, 0))
                             .take(SETTLE_BATCH)
-                            .map(|(k, v)| (*k, *v)),
+                            .copied(),
                     );
                     if batch.is_empty() {
                         break;
                     }
-                    for &(k, (lp, lo)) in &batch {
+                    for &k in &batch {
                         pending.remove(&k);
+                        let (_, _, lp, lo) = k;
                         if let Some(part) = parts.get(lp as usize) {
                             settled += u64::from(part.queue.lock().settle_processed(lo));
                         }

@@ -227,6 +227,8 @@ pub struct CatalogSync {
 pub struct SyncRefused {
     /// Its schema versions are not the parent's: records the parent took may be refused.
     pub schema: bool,
+    /// The target did follow the parent (its role and epoch); only settings were refused.
+    pub followed: bool,
     pub message: String,
 }
 
@@ -1118,9 +1120,12 @@ async fn run_remote_cursor(
                     }
                     Err(e) => {
                         // (settings the target refuses do not stop the records: tried again
-                        // when they change)
+                        // when they change; but a target not brought to a new epoch takes
+                        // none of them, so that is tried again with the next slab)
                         tracing::warn!(parent = %child.parent, child = %child.name, error = %e.message, "the remote child's target did not take the parent's settings");
-                        synced = Some(want);
+                        if e.followed || synced.as_ref().is_some_and(|s| s.2 == want.2) {
+                            synced = Some(want);
+                        }
                     }
                 }
             }

@@ -1863,6 +1863,15 @@ async fn a_mirror_indexes_records_as_it_takes_them() {
         .unwrap();
     assert_eq!((n, b.mirror_read_back("m").await), (10, 15));
     assert_eq!(b.topic_info("m").unwrap().partitions[0].queue.unacked, 1);
+    // a record the link shipped twice (a chunk sent again) is settled in both copies
+    take(36..38).await;
+    take(36..38).await;
+    let n = b
+        .take_mirror_progress("m", src, 0, progress(38), None)
+        .await
+        .unwrap();
+    assert_eq!(n, 4);
+    assert_eq!(b.topic_info("m").unwrap().partitions[0].queue.unacked, 1);
 }
 
 /// A mirror's backlog not indexed as it came (say after a restart) is read back a bounded
