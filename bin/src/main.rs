@@ -147,8 +147,9 @@ enum RemoteCmd {
     },
     /// Check the remote from the node at --server: reachable, a Narad with security on, the
     /// credential works and is not an admin's, and (with --topic) the topic exists and takes
-    /// produces; with --parent too, every check an attach of that local topic runs (the loop
-    /// rule, its JSON Schema, whether the remote topic would become its mirror). Exits
+    /// produces; with --parent too, every check of the remote an attach of that local topic
+    /// runs (the loop rule, its JSON Schema, whether the remote topic would become its
+    /// mirror; this cluster's own rules, such as a free child name, are the attach's). Exits
     /// non-zero when a check fails.
     Test {
         /// The remote's name.

@@ -660,6 +660,51 @@ async fn a_refused_attach_leaves_the_target_as_it_was() {
         assert_eq!(role_of(&b, "orders").await, ("primary".into(), 0));
     }
     assert_eq!(produce_seqs(&b, "orders", 0..1).await.len(), 1);
+    // two attaches racing for one child name, to two topics: one wins, the other's target
+    // is left as it was
+    create_topic(&b, "other", 1).await;
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/users",
+        Some(
+            json!({"username": "mirror2", "password": MIRROR_PW, "grants": [
+                {"action": "produce", "patterns": ["other"]},
+                {"action": "replicate", "patterns": ["other"]},
+            ]}),
+        ),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/remotes",
+        Some(json!({"name": "b2", "url": format!("https://127.0.0.1:{}", port_of(&b)), "username": "mirror2", "password": MIRROR_PW, "ca_pem": ca})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    let race = |remote: &'static str, topic: &'static str| {
+        call(
+            &a,
+            Method::POST,
+            "/v1/topics/p/children",
+            Some(json!({"child": "race", "remote": remote, "remote_topic": topic})),
+        )
+    };
+    let (one, two) = tokio::join!(race("b", "orders"), race("b2", "other"));
+    let won: Vec<bool> = [one.status(), two.status()]
+        .iter()
+        .map(|s| *s == StatusCode::OK)
+        .collect();
+    assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+    let (winner, loser) = if won[0] {
+        ("orders", "other")
+    } else {
+        ("other", "orders")
+    };
+    assert_eq!(role_of(&b, winner).await.0, "mirror");
+    assert_eq!(role_of(&b, loser).await, ("primary".into(), 0));
 }
 
 /// A planned switchover whose new primary is killed (-9). Killed while its promote waits for
@@ -1501,4 +1546,58 @@ async fn a_planned_switchover_under_random_load_processes_each_record_once() {
         delivered, unacked,
         "B delivers exactly what A's consumers had not acked (seed {seed})"
     );
+}
+
+/// A link whose cursor started while its parent was a primary follows the parent to the
+/// epoch a promote gives it, even when its target is down at the promote: once the target
+/// is back the link brings it to the new epoch by itself (no pause or resume), and ships.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_follows_its_parent_to_a_new_epoch_once_its_target_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let to_c = Relay::start(0).await;
+    let (mut c, c_ca) = target(&sub(dir.path(), "third")).await;
+    to_c.set_target(port_of(&c));
+    let (b, b_ca) = copy_linking_to(dir.path(), to_c.port).await;
+    let a = source(dir.path(), port_of(&b)).await;
+    create_topic(&a, "orders", 2).await;
+    // B's link to C while B is a primary, then B becomes A's mirror
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/remotes",
+        Some(json!({"name": "c", "url": format!("https://127.0.0.1:{}", to_c.port), "username": "mirror", "password": MIRROR_PW, "ca_pem": c_ca})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+    attach(&b, "orders", "onward", "c", "orders", "attach").await;
+    assert_eq!(produce_seqs(&b, "orders", 1000..1010).await.len(), 10);
+    caught_up(&b, "B's own records on C").await;
+    let r = call(&b, Method::POST, "/v1/topics/orders/demote", None).await;
+    json_of(r, StatusCode::OK).await;
+    add_remote(&a, "b", &b, &b_ca).await;
+    attach(&a, "orders", "dr", "b", "orders", "attach").await;
+    assert_eq!(produce_seqs(&a, "orders", 0..30).await.len(), 30);
+    caught_up(&a, "A's records on B").await;
+    // C is down when B is promoted: the link cannot bring it to the new epoch then
+    c.kill9();
+    let r = call(&b, Method::POST, "/v1/topics/orders/promote", None).await;
+    json_of(r, StatusCode::OK).await;
+    assert_eq!(produce_seqs(&b, "orders", 2000..2020).await.len(), 20);
+    until("B's gate for C open", async || {
+        metrics_text(&b)
+            .await
+            .lines()
+            .any(|l| l == "narad_remote_gates_open 1")
+    })
+    .await;
+    c.restart().await;
+    to_c.set_target(port_of(&c));
+    caught_up(&b, "B's link followed B to its new epoch by itself").await;
+    assert_eq!(role_of(&c, "orders").await, ("mirror".into(), 1));
+    let on_c: BTreeSet<u64> = replay_all(&c, "orders", 2)
+        .await
+        .iter()
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(on_c, (0..30).chain(1000..1010).chain(2000..2020).collect());
 }

@@ -231,6 +231,16 @@ impl Gate {
             g.probing = None;
         }
         if f.weight == Weight::Link {
+            // the remote answered: it is reachable, whatever it said of this link (a gate
+            // left open here held back the very request that would set the link right, such
+            // as the target's follow to a new epoch)
+            if probe && g.open_until.is_some() {
+                tracing::info!(target: "narad_xregion", "remote reachable again: gate closed");
+                *g = GateState {
+                    opened_total: g.opened_total,
+                    ..GateState::default()
+                };
+            }
             return STOPPED_WAIT;
         }
         g.consecutive += 1;

@@ -759,6 +759,8 @@ async fn run_remote_cursor(
     // target follows the parent to each epoch it is promoted to, whatever the parent was
     // when this cursor started)
     let mut synced: Option<(crate::topic::TopicConfig, usize, u64)> = None;
+    // slabs refused since the target was last asked to follow a new epoch
+    let mut follow_tries = 0u32;
     // a record past the hop limit was logged
     let mut too_far_logged = false;
     loop {
@@ -1107,7 +1109,10 @@ async fn run_remote_cursor(
                     })
                     .await;
                 match sent {
-                    Ok(()) => synced = Some(want),
+                    Ok(()) => {
+                        synced = Some(want);
+                        follow_tries = 0;
+                    }
                     Err(e) if e.schema => {
                         cursor.set("rejected_record", Some(e.message));
                         drop(b);
@@ -1184,8 +1189,20 @@ async fn run_remote_cursor(
                 cursor.status.lock().blocked = f.blocked;
                 done = Some((last + 1, f.done));
                 // a long wait (a link stopped until someone acts) ends early when the link
-                // changes: a skip, a pause, a detach
-                let mut left = f.retry_in;
+                // changes: a skip, a pause, a detach; and a target refusing a parent it has
+                // not followed to its epoch yet is asked to follow again soon
+                let following = f.state == "not_a_mirror"
+                    && role.is_primary()
+                    && synced.as_ref().is_none_or(|s| s.2 != role.epoch());
+                let mut left = if following {
+                    // (1 s doubling: a target that keeps refusing costs what any stopped
+                    // link does)
+                    follow_tries = follow_tries.saturating_add(1);
+                    let soon = Duration::from_secs(1 << follow_tries.min(5).saturating_sub(1));
+                    f.retry_in.min(soon)
+                } else {
+                    f.retry_in
+                };
                 while !left.is_zero() {
                     let step = left.min(Duration::from_secs(1));
                     tokio::select! {

@@ -89,7 +89,9 @@ pub async fn attach(
     let remote = broker
         .remote(&a.remote)
         .map_err(|_| invalid(format!("remote: no remote is named '{}'", a.remote)))?;
-    // everything this cluster would refuse, before the checks change anything there
+    // everything this cluster would refuse, before the checks change anything there (and
+    // no other attach from here in between: see `attaching`)
+    let _attaching = state.remotes.attaching.lock().await;
     let child = RemoteChild {
         name: a.child.clone(),
         parent: parent.to_owned(),

@@ -40,6 +40,11 @@ pub struct RemotesKit {
     pub guard: GuardConfig,
     /// The sender's metrics (registered with the server's).
     pub metrics: Arc<narad_xregion::sender::SenderMetrics>,
+    /// Held by an attach from its own checks to its commit: the checks' last step makes the
+    /// target the parent's mirror, so two attaches racing for one child name (or the last
+    /// free child) would both reach it, and the one refused at the commit would leave its
+    /// target read-only for nothing.
+    pub attaching: tokio::sync::Mutex<()>,
 }
 
 impl RemotesKit {
@@ -68,6 +73,7 @@ impl RemotesKit {
             unavailable,
             guard,
             metrics: Arc::default(),
+            attaching: tokio::sync::Mutex::new(()),
         }
     }
 
