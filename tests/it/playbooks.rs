@@ -57,9 +57,10 @@ async fn process(s: &Server, topic: &str, limit: usize) -> Vec<u64> {
     got
 }
 
-/// A remote named `name` on `on`, for `to`'s user `mirror`, trusting `ca`.
-async fn add_remote(on: &Server, name: &str, to: &Server, ca: &str) {
-    let url = format!("https://127.0.0.1:{}", port_of(to));
+/// A remote named `name` on `on`, for the user `mirror` of the cluster at `port` (its own
+/// or a relay's), trusting `ca`.
+async fn add_remote(on: &Server, name: &str, port: u16, ca: &str) {
+    let url = format!("https://127.0.0.1:{port}");
     let r = call(
         on,
         Method::POST,
@@ -220,7 +221,7 @@ async fn moving_a_topic_to_another_cluster_loses_nothing() {
     let mut processed_on_a = process(&a, "orders", 180).await;
     assert_eq!(processed_on_a.len(), 180);
     // 1. mirror what A's consumers have not acked yet, and everything new
-    add_remote(&a, "b", &b, &ca).await;
+    add_remote(&a, "b", port_of(&b), &ca).await;
     let r = call(&a, Method::POST, "/v1/remotes/b/test?topic=orders", None).await;
     assert_eq!(json_of(r, StatusCode::OK).await["ok"], true);
     attach(&a, "orders", "to-b", "b", "orders", "unconsumed").await;
@@ -375,14 +376,7 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
         .await;
     }
     // peacetime: A→B from the start
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/remotes",
-        Some(json!({"name": "b", "url": format!("https://127.0.0.1:{}", relay.port), "username": "mirror", "password": MIRROR_PW, "ca_pem": b_ca})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    add_remote(&a, "b", relay.port, &b_ca).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
     assert_eq!(role_of(&b, "orders").await, ("mirror".into(), 0));
     assert_eq!(produce_seqs(&a, "orders", 0..500).await.len(), 500);
@@ -485,14 +479,7 @@ async fn a_lost_cluster_fails_over_to_its_copy_and_back() {
     assert_eq!(twice, 0, "records processed on A and again on B");
     // failback: B-native records go to A over B→A (from what B's consumers have not acked,
     // and all new ones); A-origin records never go back (one hop)
-    let r = call(
-        &b,
-        Method::POST,
-        "/v1/remotes",
-        Some(json!({"name": "a", "url": format!("https://127.0.0.1:{}", to_a.port), "username": "mirror", "password": MIRROR_PW, "ca_pem": a_ca})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    add_remote(&b, "a", to_a.port, &a_ca).await;
     // (its test names the loop rule while A's topic still mirrors to B, with or without
     // the topic it would mirror)
     for q in ["topic=orders", "topic=orders&parent=orders"] {
@@ -606,7 +593,7 @@ async fn an_idle_old_primary_is_fenced_by_its_progress() {
     let (b, ca) = target(dir.path()).await;
     let a = source(dir.path(), port_of(&b)).await;
     create_topic(&a, "orders", 2).await;
-    add_remote(&a, "b", &b, &ca).await;
+    add_remote(&a, "b", port_of(&b), &ca).await;
     attach(&a, "orders", "to-b", "b", "orders", "attach").await;
     assert_eq!(produce_seqs(&a, "orders", 0..20).await.len(), 20);
     caught_up(&a, "the copy caught up").await;
@@ -646,7 +633,7 @@ async fn a_refused_attach_leaves_the_target_as_it_was() {
     )
     .await;
     json_of(r, StatusCode::OK).await;
-    add_remote(&a, "b", &b, &ca).await;
+    add_remote(&a, "b", port_of(&b), &ca).await;
     // a fan-out child takes no children; a parent has a child of that name already
     for (parent, child) in [("q", "dr"), ("p", "q")] {
         let r = call(
@@ -722,14 +709,7 @@ async fn a_switchover_survives_a_kill_of_the_new_primary() {
     relay.set_target(port_of(&b));
     let a = source(dir.path(), relay.port).await;
     create_topic(&a, "orders", 2).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/remotes",
-        Some(json!({"name": "b", "url": format!("https://127.0.0.1:{}", relay.port), "username": "mirror", "password": MIRROR_PW, "ca_pem": ca})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    add_remote(&a, "b", relay.port, &ca).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
     assert_eq!(produce_seqs(&a, "orders", 0..400).await.len(), 400);
     let processed_on_a: HashSet<u64> = process(&a, "orders", 300).await.into_iter().collect();
@@ -791,7 +771,7 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
     let (b, b_ca) = copy_linking_to(dir.path(), port_of(&c)).await;
     let mut a = source(dir.path(), port_of(&b)).await;
     create_topic(&a, "orders", 2).await;
-    add_remote(&a, "b", &b, &b_ca).await;
+    add_remote(&a, "b", port_of(&b), &b_ca).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
     assert_eq!(produce_seqs(&a, "orders", 0..300).await.len(), 300);
     let processed_on_a: HashSet<u64> = process(&a, "orders", 100).await.into_iter().collect();
@@ -800,7 +780,7 @@ async fn a_promoted_copy_protects_what_it_inherited_on_a_third_cluster() {
     })
     .await;
     // peacetime: B's own link to C; B is a mirror, so A's records wait (and show as lag)
-    add_remote(&b, "c", &c, &c_ca).await;
+    add_remote(&b, "c", port_of(&c), &c_ca).await;
     attach(&b, "orders", "onward", "c", "orders", "earliest").await;
     until("B's link to C stands by with A's records", async || {
         lag(&b, "orders").await == (300, "standby".into())
@@ -961,7 +941,7 @@ async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
     let a = source(dir.path(), port_of(&b)).await;
     create_topic(&a, "orders", 2).await;
     // B's link to C first, while B is a primary with records of its own
-    add_remote(&b, "c", &c, &c_ca).await;
+    add_remote(&b, "c", port_of(&c), &c_ca).await;
     attach(&b, "orders", "onward", "c", "orders", "attach").await;
     assert_eq!(produce_seqs(&b, "orders", 1000..1010).await.len(), 10);
     caught_up(&b, "B's own records on C").await;
@@ -976,15 +956,18 @@ async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     assert_eq!(produce_seqs(&b, "orders", 1010..1015).await.len(), 5);
     // A→B would make a primary that ships onward a mirror: refused, nothing changed
-    add_remote(&a, "b", &b, &b_ca).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics/orders/children",
-        Some(json!({"child": "dr", "remote": "b", "remote_topic": "orders", "from": "attach"})),
-    )
-    .await;
-    let v = json_of(r, StatusCode::CONFLICT).await;
+    add_remote(&a, "b", port_of(&b), &b_ca).await;
+    let refused_attach = async || {
+        let r = call(
+            &a,
+            Method::POST,
+            "/v1/topics/orders/children",
+            Some(json!({"child": "dr", "remote": "b", "remote_topic": "orders", "from": "attach"})),
+        )
+        .await;
+        json_of(r, StatusCode::CONFLICT).await
+    };
+    let v = refused_attach().await;
     assert_eq!(v["code"], "loop_detected", "{v}");
     assert!(
         v["error"]
@@ -996,14 +979,7 @@ async fn a_demoted_copy_with_a_link_onward_becomes_a_mirror_again() {
     // demoted, B still owes C its tail: as A's mirror it could never ship it, so not yet
     let r = call(&b, Method::POST, "/v1/topics/orders/demote", None).await;
     json_of(r, StatusCode::OK).await;
-    let r = call(
-        &a,
-        Method::POST,
-        "/v1/topics/orders/children",
-        Some(json!({"child": "dr", "remote": "b", "remote_topic": "orders", "from": "attach"})),
-    )
-    .await;
-    let v = json_of(r, StatusCode::CONFLICT).await;
+    let v = refused_attach().await;
     assert_eq!(v["code"], "remote_check_failed", "{v}");
     assert_eq!(role_of(&b, "orders").await, ("demoted".into(), 0));
     let r = call(
@@ -1221,7 +1197,7 @@ async fn random_pair() -> (tempfile::TempDir, Server, Server, u64) {
     let (b, ca) = target(dir.path()).await;
     let a = source(dir.path(), port_of(&b)).await;
     create_topic(&a, "orders", 3).await;
-    add_remote(&a, "b", &b, &ca).await;
+    add_remote(&a, "b", port_of(&b), &ca).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
     (dir, b, a, seed)
 }
@@ -1561,20 +1537,13 @@ async fn a_link_follows_its_parent_to_a_new_epoch_once_its_target_is_back() {
     let a = source(dir.path(), port_of(&b)).await;
     create_topic(&a, "orders", 2).await;
     // B's link to C while B is a primary, then B becomes A's mirror
-    let r = call(
-        &b,
-        Method::POST,
-        "/v1/remotes",
-        Some(json!({"name": "c", "url": format!("https://127.0.0.1:{}", to_c.port), "username": "mirror", "password": MIRROR_PW, "ca_pem": c_ca})),
-    )
-    .await;
-    json_of(r, StatusCode::CREATED).await;
+    add_remote(&b, "c", to_c.port, &c_ca).await;
     attach(&b, "orders", "onward", "c", "orders", "attach").await;
     assert_eq!(produce_seqs(&b, "orders", 1000..1010).await.len(), 10);
     caught_up(&b, "B's own records on C").await;
     let r = call(&b, Method::POST, "/v1/topics/orders/demote", None).await;
     json_of(r, StatusCode::OK).await;
-    add_remote(&a, "b", &b, &b_ca).await;
+    add_remote(&a, "b", port_of(&b), &b_ca).await;
     attach(&a, "orders", "dr", "b", "orders", "attach").await;
     assert_eq!(produce_seqs(&a, "orders", 0..30).await.len(), 30);
     caught_up(&a, "A's records on B").await;
