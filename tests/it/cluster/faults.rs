@@ -979,6 +979,22 @@ async fn a_member_never_takes_a_snapshot_that_drops_metadata_it_committed() {
     never_drops_committed_metadata(true).await;
 }
 
+/// Waits (at most `secs`) until `n`'s `/readyz` answers 503 saying it halted on a conflict
+/// with metadata it committed.
+async fn halted(n: &Node, what: &str, secs: u64) {
+    until(what, secs, async || {
+        let r = n.http.get(format!("{}/readyz", n.base)).send().await;
+        match r {
+            Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => r
+                .text()
+                .await
+                .is_ok_and(|t| t.contains("conflicts with metadata this member committed")),
+            _ => false,
+        }
+    })
+    .await;
+}
+
 /// See the two tests above; `snapshot`: the new leader writes enough for a snapshot first.
 async fn never_drops_committed_metadata(snapshot: bool) {
     use reqwest::Method;
@@ -1067,17 +1083,7 @@ async fn never_drops_committed_metadata(snapshot: bool) {
         },
     )
     .await;
-    until("it says why it is not ready", 10, async || {
-        let r = n.http.get(format!("{}/readyz", n.base)).send().await;
-        match r {
-            Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => r
-                .text()
-                .await
-                .is_ok_and(|t| t.contains("conflicts with metadata this member committed")),
-            _ => false,
-        }
-    })
-    .await;
+    halted(n, "it says why it is not ready", 10).await;
     // and it stays out: its data is not changed to the others' history
     let (st, v) = n.call(("x", "y"), Method::GET, "/v1/topics", None).await;
     assert_eq!(st, StatusCode::OK, "{v}");
@@ -1120,17 +1126,7 @@ async fn never_drops_committed_metadata(snapshot: bool) {
     nodes[l].kill9();
     nodes[l].start().await;
     let n = &nodes[l];
-    until("it halts again after a restart", 60, async || {
-        let r = n.http.get(format!("{}/readyz", n.base)).send().await;
-        match r {
-            Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => r
-                .text()
-                .await
-                .is_ok_and(|t| t.contains("conflicts with metadata this member committed")),
-            _ => false,
-        }
-    })
-    .await;
+    halted(n, "it halts again after a restart", 60).await;
 }
 
 /// A partition owner frozen (SIGSTOP: a paused VM): a keyless produce through another
