@@ -1723,6 +1723,7 @@ mod tests {
                 moves: Default::default(),
                 rebuilt: Default::default(),
                 role: Default::default(),
+                carried_children: Vec::new(),
             },
         }
     }

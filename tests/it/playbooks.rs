@@ -197,14 +197,19 @@ async fn metrics_text(on: &Server) -> String {
         .unwrap()
 }
 
+/// The lag and state of `parent`'s (first) remote child on `on`.
 async fn lag(on: &Server, parent: &str) -> (u64, String) {
     let c = children_of(on, parent).await;
+    let c = c["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| !c["remote"].is_null())
+        .expect("a remote child")
+        .clone();
     (
-        c["children"][0]["lag_messages"].as_u64().unwrap(),
-        c["children"][0]["remote"]["state"]
-            .as_str()
-            .unwrap()
-            .to_owned(),
+        c["lag_messages"].as_u64().unwrap(),
+        c["remote"]["state"].as_str().unwrap().to_owned(),
     )
 }
 
@@ -1569,4 +1574,154 @@ async fn a_link_follows_its_parent_to_a_new_epoch_once_its_target_is_back() {
         .map(|r| r.2)
         .collect();
     assert_eq!(on_c, (0..30).chain(1000..1010).chain(2000..2020).collect());
+}
+
+/// Attaches a fan-out child `child` (created with `partitions`) to `parent` on `on`.
+async fn fanout_child(on: &Server, parent: &str, child: &str, partitions: u32, delay_ms: i64) {
+    let r = call(
+        on,
+        Method::POST,
+        "/v1/topics",
+        Some(json!({"name": child, "partitions": partitions, "parent": parent, "fanout_delay_ms": delay_ms})),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
+}
+
+/// A topic with fan-out children fails over with them: the mirror carries the children's
+/// definitions, and what each child's consumers processed (in the parent's offsets), and
+/// its promote attaches them, leaving out of each what its consumers had processed: a
+/// child processed to its end delivers none of it again, one not processed at all delivers
+/// all of it, one processed in part delivers at least the rest. A's children serve no
+/// queue once A is demoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_carries_fanout_children_and_what_they_processed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, ca) = target(dir.path()).await;
+    let a = source(dir.path(), port_of(&b)).await;
+    create_topic(&a, "orders", 3).await;
+    fanout_child(&a, "orders", "audit", 2, 0).await;
+    fanout_child(&a, "orders", "work", 2, 0).await;
+    fanout_child(&a, "orders", "later", 1, 1500).await;
+    add_remote(&a, "b", port_of(&b), &ca).await;
+    attach(&a, "orders", "dr", "b", "orders", "earliest").await;
+    // batches the children's cursors copy one at a time
+    let child_lag = async |child: &str| {
+        children_of(&a, "orders").await["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == child)
+            .unwrap()["lag_messages"]
+            .as_u64()
+            .unwrap()
+    };
+    for i in 0..10u64 {
+        produce_seqs(&a, "orders", i * 30..(i + 1) * 30).await;
+        until("the children copied the batch", async || {
+            child_lag("audit").await == 0 && child_lag("work").await == 0
+        })
+        .await;
+    }
+    until("the delay child copied everything", async || {
+        child_lag("later").await == 0
+    })
+    .await;
+    caught_up(&a, "B holds every record").await;
+    let t = json_of(
+        call(&b, Method::GET, "/v1/topics/orders", None).await,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(
+        t["carried_children"],
+        json!([
+            {"name": "audit", "delay_ms": 0, "partitions": 2},
+            {"name": "later", "delay_ms": 1500, "partitions": 1},
+            {"name": "work", "delay_ms": 0, "partitions": 2},
+        ]),
+        "{t}"
+    );
+    // A's consumers: all of audit, part of work, nothing of later
+    assert_eq!(process(&a, "audit", 1000).await.len(), 300);
+    // (ten at a time: each take starts at the next partition, so the child's partitions
+    // are processed evenly, as by consumers that keep up; a floor is where every copy below
+    // it was processed, so uneven progress only costs more duplicates)
+    let mut worked = HashSet::new();
+    for _ in 0..12 {
+        worked.extend(process(&a, "work", 10).await);
+    }
+    assert_eq!(worked.len(), 120);
+    let v = switch_over(&a, &b).await;
+    assert_eq!(v["report"]["drained"], true, "{v}");
+    let children = v["children"].as_array().expect("the children attached");
+    assert_eq!(children.len(), 3, "{v}");
+    for c in children {
+        assert_eq!(
+            (c["attached"].as_bool(), c["created"].as_bool()),
+            (Some(true), Some(true)),
+            "{v}"
+        );
+        assert!(c["unknown_partitions"].is_null(), "{v}");
+    }
+    // A's children serve no queue now
+    for child in ["audit", "work", "later"] {
+        let r = call(
+            &a,
+            Method::GET,
+            &format!("/v1/topics/{child}/consume"),
+            None,
+        )
+        .await;
+        expect_error(r, StatusCode::CONFLICT, "mirror_read_only").await;
+    }
+    // B's children: the delay child as defined, each with what A's consumers left
+    let t = json_of(
+        call(&b, Method::GET, "/v1/topics/later", None).await,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(
+        (&t["parent"], &t["fanout_delay_ms"]),
+        (&json!("orders"), &json!(1500)),
+        "{t}"
+    );
+    assert_eq!(t["partitions"], 1, "{t}");
+    let all: HashSet<u64> = (0..300).collect();
+    let mut later = HashSet::new();
+    until("B's delay child has every record", async || {
+        later.extend(process(&b, "later", 1000).await);
+        later == all
+    })
+    .await;
+    let mut work = HashSet::new();
+    until("B's work child has what A's consumers left", async || {
+        work.extend(process(&b, "work", 1000).await);
+        all.difference(&worked).all(|s| work.contains(s))
+    })
+    .await;
+    let twice = work.intersection(&worked).count();
+    eprintln!(
+        "work: processed on A {}, delivered on B {}, twice {twice}",
+        worked.len(),
+        work.len()
+    );
+    assert!(
+        twice < 60,
+        "{twice} of the {} processed on A delivered again",
+        worked.len()
+    );
+    // audit was processed to its end: B's copy delivers only what comes after
+    produce_seqs(&b, "orders", 300..330).await;
+    let mut audit = HashSet::new();
+    until("B's audit child has the new records", async || {
+        audit.extend(process(&b, "audit", 1000).await);
+        (300..330).all(|s| audit.contains(&s))
+    })
+    .await;
+    assert_eq!(
+        audit,
+        (300..330).collect(),
+        "audit delivered what A's consumers processed"
+    );
 }

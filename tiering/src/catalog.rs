@@ -365,6 +365,7 @@ mod tests {
                 moves: Default::default(),
                 rebuilt: Default::default(),
                 role: Default::default(),
+                carried_children: Vec::new(),
             }],
             cursors: vec![CursorPosition {
                 child: "orders-audit".into(),

@@ -1067,6 +1067,7 @@ fn restored_meta(
                 moves: Default::default(),
                 rebuilt: Default::default(),
                 role: Default::default(),
+                carried_children: Vec::new(),
             })
         }
         (None, Some(m)) => Some(from_snapshot(m)),

@@ -589,6 +589,7 @@ impl Sender {
                 "key_policy": c.key_policy,
             },
             "schemas": versions,
+            "children": u.children,
         });
         let path = format!("v1/topics/{}/mirror", child.remote_topic);
         let reply = {
@@ -666,6 +667,7 @@ impl Sender {
             "unreturned": u.end.unreturned,
             "partitions": u.end.partitions,
             "returned": u.returned,
+            "children": u.progress.children,
         });
         let path = format!("v1/topics/{}/progress", child.remote_topic);
         let reply = {

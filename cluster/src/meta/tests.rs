@@ -46,6 +46,7 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         moves: Default::default(),
         rebuilt: Default::default(),
         role: Default::default(),
+        carried_children: Vec::new(),
     }
 }
 

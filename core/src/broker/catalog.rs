@@ -133,6 +133,7 @@ impl Broker {
             moves: Default::default(),
             rebuilt: Default::default(),
             role: Default::default(),
+            carried_children: Vec::new(),
         })
     }
 
@@ -427,9 +428,39 @@ impl Broker {
                 .await?;
         }
         tracing::info!(topic = %name, role = role.name(), epoch = role.epoch(), "topic role changed");
-        // readers parked on it ask again and get the refusal
+        // readers parked on it (and on its fan-out children) ask again and get the refusal
         self.dispatch(&topic).await;
+        for (_, child, _) in self.child_topics(name) {
+            self.dispatch(&child).await;
+        }
         Ok(topic.meta.read().clone())
+    }
+
+    /// Records mirror `name`'s source's fan-out children (a promote attaches them here),
+    /// durably (replicated in a cluster); nothing when they are the ones it holds.
+    pub async fn set_carried_children(
+        self: &Arc<Self>,
+        name: &str,
+        children: Vec<crate::catalog::CarriedChild>,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let _guard = self.meta_lock.lock().await;
+        let topic = self.topic(name)?;
+        if topic.meta.read().carried_children == children {
+            return Ok(());
+        }
+        let cmd = CatalogCommand::SetCarriedChildren {
+            topic_id: topic.id(),
+            children: children.clone(),
+        };
+        if self.store.replicated() {
+            self.propose_replicated(cmd).await?;
+        } else {
+            let live = topic.clone();
+            self.commit(cmd, move |_| live.meta.write().carried_children = children)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Appends a JSON Schema version to a topic. `check` sees the versions so far and refuses

@@ -106,6 +106,26 @@ impl Broker {
                 role.describe()
             )));
         }
+        // nor does a fan-out child of one: its records are copies of the parent's
+        let parent = topic
+            .meta
+            .read()
+            .parent
+            .as_ref()
+            .map(|l| (l.parent.clone(), l.parent_id));
+        if let Some((name, id)) = parent
+            && let Ok(p) = self.topic(&name)
+            && p.id() == id
+        {
+            let role = p.meta.read().role;
+            if !role.is_primary() {
+                return Err(BrokerError::MirrorReadOnly(format!(
+                    "topic '{}' is a fan-out child of a topic that is {}: it serves no queue until its parent is promoted (replay by offset or time works)",
+                    topic.label.topic,
+                    role.describe()
+                )));
+            }
+        }
         let cfg = topic.config();
         let parts = topic.partitions();
         let n = parts.len();

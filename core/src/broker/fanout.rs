@@ -50,6 +50,30 @@ pub struct ParentLink {
     /// no entry (added to the parent after the attach) starts at its oldest record.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub starts: Vec<u64>,
+    /// A child a promote attached from its source's carried definition: what came from that
+    /// source and its consumers of this child had processed there is not copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<Box<OriginFloor>>,
+}
+
+/// Records of a promoted topic that came from its old source (their origin names it) and
+/// that a fan-out child's consumers there had processed: by the source's partition, every
+/// origin offset below `below[p]` (a partition past the list: none).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OriginFloor {
+    pub source: crate::catalog::role::Source,
+    pub below: Vec<u64>,
+}
+
+impl OriginFloor {
+    /// Whether the record with `headers` was processed at the source by the child's
+    /// consumers (so it is not copied again).
+    fn covers(&self, headers: &[(String, bytes::Bytes)]) -> bool {
+        super::remotes::origin_of(headers).is_some_and(|(src, p, o)| {
+            src == self.source && self.below.get(p as usize).is_some_and(|&b| o < b)
+        })
+    }
 }
 
 /// Where a new link's cursors start.
@@ -64,6 +88,9 @@ pub enum LinkStart {
     /// others' tails itself). Refused if the parent is another incarnation by the time the
     /// link is made: another incarnation's tails would skip records.
     At { parent_id: u64, starts: Vec<u64> },
+    /// At the parent's oldest retained record, leaving out what the floor covers (a
+    /// promoted topic's carried child: its source's consumers processed those).
+    Carried(OriginFloor),
 }
 
 /// Appends fan-out copies to a child partition another cluster member owns (set on a
@@ -153,6 +180,8 @@ pub(crate) struct CursorState {
     /// `u64::MAX` until the task has loaded its position.
     pub(crate) next: AtomicU64,
     due_lag_ms: AtomicI64,
+    /// What the child's consumers processed, in this parent partition's offsets.
+    marks: parking_lot::Mutex<Marks>,
 }
 
 impl CursorState {
@@ -161,7 +190,77 @@ impl CursorState {
             epoch,
             next: AtomicU64::new(u64::MAX),
             due_lag_ms: AtomicI64::new(0),
+            marks: Default::default(),
         }
+    }
+}
+
+/// Most marks one cursor keeps: beyond, every other one goes (the answer only gets
+/// coarser, never wrong).
+const MAX_MARKS: usize = 256;
+
+/// How far a child's consumers got, in its parent partition's offsets (a mirror of the
+/// parent carries it, so a promote there leaves out of the child what was processed here).
+///
+/// After each copied slab the cursor notes the parent offset it reached and the ends of the
+/// child's partitions then: every copy of a parent record below that offset sits below
+/// those ends. Once the child's ack frontier is at or past every one of them, the child's
+/// consumers processed every record of the parent below that offset. Memory only: a
+/// restarted cursor notes where it stands as its first mark.
+#[derive(Default)]
+pub(crate) struct Marks {
+    /// `(parent offset reached, child partition ends then)`, oldest first.
+    pending: std::collections::VecDeque<(u64, Vec<u64>)>,
+    /// Every parent record below it was processed in the child (`None`: not known yet).
+    consumed: Option<u64>,
+    /// Some child partition is on another cluster member: not known here.
+    unknown: bool,
+}
+
+impl Marks {
+    /// The cursor reached parent offset `reached` with the child's partitions ending at
+    /// `ends` (`None`: some of them are not on this member).
+    pub(crate) fn note(&mut self, reached: u64, ends: Option<Vec<u64>>) {
+        let Some(ends) = ends else {
+            self.unknown = true;
+            self.pending.clear();
+            return;
+        };
+        self.unknown = false;
+        if self.pending.back().is_some_and(|(o, _)| *o >= reached) {
+            return;
+        }
+        self.pending.push_back((reached, ends));
+        if self.pending.len() > MAX_MARKS {
+            // thin out, keeping the newest
+            let last = self.pending.len() - 1;
+            let mut i = 0;
+            self.pending.retain(|_| {
+                let keep = i % 2 == 1 || i == last;
+                i += 1;
+                keep
+            });
+        }
+    }
+
+    /// Every parent record below the answer was processed in the child, whose partitions'
+    /// ack frontiers are `frontiers` now.
+    pub(crate) fn consumed(&mut self, frontiers: &[u64]) -> Option<u64> {
+        if self.unknown {
+            return None;
+        }
+        while let Some((reached, ends)) = self.pending.front() {
+            let done = ends
+                .iter()
+                .enumerate()
+                .all(|(q, e)| frontiers.get(q).is_some_and(|f| f >= e));
+            if !done {
+                break;
+            }
+            self.consumed = Some(self.consumed.map_or(*reached, |c| c.max(*reached)));
+            self.pending.pop_front();
+        }
+        self.consumed
     }
 }
 
@@ -246,6 +345,10 @@ fn new_link(
     delay_ms: i64,
     from: LinkStart,
 ) -> Result<ParentLink, BrokerError> {
+    let floor = match &from {
+        LinkStart::Carried(f) => Some(Box::new(f.clone())),
+        _ => None,
+    };
     let starts = match from {
         LinkStart::At { parent_id, starts } => {
             if parent_id != pmeta.id || starts.len() != p.partitions().len() {
@@ -257,18 +360,20 @@ fn new_link(
             starts
         }
         // (0 is clamped to the oldest retained offset where the cursor runs)
-        LinkStart::Earliest if b.store.replicated() => vec![0; p.partitions().len()],
+        LinkStart::Earliest | LinkStart::Carried(_) if b.store.replicated() => {
+            vec![0; p.partitions().len()]
+        }
         LinkStart::Latest if b.store.replicated() => {
             return Err(BrokerError::ClusterUnavailable(
                 "a cluster member needs the parent's partition tails from their owners".into(),
             ));
         }
-        from => p
+        ref from => p
             .partitions()
             .iter()
             .map(|part| {
                 let stats = part.stats();
-                if from == LinkStart::Earliest {
+                if matches!(from, LinkStart::Earliest | LinkStart::Carried(_)) {
                     stats.oldest_offset
                 } else {
                     stats.next_offset
@@ -282,6 +387,7 @@ fn new_link(
         delay_ms,
         epoch: random_u64() | 1,
         starts,
+        floor,
     })
 }
 
@@ -433,6 +539,11 @@ impl Broker {
         if pmeta.parent.is_some() {
             return conflict(format!(
                 "'{parent}' is itself a fan-out child: no grandchildren"
+            ));
+        }
+        if matches!(pmeta.role, crate::catalog::TopicRole::Mirror { .. }) {
+            return conflict(format!(
+                "'{parent}' is a mirror: it takes no fan-out children (its promote attaches its source's)"
             ));
         }
         if self.child_topics(parent).len() >= MAX_CHILDREN {
@@ -758,6 +869,85 @@ impl Broker {
             });
     }
 
+    /// `parent`'s fan-out children as a mirror of it carries them, by name.
+    pub(crate) fn carried_children_of(&self, parent: &str) -> Vec<crate::catalog::CarriedChild> {
+        let mut out: Vec<_> = self
+            .child_topics(parent)
+            .into_iter()
+            .map(|(name, t, link)| crate::catalog::CarriedChild {
+                name,
+                delay_ms: link.delay_ms,
+                partitions: t.config().partitions,
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// The ends of `child`'s partitions, if this member holds all of them.
+    fn child_ends(&self, child: &Topic) -> Option<Vec<u64>> {
+        let local = self.local_partitions(child);
+        child
+            .partitions()
+            .iter()
+            .enumerate()
+            .map(|(q, part)| (local.get(q) == Some(&true)).then(|| part.stats().next_offset))
+            .collect()
+    }
+
+    /// Which of `t`'s partitions this member holds (by index, as many as it has).
+    fn local_partitions(&self, t: &Topic) -> Vec<bool> {
+        let n = t.partitions().len();
+        let meta = t.meta.read();
+        (0..n as u32).map(|q| self.is_local(&meta, q)).collect()
+    }
+
+    /// For each fan-out child of `parent` whose cursor on partition `pidx` runs here: every
+    /// record of that partition below the offset given was processed by the child's
+    /// consumers (a child not known that way is left out). A mirror of `parent` is told, so
+    /// that its promote leaves those records out of the child there.
+    pub(crate) fn children_consumed(&self, parent: &str, pidx: u32) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for (name, child, link) in self.child_topics(parent) {
+            let Some(state) = self.fanout.lock().get(&(name.clone(), pidx)).cloned() else {
+                continue;
+            };
+            if state.epoch != link.epoch {
+                continue;
+            }
+            let local = self.local_partitions(&child);
+            let frontiers: Option<Vec<u64>> = child
+                .partitions()
+                .iter()
+                .enumerate()
+                .map(|(q, part)| {
+                    (local.get(q) == Some(&true)).then(|| part.queue.lock().frontier())
+                })
+                .collect();
+            let Some(frontiers) = frontiers else { continue };
+            if let Some(c) = state.marks.lock().consumed(&frontiers) {
+                out.push((name, c));
+            }
+        }
+        out
+    }
+
+    /// Records leased in `parent`'s fan-out children, in the child partitions this member
+    /// holds that fall to parent partition `pidx` of `partitions` (child partition `q` falls
+    /// to `q mod partitions`: each is counted once over the parent's partitions).
+    pub(crate) fn children_leased(&self, parent: &str, pidx: u32, partitions: u32) -> u64 {
+        let mut n = 0u64;
+        for (_, child, _) in self.child_topics(parent) {
+            let local = self.local_partitions(&child);
+            for (q, part) in child.partitions().iter().enumerate() {
+                if q as u32 % partitions.max(1) == pidx && local.get(q) == Some(&true) {
+                    n += part.queue.lock().in_flight() as u64;
+                }
+            }
+        }
+        n
+    }
+
     /// On a cluster member: sets how fan-out copies reach child partitions other members own
     /// (once; until then such copies wait and are retried).
     pub fn set_copy_forwarder(&self, fwd: Arc<dyn CopyForwarder>) {
@@ -866,6 +1056,9 @@ async fn run_cursor(
         }
     };
     state.next.store(next, Ordering::Release);
+    if let Some(b) = weak.upgrade() {
+        state.marks.lock().note(next, b.child_ends(&child));
+    }
     let mut backoff = Duration::from_millis(100);
     // the child partitions a failed slab reached already (not sent again on the retry)
     let mut partial = None;
@@ -913,6 +1106,7 @@ async fn run_cursor(
         {
             Ok(Step::Copied(n)) => {
                 next = n;
+                state.marks.lock().note(n, b.child_ends(&child));
                 backoff = Duration::from_millis(100);
                 continue;
             }
@@ -1038,6 +1232,9 @@ async fn copy_slab<S: Sink>(
     let n = sink.partitions().max(1);
     let mut groups: Vec<Vec<NewRecord>> = (0..n).map(|_| Vec::new()).collect();
     for r in &due {
+        if link.floor.as_ref().is_some_and(|f| f.covers(&r.headers)) {
+            continue;
+        }
         let p = match &r.key {
             Some(k) => partition_for_key(k, n),
             None => pidx % n,
@@ -1118,5 +1315,71 @@ mod tests {
             Some(7)
         );
         assert!(dir.path().join("fanout-a-c.x.tmp").exists());
+    }
+
+    #[test]
+    fn marks_say_what_a_childs_consumers_processed_in_parent_offsets() {
+        let mut m = Marks::default();
+        // the cursor starts at 10 with the child's two partitions ending at 4 and 6
+        m.note(10, Some(vec![4, 6]));
+        assert_eq!(m.consumed(&[3, 6]), None, "partition 0 still holds one");
+        assert_eq!(m.consumed(&[4, 6]), Some(10));
+        // slabs copied parent 10..20 (child ends 9, 6) and 20..30 (child ends 9, 12)
+        m.note(20, Some(vec![9, 6]));
+        m.note(30, Some(vec![9, 12]));
+        assert_eq!(
+            m.consumed(&[8, 12]),
+            Some(10),
+            "one copy of 10..20 unprocessed"
+        );
+        assert_eq!(m.consumed(&[9, 11]), Some(20));
+        assert_eq!(m.consumed(&[9, 12]), Some(30));
+        // never back, whatever the frontiers say later
+        assert_eq!(m.consumed(&[0, 0]), Some(30));
+        // a child partition on another member: not known
+        m.note(40, None);
+        assert_eq!(m.consumed(&[100, 100]), None);
+        m.note(50, Some(vec![20, 20]));
+        assert_eq!(m.consumed(&[20, 20]), Some(50));
+        // thinned when full: coarser, never past what was processed
+        let mut m = Marks::default();
+        for i in 1..=(MAX_MARKS as u64 * 3) {
+            m.note(i * 10, Some(vec![i]));
+        }
+        assert!(m.pending.len() <= MAX_MARKS);
+        let c = m.consumed(&[100]).unwrap();
+        assert!(c <= 1000, "{c}");
+        assert!(c >= 1000 - 10 * 64, "{c}");
+        assert_eq!(
+            m.consumed(&[MAX_MARKS as u64 * 3]),
+            Some(MAX_MARKS as u64 * 30)
+        );
+    }
+
+    #[test]
+    fn a_floor_leaves_out_only_what_came_from_its_source_below_it() {
+        let source = crate::catalog::role::Source {
+            cluster: 0xa,
+            topic: 0xb,
+        };
+        let floor = OriginFloor {
+            source,
+            below: vec![5, 0],
+        };
+        let origin = |cluster: u64, p: u32, o: u64| {
+            vec![(
+                super::super::remotes::ORIGIN_HEADER.to_owned(),
+                bytes::Bytes::from(format!("{cluster:016x}/{:016x}/{p}/{o}", 0xbu64)),
+            )]
+        };
+        assert!(floor.covers(&origin(0xa, 0, 4)));
+        assert!(!floor.covers(&origin(0xa, 0, 5)));
+        assert!(!floor.covers(&origin(0xa, 1, 0)));
+        assert!(
+            !floor.covers(&origin(0xa, 2, 0)),
+            "a partition past the list"
+        );
+        assert!(!floor.covers(&origin(0xc, 0, 0)), "another source");
+        assert!(!floor.covers(&[]), "a record of its own");
     }
 }

@@ -52,7 +52,9 @@ use crate::supervisor::Supervisor;
 use crate::topic::{
     CreateTopic, InvalidField, MAX_DELAY_MS, TopicConfig, TopicPatch, partition_for_key,
 };
-pub use fanout::{ChildInfo, CopyForwarder, LinkStart, ParentLink};
+pub use fanout::{
+    ChildInfo, CopyForwarder, LinkStart, MAX_CHILD_DELAY_MS, OriginFloor, ParentLink,
+};
 use partition::{LogEnv, OpenLogs, Partition};
 pub use produce::KeylessSpread;
 pub use progress::{

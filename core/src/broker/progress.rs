@@ -66,6 +66,11 @@ pub struct PartitionProgress {
     /// Acked ranges `[start, end)` above the frontier: ascending, disjoint, not empty.
     #[serde(default)]
     pub acked: Vec<(u64, u64)>,
+    /// Per fan-out child of the source topic, by name: every record of this partition below
+    /// the offset was processed by that child's consumers (children the source does not know
+    /// that of are left out). A promote leaves those records out of the child here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<(String, u64)>,
 }
 
 impl PartitionProgress {
@@ -85,6 +90,16 @@ impl PartitionProgress {
                 ));
             }
             last = e;
+        }
+        if self.children.len() > crate::catalog::MAX_CHILDREN {
+            return Err(format!(
+                "children: at most {}",
+                crate::catalog::MAX_CHILDREN
+            ));
+        }
+        for (name, _) in &self.children {
+            crate::topic::validate_name(name)
+                .map_err(|e| format!("children: '{name}': {}", e.reason))?;
         }
         Ok(())
     }
@@ -107,6 +122,7 @@ impl PartitionProgress {
                 .filter(|(s, _)| *s < shipped)
                 .map(|&(s, e)| (s, e.min(shipped)))
                 .collect(),
+            children: self.children.clone(),
         }
     }
 }
@@ -157,6 +173,10 @@ pub struct OriginReport {
     pub progress_age_ms: Option<i64>,
     /// The last progress came from a demoted source (it takes no more records).
     pub source_demoted: bool,
+    /// Per fan-out child of the source: every record of this partition below the offset
+    /// was processed by the child's consumers there (as last reported).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<(String, u64)>,
 }
 
 /// A mirror's view of its source (`POST .../promote` answers it).
@@ -511,6 +531,7 @@ impl Broker {
                     source_unreturned: end.map_or(0, |e| e.unreturned),
                     progress_age_ms: end.map(|e| now.saturating_sub(e.at_ms)),
                     source_demoted: end.is_some_and(|e| e.demoted),
+                    children: progress.map(|p| p.children.clone()).unwrap_or_default(),
                 }
             })
             .collect();
@@ -789,6 +810,7 @@ mod tests {
                 source_unreturned: 0,
                 progress_age_ms: age,
                 source_demoted: true,
+                children: vec![],
             };
         let a = MirrorReport {
             partitions: vec![part(40, Some(50), 10, Some(900), 3)],
@@ -832,6 +854,7 @@ mod tests {
         let p = PartitionProgress {
             frontier: 5,
             acked: vec![(7, 9), (12, 13)],
+            children: vec![],
         };
         p.validate().unwrap();
         let covered: Vec<u64> = (0..15).filter(|&o| p.covers(o)).collect();
@@ -840,7 +863,8 @@ mod tests {
             p.clamped(8),
             PartitionProgress {
                 frontier: 5,
-                acked: vec![(7, 8)]
+                acked: vec![(7, 8)],
+                children: vec![],
             }
         );
         assert_eq!(p.clamped(3).frontier, 3);
@@ -853,6 +877,7 @@ mod tests {
             let p = PartitionProgress {
                 frontier: 5,
                 acked: bad,
+                children: vec![],
             };
             assert!(p.validate().is_err(), "{p:?}");
         }

@@ -220,6 +220,8 @@ pub struct CatalogSync {
     pub epoch: u64,
     pub config: crate::topic::TopicConfig,
     pub schemas: Vec<crate::catalog::SchemaVersion>,
+    /// The parent's fan-out children (a promote of the target attaches them there).
+    pub children: Vec<crate::catalog::CarriedChild>,
 }
 
 /// Why the target did not take a [`CatalogSync`].
@@ -758,7 +760,12 @@ async fn run_remote_cursor(
     // the parent's settings, schema count and epoch the target was last brought to (a
     // target follows the parent to each epoch it is promoted to, whatever the parent was
     // when this cursor started)
-    let mut synced: Option<(crate::topic::TopicConfig, usize, u64)> = None;
+    let mut synced: Option<(
+        crate::topic::TopicConfig,
+        usize,
+        u64,
+        Vec<crate::catalog::CarriedChild>,
+    )> = None;
     // slabs refused since the target was last asked to follow a new epoch
     let mut follow_tries = 0u32;
     // a record past the hop limit was logged
@@ -840,6 +847,9 @@ async fn run_remote_cursor(
                 let q = part.queue.lock();
                 (q.snapshot(), q.in_flight() as u64)
             };
+            // and its fan-out children's (a planned switchover waits for them too)
+            let leased =
+                leased + b.children_leased(&child.parent, pidx, parent.partitions().len() as u32);
             let end = super::SourceEnd {
                 end: part.stats().next_offset,
                 shipped: next,
@@ -901,6 +911,7 @@ async fn run_remote_cursor(
             let progress = super::PartitionProgress {
                 frontier: snap.frontier,
                 acked: snap.acked,
+                children: b.children_consumed(&child.parent, pidx),
             }
             .clamped(next);
             let resend = !returned.is_empty()
@@ -1097,7 +1108,13 @@ async fn run_remote_cursor(
                 let m = parent.meta.read();
                 (m.config.clone(), m.schemas.clone())
             };
-            let want = (config.clone(), schemas.len(), role.epoch());
+            let children = b.carried_children_of(&child.parent);
+            let want = (
+                config.clone(),
+                schemas.len(),
+                role.epoch(),
+                children.clone(),
+            );
             if synced.as_ref() != Some(&want) {
                 let sent = shipper
                     .sync_catalog(CatalogSync {
@@ -1106,6 +1123,7 @@ async fn run_remote_cursor(
                         epoch: role.epoch(),
                         config,
                         schemas,
+                        children,
                     })
                     .await;
                 match sent {

@@ -1137,6 +1137,7 @@ async fn restored_link_starts_at_the_parents_restored_tail_and_keeps_copying() {
         moves: Default::default(),
         rebuilt: Default::default(),
         role: Default::default(),
+        carried_children: Vec::new(),
     };
     b.restore_topic(meta("p", 0x11, 2), &[5, 7]).await.unwrap();
     b.restore_topic(meta("c", 0x21, 1), &[3]).await.unwrap();
@@ -1146,6 +1147,7 @@ async fn restored_link_starts_at_the_parents_restored_tail_and_keeps_copying() {
         delay_ms: 0,
         epoch: 0xabc,
         starts: Vec::new(),
+        floor: None,
     };
     let wrong = ParentLink {
         parent_id: 0x99,
@@ -1497,6 +1499,7 @@ async fn a_restored_topic_with_an_invalid_name_is_refused() {
         moves: Default::default(),
         rebuilt: Default::default(),
         role: Default::default(),
+        carried_children: Vec::new(),
     };
     let e = b.restore_topic(meta, &[5]).await.unwrap_err();
     assert!(matches!(e, BrokerError::InvalidField(_)), "{e:?}");
@@ -1798,6 +1801,7 @@ async fn a_mirror_indexes_records_as_it_takes_them() {
     let progress = |frontier| PartitionProgress {
         frontier,
         acked: vec![],
+        children: vec![],
     };
     let settled = || {
         b.metrics()
@@ -1891,6 +1895,7 @@ async fn a_mirrors_backlog_is_read_a_bounded_share_per_progress() {
     let progress = |frontier| PartitionProgress {
         frontier,
         acked: vec![],
+        children: vec![],
     };
     let n = b
         .take_mirror_progress("m", src, 0, progress(total), None)

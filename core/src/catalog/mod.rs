@@ -73,6 +73,54 @@ pub struct TopicMeta {
     /// [`role`]); a topic that never took part in a failover is a primary at epoch 0.
     #[serde(default, skip_serializing_if = "TopicRole::is_default")]
     pub role: TopicRole,
+    /// A mirror: its source's fan-out children, as the source's link last said; a promote
+    /// attaches them here (see [`CarriedChild`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub carried_children: Vec<CarriedChild>,
+}
+
+/// A fan-out child of a mirror's source, carried over the link: at the promote the new
+/// primary attaches a child of that name (created if missing) with the same delay.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CarriedChild {
+    pub name: String,
+    #[serde(default)]
+    pub delay_ms: i64,
+    /// The child's partition count at the source (a child created here gets it).
+    pub partitions: u32,
+}
+
+impl CarriedChild {
+    /// Checks a list a link sent (not trusted to be well formed).
+    pub fn validate_list(children: &[CarriedChild]) -> Result<(), String> {
+        if children.len() > MAX_CHILDREN {
+            return Err(format!("at most {MAX_CHILDREN} children"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for c in children {
+            crate::topic::validate_name(&c.name)
+                .map_err(|e| format!("child '{}': {}", c.name, e.reason))?;
+            if !seen.insert(c.name.to_ascii_lowercase()) {
+                return Err(format!("child '{}' is named twice", c.name));
+            }
+            if !(0..=crate::broker::MAX_CHILD_DELAY_MS).contains(&c.delay_ms) {
+                return Err(format!(
+                    "child '{}': delay_ms must be between 0 and {}",
+                    c.name,
+                    crate::broker::MAX_CHILD_DELAY_MS
+                ));
+            }
+            if !(1..=crate::topic::MAX_PARTITIONS).contains(&c.partitions) {
+                return Err(format!(
+                    "child '{}': partitions must be between 1 and {}",
+                    c.name,
+                    crate::topic::MAX_PARTITIONS
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One version of a topic's JSON Schema. Versions only grow; each is kept.
@@ -201,6 +249,11 @@ pub enum CatalogCommand {
         topic_id: u64,
         expect: TopicRole,
         role: TopicRole,
+    },
+    /// Mirror `topic_id` records its source's fan-out children (a promote attaches them).
+    SetCarriedChildren {
+        topic_id: u64,
+        children: Vec<CarriedChild>,
     },
     /// The owner `owner` gave up freeze `token` (it ran out): a flip naming it is refused
     /// from now on. Refused if the partition is no longer at `owner` and `expect_epoch`
@@ -728,8 +781,27 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                     old.name, c.name
                 )));
             }
+            // a mirror's fan-out children would serve its records as a queue here
+            if matches!(role, role::TopicRole::Mirror { .. })
+                && next.children_of(old.id).next().is_some()
+            {
+                return Err(CatalogError::FanoutConflict(format!(
+                    "topic '{}' has fan-out children: detach them before it becomes a mirror (its promote attaches its source's children)",
+                    old.name
+                )));
+            }
             let t = Arc::new(TopicMeta {
                 role: *role,
+                ..(*old).clone()
+            });
+            next.topics.insert(t.name.clone(), t.clone());
+            Applied::Topic(t)
+        }
+        CatalogCommand::SetCarriedChildren { topic_id, children } => {
+            CarriedChild::validate_list(children).map_err(CatalogError::InvalidConfig)?;
+            let old = next.by_id(*topic_id)?.clone();
+            let t = Arc::new(TopicMeta {
+                carried_children: children.clone(),
                 ..(*old).clone()
             });
             next.topics.insert(t.name.clone(), t.clone());
@@ -866,6 +938,12 @@ fn check_attach(
     if parent.parent.is_some() {
         return conflict(format!(
             "'{}' is itself a fan-out child: no grandchildren",
+            parent.name
+        ));
+    }
+    if matches!(parent.role, role::TopicRole::Mirror { .. }) {
+        return conflict(format!(
+            "'{}' is a mirror: it takes no fan-out children (its promote attaches its source's)",
             parent.name
         ));
     }

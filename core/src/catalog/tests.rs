@@ -16,6 +16,7 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         moves: Default::default(),
         rebuilt: Default::default(),
         role: Default::default(),
+        carried_children: Vec::new(),
     }
 }
 
@@ -26,6 +27,7 @@ fn link(parent: &TopicMeta, epoch: u64) -> ParentLink {
         delay_ms: 0,
         epoch,
         starts: Vec::new(),
+        floor: None,
     }
 }
 
@@ -439,6 +441,7 @@ fn command() -> impl Strategy<Value = CatalogCommand> {
                     delay_ms: 0,
                     epoch,
                     starts: Vec::new(),
+                    floor: None,
                 },
             }
         ),

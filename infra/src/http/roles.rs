@@ -37,6 +37,9 @@ struct MirrorBody {
     /// lacks (a version it holds must be the same).
     #[serde(default)]
     schemas: Option<Vec<MirrorSchema>>,
+    /// The source's fan-out children: a promote attaches them here.
+    #[serde(default)]
+    children: Option<Vec<narad_core::catalog::CarriedChild>>,
 }
 
 #[derive(Deserialize)]
@@ -167,6 +170,28 @@ struct RoleAnswer {
     /// source acknowledged that never arrived, how old its last progress is.
     #[serde(skip_serializing_if = "Option::is_none")]
     report: Option<narad_core::broker::MirrorReport>,
+    /// A promote: the source's fan-out children it attached here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    children: Vec<CarriedOutcome>,
+}
+
+/// What a promote did with one of its source's fan-out children.
+#[derive(Serialize)]
+struct CarriedOutcome {
+    name: String,
+    delay_ms: i64,
+    /// The topic did not exist here: it was created (with the source child's partition
+    /// count and this cluster's default settings).
+    created: bool,
+    /// It is this topic's child now.
+    attached: bool,
+    /// Source partitions whose records all go to the child (nothing said what its
+    /// consumers had processed there: those are delivered again).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unknown_partitions: Vec<u32>,
+    /// Why it was not attached (the promote stands; promote again to retry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -231,7 +256,28 @@ fn audit(caller: &Caller, action: &str, topic: &str, from: &TopicRole, to: &Topi
 }
 
 /// Moves `topic` from role `now` to `role` (nothing when they are the same, or when `action`
-/// is `None`: a dry run), audited as `action`; answers the role and whether it changed.
+/// is `None`: a dry run), audited as `action`; says whether it changed.
+async fn change_role(
+    broker: &std::sync::Arc<narad_core::broker::Broker>,
+    caller: &Caller,
+    topic: &str,
+    now: TopicRole,
+    role: TopicRole,
+    action: Option<&str>,
+) -> Result<bool, ApiError> {
+    let changed = role != now;
+    match action {
+        Some(action) if changed => {
+            broker.set_role(topic, now, role).await?;
+            audit(caller, action, topic, &now, &role);
+            Ok(true)
+        }
+        // (a dry run changes nothing)
+        _ => Ok(false),
+    }
+}
+
+/// [`change_role`], answered.
 async fn change(
     broker: &std::sync::Arc<narad_core::broker::Broker>,
     caller: &Caller,
@@ -241,22 +287,14 @@ async fn change(
     action: Option<&str>,
     report: Option<narad_core::broker::MirrorReport>,
 ) -> ApiResult {
-    let mut changed = role != now;
-    match action {
-        Some(action) if changed => {
-            broker.set_role(topic, now, role).await?;
-            audit(caller, action, topic, &now, &role);
-        }
-        // (a dry run changes nothing)
-        None => changed = false,
-        Some(_) => {}
-    }
+    let changed = change_role(broker, caller, topic, now, role, action).await?;
     Ok(json_response(
         StatusCode::OK,
         &RoleAnswer {
             failover: role_json(&role),
             changed,
             report,
+            children: Vec::new(),
         },
     ))
 }
@@ -333,13 +371,28 @@ pub async fn mirror(
             ));
         }
     };
+    if !matches!(now, TopicRole::Mirror { .. }) && !broker.child_names(&topic).is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::RoleConflict,
+            format!(
+                "topic '{topic}' has fan-out children: detach them before it becomes a mirror (a mirror serves no queue, nor would they); its promote attaches its source's children"
+            ),
+        ));
+    }
     let action = (!b.dry_run).then_some("topic_mirror");
     let answer = change(&broker, &caller, &topic, now, role, action, None).await?;
-    if b.dry_run || (b.settings.is_none() && b.schemas.is_none()) {
+    if b.dry_run || (b.settings.is_none() && b.schemas.is_none() && b.children.is_none()) {
         return Ok(answer);
     }
     if let Some(versions) = &b.schemas {
         follow_schemas(&state, &broker, &topic, versions).await?;
+    }
+    if let Some(children) = &b.children {
+        narad_core::catalog::CarriedChild::validate_list(children)
+            .map_err(|m| ApiError::new(ErrorCode::InvalidField, format!("children: {m}")))?;
+        broker
+            .set_carried_children(&topic, children.clone())
+            .await?;
     }
     let settings_error = match &b.settings {
         Some(s) => follow_settings(&broker, &topic, s).await,
@@ -383,6 +436,10 @@ struct ProgressBody {
     /// from the source and were processed there: a failback settles them here.
     #[serde(default)]
     returned: Vec<(u32, u64, u64)>,
+    /// Per fan-out child of the source: the offset of this partition below which the
+    /// child's consumers processed every record.
+    #[serde(default)]
+    children: Vec<(String, u64)>,
 }
 
 /// Largest progress body (4096 ranges of two numbers and then some).
@@ -462,6 +519,7 @@ pub async fn progress(
     let progress = narad_core::broker::PartitionProgress {
         frontier: b.frontier,
         acked: b.acked,
+        children: b.children,
     };
     broker
         .take_mirror_progress(&topic, link.source, b.partition, progress.clone(), end)
@@ -648,16 +706,135 @@ pub async fn promote(
             tracing::warn!(topic = %topic, unreceived, "promoted with records the source acknowledged that this mirror never received (as of the source's last report)");
         }
     }
-    change(
-        &broker,
-        &caller,
-        &topic,
-        now,
-        role,
-        Some("topic_promote"),
-        report,
-    )
-    .await
+    let changed = change_role(&broker, &caller, &topic, now, role, Some("topic_promote")).await?;
+    // the source's fan-out children, attached here (a repeated promote retries those that
+    // were not)
+    let source = match (now, role) {
+        (TopicRole::Mirror { of, .. }, _)
+        | (
+            _,
+            TopicRole::Primary {
+                promoted_from: Some(of),
+                ..
+            },
+        ) => Some(of),
+        _ => None,
+    };
+    let children = match source {
+        Some(source) => attach_carried(&broker, &caller, &topic, source, report.as_ref()).await?,
+        None => Vec::new(),
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &RoleAnswer {
+            failover: role_json(&role),
+            changed,
+            report,
+            children,
+        },
+    ))
+}
+
+/// Attaches promoted `topic`'s carried children (its source's fan-out children) here,
+/// creating those that do not exist, each leaving out the records from `source` its
+/// consumers had processed there as `report` last said; forgets those attached.
+async fn attach_carried(
+    broker: &std::sync::Arc<narad_core::broker::Broker>,
+    caller: &Caller,
+    topic: &str,
+    source: Source,
+    report: Option<&narad_core::broker::MirrorReport>,
+) -> Result<Vec<CarriedOutcome>, ApiError> {
+    let carried = broker.topic_meta(topic)?.carried_children;
+    if carried.is_empty() {
+        return Ok(Vec::new());
+    }
+    let partitions = report
+        .map(|r| {
+            r.partitions
+                .iter()
+                .map(|p| p.partition + 1)
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0);
+    let mut out = Vec::new();
+    let mut left = Vec::new();
+    for c in carried {
+        let mut below = vec![0u64; partitions as usize];
+        let mut unknown = Vec::new();
+        for (p, b) in below.iter_mut().enumerate() {
+            let said = report
+                .and_then(|r| r.partitions.iter().find(|x| x.partition == p as u32))
+                .and_then(|x| x.children.iter().find(|(n, _)| *n == c.name))
+                .map(|(_, o)| *o);
+            match said {
+                Some(o) => *b = o,
+                None => unknown.push(p as u32),
+            }
+        }
+        if partitions == 0 {
+            unknown.push(0);
+        }
+        let start = narad_core::broker::LinkStart::Carried(narad_core::broker::OriginFloor {
+            source,
+            below,
+        });
+        let mut outcome = CarriedOutcome {
+            name: c.name.clone(),
+            delay_ms: c.delay_ms,
+            created: false,
+            attached: false,
+            unknown_partitions: unknown,
+            error: None,
+        };
+        let existing = broker.with_topic_meta(&c.name, |m| m.parent.clone());
+        let result = match existing {
+            Ok(Some(link)) if link.parent == topic => {
+                // (attached by an earlier promote)
+                outcome.unknown_partitions.clear();
+                Ok(())
+            }
+            Ok(Some(_)) => Err(format!("'{}' is a child of another topic here", c.name)),
+            Ok(None) => broker
+                .attach_child(topic, &c.name, c.delay_ms, start)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(_) => {
+                let req = narad_core::topic::CreateTopic {
+                    name: c.name.clone(),
+                    settings: narad_core::topic::TopicPatch {
+                        partitions: Some(c.partitions),
+                        ..Default::default()
+                    },
+                    owner: caller.owner(),
+                    schema: None,
+                    count_against_owner: false,
+                };
+                match broker.create_child(req, topic, c.delay_ms, start).await {
+                    Ok(_) => {
+                        outcome.created = true;
+                        Ok(())
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                outcome.attached = true;
+                tracing::info!(topic, child = %c.name, created = outcome.created, unknown_partitions = ?outcome.unknown_partitions, "the source's fan-out child attached to the promoted topic");
+            }
+            Err(e) => {
+                tracing::warn!(topic, child = %c.name, error = %e, "the source's fan-out child was not attached to the promoted topic (promote again to retry)");
+                outcome.error = Some(e);
+                left.push(c);
+            }
+        }
+        out.push(outcome);
+    }
+    broker.set_carried_children(topic, left).await?;
+    Ok(out)
 }
 
 /// `POST /v1/topics/{topic}/demote`: a primary stops taking produces and leases (a planned

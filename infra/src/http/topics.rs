@@ -46,6 +46,9 @@ pub struct TopicJson<'a> {
     children: Vec<String>,
     /// Primary, mirror of a topic on another cluster, or demoted, and the epoch.
     failover: RoleJson,
+    /// A mirror: its source's fan-out children, which its promote attaches here.
+    #[serde(skip_serializing_if = "<[narad_core::catalog::CarriedChild]>::is_empty")]
+    carried_children: &'a [narad_core::catalog::CarriedChild],
 }
 
 /// A topic's role between clusters as the API shows it (ids in hex, as everywhere).
@@ -135,6 +138,7 @@ fn topic_json_with<'a>(
         role,
         children,
         failover: role_json(&m.role),
+        carried_children: &m.carried_children,
     }
 }
 
