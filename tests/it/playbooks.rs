@@ -1588,26 +1588,42 @@ async fn fanout_child(on: &Server, parent: &str, child: &str, partitions: u32, d
     json_of(r, StatusCode::CREATED).await;
 }
 
-/// A topic with fan-out children fails over with them: the mirror carries the children's
-/// definitions, and what each child's consumers processed (in the parent's offsets), and
-/// its promote attaches them, leaving out of each what its consumers had processed: a
-/// child processed to its end delivers none of it again, one not processed at all delivers
-/// all of it, one processed in part delivers at least the rest. A's children serve no
-/// queue once A is demoted.
+/// A topic with fan-out children fails over with them and back: the mirror carries the
+/// children's definitions, and what each child's consumers processed (in the parent's
+/// offsets), and its promote attaches them, leaving out of each what its consumers had
+/// processed: a child processed to its end delivers none of it again, one not processed at
+/// all delivers all of it, one processed in part delivers the rest. A's children serve no
+/// queue once A is demoted. Failing back, A's children (deleted: a mirror has none) come
+/// back the same way, leaving out A's own records that B's children processed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_switchover_carries_fanout_children_and_what_they_processed() {
+async fn fanout_children_fail_over_and_back_with_what_they_processed() {
     let dir = tempfile::tempdir().unwrap();
-    let (b, ca) = target(dir.path()).await;
-    let a = source(dir.path(), port_of(&b)).await;
+    let to_a = Relay::start(0).await;
+    let (b, b_ca) = copy_linking_to(dir.path(), to_a.port).await;
+    let (a, a_ca) = tls_node(dir.path(), "a", SECRET, port_of(&b)).await;
+    to_a.set_target(port_of(&a));
+    let r = call(
+        &a,
+        Method::POST,
+        "/v1/users",
+        Some(
+            json!({"username": "mirror", "password": MIRROR_PW, "grants": [
+                {"action": "produce", "patterns": ["orders"]},
+                {"action": "replicate", "patterns": ["orders"]},
+            ]}),
+        ),
+    )
+    .await;
+    json_of(r, StatusCode::CREATED).await;
     create_topic(&a, "orders", 3).await;
     fanout_child(&a, "orders", "audit", 2, 0).await;
     fanout_child(&a, "orders", "work", 2, 0).await;
     fanout_child(&a, "orders", "later", 1, 1500).await;
-    add_remote(&a, "b", port_of(&b), &ca).await;
+    add_remote(&a, "b", port_of(&b), &b_ca).await;
     attach(&a, "orders", "dr", "b", "orders", "earliest").await;
     // batches the children's cursors copy one at a time
-    let child_lag = async |child: &str| {
-        children_of(&a, "orders").await["children"]
+    let child_lag = async |on: &Server, child: &str| {
+        children_of(on, "orders").await["children"]
             .as_array()
             .unwrap()
             .iter()
@@ -1619,12 +1635,12 @@ async fn a_switchover_carries_fanout_children_and_what_they_processed() {
     for i in 0..10u64 {
         produce_seqs(&a, "orders", i * 30..(i + 1) * 30).await;
         until("the children copied the batch", async || {
-            child_lag("audit").await == 0 && child_lag("work").await == 0
+            child_lag(&a, "audit").await == 0 && child_lag(&a, "work").await == 0
         })
         .await;
     }
     until("the delay child copied everything", async || {
-        child_lag("later").await == 0
+        child_lag(&a, "later").await == 0
     })
     .await;
     caught_up(&a, "B holds every record").await;
@@ -1642,16 +1658,16 @@ async fn a_switchover_carries_fanout_children_and_what_they_processed() {
         ]),
         "{t}"
     );
-    // A's consumers: all of audit, part of work, nothing of later
+    // A's consumers: all of audit, part of work, nothing of later (ten at a time: each take
+    // starts at the next partition, so the child's partitions are processed evenly, as by
+    // consumers that keep up; a floor is where every copy below it was processed, so uneven
+    // progress only costs more duplicates)
     assert_eq!(process(&a, "audit", 1000).await.len(), 300);
-    // (ten at a time: each take starts at the next partition, so the child's partitions
-    // are processed evenly, as by consumers that keep up; a floor is where every copy below
-    // it was processed, so uneven progress only costs more duplicates)
-    let mut worked = HashSet::new();
+    let mut worked_on_a = HashSet::new();
     for _ in 0..12 {
-        worked.extend(process(&a, "work", 10).await);
+        worked_on_a.extend(process(&a, "work", 10).await);
     }
-    assert_eq!(worked.len(), 120);
+    assert_eq!(worked_on_a.len(), 120);
     let v = switch_over(&a, &b).await;
     assert_eq!(v["report"]["drained"], true, "{v}");
     let children = v["children"].as_array().expect("the children attached");
@@ -1682,11 +1698,10 @@ async fn a_switchover_carries_fanout_children_and_what_they_processed() {
     )
     .await;
     assert_eq!(
-        (&t["parent"], &t["fanout_delay_ms"]),
-        (&json!("orders"), &json!(1500)),
+        (&t["parent"], &t["fanout_delay_ms"], &t["partitions"]),
+        (&json!("orders"), &json!(1500), &json!(1)),
         "{t}"
     );
-    assert_eq!(t["partitions"], 1, "{t}");
     let all: HashSet<u64> = (0..300).collect();
     let mut later = HashSet::new();
     until("B's delay child has every record", async || {
@@ -1696,20 +1711,24 @@ async fn a_switchover_carries_fanout_children_and_what_they_processed() {
     .await;
     let mut work = HashSet::new();
     until("B's work child has what A's consumers left", async || {
-        work.extend(process(&b, "work", 1000).await);
-        all.difference(&worked).all(|s| work.contains(s))
+        for _ in 0..3 {
+            work.extend(process(&b, "work", 10).await);
+        }
+        all.difference(&worked_on_a).all(|s| work.contains(s)) || work.len() >= 90
     })
     .await;
-    let twice = work.intersection(&worked).count();
+    // (B's consumers process part of it: the failback below leaves that out on A)
+    let worked_on_b = work.clone();
+    let twice = worked_on_b.intersection(&worked_on_a).count();
     eprintln!(
-        "work: processed on A {}, delivered on B {}, twice {twice}",
-        worked.len(),
-        work.len()
+        "work: processed on A {}, then on B {}, twice {twice}",
+        worked_on_a.len(),
+        worked_on_b.len()
     );
     assert!(
-        twice < 60,
+        twice < 30,
         "{twice} of the {} processed on A delivered again",
-        worked.len()
+        worked_on_a.len()
     );
     // audit was processed to its end: B's copy delivers only what comes after
     produce_seqs(&b, "orders", 300..330).await;
@@ -1723,5 +1742,80 @@ async fn a_switchover_carries_fanout_children_and_what_they_processed() {
         audit,
         (300..330).collect(),
         "audit delivered what A's consumers processed"
+    );
+
+    // failback: A's topic becomes B's mirror once its own children are gone (they hold
+    // nothing B's children do not)
+    caught_up(&a, "A's link shipped everything").await;
+    let r = call(&a, Method::DELETE, "/v1/topics/orders/children/dr", None).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    add_remote(&b, "a", to_a.port, &a_ca).await;
+    let back =
+        json!({"child": "back", "remote": "a", "remote_topic": "orders", "from": "unconsumed"});
+    let r = call(
+        &b,
+        Method::POST,
+        "/v1/topics/orders/children",
+        Some(back.clone()),
+    )
+    .await;
+    let e = json_of(r, StatusCode::CONFLICT).await;
+    assert_eq!(e["code"], "remote_check_failed", "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("has fan-out children"),
+        "{e}"
+    );
+    for child in ["audit", "work", "later"] {
+        let r = call(&a, Method::DELETE, &format!("/v1/topics/{child}"), None).await;
+        assert_eq!(r.status(), StatusCode::NO_CONTENT, "{child}");
+    }
+    let r = call(&b, Method::POST, "/v1/topics/orders/children", Some(back)).await;
+    json_of(r, StatusCode::OK).await;
+    assert_eq!(role_of(&a, "orders").await.0, "mirror");
+    produce_seqs(&b, "orders", 330..340).await;
+    let v = switch_over(&b, &a).await;
+    assert_eq!(v["report"]["drained"], true, "{v}");
+    assert_eq!(v["children"].as_array().map(Vec::len), Some(3), "{v}");
+    // A's children: what B's consumers had not processed, A's own records included
+    let drain = async |child: &str, want: &HashSet<u64>| {
+        let mut got = HashSet::new();
+        until(
+            &format!("A's {child} has what B's consumers left"),
+            async || {
+                got.extend(process(&a, child, 1000).await);
+                want.iter().all(|s| got.contains(s))
+            },
+        )
+        .await;
+        got
+    };
+    let new: HashSet<u64> = (330..340).collect();
+    assert_eq!(
+        drain("audit", &new).await,
+        new,
+        "audit on A after the failback"
+    );
+    let later_left: HashSet<u64> = (300..340).collect();
+    assert_eq!(
+        drain("later", &later_left).await,
+        later_left,
+        "later on A after the failback"
+    );
+    let work_left: HashSet<u64> = (0..340)
+        .filter(|s| !worked_on_a.contains(s) && !worked_on_b.contains(s))
+        .collect();
+    let work_on_a = drain("work", &work_left).await;
+    let twice = work_on_a.len() - work_left.len();
+    eprintln!(
+        "work after the failback: {} left, delivered {}, twice {twice}",
+        work_left.len(),
+        work_on_a.len()
+    );
+    assert!(
+        twice < 30,
+        "{twice} processed on A or B delivered again on A"
     );
 }

@@ -468,10 +468,22 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
                 );
             }
             (409, Some("role_conflict")) => {
+                let children = serde_json::from_slice::<serde_json::Value>(&reply.body)
+                    .ok()
+                    .and_then(|v| {
+                        v["error"]
+                            .as_str()
+                            .map(|e| e.contains("has fan-out children"))
+                    })
+                    .unwrap_or(false);
                 return run.fail(
                     "mirror",
                     "not_a_mirror",
-                    format!("'{topic}' on the remote is a primary that took part in a failover, or a fan-out child: demote it there first, or mirror to another topic"),
+                    if children {
+                        format!("'{topic}' on the remote has fan-out children: detach or delete them there first (a mirror has none; its promote attaches this topic's children)")
+                    } else {
+                        format!("'{topic}' on the remote is a primary that took part in a failover, or a fan-out child: demote it there first, or mirror to another topic")
+                    },
                 );
             }
             (409, Some("loop_detected")) => {

@@ -668,6 +668,7 @@ impl Sender {
             "partitions": u.end.partitions,
             "returned": u.returned,
             "children": u.progress.children,
+            "children_returned": u.progress.children_returned,
         });
         let path = format!("v1/topics/{}/progress", child.remote_topic);
         let reply = {

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
 use super::{Broker, BrokerError, Topic, random_u64};
 use crate::catalog::{Applied, CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN, TopicMeta};
 use crate::log::LogError;
@@ -56,23 +58,31 @@ pub struct ParentLink {
     pub floor: Option<Box<OriginFloor>>,
 }
 
-/// Records of a promoted topic that came from its old source (their origin names it) and
-/// that a fan-out child's consumers there had processed: by the source's partition, every
-/// origin offset below `below[p]` (a partition past the list: none).
+/// What a promoted topic's fan-out child leaves out: records its consumers on the old
+/// primary had processed there. `below`: records that came from that source (their origin
+/// names it), by the source's partition, below these origin offsets. `own` (a failback,
+/// where the old source is the cluster this topic failed over to): this topic's records that
+/// did not come from it, by this topic's partition, below these offsets (the old source's
+/// consumers of the child processed them, as its progress said).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct OriginFloor {
     pub source: crate::catalog::role::Source,
     pub below: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub own: Vec<u64>,
 }
 
 impl OriginFloor {
-    /// Whether the record with `headers` was processed at the source by the child's
-    /// consumers (so it is not copied again).
-    fn covers(&self, headers: &[(String, bytes::Bytes)]) -> bool {
-        super::remotes::origin_of(headers).is_some_and(|(src, p, o)| {
-            src == self.source && self.below.get(p as usize).is_some_and(|&b| o < b)
-        })
+    /// Whether record `r` of the parent's partition `p` was processed by the child's
+    /// consumers at the source (so it is not copied again).
+    pub(crate) fn skips(&self, p: u32, r: &Record) -> bool {
+        match super::remotes::origin_of(&r.headers) {
+            Some((src, op, o)) if src == self.source => {
+                self.below.get(op as usize).is_some_and(|&b| o < b)
+            }
+            _ => self.own.get(p as usize).is_some_and(|&b| r.offset < b),
+        }
     }
 }
 
@@ -132,13 +142,15 @@ pub struct ChildInfo {
 /// Where a cursor's records go.
 pub trait Sink: Send + Sync {
     /// Appends `records` durably to partition `partition` of the target; returns once they
-    /// are fsynced.
+    /// are fsynced, with the first one's offset when it is known here.
     fn append(
         &self,
         partition: u32,
         records: Vec<NewRecord>,
-    ) -> impl std::future::Future<Output = Result<(), BrokerError>> + Send;
+    ) -> impl std::future::Future<Output = Result<Option<u64>, BrokerError>> + Send;
     fn partitions(&self) -> u32;
+    /// The child topic the copies go to.
+    fn child(&self) -> &Topic;
 }
 
 /// The child topic as a sink: its partitions on this node are appended to here, those
@@ -149,7 +161,11 @@ struct ChildSink {
 }
 
 impl Sink for ChildSink {
-    async fn append(&self, partition: u32, records: Vec<NewRecord>) -> Result<(), BrokerError> {
+    async fn append(
+        &self,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> Result<Option<u64>, BrokerError> {
         let remote = {
             let meta = self.topic.meta.read();
             (!self.broker.is_local(&meta, partition))
@@ -159,18 +175,25 @@ impl Sink for ChildSink {
             return self
                 .broker
                 .append_internal(&self.topic, partition, records)
-                .await;
+                .await
+                .map(Some);
         };
         let Some(fwd) = self.broker.copy_forwarder.get() else {
             return Err(BrokerError::ClusterUnavailable(format!(
                 "partition {partition} of '{name}' is on node {owner}, and this member cannot call the others yet"
             )));
         };
-        fwd.append(owner, name, id, partition, records).await
+        fwd.append(owner, name, id, partition, records)
+            .await
+            .map(|()| None)
     }
 
     fn partitions(&self) -> u32 {
         self.topic.config().partitions
+    }
+
+    fn child(&self) -> &Topic {
+        &self.topic
     }
 }
 
@@ -198,6 +221,8 @@ impl CursorState {
 /// Most marks one cursor keeps: beyond, every other one goes (the answer only gets
 /// coarser, never wrong).
 const MAX_MARKS: usize = 256;
+/// Marks one slab adds at most (inside it; its end is one more).
+const MARKS_PER_SLAB: usize = 64;
 
 /// How far a child's consumers got, in its parent partition's offsets (a mirror of the
 /// parent carries it, so a promote there leaves out of the child what was processed here).
@@ -453,6 +478,11 @@ impl Broker {
         if !self.child_topics(child).is_empty() {
             return Err(BrokerError::FanoutConflict(format!(
                 "'{child}' has children of its own: no grandchildren"
+            )));
+        }
+        if matches!(cmeta.role, crate::catalog::TopicRole::Mirror { .. }) {
+            return Err(BrokerError::FanoutConflict(format!(
+                "'{child}' is a mirror: it takes records only from its link"
             )));
         }
         let link = new_link(self, &p, &pmeta, delay_ms, from)?;
@@ -869,6 +899,17 @@ impl Broker {
             });
     }
 
+    /// The next offset of each of `topic`'s partitions (a single node's: every partition is
+    /// here).
+    pub fn partition_tails(&self, topic: &str) -> Result<Vec<u64>, BrokerError> {
+        Ok(self
+            .topic(topic)?
+            .partitions()
+            .iter()
+            .map(|p| p.stats().next_offset)
+            .collect())
+    }
+
     /// `parent`'s fan-out children as a mirror of it carries them, by name.
     pub(crate) fn carried_children_of(&self, parent: &str) -> Vec<crate::catalog::CarriedChild> {
         let mut out: Vec<_> = self
@@ -948,6 +989,75 @@ impl Broker {
         n
     }
 
+    /// A failback's progress: for each of `parent`'s children in `consumed` (with the
+    /// offset of partition `part` below which its consumers processed every record), the
+    /// lowest position in topic `target` (per partition there) among the records of `part`
+    /// from that offset on that passed through `target` and that the child's own floor does
+    /// not leave out. A child whose records from that offset are more than `budget` allows
+    /// is left out (not known); what is read is taken from `budget`.
+    pub(crate) async fn children_returned(
+        &self,
+        parent: &str,
+        part: &super::Partition,
+        pidx: u32,
+        consumed: &[(String, u64)],
+        target: u64,
+        budget: &mut u64,
+    ) -> Vec<(String, Vec<(u32, u64)>)> {
+        let links: std::collections::HashMap<String, ParentLink> = self
+            .child_topics(parent)
+            .into_iter()
+            .map(|(name, _, link)| (name, link))
+            .collect();
+        let end = part.stats().next_offset;
+        let mut out = Vec::new();
+        for (name, from) in consumed {
+            let Some(link) = links.get(name) else {
+                continue;
+            };
+            let span = end.saturating_sub(*from);
+            if span > *budget {
+                continue;
+            }
+            *budget -= span;
+            let mut lowest: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut next = *from;
+            let mut known = true;
+            while next < end {
+                let max = ((end - next) as usize).min(SLAB_RECORDS);
+                let records = match self.read_slab(part, next, max).await {
+                    Ok(Ok(r)) => r,
+                    // (gone to retention: the child could not have them either)
+                    Ok(Err(oldest)) => {
+                        next = oldest.max(next + 1);
+                        continue;
+                    }
+                    Err(_) => {
+                        known = false;
+                        break;
+                    }
+                };
+                let Some(last) = records.last().map(|r| r.offset) else {
+                    break;
+                };
+                for r in records.iter().filter(|r| r.offset < end) {
+                    if link.floor.as_ref().is_some_and(|f| f.skips(pidx, r)) {
+                        continue;
+                    }
+                    if let Some((p, o)) = super::remotes::position_in(r, target) {
+                        let l = lowest.entry(p).or_insert(o);
+                        *l = (*l).min(o);
+                    }
+                }
+                next = last + 1;
+            }
+            if known {
+                out.push((name.clone(), lowest.into_iter().collect()));
+            }
+        }
+        out
+    }
+
     /// On a cluster member: sets how fan-out copies reach child partitions other members own
     /// (once; until then such copies wait and are retried).
     pub fn set_copy_forwarder(&self, fwd: Arc<dyn CopyForwarder>) {
@@ -986,17 +1096,19 @@ impl Broker {
                 });
             }
         }
-        self.append_internal(&t, partition, records).await
+        self.append_internal(&t, partition, records)
+            .await
+            .map(|_| ())
     }
 
     /// Appends records to one partition of a topic outside the produce path (fan-out copies):
-    /// same durability, same wake-up of waiting consumers.
+    /// same durability, same wake-up of waiting consumers. Returns the first one's offset.
     async fn append_internal(
         &self,
         topic: &Arc<Topic>,
         partition: u32,
         records: Vec<NewRecord>,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<u64, BrokerError> {
         let part = topic.partition(partition)?;
         let n = records.len() as u64;
         let Some(busy) = part.enter() else {
@@ -1017,7 +1129,7 @@ impl Broker {
             .fanout_copied
             .get_or_create(&topic.label)
             .inc_by(n);
-        Ok(())
+        Ok(appended.base_offset)
     }
 }
 
@@ -1231,14 +1343,18 @@ async fn copy_slab<S: Sink>(
     }
     let n = sink.partitions().max(1);
     let mut groups: Vec<Vec<NewRecord>> = (0..n).map(|_| Vec::new()).collect();
+    // where each record went (for the marks: `None`, left out by the link's floor)
+    let mut went: Vec<(u64, Option<u32>)> = Vec::with_capacity(due.len());
     for r in &due {
-        if link.floor.as_ref().is_some_and(|f| f.covers(&r.headers)) {
+        if link.floor.as_ref().is_some_and(|f| f.skips(pidx, r)) {
+            went.push((r.offset, None));
             continue;
         }
         let p = match &r.key {
             Some(k) => partition_for_key(k, n),
             None => pidx % n,
         };
+        went.push((r.offset, Some(p)));
         groups[p as usize].push(NewRecord {
             key: r.key.clone(),
             headers: r.headers.clone(),
@@ -1260,14 +1376,41 @@ async fn copy_slab<S: Sink>(
         });
     }
     let progress = partial.as_mut().expect("set above");
+    // the child's ends before the copies: the marks' bound for partitions this slab does
+    // not reach
+    let before = b.child_ends(sink.child());
     // one group commit per child partition
+    let mut bases: Vec<Option<u64>> = vec![None; n as usize];
+    let mut all_known = true;
     for (p, g) in groups.into_iter().enumerate() {
-        if !g.is_empty() && !progress.done[p] {
-            sink.append(p as u32, g).await?;
+        if !g.is_empty() {
+            if progress.done[p] {
+                all_known = false;
+                continue;
+            }
+            bases[p] = sink.append(p as u32, g).await?;
+            all_known &= bases[p].is_some();
             progress.done[p] = true;
         }
     }
     *partial = None;
+    // marks inside the slab (a backlog copied in one slab would otherwise be one mark: a
+    // child's consumers part way through it would count for nothing)
+    if all_known && let Some(before) = before {
+        let mut ends: Vec<u64> = (0..n as usize)
+            .map(|q| bases[q].or(before.get(q).copied()).unwrap_or(0))
+            .collect();
+        let mut marks = state.marks.lock();
+        let step = (went.len() / MARKS_PER_SLAB).max(1);
+        for (i, (offset, q)) in went.iter().enumerate() {
+            if let Some(q) = q {
+                ends[*q as usize] += 1;
+            }
+            if (i + 1) % step == 0 && i + 1 < went.len() {
+                marks.note(offset + 1, Some(ends.clone()));
+            }
+        }
+    }
     // only now, with every copy durable, may the cursor move
     persist(path, link.epoch, last + 1).await?;
     state.next.store(last + 1, Ordering::Release);
@@ -1365,21 +1508,40 @@ mod tests {
         let floor = OriginFloor {
             source,
             below: vec![5, 0],
+            own: vec![0, 7],
         };
-        let origin = |cluster: u64, p: u32, o: u64| {
-            vec![(
-                super::super::remotes::ORIGIN_HEADER.to_owned(),
-                bytes::Bytes::from(format!("{cluster:016x}/{:016x}/{p}/{o}", 0xbu64)),
-            )]
+        let record = |offset: u64, origin: Option<(u64, u32, u64)>| Record {
+            offset,
+            timestamp_ms: 0,
+            key: None,
+            headers: origin
+                .map(|(cluster, p, o)| {
+                    (
+                        super::super::remotes::ORIGIN_HEADER.to_owned(),
+                        bytes::Bytes::from(format!("{cluster:016x}/{:016x}/{p}/{o}", 0xbu64)),
+                    )
+                })
+                .into_iter()
+                .collect(),
+            payload: bytes::Bytes::new(),
+            delay_ms: 0,
         };
-        assert!(floor.covers(&origin(0xa, 0, 4)));
-        assert!(!floor.covers(&origin(0xa, 0, 5)));
-        assert!(!floor.covers(&origin(0xa, 1, 0)));
+        // from the source: by its partition and offset, whichever partition here
+        assert!(floor.skips(1, &record(100, Some((0xa, 0, 4)))));
+        assert!(!floor.skips(0, &record(0, Some((0xa, 0, 5)))));
+        assert!(!floor.skips(0, &record(0, Some((0xa, 1, 0)))));
         assert!(
-            !floor.covers(&origin(0xa, 2, 0)),
+            !floor.skips(0, &record(0, Some((0xa, 2, 0)))),
             "a partition past the list"
         );
-        assert!(!floor.covers(&origin(0xc, 0, 0)), "another source");
-        assert!(!floor.covers(&[]), "a record of its own");
+        // not from the source (its own, or from a third cluster): by its place here
+        assert!(!floor.skips(0, &record(0, None)));
+        assert!(floor.skips(1, &record(6, None)));
+        assert!(floor.skips(1, &record(6, Some((0xc, 0, 0)))));
+        assert!(!floor.skips(1, &record(7, None)));
+        assert!(
+            !floor.skips(2, &record(0, None)),
+            "a partition past the list"
+        );
     }
 }

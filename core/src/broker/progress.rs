@@ -71,6 +71,13 @@ pub struct PartitionProgress {
     /// that of are left out). A promote leaves those records out of the child here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<(String, u64)>,
+    /// A failback (the mirror is the old primary): per fan-out child, by name, and per
+    /// partition of the mirror, the lowest of the mirror's offsets among the records of this
+    /// partition that came from the mirror and the child's consumers have not processed
+    /// (a partition not listed: no such record). A child left out is not known: every record
+    /// of the mirror's own goes to its child there again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children_returned: Vec<(String, Vec<(u32, u64)>)>,
 }
 
 impl PartitionProgress {
@@ -101,6 +108,23 @@ impl PartitionProgress {
             crate::topic::validate_name(name)
                 .map_err(|e| format!("children: '{name}': {}", e.reason))?;
         }
+        if self.children_returned.len() > crate::catalog::MAX_CHILDREN {
+            return Err(format!(
+                "children_returned: at most {}",
+                crate::catalog::MAX_CHILDREN
+            ));
+        }
+        for (name, at) in &self.children_returned {
+            crate::topic::validate_name(name)
+                .map_err(|e| format!("children_returned: '{name}': {}", e.reason))?;
+            if at.len() > MAX_ORIGIN_PARTITIONS as usize
+                || at.iter().any(|(p, _)| *p >= MAX_ORIGIN_PARTITIONS)
+            {
+                return Err(format!(
+                    "children_returned: '{name}': at most {MAX_ORIGIN_PARTITIONS} partitions, each below it"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -123,6 +147,7 @@ impl PartitionProgress {
                 .map(|&(s, e)| (s, e.min(shipped)))
                 .collect(),
             children: self.children.clone(),
+            children_returned: self.children_returned.clone(),
         }
     }
 }
@@ -177,6 +202,11 @@ pub struct OriginReport {
     /// was processed by the child's consumers there (as last reported).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<(String, u64)>,
+    /// A failback: per fan-out child of the source, the lowest of this topic's own offsets
+    /// (per partition) its consumers there have not processed, among the records of this
+    /// source partition (see [`PartitionProgress::children_returned`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children_returned: Vec<(String, Vec<(u32, u64)>)>,
 }
 
 /// A mirror's view of its source (`POST .../promote` answers it).
@@ -532,6 +562,9 @@ impl Broker {
                     progress_age_ms: end.map(|e| now.saturating_sub(e.at_ms)),
                     source_demoted: end.is_some_and(|e| e.demoted),
                     children: progress.map(|p| p.children.clone()).unwrap_or_default(),
+                    children_returned: progress
+                        .map(|p| p.children_returned.clone())
+                        .unwrap_or_default(),
                 }
             })
             .collect();
@@ -811,6 +844,7 @@ mod tests {
                 progress_age_ms: age,
                 source_demoted: true,
                 children: vec![],
+                children_returned: vec![],
             };
         let a = MirrorReport {
             partitions: vec![part(40, Some(50), 10, Some(900), 3)],
@@ -855,6 +889,7 @@ mod tests {
             frontier: 5,
             acked: vec![(7, 9), (12, 13)],
             children: vec![],
+            children_returned: vec![],
         };
         p.validate().unwrap();
         let covered: Vec<u64> = (0..15).filter(|&o| p.covers(o)).collect();
@@ -865,6 +900,7 @@ mod tests {
                 frontier: 5,
                 acked: vec![(7, 8)],
                 children: vec![],
+                children_returned: vec![],
             }
         );
         assert_eq!(p.clamped(3).frontier, 3);
@@ -878,6 +914,7 @@ mod tests {
                 frontier: 5,
                 acked: bad,
                 children: vec![],
+                children_returned: vec![],
             };
             assert!(p.validate().is_err(), "{p:?}");
         }

@@ -192,6 +192,14 @@ pub struct ShipBatch {
     pub now_ms: i64,
 }
 
+/// What a failback's progress found of one child: read from where (its consumers' offset)
+/// to where (the partition's end then), and the lowest positions in the target.
+type ChildScan = (u64, u64, Vec<(u32, u64)>);
+
+/// Most records one progress message reads to find where a failback's children stand
+/// (beyond, the child is not known and its records from the target go to it again).
+const CHILD_SCAN_MAX: u64 = 64 << 10;
+
 /// One parent partition's consumer progress for a [`RemoteShipper`].
 pub struct ProgressUpdate {
     pub child: Arc<RemoteChild>,
@@ -766,6 +774,8 @@ async fn run_remote_cursor(
         u64,
         Vec<crate::catalog::CarriedChild>,
     )> = None;
+    // a failback's children: what was found from where (see `children_returned`)
+    let mut children_scanned: std::collections::HashMap<String, ChildScan> = Default::default();
     // slabs refused since the target was last asked to follow a new epoch
     let mut follow_tries = 0u32;
     // a record past the hop limit was logged
@@ -908,10 +918,44 @@ async fn run_remote_cursor(
             };
             let end = super::SourceEnd { unreturned, ..end };
             snap.acked.truncate(super::progress::MAX_PROGRESS_RANGES);
+            let children = b.children_consumed(&child.parent, pidx);
+            // a failback: where the records from the target that the children's consumers
+            // here have not processed begin (read again only when that changes)
+            let mut children_returned = Vec::new();
+            if returns {
+                let end = part.stats().next_offset;
+                let mut budget = CHILD_SCAN_MAX;
+                let mut ask = Vec::new();
+                for (name, from) in &children {
+                    match children_scanned.get(name) {
+                        Some((f, e, found)) if f == from && *e == end => {
+                            children_returned.push((name.clone(), found.clone()));
+                        }
+                        _ => ask.push((name.clone(), *from)),
+                    }
+                }
+                for (name, found) in b
+                    .children_returned(
+                        &child.parent,
+                        &part,
+                        pidx,
+                        &ask,
+                        current.target_id,
+                        &mut budget,
+                    )
+                    .await
+                {
+                    let from = ask.iter().find(|(n, _)| *n == name).map_or(0, |(_, f)| *f);
+                    children_scanned.insert(name.clone(), (from, end, found.clone()));
+                    children_returned.push((name, found));
+                }
+                children_returned.sort();
+            }
             let progress = super::PartitionProgress {
                 frontier: snap.frontier,
                 acked: snap.acked,
-                children: b.children_consumed(&child.parent, pidx),
+                children,
+                children_returned,
             }
             .clamped(next);
             let resend = !returned.is_empty()

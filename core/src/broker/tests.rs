@@ -1802,6 +1802,7 @@ async fn a_mirror_indexes_records_as_it_takes_them() {
         frontier,
         acked: vec![],
         children: vec![],
+        children_returned: vec![],
     };
     let settled = || {
         b.metrics()
@@ -1896,6 +1897,7 @@ async fn a_mirrors_backlog_is_read_a_bounded_share_per_progress() {
         frontier,
         acked: vec![],
         children: vec![],
+        children_returned: vec![],
     };
     let n = b
         .take_mirror_progress("m", src, 0, progress(total), None)

@@ -947,6 +947,12 @@ fn check_attach(
             parent.name
         ));
     }
+    if matches!(child.role, role::TopicRole::Mirror { .. }) {
+        return conflict(format!(
+            "'{}' is a mirror: it takes records only from its link",
+            child.name
+        ));
+    }
     if let Some(l) = catalog.get(&child.name).and_then(|c| c.parent.as_ref()) {
         return conflict(if l.parent_id == parent.id {
             format!("'{}' is already a child of '{}'", child.name, parent.name)

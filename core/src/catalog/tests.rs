@@ -791,3 +791,75 @@ fn a_topic_never_mirrors_a_topic_it_ships_to() {
         Err(CatalogError::LoopDetected(_))
     ));
 }
+
+#[test]
+fn a_mirror_has_no_fanout_children_and_keeps_its_sources() {
+    let there = role::Source {
+        cluster: 0xc1,
+        topic: 0xa1,
+    };
+    let p = topic(1, "p");
+    let base = run(&[
+        CatalogCommand::CreateTopic { topic: p.clone() },
+        CatalogCommand::CreateTopic {
+            topic: topic(2, "c"),
+        },
+    ]);
+    let mirror = |id: u64| CatalogCommand::SetRole {
+        topic_id: id,
+        expect: role::TopicRole::default(),
+        role: role::TopicRole::Mirror {
+            epoch: 0,
+            of: there,
+        },
+    };
+    let attach = CatalogCommand::Attach {
+        child_id: 2,
+        link: link(&p, 3),
+    };
+    // a parent does not become a mirror (its children would serve its records)
+    let (parent, _) = apply(&base, &attach).unwrap();
+    assert!(matches!(
+        apply(&parent, &mirror(1)),
+        Err(CatalogError::FanoutConflict(_))
+    ));
+    // a mirror takes no child, nor is one
+    let (mirrored, _) = apply(&base, &mirror(1)).unwrap();
+    assert!(matches!(
+        apply(&mirrored, &attach),
+        Err(CatalogError::FanoutConflict(_))
+    ));
+    let (child_mirrored, _) = apply(&base, &mirror(2)).unwrap();
+    assert!(matches!(
+        apply(&child_mirrored, &attach),
+        Err(CatalogError::FanoutConflict(_))
+    ));
+    // the source's children are kept as sent, and checked
+    let carried = |name: &str, partitions: u32| CarriedChild {
+        name: name.into(),
+        delay_ms: 60_000,
+        partitions,
+    };
+    let set = |children: Vec<CarriedChild>| CatalogCommand::SetCarriedChildren {
+        topic_id: 1,
+        children,
+    };
+    let (kept, _) = apply(&mirrored, &set(vec![carried("audit", 2)])).unwrap();
+    assert_eq!(
+        kept.get("p").unwrap().carried_children,
+        vec![carried("audit", 2)]
+    );
+    for bad in [
+        vec![carried("a/b", 1)],
+        vec![carried("x", 0)],
+        vec![carried("x", 1), carried("X", 1)],
+        (0..=MAX_CHILDREN)
+            .map(|i| carried(&format!("c{i}"), 1))
+            .collect(),
+    ] {
+        assert!(matches!(
+            apply(&mirrored, &set(bad)),
+            Err(CatalogError::InvalidConfig(_))
+        ));
+    }
+}

@@ -189,6 +189,10 @@ struct CarriedOutcome {
     /// consumers had processed there: those are delivered again).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     unknown_partitions: Vec<u32>,
+    /// No progress came from the source since this node started: every record the source
+    /// sent goes to the child (delivered again if its consumers processed it there).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    no_progress: bool,
     /// Why it was not attached (the promote stands; promote again to retry).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -440,6 +444,10 @@ struct ProgressBody {
     /// child's consumers processed every record.
     #[serde(default)]
     children: Vec<(String, u64)>,
+    /// A failback: per child, where this topic's own records its consumers there have not
+    /// processed begin (per partition of this topic).
+    #[serde(default)]
+    children_returned: Vec<(String, Vec<(u32, u64)>)>,
 }
 
 /// Largest progress body (4096 ranges of two numbers and then some).
@@ -520,6 +528,7 @@ pub async fn progress(
         frontier: b.frontier,
         acked: b.acked,
         children: b.children,
+        children_returned: b.children_returned,
     };
     broker
         .take_mirror_progress(&topic, link.source, b.partition, progress.clone(), end)
@@ -721,7 +730,9 @@ pub async fn promote(
         _ => None,
     };
     let children = match source {
-        Some(source) => attach_carried(&broker, &caller, &topic, source, report.as_ref()).await?,
+        Some(source) => {
+            attach_carried(&state, &broker, &caller, &topic, source, report.as_ref()).await?
+        }
         None => Vec::new(),
     };
     Ok(json_response(
@@ -735,17 +746,42 @@ pub async fn promote(
     ))
 }
 
+/// A failback: where child `name`'s copy of promoted `topic`'s own records (those not from
+/// its source) starts per partition, from what every source partition said of the child's
+/// consumers there (`tails`: the topic's partition ends now; an own record below them
+/// predates the failover). Empty (every own record goes to the child) unless every source
+/// partition said it.
+fn own_floor(report: &narad_core::broker::MirrorReport, name: &str, tails: &[u64]) -> Vec<u64> {
+    let mut own = tails.to_vec();
+    if report.partitions.is_empty() {
+        return Vec::new();
+    }
+    for p in &report.partitions {
+        let Some((_, at)) = p.children_returned.iter().find(|(n, _)| n == name) else {
+            return Vec::new();
+        };
+        for &(q, o) in at {
+            if let Some(x) = own.get_mut(q as usize) {
+                *x = (*x).min(o);
+            }
+        }
+    }
+    own
+}
+
 /// Attaches promoted `topic`'s carried children (its source's fan-out children) here,
 /// creating those that do not exist, each leaving out the records from `source` its
 /// consumers had processed there as `report` last said; forgets those attached.
 async fn attach_carried(
+    state: &SharedState,
     broker: &std::sync::Arc<narad_core::broker::Broker>,
     caller: &Caller,
     topic: &str,
     source: Source,
     report: Option<&narad_core::broker::MirrorReport>,
 ) -> Result<Vec<CarriedOutcome>, ApiError> {
-    let carried = broker.topic_meta(topic)?.carried_children;
+    let meta = broker.topic_meta(topic)?;
+    let carried = meta.carried_children.clone();
     if carried.is_empty() {
         return Ok(Vec::new());
     }
@@ -758,6 +794,12 @@ async fn attach_carried(
                 .unwrap_or(0)
         })
         .unwrap_or(0);
+    // this topic's own records (a failback): those below its tails now predate the
+    // failover; where the source said its children's consumers stand among them
+    let tails: Option<Vec<u64>> = match state.ingress() {
+        None => Some(broker.partition_tails(topic)?),
+        Some(ingress) => ingress.tails(&meta).await.ok(),
+    };
     let mut out = Vec::new();
     let mut left = Vec::new();
     for c in carried {
@@ -773,12 +815,15 @@ async fn attach_carried(
                 None => unknown.push(p as u32),
             }
         }
-        if partitions == 0 {
-            unknown.push(0);
-        }
+
+        let own = match (report, &tails) {
+            (Some(r), Some(tails)) => own_floor(r, &c.name, tails),
+            _ => Vec::new(),
+        };
         let start = narad_core::broker::LinkStart::Carried(narad_core::broker::OriginFloor {
             source,
             below,
+            own,
         });
         let mut outcome = CarriedOutcome {
             name: c.name.clone(),
@@ -786,6 +831,7 @@ async fn attach_carried(
             created: false,
             attached: false,
             unknown_partitions: unknown,
+            no_progress: partitions == 0,
             error: None,
         };
         let existing = broker.with_topic_meta(&c.name, |m| m.parent.clone());
@@ -793,6 +839,7 @@ async fn attach_carried(
             Ok(Some(link)) if link.parent == topic => {
                 // (attached by an earlier promote)
                 outcome.unknown_partitions.clear();
+                outcome.no_progress = false;
                 Ok(())
             }
             Ok(Some(_)) => Err(format!("'{}' is a child of another topic here", c.name)),
