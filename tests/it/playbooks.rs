@@ -1609,7 +1609,7 @@ async fn fanout_children_fail_over_and_back_with_what_they_processed() {
         Some(
             json!({"username": "mirror", "password": MIRROR_PW, "grants": [
                 {"action": "produce", "patterns": ["orders"]},
-                {"action": "replicate", "patterns": ["orders"]},
+                {"action": "replicate", "patterns": ["orders", "audit", "work", "later"]},
             ]}),
         ),
     )
@@ -1619,6 +1619,10 @@ async fn fanout_children_fail_over_and_back_with_what_they_processed() {
     fanout_child(&a, "orders", "audit", 2, 0).await;
     fanout_child(&a, "orders", "work", 2, 0).await;
     fanout_child(&a, "orders", "later", 1, 1500).await;
+    // (one B's link user may not replicate to: not carried, and B's topic of that name is
+    // left alone)
+    fanout_child(&a, "orders", "private", 1, 0).await;
+    create_topic(&b, "private", 1).await;
     add_remote(&a, "b", port_of(&b), &b_ca).await;
     attach(&a, "orders", "dr", "b", "orders", "earliest").await;
     // batches the children's cursors copy one at a time
@@ -1681,7 +1685,18 @@ async fn fanout_children_fail_over_and_back_with_what_they_processed() {
         assert!(c["unknown_partitions"].is_null(), "{v}");
     }
     // A's children serve no queue now
-    for child in ["audit", "work", "later"] {
+    assert_eq!(
+        role_of(&b, "private").await,
+        ("primary".into(), 0),
+        "not carried"
+    );
+    let t = json_of(
+        call(&b, Method::GET, "/v1/topics/private", None).await,
+        StatusCode::OK,
+    )
+    .await;
+    assert!(t["parent"].is_null(), "{t}");
+    for child in ["audit", "work", "later", "private"] {
         let r = call(
             &a,
             Method::GET,
@@ -1768,7 +1783,7 @@ async fn fanout_children_fail_over_and_back_with_what_they_processed() {
             .contains("has fan-out children"),
         "{e}"
     );
-    for child in ["audit", "work", "later"] {
+    for child in ["audit", "work", "later", "private"] {
         let r = call(&a, Method::DELETE, &format!("/v1/topics/{child}"), None).await;
         assert_eq!(r.status(), StatusCode::NO_CONTENT, "{child}");
     }

@@ -41,7 +41,8 @@ pub(crate) async fn target_with(dir: &std::path::Path, extra: &[(&str, &str)]) -
         (
             json!({"username": "mirror", "password": MIRROR_PW, "grants": [
                 {"action": "produce", "patterns": ["orders"]},
-                {"action": "replicate", "patterns": ["orders"]},
+                // (and the fan-out children a mirror of orders carries)
+                {"action": "replicate", "patterns": ["orders", "audit", "work", "later"]},
             ]}),
             "/v1/users",
         ),

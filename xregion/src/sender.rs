@@ -26,8 +26,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use narad_core::broker::{
-    Broker, CatalogSync, ORIGIN_HEADER, ProgressRefused, ProgressUpdate, RemoteShipper, ShipBatch,
-    ShipFailure, SyncRefused, VIA_HEADER,
+    Broker, CatalogSync, ORIGIN_HEADER, ORIGIN_TIME_HEADER, ProgressRefused, ProgressUpdate,
+    RemoteShipper, ShipBatch, ShipFailure, SyncRefused, VIA_HEADER,
 };
 use narad_core::catalog::{RemoteChild, RemoteMeta};
 use narad_core::record::Record;
@@ -776,7 +776,7 @@ fn compress(json: &str) -> Bytes {
 /// as the last of its `narad-via` hops.
 fn encode_record(r: &Record, origin: &str, now_ms: i64) -> String {
     let mut headers = serde_json::Map::new();
-    let (mut before, mut via) = (None, None);
+    let (mut before, mut via, mut time) = (None, None, None);
     for (k, v) in &r.headers {
         let v = String::from_utf8_lossy(v).into_owned();
         // (in any case: the last one counts, as the target reads them)
@@ -784,10 +784,22 @@ fn encode_record(r: &Record, origin: &str, now_ms: i64) -> String {
             before = Some(v);
         } else if k.eq_ignore_ascii_case(VIA_HEADER) {
             via = Some(v);
+        } else if k.eq_ignore_ascii_case(ORIGIN_TIME_HEADER) {
+            time = Some(v);
         } else {
             headers.insert(k.clone(), serde_json::Value::String(v));
         }
     }
+    // the original commit time: this record's own at its first hop (a producer's value is
+    // not the broker's), kept from an earlier hop after
+    let time = match (&before, time) {
+        (Some(_), Some(t)) if t.len() <= 20 && t.bytes().all(|b| b.is_ascii_digit()) => t,
+        _ => r.timestamp_ms.to_string(),
+    };
+    headers.insert(
+        ORIGIN_TIME_HEADER.to_owned(),
+        serde_json::Value::String(time),
+    );
     if let Some(before) = before {
         let hops = match via {
             Some(via) => format!("{via},{before}"),
@@ -989,5 +1001,31 @@ mod tests {
             0,
         );
         assert_eq!(twice["headers"]["narad-via"], "z/z/0/0,a/a/1/2");
+    }
+
+    #[test]
+    fn a_mirrored_record_keeps_its_original_commit_time() {
+        // first hop: its own time, whatever a producer put in the header
+        let own = encoded(&record(0, &[("narad-origin-time", "5")]), 0);
+        assert_eq!(own["headers"]["narad-origin-time"], "1000000");
+        // a later hop: the time the first hop gave it
+        let again = encoded(
+            &record(
+                0,
+                &[("narad-origin", "a/a/1/2"), ("Narad-Origin-Time", "123")],
+            ),
+            0,
+        );
+        assert_eq!(again["headers"]["narad-origin-time"], "123");
+        assert!(again["headers"].get("Narad-Origin-Time").is_none());
+        // (one that is not a time is replaced)
+        let bad = encoded(
+            &record(
+                0,
+                &[("narad-origin", "a/a/1/2"), ("narad-origin-time", "x")],
+            ),
+            0,
+        );
+        assert_eq!(bad["headers"]["narad-origin-time"], "1000000");
     }
 }

@@ -221,6 +221,9 @@ impl CursorState {
 /// Most marks one cursor keeps: beyond, every other one goes (the answer only gets
 /// coarser, never wrong).
 const MAX_MARKS: usize = 256;
+/// Most child partition ends one cursor's marks hold (a child of many partitions gets fewer
+/// marks, at least 8).
+const MAX_MARK_VALUES: usize = 4096;
 /// Marks one slab adds at most (inside it; its end is one more).
 const MARKS_PER_SLAB: usize = 64;
 
@@ -255,8 +258,9 @@ impl Marks {
         if self.pending.back().is_some_and(|(o, _)| *o >= reached) {
             return;
         }
+        let max = (MAX_MARK_VALUES / ends.len().max(1)).clamp(8, MAX_MARKS);
         self.pending.push_back((reached, ends));
-        if self.pending.len() > MAX_MARKS {
+        if self.pending.len() > max {
             // thin out, keeping the newest
             let last = self.pending.len() - 1;
             let mut i = 0;
@@ -266,6 +270,11 @@ impl Marks {
                 keep
             });
         }
+    }
+
+    /// Forgets every mark (the parent is mirrored nowhere: nobody asks).
+    pub(crate) fn clear(&mut self) {
+        *self = Self::default();
     }
 
     /// Every parent record below the answer was processed in the child, whose partitions'
@@ -285,7 +294,8 @@ impl Marks {
             self.consumed = Some(self.consumed.map_or(*reached, |c| c.max(*reached)));
             self.pending.pop_front();
         }
-        self.consumed
+        // (nothing processed yet: every record below 0 was)
+        Some(self.consumed.unwrap_or(0))
     }
 }
 
@@ -925,6 +935,16 @@ impl Broker {
         out
     }
 
+    /// Whether topic `name` has a remote child, or took part in a failover (a failback links
+    /// it to its old primary later): its children's cursors keep marks only then (a mirror of
+    /// it is what asks for them).
+    fn is_mirrored(&self, name: &str) -> bool {
+        let catalog = self.store.catalog();
+        catalog.get(name).is_some_and(|p| {
+            !p.role.is_default() || catalog.remote_children_of(p.id).next().is_some()
+        })
+    }
+
     /// The ends of `child`'s partitions, if this member holds all of them.
     fn child_ends(&self, child: &Topic) -> Option<Vec<u64>> {
         let local = self.local_partitions(child);
@@ -966,7 +986,14 @@ impl Broker {
                 })
                 .collect();
             let Some(frontiers) = frontiers else { continue };
-            if let Some(c) = state.marks.lock().consumed(&frontiers) {
+            let mut marks = state.marks.lock();
+            // marks begin where the cursor stands (the parent was mirrored nowhere before):
+            // every record below it has its copies below the child's ends now
+            let next = state.next.load(Ordering::Acquire);
+            if marks.pending.is_empty() && marks.consumed.is_none() && next != u64::MAX {
+                marks.note(next, self.child_ends(&child));
+            }
+            if let Some(c) = marks.consumed(&frontiers) {
                 out.push((name, c));
             }
         }
@@ -1168,7 +1195,9 @@ async fn run_cursor(
         }
     };
     state.next.store(next, Ordering::Release);
-    if let Some(b) = weak.upgrade() {
+    if let Some(b) = weak.upgrade()
+        && b.is_mirrored(&link.parent)
+    {
         state.marks.lock().note(next, b.child_ends(&child));
     }
     let mut backoff = Duration::from_millis(100);
@@ -1218,7 +1247,11 @@ async fn run_cursor(
         {
             Ok(Step::Copied(n)) => {
                 next = n;
-                state.marks.lock().note(n, b.child_ends(&child));
+                if b.is_mirrored(&link.parent) {
+                    state.marks.lock().note(n, b.child_ends(&child));
+                } else {
+                    state.marks.lock().clear();
+                }
                 backoff = Duration::from_millis(100);
                 continue;
             }
@@ -1378,7 +1411,11 @@ async fn copy_slab<S: Sink>(
     let progress = partial.as_mut().expect("set above");
     // the child's ends before the copies: the marks' bound for partitions this slab does
     // not reach
-    let before = b.child_ends(sink.child());
+    let before = if state.marks.lock().pending.is_empty() {
+        None
+    } else {
+        b.child_ends(sink.child())
+    };
     // one group commit per child partition
     let mut bases: Vec<Option<u64>> = vec![None; n as usize];
     let mut all_known = true;
@@ -1396,7 +1433,10 @@ async fn copy_slab<S: Sink>(
     *partial = None;
     // marks inside the slab (a backlog copied in one slab would otherwise be one mark: a
     // child's consumers part way through it would count for nothing)
-    if all_known && let Some(before) = before {
+    if all_known
+        && !state.marks.lock().pending.is_empty()
+        && let Some(before) = before
+    {
         let mut ends: Vec<u64> = (0..n as usize)
             .map(|q| bases[q].or(before.get(q).copied()).unwrap_or(0))
             .collect();
@@ -1465,7 +1505,7 @@ mod tests {
         let mut m = Marks::default();
         // the cursor starts at 10 with the child's two partitions ending at 4 and 6
         m.note(10, Some(vec![4, 6]));
-        assert_eq!(m.consumed(&[3, 6]), None, "partition 0 still holds one");
+        assert_eq!(m.consumed(&[3, 6]), Some(0), "partition 0 still holds one");
         assert_eq!(m.consumed(&[4, 6]), Some(10));
         // slabs copied parent 10..20 (child ends 9, 6) and 20..30 (child ends 9, 12)
         m.note(20, Some(vec![9, 6]));

@@ -62,9 +62,9 @@ pub use progress::{
     progress_max_origin_partitions,
 };
 pub use remotes::{
-    BlockedRecord, CatalogSync, LinkStatus, MAX_HOPS, ORIGIN_HEADER, ProgressRefused,
-    ProgressUpdate, RemoteChildInfo, RemoteShipper, ShipBatch, ShipFailure, SyncRefused,
-    VIA_HEADER, state_rank,
+    BlockedRecord, CatalogSync, LinkStatus, MAX_HOPS, ORIGIN_HEADER, ORIGIN_TIME_HEADER,
+    ProgressRefused, ProgressUpdate, RemoteChildInfo, RemoteShipper, ShipBatch, ShipFailure,
+    SyncRefused, VIA_HEADER, state_rank,
 };
 use waiters::{Waiter, Waiters};
 

@@ -80,6 +80,12 @@ pub const ORIGIN_HEADER: &str = "narad-origin";
 /// topic holds it), and a target refuses one naming itself anywhere (a loop).
 pub const VIA_HEADER: &str = "narad-via";
 
+/// The header a mirrored record carries on the target: its commit time (unix ms) on the
+/// cluster it was first produced to. Its own timestamp on the target is its arrival there
+/// (what replay by time and retention use); this keeps the original. Set at the first hop
+/// (over whatever a producer put there) and kept at the later ones.
+pub const ORIGIN_TIME_HEADER: &str = "narad-origin-time";
+
 /// Most links one record goes through: one origin and at most `MAX_HOPS - 1` earlier ones.
 pub const MAX_HOPS: usize = 8;
 

@@ -391,16 +391,31 @@ pub async fn mirror(
     if let Some(versions) = &b.schemas {
         follow_schemas(&state, &broker, &topic, versions).await?;
     }
+    // the source's children, those the link's user may replicate to (a promote creates or
+    // attaches topics of those names here: the source names only topics it was let into)
+    let mut children_error = None;
     if let Some(children) = &b.children {
         narad_core::catalog::CarriedChild::validate_list(children)
             .map_err(|m| ApiError::new(ErrorCode::InvalidField, format!("children: {m}")))?;
-        broker
-            .set_carried_children(&topic, children.clone())
-            .await?;
+        let (allowed, refused): (Vec<_>, Vec<_>) = children
+            .iter()
+            .cloned()
+            .partition(|c| caller.allows(narad_auth::Action::Replicate, &c.name));
+        if !refused.is_empty() {
+            let names: Vec<&str> = refused.iter().map(|c| c.name.as_str()).collect();
+            children_error = Some(format!(
+                "fan-out children not carried: the link's user may not replicate to {names:?} here (grant it replicate on them)"
+            ));
+        }
+        broker.set_carried_children(&topic, allowed).await?;
     }
     let settings_error = match &b.settings {
         Some(s) => follow_settings(&broker, &topic, s).await,
         None => None,
+    };
+    let settings_error = match (settings_error, children_error) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
     };
     let meta = broker.topic_meta(&topic)?;
     Ok(json_response(
