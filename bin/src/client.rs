@@ -134,6 +134,39 @@ impl Client {
         })
     }
 
+    /// What a request that got no answer says: a refused connection is the common case (no
+    /// broker started yet), said plainly; anything else names its cause.
+    fn unreachable(&self, e: &reqwest::Error) -> String {
+        if e.is_connect() {
+            let mut cause: Option<&dyn std::error::Error> = Some(e);
+            let mut refused = false;
+            while let Some(c) = cause {
+                if c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+                {
+                    refused = true;
+                }
+                cause = c.source();
+            }
+            if refused {
+                return format!(
+                    "no broker at {}: is it running? (`narad server start --dev` starts one; --server or NARAD_ADDR names another)",
+                    self.base
+                );
+            }
+        }
+        if e.is_timeout() {
+            return format!("the broker at {} did not answer in time", self.base);
+        }
+        let mut msg = format!("cannot reach the broker at {}: {e}", self.base);
+        let mut cause = std::error::Error::source(e);
+        while let Some(c) = cause {
+            msg.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        msg
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -143,10 +176,7 @@ impl Client {
             Some((u, p)) => req.basic_auth(u, Some(p)),
             None => req,
         };
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| format!("cannot reach the broker at {}: {e}", self.base))?;
+        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await?;
         if status >= 400 {

@@ -91,8 +91,8 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
                 Command::Pub(a) => publish(&c, a).await,
                 Command::Sub(a) => subscribe(&c, a).await,
                 Command::Replay(a) => replay(&c, a).await,
-                Command::User(u) => user(&c, u).await,
-                Command::Cluster(cmd) => cluster(&c, cmd).await,
+                Command::User(u) => user(&c, u, output).await,
+                Command::Cluster(cmd) => cluster(&c, cmd, output).await,
                 Command::Remote(cmd) => remote(&c, cmd, output).await,
                 Command::Server(_) | Command::Serve(_) => unreachable!("handled above"),
             }
@@ -100,9 +100,12 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
     }
 }
 
-async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
+async fn cluster(c: &Client, cmd: ClusterCmd, output: Output) -> Result<(), BoxError> {
     if let ClusterCmd::Remove { node_id } = cmd {
-        return print_reply(c.delete(&format!("/v1/cluster/members/{node_id}")).await?);
+        return print_reply(
+            c.delete(&format!("/v1/cluster/members/{node_id}")).await?,
+            output,
+        );
     }
     match &cmd {
         ClusterCmd::Move {
@@ -111,12 +114,13 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
             to,
         } => {
             let body = serde_json::json!({"topic": topic, "partition": partition, "to": to});
-            return print_reply(c.post_json("/v1/cluster/moves", &body).await?);
+            return print_reply(c.post_json("/v1/cluster/moves", &body).await?, output);
         }
         ClusterCmd::MoveCancel { topic, partition } => {
             return print_reply(
                 c.delete(&format!("/v1/cluster/moves/{}/{partition}", enc(topic)))
                     .await?,
+                output,
             );
         }
         ClusterCmd::Forget { node_id } => {
@@ -126,26 +130,34 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
                     &serde_json::json!({}),
                 )
                 .await?,
+                output,
             );
         }
         ClusterCmd::Rebalance => {
             return print_reply(
                 c.post_json("/v1/cluster/rebalance", &serde_json::json!({}))
                     .await?,
+                output,
             );
         }
         ClusterCmd::Decommission { node_id, cancel } => {
             let path = format!("/v1/cluster/members/{node_id}/decommission");
-            return print_reply(if *cancel {
-                c.delete(&path).await?
-            } else {
-                c.post_json(&path, &serde_json::json!({})).await?
-            });
+            return print_reply(
+                if *cancel {
+                    c.delete(&path).await?
+                } else {
+                    c.post_json(&path, &serde_json::json!({})).await?
+                },
+                output,
+            );
         }
         ClusterCmd::Moves => {
             let Reply::Json(j) = c.get("/v1/cluster/moves").await? else {
                 return Err("the broker answered /v1/cluster/moves with no body".into());
             };
+            if output == Output::Json {
+                return j.print_pretty();
+            }
             let v: serde_json::Value = j.parse()?;
             outln!(
                 "{:<24} {:>5} {:>5} {:>5} {:<10} {:>14} REASON",
@@ -176,11 +188,15 @@ async fn cluster(c: &Client, cmd: ClusterCmd) -> Result<(), BoxError> {
         return print_reply(
             c.post_json("/v1/cluster/reencrypt-remotes", &serde_json::json!({}))
                 .await?,
+            output,
         );
     }
     let Reply::Json(j) = c.get("/v1/cluster").await? else {
         return Err("the broker answered /v1/cluster with no body".into());
     };
+    if output == Output::Json {
+        return j.print_pretty();
+    }
     let s: serde_json::Value = j.parse()?;
     let num = |v: &serde_json::Value| v.as_u64().map_or("-".to_owned(), |n| n.to_string());
     match cmd {
@@ -269,32 +285,116 @@ fn grant_text(g: &wire::Grant) -> String {
     }
 }
 
-/// Prints a JSON reply as it came (pretty), if there is one.
-fn print_reply(r: Reply) -> Result<(), BoxError> {
-    match r {
-        Reply::Json(j) => j.print_pretty(),
-        Reply::Empty => Ok(()),
+/// A reply as `-o` says: the server's JSON as it came (pretty), or its fields one per line
+/// (`key  value`; nested fields as `key.sub`).
+fn print_reply(r: Reply, output: Output) -> Result<(), BoxError> {
+    let Reply::Json(j) = r else { return Ok(()) };
+    if output == Output::Json {
+        return j.print_pretty();
+    }
+    let v: Value = j.parse()?;
+    let mut rows = Vec::new();
+    flatten("", &v, &mut rows);
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, val) in &rows {
+        if k.is_empty() {
+            outln!("{val}");
+        } else {
+            outln!("{k:<width$}  {val}");
+        }
+    }
+    Ok(())
+}
+
+/// `v`'s scalar fields under `prefix` as `(key, text)`, depth first.
+fn flatten(prefix: &str, v: &Value, rows: &mut Vec<(String, String)>) {
+    let key = |k: &str| {
+        if prefix.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{prefix}.{k}")
+        }
+    };
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, x) in m {
+                flatten(&key(k), x, rows);
+            }
+        }
+        Value::Array(a) if a.iter().all(|x| !x.is_object() && !x.is_array()) => {
+            let items: Vec<String> = a.iter().map(scalar_text).collect();
+            rows.push((prefix.to_owned(), items.join(", ")));
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                flatten(&format!("{prefix}[{i}]"), x, rows);
+            }
+        }
+        other => rows.push((prefix.to_owned(), scalar_text(other))),
     }
 }
 
-/// A new password: given, or the first line of stdin.
+fn scalar_text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The outcome of a command the server answers with no body: `text` for a person, or `json`
+/// under `-o json`.
+fn done(output: Output, text: String, json: Value) -> Result<(), BoxError> {
+    if output == Output::Json {
+        outln!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        outln!("{text}");
+    }
+    Ok(())
+}
+
+/// A new password: given, or asked for on a terminal (not shown, typed twice), or the
+/// first line of stdin.
 fn new_password(given: Option<String>) -> Result<String, BoxError> {
     if let Some(p) = given {
         return Ok(p);
     }
-    if std::io::stdin().is_terminal() {
-        eprint!("new password: ");
-    }
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line)?;
-    let p = line.trim_end_matches(['\r', '\n']).to_owned();
+    let p = if std::io::stdin().is_terminal() {
+        let p = read_hidden("new password: ")?;
+        if read_hidden("again: ")? != p {
+            return Err("the two passwords differ: nothing was changed".into());
+        }
+        p
+    } else {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        line.trim_end_matches(['\r', '\n']).to_owned()
+    };
     if p.is_empty() {
         return Err("no password given (--new-password, NARAD_NEW_PASSWORD or stdin)".into());
     }
     Ok(p)
 }
 
-async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
+/// A line typed on the terminal without showing it (echo off while it is read, and back on
+/// whatever happens).
+fn read_hidden(prompt: &str) -> Result<String, BoxError> {
+    use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
+    let stdin = std::io::stdin();
+    eprint!("{prompt}");
+    let before = tcgetattr(&stdin)?;
+    let mut quiet = before.clone();
+    quiet.local_modes.remove(LocalModes::ECHO);
+    tcsetattr(&stdin, OptionalActions::Now, &quiet)?;
+    let mut line = String::new();
+    let read = stdin.read_line(&mut line);
+    let _ = tcsetattr(&stdin, OptionalActions::Now, &before);
+    eprintln!();
+    read?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+async fn user(c: &Client, cmd: UserCmd, output: Output) -> Result<(), BoxError> {
     let path = |name: &str| format!("/v1/users/{}", enc(name));
     match cmd {
         UserCmd::Add {
@@ -312,10 +412,13 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
                 password: new_password(pw)?,
                 grants,
             };
-            print_reply(c.post_json("/v1/users", &body).await?)?;
+            print_reply(c.post_json("/v1/users", &body).await?, output)?;
         }
         UserCmd::Ls => {
             if let Reply::Json(j) = c.get("/v1/users").await? {
+                if output == Output::Json {
+                    return j.print_pretty();
+                }
                 let list: wire::UserList = j.parse()?;
                 outln!("{:<32} {:<6} GRANTS", "USERNAME", "ROOT");
                 for u in &list.users {
@@ -329,10 +432,14 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
                 }
             }
         }
-        UserCmd::Show { name } => print_reply(c.get(&path(&name)).await?)?,
+        UserCmd::Show { name } => print_reply(c.get(&path(&name)).await?, output)?,
         UserCmd::Rm { name } => {
             c.delete(&path(&name)).await?;
-            outln!("deleted user {name}");
+            done(
+                output,
+                format!("deleted user {name}"),
+                serde_json::json!({"deleted": name}),
+            )?;
         }
         UserCmd::Grant { name, grants } => {
             let body = wire::SetGrants {
@@ -344,6 +451,7 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
             print_reply(
                 c.put_json(&format!("{}/grants", path(&name)), &body)
                     .await?,
+                output,
             )?;
         }
         UserCmd::Passwd {
@@ -357,23 +465,29 @@ async fn user(c: &Client, cmd: UserCmd) -> Result<(), BoxError> {
             };
             c.put_json(&format!("{}/password", path(&name)), &body)
                 .await?;
-            outln!("password of {name} changed");
+            done(
+                output,
+                format!("password of {name} changed"),
+                serde_json::json!({"password_changed": name}),
+            )?;
         }
     }
     Ok(())
 }
 
-/// A remote's password: given, or the first line of stdin.
+/// A remote's password: given, or asked for on a terminal (not shown), or the first line of
+/// stdin.
 fn remote_password(given: Option<String>) -> Result<String, BoxError> {
     if let Some(p) = given {
         return Ok(p);
     }
-    if std::io::stdin().is_terminal() {
-        eprint!("the remote user's password: ");
-    }
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line)?;
-    let p = line.trim_end_matches(['\r', '\n']).to_owned();
+    let p = if std::io::stdin().is_terminal() {
+        read_hidden("the remote user's password: ")?
+    } else {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        line.trim_end_matches(['\r', '\n']).to_owned()
+    };
     if p.is_empty() {
         return Err("no password given (--remote-password, NARAD_REMOTE_PASSWORD or stdin)".into());
     }
@@ -402,7 +516,7 @@ async fn remote(c: &Client, cmd: RemoteCmd, output: Output) -> Result<(), BoxErr
                 "password": remote_password(pw)?,
                 "ca_pem": ca,
             });
-            print_reply(c.post_json("/v1/remotes", &body).await?)?;
+            print_reply(c.post_json("/v1/remotes", &body).await?, output)?;
         }
         RemoteCmd::Ls => {
             let Reply::Json(j) = c.get("/v1/remotes").await? else {
@@ -435,7 +549,7 @@ async fn remote(c: &Client, cmd: RemoteCmd, output: Output) -> Result<(), BoxErr
                 table(&["NAME", "URL", "USER", "CA", "SEALED WITH"], &rows)
             );
         }
-        RemoteCmd::Show { name } => print_reply(c.get(&path(&name)).await?)?,
+        RemoteCmd::Show { name } => print_reply(c.get(&path(&name)).await?, output)?,
         RemoteCmd::Edit {
             name,
             url,
@@ -465,7 +579,7 @@ async fn remote(c: &Client, cmd: RemoteCmd, output: Output) -> Result<(), BoxErr
             if body.is_empty() {
                 return Err("nothing to change: give --url, --remote-user, --remote-ca, --system-roots or a password".into());
             }
-            print_reply(c.patch_json(&path(&name), &body).await?)?;
+            print_reply(c.patch_json(&path(&name), &body).await?, output)?;
         }
         RemoteCmd::Test {
             name,
@@ -510,7 +624,11 @@ async fn remote(c: &Client, cmd: RemoteCmd, output: Output) -> Result<(), BoxErr
         }
         RemoteCmd::Rm { name } => {
             c.delete(&path(&name)).await?;
-            outln!("deleted remote {name}");
+            done(
+                output,
+                format!("deleted remote {name}"),
+                serde_json::json!({"deleted": name}),
+            )?;
         }
     }
     Ok(())
@@ -826,7 +944,11 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
             let force = if force { "?force=true" } else { "" };
             c.delete(&format!("/v1/topics/{}{force}", enc(&name)))
                 .await?;
-            outln!("deleted {name}");
+            done(
+                output,
+                format!("deleted {name}"),
+                serde_json::json!({"deleted": name}),
+            )?;
         }
         TopicCmd::Attach {
             parent,
@@ -853,7 +975,7 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
                 "from": from,
             });
             let path = format!("/v1/topics/{}/children", enc(&parent));
-            print_reply(c.post_json(&path, &body).await?)?;
+            print_reply(c.post_json(&path, &body).await?, output)?;
         }
         TopicCmd::Attach {
             parent,
@@ -872,7 +994,7 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
                 }),
             };
             let path = format!("/v1/topics/{}/children", enc(&parent));
-            print_reply(c.post_json(&path, &body).await?)?;
+            print_reply(c.post_json(&path, &body).await?, output)?;
         }
         TopicCmd::Detach {
             parent,
@@ -886,12 +1008,20 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
                 enc(&child)
             ))
             .await?;
-            outln!("detached {child} from {parent}");
+            done(
+                output,
+                format!("detached {child} from {parent}"),
+                serde_json::json!({"parent": parent, "detached": child}),
+            )?;
         }
         TopicCmd::Pause { parent, child } => {
             let path = format!("/v1/topics/{}/children/{}/pause", enc(&parent), enc(&child));
             c.post_json(&path, &serde_json::json!({})).await?;
-            outln!("paused {child} of {parent}");
+            done(
+                output,
+                format!("paused {child} of {parent}"),
+                serde_json::json!({"parent": parent, "paused": child}),
+            )?;
         }
         TopicCmd::Skip {
             parent,
@@ -903,7 +1033,7 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
             if let (Some(p), Some(o)) = (partition, offset) {
                 path.push_str(&format!("?partition={p}&offset={o}"));
             }
-            print_reply(c.post_json(&path, &serde_json::json!({})).await?)?;
+            print_reply(c.post_json(&path, &serde_json::json!({})).await?, output)?;
         }
         TopicCmd::Resume { parent, child } => {
             let path = format!(
@@ -912,7 +1042,11 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
                 enc(&child)
             );
             c.post_json(&path, &serde_json::json!({})).await?;
-            outln!("resumed {child} of {parent}");
+            done(
+                output,
+                format!("resumed {child} of {parent}"),
+                serde_json::json!({"parent": parent, "resumed": child}),
+            )?;
         }
         TopicCmd::Promote {
             name,
@@ -927,20 +1061,67 @@ async fn topic(c: &Client, cmd: TopicCmd, output: Output) -> Result<(), BoxError
                 _ => String::new(),
             };
             let path = format!("/v1/topics/{}/promote{query}", enc(&name));
-            print_reply(c.post_json(&path, &serde_json::json!({})).await?)?;
+            print_reply(c.post_json(&path, &serde_json::json!({})).await?, output)?;
         }
         TopicCmd::Demote { name } => {
             let path = format!("/v1/topics/{}/demote", enc(&name));
-            print_reply(c.post_json(&path, &serde_json::json!({})).await?)?;
+            print_reply(c.post_json(&path, &serde_json::json!({})).await?, output)?;
         }
         TopicCmd::Children { parent } => {
-            print_reply(
-                c.get(&format!("/v1/topics/{}/children", enc(&parent)))
-                    .await?,
-            )?;
+            let reply = c
+                .get(&format!("/v1/topics/{}/children", enc(&parent)))
+                .await?;
+            let Reply::Json(j) = reply else {
+                return Ok(());
+            };
+            if output == Output::Json {
+                return j.print_pretty();
+            }
+            let v: Value = j.parse()?;
+            let mut rows = Vec::new();
+            for ch in v["children"].as_array().into_iter().flatten() {
+                let remote = &ch["remote"];
+                let delay = ch["delay_ms"].as_i64().unwrap_or(0);
+                let (kind, target, state) = if remote.is_null() {
+                    (
+                        if delay > 0 { "delay" } else { "fan-out" }.to_owned(),
+                        "-".to_owned(),
+                        "-".to_owned(),
+                    )
+                } else {
+                    (
+                        "remote".to_owned(),
+                        format!(
+                            "{}/{}",
+                            remote["remote"].as_str().unwrap_or("?"),
+                            remote["remote_topic"].as_str().unwrap_or("?")
+                        ),
+                        remote["state"].as_str().unwrap_or("-").to_owned(),
+                    )
+                };
+                rows.push(vec![
+                    ch["name"].as_str().unwrap_or("-").to_owned(),
+                    kind,
+                    if delay > 0 {
+                        fmt_ms(delay)
+                    } else {
+                        "-".to_owned()
+                    },
+                    ch["lag_messages"].as_u64().unwrap_or(0).to_string(),
+                    target,
+                    state,
+                ]);
+            }
+            outln!(
+                "{}",
+                table(&["NAME", "KIND", "DELAY", "LAG", "REMOTE", "STATE"], &rows)
+            );
         }
         TopicCmd::Schema { name } => {
-            print_reply(c.get(&format!("/v1/topics/{}/schema", enc(&name))).await?)?;
+            print_reply(
+                c.get(&format!("/v1/topics/{}/schema", enc(&name))).await?,
+                output,
+            )?;
         }
         TopicCmd::Edit(a) => {
             let mut body = wire::AlterTopic {
@@ -968,9 +1149,15 @@ fn progress(len: Option<u64>, what: &str) -> Option<ProgressBar> {
         Some(n) => ProgressBar::new(n),
         None => ProgressBar::new_spinner(),
     };
-    let template = format!("{{spinner}} {what} {{pos}}/{{len}} [{{elapsed_precise}}] {{per_sec}}");
+    // (a rate in whole messages a second: `{per_sec}` prints four decimals)
+    let template = format!("{{spinner}} {what} {{pos}}/{{len}} [{{elapsed_precise}}] {{rate}}");
     if let Ok(style) = ProgressStyle::with_template(&template) {
-        pb.set_style(style);
+        pb.set_style(style.with_key(
+            "rate",
+            |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.0}/s", state.per_sec());
+            },
+        ));
     }
     Some(pb)
 }
@@ -1212,9 +1399,11 @@ async fn peek(c: &Client, a: SubArgs) -> Result<(), BoxError> {
             if a.max.is_some_and(|m| got >= m) {
                 return Ok(());
             }
+            // (no more than `--max` still wants)
+            let want = a.max.map_or(100, |m| (m - got).min(100));
             let reply = c
                 .get(&format!(
-                    "/v1/topics/{topic}/consume?partition={p}&offset={next}&max=100"
+                    "/v1/topics/{topic}/consume?partition={p}&offset={next}&max={want}"
                 ))
                 .await;
             let msgs = match reply {
@@ -1233,6 +1422,9 @@ async fn peek(c: &Client, a: SubArgs) -> Result<(), BoxError> {
                 },
             };
             for (line, m) in &msgs {
+                if a.max.is_some_and(|m| got >= m) {
+                    break;
+                }
                 writeln!(out, "{line}")?;
                 *next = m.offset + 1;
                 got += 1;

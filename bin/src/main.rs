@@ -49,7 +49,7 @@ struct Cli {
     /// Username for client commands (HTTP Basic).
     #[arg(short = 'u', long, global = true, env = "NARAD_USER")]
     user: Option<String>,
-    /// Password for client commands (also read from NARAD_PASS, the original Narad's name).
+    /// Password for client commands (also read from NARAD_PASS).
     #[arg(
         short = 'p',
         long,
@@ -180,7 +180,9 @@ enum ClusterCmd {
     ReencryptRemotes,
     /// Move a partition to another member (copied while it serves, then a brief freeze).
     Move {
+        /// The topic.
         topic: String,
+        /// The partition of it to move.
         partition: u32,
         /// The member to move it to.
         #[arg(long)]
@@ -189,7 +191,12 @@ enum ClusterCmd {
     /// Partition moves in flight: phase and bytes copied.
     Moves,
     /// Cancel the move of a partition (a move that already flipped is done).
-    MoveCancel { topic: String, partition: u32 },
+    MoveCancel {
+        /// The topic.
+        topic: String,
+        /// The partition being moved.
+        partition: u32,
+    },
     /// A member lost for good (its disk with it): its partitions go to live members, rebuilt
     /// from the archive; what the archive did not hold is reported lost. Refused while it
     /// answers (decommission it instead).
@@ -213,10 +220,12 @@ enum UserCmd {
     /// first line of stdin.
     Add {
         name: String,
-        /// ACTION:PATTERN[,PATTERN...] (actions: produce, consume, create) or `admin`;
-        /// repeatable. Patterns are topic names or prefixes ending in `*`.
+        /// ACTION:PATTERN[,PATTERN...] (actions: produce, consume, create, replicate) or
+        /// `admin`; repeatable. Patterns are topic names or prefixes ending in `*`.
         #[arg(long = "grant")]
         grants: Vec<String>,
+        /// The new user's password (else NARAD_NEW_PASSWORD, or asked for: typed twice,
+        /// not shown; or the first line of stdin when it is not a terminal).
         #[arg(long, env = "NARAD_NEW_PASSWORD", hide_env_values = true)]
         new_password: Option<String>,
     },
@@ -229,6 +238,7 @@ enum UserCmd {
     /// Replace a user's grants with the given ones (none: no grants).
     Grant {
         name: String,
+        /// ACTION:PATTERN[,PATTERN...] or `admin`, as for `user add`; repeatable.
         #[arg(long = "grant")]
         grants: Vec<String>,
     },
@@ -254,8 +264,10 @@ struct StartArgs {
     /// Development mode: bind 127.0.0.1, human-readable logs, data under ~/.narad/data.
     #[arg(long)]
     dev: bool,
+    /// HTTP port (0: any free one; see --addr-file).
     #[arg(long, default_value_t = 7942)]
     port: u16,
+    /// Where the broker keeps its data (default with --dev: ~/.narad/data).
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Optional TOML config file (same keys as `narad serve`).
@@ -301,6 +313,7 @@ struct ServeArgs {
     /// Listen address (overrides the config file).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// Where the broker keeps its data (overrides the config file).
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Write the bound address to this file once listening with the data directory held.
@@ -406,6 +419,7 @@ enum TopicCmd {
 /// (`1MiB`); a plain number is milliseconds or bytes, as in the API.
 #[derive(Args)]
 struct TopicSettings {
+    /// Partitions (1 to 256; they only grow).
     #[arg(long)]
     partitions: Option<u32>,
     /// How long a consumed message stays leased (`30s`).
@@ -417,6 +431,7 @@ struct TopicSettings {
     /// Most bytes kept per partition (`10GiB`; `unlimited`).
     #[arg(long, value_parser = units::parse_bytes)]
     retention_bytes: Option<u64>,
+    /// Most messages leased at once per partition (consumes get fewer beyond it).
     #[arg(long)]
     max_in_flight: Option<u32>,
     /// Default delay of messages produced without their own (`10s`).
@@ -433,6 +448,7 @@ struct TopicSettings {
 
 #[derive(Args)]
 struct TopicAddArgs {
+    /// The topic's name (letters, digits, `.`, `_`, `-`).
     name: String,
     #[command(flatten)]
     settings: TopicSettings,
@@ -453,11 +469,14 @@ struct TopicEditArgs {
 
 #[derive(Args)]
 struct PubArgs {
+    /// The topic to publish to.
     topic: String,
     /// The message; read from stdin when absent (and no --file).
     message: Option<String>,
+    /// The message's key: messages of one key go to one partition, in order.
     #[arg(short, long)]
     key: Option<String>,
+    /// This partition, whatever the key.
     #[arg(long)]
     partition: Option<u32>,
     /// Read the message from a file.
@@ -469,6 +488,7 @@ struct PubArgs {
     /// Messages per second (0 = as fast as possible).
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// Deliver the message this many milliseconds after it is committed.
     #[arg(long)]
     delay_ms: Option<u64>,
     /// Send copies in batches of this size through the batch endpoint (`--count` is rounded up
@@ -482,6 +502,7 @@ struct PubArgs {
 
 #[derive(Args)]
 struct SubArgs {
+    /// The topic to consume from.
     topic: String,
     /// Do not ack (messages come back after their visibility timeout).
     #[arg(long)]
@@ -505,9 +526,12 @@ struct SubArgs {
 
 #[derive(Args)]
 struct ReplayArgs {
+    /// The topic to read.
     topic: String,
+    /// The partition to read.
     #[arg(long)]
     partition: u32,
+    /// Start at this offset.
     #[arg(long, default_value_t = 0, conflicts_with = "from_time")]
     from: u64,
     /// Stop before this offset (default: the current end).

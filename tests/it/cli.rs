@@ -51,6 +51,11 @@ async fn topic_pub_sub_replay() {
     // --peek reads everything and reserves nothing
     let peeked = narad(&s, &["sub", "demo", "--peek", "--from", "0", "--max", "30"]).await;
     assert_eq!(peeked.lines().count(), 30);
+    // and no more than --max, in one partition's batch too
+    for max in ["5", "1"] {
+        let peeked = narad(&s, &["sub", "demo", "--peek", "--from", "0", "--max", max]).await;
+        assert_eq!(peeked.lines().count().to_string(), max, "{peeked}");
+    }
     let info: Value =
         serde_json::from_str(&narad(&s, &["topic", "info", "demo", "--output", "json"]).await)
             .unwrap();
@@ -285,4 +290,87 @@ async fn a_reader_that_stops_reading_ends_the_cli_quietly() {
     let err = String::from_utf8_lossy(&done.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert!(done.status.success(), "{:?}: {err}", done.status);
+}
+
+/// With no broker listening, a command says so plainly (and how to start one), not the
+/// HTTP library's chain of errors.
+#[tokio::test]
+async fn no_broker_is_said_plainly() {
+    // a port nobody listens on: bound, then closed
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = tokio::process::Command::new(BIN)
+        .args(["topic", "ls"])
+        .env("NARAD_ADDR", format!("http://127.0.0.1:{port}"))
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "no broker at http://127.0.0.1:{port}: is it running?"
+        )) && err.contains("narad server start --dev"),
+        "{err}"
+    );
+}
+
+/// A dev broker's log written to a file (not a terminal) has no colour codes.
+#[tokio::test]
+async fn a_dev_log_to_a_file_is_plain_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    narad(&s, &["topic", "add", "plain"]).await;
+    let log = s.log();
+    assert!(log.contains("INFO"), "{log}");
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file: {log}");
+}
+
+/// Every command honours `-o`: JSON under `-o json` (parsable), a table or fields for a
+/// person otherwise (never raw JSON).
+#[tokio::test]
+async fn every_command_honours_the_output_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let json = async |args: &[&str]| -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        let out = narad(&s, &all).await;
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} -o json: {e}: {out}"))
+    };
+    let table = async |args: &[&str]| -> String {
+        let out = narad(&s, args).await;
+        assert!(
+            !out.trim_start().starts_with('{') && !out.trim_start().starts_with('['),
+            "{args:?} printed JSON for a table: {out}"
+        );
+        out
+    };
+    narad(&s, &["topic", "add", "p"]).await;
+    narad(&s, &["topic", "add", "c"]).await;
+    narad(&s, &["topic", "add", "d"]).await;
+    assert_eq!(json(&["cluster", "status"]).await["single_node"], true);
+    assert!(table(&["cluster", "status"]).await.contains("single node"));
+    table(&["topic", "attach", "p", "c"]).await;
+    json(&["topic", "attach", "p", "d", "--delay", "5s"]).await;
+    let t = table(&["topic", "children", "p"]).await;
+    assert!(
+        t.contains("NAME") && t.contains("fan-out") && t.contains("delay") && t.contains("5s"),
+        "{t}"
+    );
+    let v = json(&["topic", "children", "p"]).await;
+    assert_eq!(v["children"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(
+        json(&["topic", "detach", "p", "c"]).await,
+        json!({"parent": "p", "detached": "c"})
+    );
+    assert!(
+        table(&["topic", "detach", "p", "d"])
+            .await
+            .contains("detached d from p")
+    );
+    assert_eq!(json(&["topic", "rm", "d"]).await, json!({"deleted": "d"}));
 }

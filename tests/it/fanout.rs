@@ -512,11 +512,15 @@ async fn cli_and_metrics() {
     let s = Server::start(dir.path()).await;
     s.create_topic(json!({"name": "a", "partitions": 1})).await;
     s.create_topic(json!({"name": "b", "partitions": 1})).await;
-    let out = crate::cli::narad(&s, &["topic", "attach", "a", "b", "--delay-ms", "0"]).await;
+    let out = crate::cli::narad(
+        &s,
+        &["topic", "attach", "a", "b", "--delay-ms", "0", "-o", "json"],
+    )
+    .await;
     assert!(out.contains("\"b\""), "{out}");
     s.produce("a", "", "one").await;
     wait_total(&s, "b", 1).await;
-    let kids = crate::cli::narad(&s, &["topic", "children", "a"]).await;
+    let kids = crate::cli::narad(&s, &["topic", "children", "a", "-o", "json"]).await;
     let v: Value = serde_json::from_str(&kids).unwrap();
     assert_eq!(v["children"][0]["name"], "b");
     let metrics = s.get("/metrics").await.text().await.unwrap();
@@ -529,7 +533,7 @@ async fn cli_and_metrics() {
         "{metrics}"
     );
     crate::cli::narad(&s, &["topic", "detach", "a", "b"]).await;
-    let kids = crate::cli::narad(&s, &["topic", "children", "a"]).await;
+    let kids = crate::cli::narad(&s, &["topic", "children", "a", "-o", "json"]).await;
     let v: Value = serde_json::from_str(&kids).unwrap();
     assert_eq!(v["children"], json!([]));
 }

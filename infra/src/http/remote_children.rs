@@ -241,7 +241,7 @@ async fn check_unshipped(
         return Err(ApiError::new(
             ErrorCode::Unshipped,
             format!(
-                "remote child '{}' of '{parent}' has {what} not shipped to remote '{}' yet: wait for its lag to reach 0, or pass force=true to abandon them",
+                "remote child '{}' of '{parent}' has {what} not shipped to remote '{}' yet: wait for its lag to reach 0, or force it to abandon them (`--force` in the CLI, `force=true` in the API)",
                 child.name, child.remote
             ),
         ));
