@@ -66,6 +66,11 @@ impl TaskHealth {
         );
     }
 
+    /// Makes the panic series of tasks named `task` exist (at 0 until one panics).
+    pub fn watch(&self, task: &'static str) {
+        let _ = self.panics.get_or_create(&TaskLabel { task });
+    }
+
     /// The names of the tasks that panicked, in name order (empty: all is well).
     pub fn failed(&self) -> Vec<&'static str> {
         self.failed.lock().keys().copied().collect()
@@ -150,6 +155,8 @@ impl Supervisor {
         // built outside the lock: `task` may itself look at the supervisor
         let fut = task(stop);
         let health = self.health.clone();
+        // (its panic series exists from the start, at 0: an alert watches its first increase)
+        health.watch(name);
         self.group(name, move |group| {
             // tasks that ended (a deleted topic's timer, a detached cursor) leave the set here
             while group.tasks.try_join_next().is_some() {}

@@ -108,6 +108,106 @@ pub struct Metrics {
     pub request_bytes_in_flight: Gauge,
     /// Bytes the tail caches of all open partitions hold (`tail_cache_bytes`).
     pub tail_cache_bytes: Gauge,
+    /// The process's own figures, read from `/proc` at each scrape.
+    process: ProcessMetrics,
+}
+
+/// The `process_*` series Prometheus users expect of any server (the names and meanings of
+/// the Prometheus client libraries' process collector), read from `/proc/self` at each
+/// scrape. Where `/proc` cannot be read they keep their last values.
+#[derive(Default)]
+struct ProcessMetrics {
+    cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// What `cpu_seconds` has counted so far (the counter only goes up by the difference).
+    cpu_counted: Mutex<f64>,
+    resident_bytes: Gauge,
+    virtual_bytes: Gauge,
+    open_fds: Gauge,
+    max_fds: Gauge,
+    start_time: Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl ProcessMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "process_cpu_seconds",
+            "user and system CPU time the process spent, in seconds",
+            self.cpu_seconds.clone(),
+        );
+        r.register(
+            "process_resident_memory_bytes",
+            "resident memory of the process",
+            self.resident_bytes.clone(),
+        );
+        r.register(
+            "process_virtual_memory_bytes",
+            "virtual memory of the process",
+            self.virtual_bytes.clone(),
+        );
+        r.register(
+            "process_open_fds",
+            "file descriptors the process has open",
+            self.open_fds.clone(),
+        );
+        r.register(
+            "process_max_fds",
+            "most file descriptors the process may open (its soft limit)",
+            self.max_fds.clone(),
+        );
+        r.register(
+            "process_start_time_seconds",
+            "when the process started, in seconds since the Unix epoch",
+            self.start_time.clone(),
+        );
+    }
+
+    fn sample(&self) {
+        let ticks = rustix::param::clock_ticks_per_second() as f64;
+        if let Ok(stat) = std::fs::read_to_string("/proc/self/stat")
+            && let Some((_, rest)) = stat.rsplit_once(") ")
+        {
+            // the fields after the command name, from the third (`state`) on
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+            if let (Some(utime), Some(stime)) = (num(11), num(12)) {
+                let total = (utime + stime) as f64 / ticks;
+                let mut counted = self.cpu_counted.lock();
+                if total > *counted {
+                    self.cpu_seconds.inc_by(total - *counted);
+                    *counted = total;
+                }
+            }
+            if let Some(v) = num(20) {
+                self.virtual_bytes.set(v.min(i64::MAX as u64) as i64);
+            }
+            if let Some(pages) = num(21) {
+                let bytes = pages.saturating_mul(rustix::param::page_size() as u64);
+                self.resident_bytes.set(bytes.min(i64::MAX as u64) as i64);
+            }
+            if let Some(start) = num(19)
+                && self.start_time.get() == 0.0
+                && let Some(boot) = boot_time()
+            {
+                self.start_time.set(boot + start as f64 / ticks);
+            }
+        }
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            // (less the one this listing holds open)
+            let n = dir.count().saturating_sub(1);
+            self.open_fds.set(n as i64);
+        }
+        if let Some(max) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
+            self.max_fds.set(max.min(i64::MAX as u64) as i64);
+        }
+    }
+}
+
+/// When the machine booted, in seconds since the Unix epoch (`btime` of `/proc/stat`).
+fn boot_time() -> Option<f64> {
+    std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())
 }
 
 fn latency_histogram() -> Histogram {
@@ -179,8 +279,18 @@ impl Metrics {
             open_logs: Gauge::default(),
             request_bytes_in_flight: Gauge::default(),
             tail_cache_bytes: Gauge::default(),
+            process: ProcessMetrics::default(),
             registry: Mutex::new(Registry::default()),
         };
+        m.process.register(&mut registry);
+        registry.register(
+            "narad_build",
+            "the broker's version (always 1)",
+            prometheus_client::metrics::info::Info::new(vec![(
+                "version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            )]),
+        );
         registry.register(
             "narad_http_connections_refused",
             "connections answered 503 because max_connections were already open",
@@ -192,7 +302,7 @@ impl Metrics {
         }
         registry.register(
             "narad_http_connections_closed",
-            "connections closed by the server: header_timeout, idle_timeout, evicted_idle",
+            "connections closed by the server: header_timeout (its request head came too slowly), idle_timeout, evicted_idle (an idle one gave its slot to a new client), write_timeout (it did not read its answer), stalled_reply (its answer's body stalled)",
             m.connections_closed.clone(),
         );
         registry.register(
@@ -307,6 +417,7 @@ impl Metrics {
 
     /// Samples state gauges from the broker and encodes everything in the text format.
     pub fn render(&self, broker: Option<&Broker>) -> String {
+        self.process.sample();
         for f in [
             &self.unacked,
             &self.in_flight,

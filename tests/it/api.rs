@@ -775,3 +775,44 @@ async fn connections_beyond_the_limit_get_503_with_retry_after() {
     let metrics = s.get("/metrics").await.text().await.unwrap();
     assert!(metrics.contains("narad_http_connections_refused_total"));
 }
+
+/// The series an alert watches for its first increase exist at 0 before it (Prometheus sees
+/// no increase in a series born at its first value): a topic's unacked retention drops from
+/// its creation, each background task's panics from its start; and the process's own
+/// figures and the build are exported.
+#[tokio::test]
+async fn alerted_counters_start_at_zero_and_the_process_is_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    s.create_topic(json!({"name": "fresh", "partitions": 1}))
+        .await;
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    assert_eq!(
+        value("narad_retention_dropped_unacked_messages_total{topic=\"fresh\"}"),
+        0.0
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("narad_task_panics_total{task=") && l.ends_with(" 0")),
+        "{metrics}"
+    );
+    assert!(value("process_resident_memory_bytes") > 1e6);
+    assert!(value("process_open_fds") >= 3.0);
+    assert!(value("process_max_fds") >= value("process_open_fds"));
+    assert!(value("process_start_time_seconds") > 1.7e9);
+    assert!(value("process_cpu_seconds_total") >= 0.0);
+    assert!(
+        metrics.contains(&format!(
+            "narad_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{metrics}"
+    );
+}

@@ -230,27 +230,42 @@ const MARKS_PER_SLAB: usize = 64;
 /// How far a child's consumers got, in its parent partition's offsets (a mirror of the
 /// parent carries it, so a promote there leaves out of the child what was processed here).
 ///
-/// After each copied slab the cursor notes the parent offset it reached and the ends of the
-/// child's partitions then: every copy of a parent record below that offset sits below
-/// those ends. Once the child's ack frontier is at or past every one of them, the child's
-/// consumers processed every record of the parent below that offset. Memory only: a
-/// restarted cursor notes where it stands as its first mark.
+/// The cursor keeps, per child partition, one past the last copy it made there (`own`).
+/// After each copied slab, and every few records inside one, it notes the parent offset it
+/// reached with `own` then: every copy of a parent record below that offset sits below those
+/// ends. Once the child's ack frontier is at or past every one of them, the child's consumers
+/// processed every record of the parent below that offset. Copies other cursors made in the
+/// same child partitions do not hold a mark back. Memory only: a cursor that starts (or a
+/// restarted node) notes where it stands with the child's whole ends as its first mark.
 #[derive(Default)]
 pub(crate) struct Marks {
-    /// `(parent offset reached, child partition ends then)`, oldest first.
+    /// `(parent offset reached, ends then)`, oldest first.
     pending: std::collections::VecDeque<(u64, Vec<u64>)>,
-    /// Every parent record below it was processed in the child (`None`: not known yet).
+    /// Every parent record below it was processed in the child (`None`: nothing noted yet).
     consumed: Option<u64>,
+    /// Per child partition, one past the last copy this cursor made there (`None`: not
+    /// known yet; the child's ends stand for it until the first mark).
+    own: Option<Vec<u64>>,
     /// Some child partition is on another cluster member: not known here.
     unknown: bool,
 }
 
 impl Marks {
-    /// The cursor reached parent offset `reached` with the child's partitions ending at
-    /// `ends` (`None`: some of them are not on this member).
-    pub(crate) fn note(&mut self, reached: u64, ends: Option<Vec<u64>>) {
+    /// The first mark of a cursor that stands at `next` while the child's partitions end at
+    /// `ends` (`None`: some of them are not on this member). Nothing if it has marks.
+    pub(crate) fn start(&mut self, next: u64, ends: Option<Vec<u64>>) {
+        if self.own.is_none() || self.unknown {
+            self.own = ends.clone();
+            self.note(next, ends);
+        }
+    }
+
+    /// The cursor reached parent offset `reached` with its copies ending at `ends` (`None`:
+    /// some child partition is not on this member).
+    fn note(&mut self, reached: u64, ends: Option<Vec<u64>>) {
         let Some(ends) = ends else {
             self.unknown = true;
+            self.own = None;
             self.pending.clear();
             return;
         };
@@ -272,9 +287,56 @@ impl Marks {
         }
     }
 
-    /// Forgets every mark (the parent is mirrored nowhere: nobody asks).
-    pub(crate) fn clear(&mut self) {
-        *self = Self::default();
+    /// A slab copied: `went` says where each of its records went in order (parent offset,
+    /// and child partition or `None` when left out), `bases` where each child partition's
+    /// share of it begins (`None` for a partition whose base is not known here: its share
+    /// was sent before, or it is on another member). `reached`: one past the slab.
+    pub(crate) fn copied(
+        &mut self,
+        went: &[(u64, Option<u32>)],
+        bases: &[Option<u64>],
+        reached: u64,
+        child_ends: impl FnOnce() -> Option<Vec<u64>>,
+    ) {
+        if self.unknown {
+            return;
+        }
+        let Some(mut own) = self.own.clone() else {
+            // no first mark yet: the child's ends now stand for where earlier copies are
+            let ends = child_ends();
+            self.own = ends.clone();
+            self.note(reached, ends);
+            return;
+        };
+        // (a child grown meanwhile: its new partitions have no copy of this cursor's)
+        own.resize(bases.len().max(own.len()), 0);
+        let mut counts = vec![0u64; own.len()];
+        let step = (went.len() / MARKS_PER_SLAB).max(1);
+        for (i, (offset, q)) in went.iter().enumerate() {
+            if let Some(q) = *q {
+                let q = q as usize;
+                let Some(base) = bases.get(q).copied().flatten() else {
+                    // where this copy is is not known here
+                    self.note(reached, None);
+                    return;
+                };
+                counts[q] += 1;
+                own[q] = base + counts[q];
+            }
+            if (i + 1) % step == 0 && i + 1 < went.len() {
+                self.note(offset + 1, Some(own.clone()));
+            }
+        }
+        self.own = Some(own.clone());
+        self.note(reached, Some(own));
+    }
+
+    /// The cursor moved past records it never copied (gone to retention, or none): where it
+    /// stands now.
+    pub(crate) fn skipped(&mut self, reached: u64) {
+        if let Some(own) = self.own.clone() {
+            self.note(reached, Some(own));
+        }
     }
 
     /// Every parent record below the answer was processed in the child, whose partitions'
@@ -935,16 +997,6 @@ impl Broker {
         out
     }
 
-    /// Whether topic `name` has a remote child, or took part in a failover (a failback links
-    /// it to its old primary later): its children's cursors keep marks only then (a mirror of
-    /// it is what asks for them).
-    fn is_mirrored(&self, name: &str) -> bool {
-        let catalog = self.store.catalog();
-        catalog.get(name).is_some_and(|p| {
-            !p.role.is_default() || catalog.remote_children_of(p.id).next().is_some()
-        })
-    }
-
     /// The ends of `child`'s partitions, if this member holds all of them.
     fn child_ends(&self, child: &Topic) -> Option<Vec<u64>> {
         let local = self.local_partitions(child);
@@ -990,8 +1042,8 @@ impl Broker {
             // marks begin where the cursor stands (the parent was mirrored nowhere before):
             // every record below it has its copies below the child's ends now
             let next = state.next.load(Ordering::Acquire);
-            if marks.pending.is_empty() && marks.consumed.is_none() && next != u64::MAX {
-                marks.note(next, self.child_ends(&child));
+            if next != u64::MAX {
+                marks.start(next, self.child_ends(&child));
             }
             if let Some(c) = marks.consumed(&frontiers) {
                 out.push((name, c));
@@ -1195,10 +1247,9 @@ async fn run_cursor(
         }
     };
     state.next.store(next, Ordering::Release);
-    if let Some(b) = weak.upgrade()
-        && b.is_mirrored(&link.parent)
-    {
-        state.marks.lock().note(next, b.child_ends(&child));
+    if let Some(b) = weak.upgrade() {
+        let ends = b.child_ends(&child);
+        state.marks.lock().start(next, ends);
     }
     let mut backoff = Duration::from_millis(100);
     // the child partitions a failed slab reached already (not sent again on the retry)
@@ -1247,11 +1298,6 @@ async fn run_cursor(
         {
             Ok(Step::Copied(n)) => {
                 next = n;
-                if b.is_mirrored(&link.parent) {
-                    state.marks.lock().note(n, b.child_ends(&child));
-                } else {
-                    state.marks.lock().clear();
-                }
                 backoff = Duration::from_millis(100);
                 continue;
             }
@@ -1341,6 +1387,7 @@ async fn copy_slab<S: Sink>(
                 .inc_by(dropped);
             persist(path, link.epoch, oldest).await?;
             state.next.store(oldest, Ordering::Release);
+            state.marks.lock().skipped(oldest);
             return Ok(Step::Copied(oldest));
         }
         Err(e) => return Err(e.into()),
@@ -1411,11 +1458,6 @@ async fn copy_slab<S: Sink>(
     let progress = partial.as_mut().expect("set above");
     // the child's ends before the copies: the marks' bound for partitions this slab does
     // not reach
-    let before = if state.marks.lock().pending.is_empty() {
-        None
-    } else {
-        b.child_ends(sink.child())
-    };
     // one group commit per child partition
     let mut bases: Vec<Option<u64>> = vec![None; n as usize];
     let mut all_known = true;
@@ -1431,29 +1473,19 @@ async fn copy_slab<S: Sink>(
         }
     }
     *partial = None;
-    // marks inside the slab (a backlog copied in one slab would otherwise be one mark: a
-    // child's consumers part way through it would count for nothing)
-    if all_known
-        && !state.marks.lock().pending.is_empty()
-        && let Some(before) = before
-    {
-        let mut ends: Vec<u64> = (0..n as usize)
-            .map(|q| bases[q].or(before.get(q).copied()).unwrap_or(0))
-            .collect();
-        let mut marks = state.marks.lock();
-        let step = (went.len() / MARKS_PER_SLAB).max(1);
-        for (i, (offset, q)) in went.iter().enumerate() {
-            if let Some(q) = q {
-                ends[*q as usize] += 1;
-            }
-            if (i + 1) % step == 0 && i + 1 < went.len() {
-                marks.note(offset + 1, Some(ends.clone()));
-            }
-        }
-    }
     // only now, with every copy durable, may the cursor move
     persist(path, link.epoch, last + 1).await?;
     state.next.store(last + 1, Ordering::Release);
+    // where the copies went, for the marks (inside the slab too: a backlog copied in one
+    // slab would otherwise be one mark, and a child's consumers part way through it would
+    // count for nothing)
+    if !all_known {
+        bases.iter_mut().for_each(|b| *b = None);
+    }
+    state
+        .marks
+        .lock()
+        .copied(&went, &bases, last + 1, || b.child_ends(sink.child()));
     Ok(Step::Copied(last + 1))
 }
 

@@ -101,7 +101,8 @@ impl CarriedChild {
         for c in children {
             crate::topic::validate_name(&c.name)
                 .map_err(|e| format!("child '{}': {}", c.name, e.reason))?;
-            if !seen.insert(c.name.to_ascii_lowercase()) {
+            // (topic names are case-sensitive: `audit` and `AUDIT` are two topics)
+            if !seen.insert(c.name.as_str()) {
                 return Err(format!("child '{}' is named twice", c.name));
             }
             if !(0..=crate::broker::MAX_CHILD_DELAY_MS).contains(&c.delay_ms) {

@@ -844,6 +844,8 @@ fn a_mirror_has_no_fanout_children_and_keeps_its_sources() {
         topic_id: 1,
         children,
     };
+    // (names are case-sensitive: two topics)
+    apply(&mirrored, &set(vec![carried("x", 1), carried("X", 1)])).unwrap();
     let (kept, _) = apply(&mirrored, &set(vec![carried("audit", 2)])).unwrap();
     assert_eq!(
         kept.get("p").unwrap().carried_children,
@@ -852,7 +854,7 @@ fn a_mirror_has_no_fanout_children_and_keeps_its_sources() {
     for bad in [
         vec![carried("a/b", 1)],
         vec![carried("x", 0)],
-        vec![carried("x", 1), carried("X", 1)],
+        vec![carried("x", 1), carried("x", 2)],
         (0..=MAX_CHILDREN)
             .map(|i| carried(&format!("c{i}"), 1))
             .collect(),

@@ -394,9 +394,14 @@ pub async fn mirror(
     // the source's children, those the link's user may replicate to (a promote creates or
     // attaches topics of those names here: the source names only topics it was let into)
     let mut children_error = None;
-    if let Some(children) = &b.children {
-        narad_core::catalog::CarriedChild::validate_list(children)
-            .map_err(|m| ApiError::new(ErrorCode::InvalidField, format!("children: {m}")))?;
+    // (a list this cluster cannot take is said in the answer: it does not stop the settings)
+    let checked = b.children.as_ref().map(|children| {
+        narad_core::catalog::CarriedChild::validate_list(children).map(|()| children)
+    });
+    if let Some(Err(m)) = &checked {
+        children_error = Some(format!("fan-out children not carried: {m}"));
+    }
+    if let Some(Ok(children)) = checked {
         let (allowed, refused): (Vec<_>, Vec<_>) = children
             .iter()
             .cloned()
