@@ -55,8 +55,8 @@ pub struct Launch<'a> {
     pub port: u16,
     pub dir: &'a Path,
     pub config: Option<&'a Path>,
-    /// Passed to every node (no archive unless one is named: the nodes' default would be a
-    /// directory of each node's own, and a cluster's members share one archive).
+    /// Passed to every node (the archive, unless one is named, is `<dir>/archive`, shared by
+    /// them all: a cluster's members share one archive).
     pub storage: &'a crate::StorageArgs,
     /// Gets node 1's address once every node listens (any node serves every request).
     pub addr_file: Option<&'a Path>,
@@ -77,6 +77,14 @@ pub async fn run(launch: Launch<'_>) -> Result<(), BoxError> {
     narad_core::fsutil::create_dir_private(dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let secret = secret(dir)?;
+    // one archive for every member, as a cluster has (a bucket in production)
+    let shared = {
+        let archive = dir.join("archive");
+        narad_core::fsutil::create_dir_private(&archive)
+            .map_err(|e| format!("cannot create {}: {e}", archive.display()))?;
+        let abs = std::fs::canonicalize(&archive)?;
+        format!("file://{}", abs.display())
+    };
     let members = members(dir, n)?;
     let exe = std::env::current_exe()?;
     let mut nodes = Vec::new();
@@ -100,7 +108,12 @@ pub async fn run(launch: Launch<'_>) -> Result<(), BoxError> {
         };
         let mut cmd = Command::new(&exe);
         cmd.args(["server", "start", "--dev", "--archive-url"])
-            .arg(storage.archive_url.as_deref().unwrap_or("off"))
+            .arg(
+                storage
+                    .archive_url
+                    .clone()
+                    .unwrap_or_else(|| shared.clone()),
+            )
             .arg("--port")
             .arg(http_port.to_string())
             .arg("--data-dir")

@@ -1472,6 +1472,26 @@ async fn dev_nodes_3_is_a_cluster_that_stops_as_one_and_restarts_with_its_data()
         .max()
         .unwrap_or(0);
     assert!(most >= 2, "partition 0 never rolled a 4 KiB segment");
+    // and the sealed ones went to the archive the members share (`<data-dir>/archive`)
+    let archived = |d: &std::path::Path| -> usize {
+        let mut n = 0;
+        let mut stack = vec![d.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "parquet") {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    until("a sealed segment in the shared archive", 60, async || {
+        archived(&dir.join("archive")) > 0
+    })
+    .await;
     // SIGTERM to the launcher: every node stops
     let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();

@@ -224,8 +224,10 @@ const MAX_MARKS: usize = 256;
 /// Most child partition ends one cursor's marks hold (a child of many partitions gets fewer
 /// marks, at least 8).
 const MAX_MARK_VALUES: usize = 4096;
-/// Marks one slab adds at most (inside it; its end is one more).
+/// Marks one slab adds at most (inside it; its end is one more), at least this many records
+/// apart.
 const MARKS_PER_SLAB: usize = 64;
+const MIN_MARK_RECORDS: usize = 32;
 
 /// How far a child's consumers got, in its parent partition's offsets (a mirror of the
 /// parent carries it, so a promote there leaves out of the child what was processed here).
@@ -276,11 +278,12 @@ impl Marks {
         let max = (MAX_MARK_VALUES / ends.len().max(1)).clamp(8, MAX_MARKS);
         self.pending.push_back((reached, ends));
         if self.pending.len() > max {
-            // thin out, keeping the newest
+            // thin out evenly, keeping the oldest (the consumers reach it first) and the
+            // newest
             let last = self.pending.len() - 1;
             let mut i = 0;
             self.pending.retain(|_| {
-                let keep = i % 2 == 1 || i == last;
+                let keep = i % 2 == 0 || i == last;
                 i += 1;
                 keep
             });
@@ -311,7 +314,7 @@ impl Marks {
         // (a child grown meanwhile: its new partitions have no copy of this cursor's)
         own.resize(bases.len().max(own.len()), 0);
         let mut counts = vec![0u64; own.len()];
-        let step = (went.len() / MARKS_PER_SLAB).max(1);
+        let step = (went.len() / MARKS_PER_SLAB).max(MIN_MARK_RECORDS);
         for (i, (offset, q)) in went.iter().enumerate() {
             if let Some(q) = *q {
                 let q = q as usize;
@@ -1562,6 +1565,8 @@ mod tests {
             m.note(i * 10, Some(vec![i]));
         }
         assert!(m.pending.len() <= MAX_MARKS);
+        // the oldest marks stay (consumers that lag reach them first)
+        assert_eq!(m.consumed(&[1]), Some(10));
         let c = m.consumed(&[100]).unwrap();
         assert!(c <= 1000, "{c}");
         assert!(c >= 1000 - 10 * 64, "{c}");

@@ -1914,3 +1914,72 @@ async fn a_mirrors_backlog_is_read_a_bounded_share_per_progress() {
         info.partitions[0]
     );
 }
+
+/// What a fan-out child's consumers processed, told in the parent's offsets (a mirror of the
+/// parent carries it): as they process the child, every parent partition's figure follows,
+/// whatever the other parent partitions' copies in the same child partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_progress_is_told_in_its_parents_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path()).await;
+    b.create_topic(create("p", 3)).await.unwrap();
+    b.create_topic(create("c", 2)).await.unwrap();
+    b.attach_child("p", "c", 0, LinkStart::Latest)
+        .await
+        .unwrap();
+    let keyed = |i: u32| ProduceMessage {
+        key: Some(Bytes::from(format!("k{}", i % 20))),
+        ..msg(&format!("m{i}"))
+    };
+    for round in 0..20u32 {
+        b.produce("p", (round * 30..(round + 1) * 30).map(keyed).collect())
+            .await
+            .unwrap();
+    }
+    eventually("the child has every copy", || {
+        b.children("p").unwrap()[0].lag_messages == 0
+    })
+    .await;
+    let told = |b: &Broker| -> Vec<u64> {
+        (0..3)
+            .map(|p| {
+                let c = b.children_consumed("p", p);
+                assert_eq!(c.len(), 1, "{c:?}");
+                c[0].1
+            })
+            .collect()
+    };
+    assert_eq!(told(&b), vec![0, 0, 0]);
+    // the child's consumers process half of it, evenly
+    let mut done = 0;
+    while done < 300 {
+        let got = b.consume("c", None, 10, Duration::ZERO).await.unwrap();
+        for d in &got {
+            b.settle("c", &d.receipt_handle, AckAction::Ack)
+                .await
+                .unwrap();
+        }
+        done += got.len();
+    }
+    let half = told(&b);
+    let ends: Vec<u64> = (0..3)
+        .map(|p| b.topic_info("p").unwrap().partitions[p].log.next_offset)
+        .collect();
+    for (h, e) in half.iter().zip(&ends) {
+        assert!(*h > e / 4 && *h < *e, "told {half:?} of {ends:?}");
+    }
+    // all of it
+    loop {
+        let got = b.consume("c", None, 100, Duration::ZERO).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        for d in &got {
+            b.settle("c", &d.receipt_handle, AckAction::Ack)
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(told(&b), ends);
+    b.shutdown().await;
+}
