@@ -16,6 +16,9 @@ use crate::{
     StorageArgs, SubArgs, TopicCmd, TopicSettings, UserCmd,
 };
 
+/// The port `server start` listens on unless told otherwise.
+const DEFAULT_PORT: u16 = 7942;
+
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
     let output = cli.output;
     match cli.command {
@@ -23,7 +26,7 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             let dir = a.data_dir.clone().unwrap_or_else(default_dev_dir);
             crate::devcluster::run(crate::devcluster::Launch {
                 nodes: a.nodes,
-                port: a.port,
+                port: a.port.unwrap_or(DEFAULT_PORT),
                 dir: &dir,
                 config: a.config.as_deref(),
                 storage: &a.storage,
@@ -36,10 +39,13 @@ pub async fn run(cli: Cli) -> Result<(), BoxError> {
             let mut cfg = ServerConfig::load(a.config.as_deref(), std::env::vars())?;
             // --dev always binds loopback; otherwise the configured address (loopback by
             // default) keeps its IP and --port picks the port.
+            // (--port, else the configured one: a config file's or NARAD_LISTEN_ADDR's port
+            // is not overridden by a default; 7942 when nothing names one)
+            let port = a.port.unwrap_or(cfg.listen_addr.port());
             if a.dev {
-                cfg.listen_addr = std::net::SocketAddr::from(([127, 0, 0, 1], a.port));
+                cfg.listen_addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
             } else {
-                cfg.listen_addr.set_port(a.port);
+                cfg.listen_addr.set_port(port);
             }
             if a.dev {
                 // development: no users, no passwords (serve and start without --dev keep

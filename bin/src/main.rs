@@ -264,9 +264,9 @@ struct StartArgs {
     /// Development mode: bind 127.0.0.1, human-readable logs, data under ~/.narad/data.
     #[arg(long)]
     dev: bool,
-    /// HTTP port (0: any free one; see --addr-file).
-    #[arg(long, default_value_t = 7942)]
-    port: u16,
+    /// HTTP port (0: any free one; see --addr-file). Default: the config file's, else 7942.
+    #[arg(long)]
+    port: Option<u16>,
     /// Where the broker keeps its data (default with --dev: ~/.narad/data).
     #[arg(long)]
     data_dir: Option<PathBuf>,

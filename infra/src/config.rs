@@ -206,8 +206,13 @@ pub struct ServerConfig {
     /// still open in a restore, new ones are sealed under `cluster_secret` only. Drop it once
     /// a snapshot under the new secret was uploaded (`narad_archive_catalog_uploads_total`).
     pub cluster_secret_previous: Secret,
-    /// A file holding `cluster_secret_previous`.
+    /// A file holding `cluster_secret_previous`. A file that does not exist (the previous
+    /// secret was removed once the rotation was done) is logged and ignored.
     pub cluster_secret_previous_file: String,
+    /// A file (keep it 0600) holding the root user's first password, instead of the
+    /// `NARAD_ADMIN_PASSWORD` environment variable (one trailing newline is ignored). Read
+    /// only while the root user does not exist yet.
+    pub admin_password_file: String,
     /// This node's id in its cluster: 1 or more, never reused for another node (a node that
     /// lost its disk comes back under a new id). 0 with no `cluster_members`: a single node.
     pub node_id: u64,
@@ -429,6 +434,7 @@ impl Default for ServerConfig {
             cluster_secret_file: String::new(),
             cluster_secret_previous: Secret::default(),
             cluster_secret_previous_file: String::new(),
+            admin_password_file: String::new(),
             node_id: 0,
             cluster_addr: String::new(),
             cluster_advertise: String::new(),
@@ -908,10 +914,22 @@ impl ServerConfig {
             &self.cluster_secret,
             &self.cluster_secret_file,
         )?;
+        // (a rotation's last step removes the previous secret's file: that is no reason not
+        // to start)
+        let previous_file = self.cluster_secret_previous_file.trim();
+        let previous_gone = !previous_file.is_empty()
+            && std::fs::symlink_metadata(previous_file)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+        if previous_gone {
+            tracing::warn!(
+                file = previous_file,
+                "cluster_secret_previous_file names no file: starting with cluster_secret alone (what was sealed under the previous secret only does not open; unset the key once a rotation is done)"
+            );
+        }
         let previous = read_secret(
             "cluster_secret_previous",
             &self.cluster_secret_previous,
-            &self.cluster_secret_previous_file,
+            if previous_gone { "" } else { previous_file },
         )?;
         match (current, previous) {
             (None, None) => Ok(None),

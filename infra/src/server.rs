@@ -138,12 +138,34 @@ async fn open_security(cfg: &ServerConfig) -> Result<Option<Security>, ServerErr
     };
     let mut admin_password = None;
     if store.get(ROOT_USER).is_none() {
-        admin_password = std::env::var("NARAD_ADMIN_PASSWORD")
+        let from_env = std::env::var("NARAD_ADMIN_PASSWORD")
             .ok()
             .filter(|p| !p.is_empty());
+        let file = cfg.admin_password_file.trim();
+        admin_password = match (from_env, file.is_empty()) {
+            (Some(_), false) => {
+                return Err(ServerError::Security(
+                    "set NARAD_ADMIN_PASSWORD or admin_password_file, not both".into(),
+                ));
+            }
+            (from_env, true) => from_env,
+            (None, false) => {
+                let mut p = std::fs::read_to_string(file).map_err(|e| {
+                    ServerError::Security(format!("admin_password_file: cannot read {file}: {e}"))
+                })?;
+                if p.ends_with('\n') {
+                    p.pop();
+                    if p.ends_with('\r') {
+                        p.pop();
+                    }
+                }
+                Some(p)
+            }
+        };
         if let Some(p) = &admin_password {
-            validate_password(p)
-                .map_err(|e| ServerError::Security(format!("NARAD_ADMIN_PASSWORD: {e}")))?;
+            validate_password(p).map_err(|e| {
+                ServerError::Security(format!("the root user's first password: {e}"))
+            })?;
         }
     }
     let free = cfg.login_failures_before_block;

@@ -374,3 +374,76 @@ async fn every_command_honours_the_output_format() {
     );
     assert_eq!(json(&["topic", "rm", "d"]).await, json!({"deleted": "d"}));
 }
+
+/// What operators configure: the root password from a file, a config file's port kept when
+/// no --port is given, and a rotation's previous-secret file that is gone is no reason not
+/// to start.
+#[tokio::test]
+async fn operators_set_the_root_password_by_file_and_the_port_by_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let pw_file = dir.path().join("admin-password");
+    std::fs::write(&pw_file, "a password from a file\n").unwrap();
+    let secure = dir.path().join("secure");
+    std::fs::create_dir_all(&secure).unwrap();
+    let s = Server::start_opts(
+        &secure,
+        false,
+        &[
+            ("NARAD_ADMIN_PASSWORD_FILE", pw_file.to_str().unwrap()),
+            (
+                "NARAD_CLUSTER_SECRET",
+                "a cluster secret of at least 32 bytes!",
+            ),
+            (
+                "NARAD_CLUSTER_SECRET_PREVIOUS_FILE",
+                dir.path().join("gone").to_str().unwrap(),
+            ),
+        ],
+        None,
+    )
+    .await;
+    let r = call_as(
+        &s,
+        ("admin", "a password from a file"),
+        reqwest::Method::GET,
+        "/v1/topics",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    assert!(
+        s.log()
+            .contains("cluster_secret_previous_file names no file")
+    );
+    // a config file's port, with no --port
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = dir.path().join("narad.toml");
+    std::fs::write(&cfg, format!("listen_addr = \"127.0.0.1:{port}\"\n")).unwrap();
+    let addr_file = dir.path().join("c.addr");
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["server", "start", "--dev", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("c"))
+        .arg("--addr-file")
+        .arg(&addr_file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let addr = loop {
+        if let Ok(a) = std::fs::read_to_string(&addr_file) {
+            break a;
+        }
+        assert!(std::time::Instant::now() < deadline, "never listened");
+        poll_pause().await;
+    };
+    assert_eq!(addr.trim(), format!("127.0.0.1:{port}"));
+    child.kill().await.unwrap();
+}

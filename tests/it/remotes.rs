@@ -1025,6 +1025,14 @@ async fn a_remote_child_mirrors_in_key_order_survives_a_kill_and_waits_out_its_t
         c["children"][0]["lag_messages"] == 5 && c["children"][0]["remote"]["state"] == "paused"
     })
     .await;
+    // and its lag in time is the age of the oldest record waiting (it grows while paused)
+    until("a paused child's lag in seconds grows", async || {
+        let c = children_of(&a, "src").await;
+        c["children"][0]["remote"]["lag_seconds"]
+            .as_f64()
+            .is_some_and(|s| s > 0.2)
+    })
+    .await;
     let r = call(&a, Method::DELETE, "/v1/topics/src", None).await;
     expect_error(r, StatusCode::CONFLICT, "unshipped").await;
     let r = call(&a, Method::DELETE, "/v1/topics/src/children/to-b", None).await;

@@ -828,6 +828,18 @@ async fn run_remote_cursor(
         };
         if let Some((state, error)) = paused {
             cursor.set(state, error);
+            // its lag in time goes on growing: the age of the oldest record not shipped
+            let oldest = if next < part.stats().next_offset {
+                match b.read_slab(&part, next, 1).await {
+                    Ok(Ok(r)) => r.first().map(|r| r.timestamp_ms),
+                    _ => None,
+                }
+            } else {
+                Some(0)
+            };
+            if let Some(oldest) = oldest {
+                cursor.status.lock().oldest_unshipped_ms = oldest;
+            }
             drop(b);
             tokio::select! {
                 biased;
