@@ -30,6 +30,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+/// The heading of the options that only commands calling a broker use (`server start` and
+/// `serve` take none of them).
+const CLIENT: &str = "Client options (for commands that call a broker)";
+
 #[derive(Parser)]
 #[command(
     name = "narad",
@@ -42,27 +46,32 @@ struct Cli {
         short = 's',
         long,
         global = true,
+        help_heading = CLIENT,
         env = "NARAD_ADDR",
         default_value = "http://127.0.0.1:7942"
     )]
     server: String,
     /// Username for client commands (HTTP Basic).
-    #[arg(short = 'u', long, global = true, env = "NARAD_USER")]
+    #[arg(short = 'u', long, global = true,
+        help_heading = CLIENT, env = "NARAD_USER")]
     user: Option<String>,
     /// Password for client commands (also read from NARAD_PASS).
     #[arg(
         short = 'p',
         long,
         global = true,
+        help_heading = CLIENT,
         env = "NARAD_PASSWORD",
         hide_env_values = true
     )]
     password: Option<String>,
     /// PEM file of a CA to trust for an https:// broker (besides the system roots).
-    #[arg(long, global = true, env = "NARAD_CA_CERT")]
+    #[arg(long, global = true,
+        help_heading = CLIENT, env = "NARAD_CA_CERT")]
     ca_cert: Option<PathBuf>,
-    /// How topic commands print: `table` (human units) or `json` (the server's JSON as is).
-    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
+    /// How commands print: `table` (for a person) or `json` (the server's JSON as is).
+    #[arg(short = 'o', long, global = true,
+        help_heading = CLIENT, value_enum, default_value_t = Output::Table)]
     output: Output,
     #[command(subcommand)]
     command: Command,
@@ -495,7 +504,8 @@ struct PubArgs {
     /// to a whole number of batches).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
     batch: u64,
-    /// Requests in flight when no --rate is given.
+    /// Requests in flight at once (with --rate: at most; the rate is kept while they
+    /// suffice, and a shortfall is reported).
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
 }

@@ -447,3 +447,32 @@ async fn operators_set_the_root_password_by_file_and_the_port_by_config() {
     assert_eq!(addr.trim(), format!("127.0.0.1:{port}"));
     child.kill().await.unwrap();
 }
+
+/// `pub --rate` keeps several requests in flight, and says when it cannot reach the rate (a
+/// million single messages a second is beyond any broker here).
+#[tokio::test]
+async fn a_rate_not_reached_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    narad(&s, &["topic", "add", "r"]).await;
+    let out = tokio::process::Command::new(BIN)
+        .args(["pub", "r", "x", "--count", "200", "--rate", "1000000"])
+        .env("NARAD_ADDR", &s.base)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("published 200 messages") && err.contains("--rate 1000000 was not reached"),
+        "{err}"
+    );
+    let v: Value = s.get("/v1/topics/r").await.json().await.unwrap();
+    let total: u64 = v["partition_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["next_offset"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 200);
+}

@@ -1404,6 +1404,8 @@ async fn cli_manages_users_and_schemas() {
             "create:orders-*",
             "--new-password",
             PW,
+            "-o",
+            "json",
         ],
     )
     .await;
@@ -1440,8 +1442,10 @@ async fn cli_manages_users_and_schemas() {
     assert!(ok, "{err}");
     let (ok, _, err) = cli_as(&s, billing, &["pub", "orders-eu", "{\"no\": 1}"]).await;
     assert!(!ok && err.contains("schema_violation"), "{err}");
-    let (ok, out, _) = cli_as(&s, billing, &["topic", "schema", "orders-eu"]).await;
+    let (ok, out, _) = cli_as(&s, billing, &["topic", "schema", "orders-eu", "-o", "json"]).await;
     assert!(ok && out.contains("\"latest\": 1"), "{out}");
+    let (ok, out, _) = cli_as(&s, billing, &["topic", "schema", "orders-eu"]).await;
+    assert!(ok && out.contains("latest") && !out.contains('{'), "{out}");
     let (ok, _, err) = cli_as(&s, billing, &["topic", "add", "payments"]).await;
     assert!(!ok && err.contains("forbidden"), "{err}");
     // grants replaced; password changed by its owner; then removed
