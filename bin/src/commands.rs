@@ -120,7 +120,22 @@ async fn cluster(c: &Client, cmd: ClusterCmd, output: Output) -> Result<(), BoxE
             to,
         } => {
             let body = serde_json::json!({"topic": topic, "partition": partition, "to": to});
-            return print_reply(c.post_json("/v1/cluster/moves", &body).await?, output);
+            print_reply(c.post_json("/v1/cluster/moves", &body).await?, output)?;
+            if output == Output::Table {
+                outln!(
+                    "partition {partition} of {topic} moves to node {to} and stays there: the planner leaves it (`narad cluster unpin {topic} {partition}` gives it back)"
+                );
+            }
+            return Ok(());
+        }
+        ClusterCmd::Unpin { topic, partition } => {
+            c.delete(&format!("/v1/cluster/moves/{}/{partition}/pin", enc(topic)))
+                .await?;
+            return done(
+                output,
+                format!("partition {partition} of {topic} is the planner's to place again"),
+                serde_json::json!({"topic": topic, "partition": partition, "pinned": false}),
+            );
         }
         ClusterCmd::MoveCancel { topic, partition } => {
             return print_reply(
@@ -186,6 +201,24 @@ async fn cluster(c: &Client, cmd: ClusterCmd, output: Output) -> Result<(), BoxE
                     m["reason"].as_str().unwrap_or("-"),
                 );
             }
+            let pinned = v["pinned"].as_array().cloned().unwrap_or_default();
+            if !pinned.is_empty() {
+                outln!();
+                outln!(
+                    "{:<24} {:>5} {:>5}  (placed by hand: the planner leaves them)",
+                    "PINNED",
+                    "PART",
+                    "OWNER"
+                );
+                for p in &pinned {
+                    outln!(
+                        "{:<24} {:>5} {:>5}",
+                        p["topic"].as_str().unwrap_or("-"),
+                        p["partition"],
+                        p["owner"]
+                    );
+                }
+            }
             return Ok(());
         }
         _ => {}
@@ -226,7 +259,8 @@ async fn cluster(c: &Client, cmd: ClusterCmd, output: Output) -> Result<(), BoxE
         | ClusterCmd::Rebalance
         | ClusterCmd::Forget { .. }
         | ClusterCmd::Decommission { .. }
-        | ClusterCmd::MoveCancel { .. } => unreachable!("handled above"),
+        | ClusterCmd::MoveCancel { .. }
+        | ClusterCmd::Unpin { .. } => unreachable!("handled above"),
         ClusterCmd::Members => {
             outln!(
                 "{:<8} {:<32} {:<6} {:>10} {:<9} MATCHED",

@@ -85,7 +85,7 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a broker for development.
+    /// Run a broker (`server start --dev` for development: no config, no security).
     #[command(subcommand)]
     Server(ServerCmd),
     /// Run a broker for production (JSON logs, config file).
@@ -116,6 +116,7 @@ enum RemoteCmd {
     /// Add a remote. Its user's password comes from --remote-password,
     /// NARAD_REMOTE_PASSWORD, or the first line of stdin.
     Add {
+        /// The remote's name here (a topic's remote child names it).
         name: String,
         /// The other cluster's base URL (https://).
         #[arg(long)]
@@ -134,11 +135,16 @@ enum RemoteCmd {
     /// List remotes.
     Ls,
     /// Show one remote.
-    Show { name: String },
+    Show {
+        /// The remote's name.
+        name: String,
+    },
     /// Change a remote's URL, user, CA or password. A new URL, user or CA takes the password
     /// again (--remote-password, NARAD_REMOTE_PASSWORD, or stdin).
     Edit {
+        /// The remote's name.
         name: String,
+        /// A new base URL (https://).
         #[arg(long)]
         url: Option<String>,
         #[arg(long = "remote-user")]
@@ -171,7 +177,10 @@ enum RemoteCmd {
         parent: Option<String>,
     },
     /// Delete a remote.
-    Rm { name: String },
+    Rm {
+        /// The remote's name.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -183,11 +192,15 @@ enum ClusterCmd {
     Members,
     /// Remove a member for good (a node that is lost or retired). Refused for the leader
     /// and when fewer than three voters would be left.
-    Remove { node_id: u64 },
+    Remove {
+        /// The member's node id.
+        node_id: u64,
+    },
     /// Seal every remote's password under the current cluster_secret (after a rotation,
     /// before cluster_secret_previous is dropped).
     ReencryptRemotes,
-    /// Move a partition to another member (copied while it serves, then a brief freeze).
+    /// Move a partition to another member (copied while it serves, then a brief freeze). It
+    /// stays there: the planner does not move it back (`cluster unpin` gives it back).
     Move {
         /// The topic.
         topic: String,
@@ -197,8 +210,16 @@ enum ClusterCmd {
         #[arg(long)]
         to: u64,
     },
-    /// Partition moves in flight: phase and bytes copied.
+    /// Partition moves in flight (phase and bytes copied), and the partitions an admin
+    /// placed by hand.
     Moves,
+    /// Give a partition an admin moved back to the planner (it may move it to balance).
+    Unpin {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+    },
     /// Cancel the move of a partition (a move that already flipped is done).
     MoveCancel {
         /// The topic.
@@ -209,13 +230,17 @@ enum ClusterCmd {
     /// A member lost for good (its disk with it): its partitions go to live members, rebuilt
     /// from the archive; what the archive did not hold is reported lost. Refused while it
     /// answers (decommission it instead).
-    Forget { node_id: u64 },
+    Forget {
+        /// The lost member's node id.
+        node_id: u64,
+    },
     /// Ask the leader for a planning pass now: partitions move from the members with the
     /// most to those with the fewest (a member that joined gets its share).
     Rebalance,
     /// Drain a member (every partition moves away, no produce is refused), then remove it
     /// from the cluster. Refused below four voters (three are kept).
     Decommission {
+        /// The member's node id.
         node_id: u64,
         /// Call a decommission off (partitions moved stay where they went).
         #[arg(long)]
@@ -228,6 +253,7 @@ enum UserCmd {
     /// Create a user. The password comes from --new-password, NARAD_NEW_PASSWORD, or the
     /// first line of stdin.
     Add {
+        /// The new user's name.
         name: String,
         /// ACTION:PATTERN[,PATTERN...] (actions: produce, consume, create, replicate) or
         /// `admin`; repeatable. Patterns are topic names or prefixes ending in `*`.
@@ -241,11 +267,18 @@ enum UserCmd {
     /// List users.
     Ls,
     /// Show one user.
-    Show { name: String },
+    Show {
+        /// The user's name.
+        name: String,
+    },
     /// Delete a user.
-    Rm { name: String },
+    Rm {
+        /// The user's name.
+        name: String,
+    },
     /// Replace a user's grants with the given ones (none: no grants).
     Grant {
+        /// The user's name.
         name: String,
         /// ACTION:PATTERN[,PATTERN...] or `admin`, as for `user add`; repeatable.
         #[arg(long = "grant")]
@@ -253,6 +286,7 @@ enum UserCmd {
     },
     /// Change a password (your own needs --current).
     Passwd {
+        /// The user's name (yours, or any with the admin grant).
         name: String,
         #[arg(long, env = "NARAD_NEW_PASSWORD", hide_env_values = true)]
         new_password: Option<String>,
@@ -343,9 +377,13 @@ enum TopicCmd {
         json: bool,
     },
     /// Show a topic's configuration and partition statistics.
-    Info { name: String },
+    Info {
+        /// The topic.
+        name: String,
+    },
     /// Delete a topic and its data.
     Rm {
+        /// The topic.
         name: String,
         /// With remote children that have records not shipped yet: abandon them.
         #[arg(long)]
@@ -355,7 +393,9 @@ enum TopicCmd {
     Edit(TopicEditArgs),
     /// Attach CHILD as a fan-out child of PARENT (every parent record is copied to it).
     Attach {
+        /// The topic whose records are copied.
         parent: String,
+        /// The topic that gets the copies (with --remote: the link's name).
         child: String,
         /// A delay child: records arrive this long after their parent commit (`30s`, `5m`;
         /// a plain number is milliseconds).
@@ -368,6 +408,7 @@ enum TopicCmd {
         /// (`narad remote`); CHILD names the link.
         #[arg(long, requires = "remote_topic", conflicts_with = "delay")]
         remote: Option<String>,
+        /// With --remote: the topic on the remote that the records go to.
         #[arg(long)]
         remote_topic: Option<String>,
         /// Requests in flight at once per parent partition (1..=8); a key's records keep
@@ -380,29 +421,46 @@ enum TopicCmd {
     },
     /// Detach CHILD from PARENT (the child keeps its data; a remote child is removed).
     Detach {
+        /// The parent topic.
         parent: String,
+        /// The child (or remote child) to detach.
         child: String,
         /// A remote child with records not shipped yet: abandon them.
         #[arg(long)]
         force: bool,
     },
     /// Pause a remote child: it ships nothing until resumed.
-    Pause { parent: String, child: String },
+    Pause {
+        /// The parent topic.
+        parent: String,
+        /// The remote child.
+        child: String,
+    },
     /// Resume a remote child (the remote is checked again first).
-    Resume { parent: String, child: String },
+    Resume {
+        /// The parent topic.
+        parent: String,
+        /// The remote child.
+        child: String,
+    },
     /// Skip the records a remote refused (`rejected_record`, `record_too_large`) that block a
     /// remote child now, or only the one named; they never reach the remote (audited).
     Skip {
+        /// The parent topic.
         parent: String,
+        /// The remote child.
         child: String,
+        /// Only the record at this partition of the parent (with --offset).
         #[arg(long, requires = "offset")]
         partition: Option<u32>,
+        /// Only the record at this offset (with --partition).
         #[arg(long, requires = "partition")]
         offset: Option<u64>,
     },
     /// Make a mirror of a topic on another cluster the primary (a failover): one epoch more,
     /// so the old primary's link is fenced; the old primary's tail is still taken.
     Promote {
+        /// The mirror topic to promote.
         name: String,
         /// Also a demoted topic, as it is (two primaries if its replacement lives on).
         #[arg(long)]
@@ -417,11 +475,20 @@ enum TopicCmd {
     },
     /// Stop a primary taking produces and leases (a planned switchover): its remote children
     /// ship what they hold, then promote the mirror.
-    Demote { name: String },
+    Demote {
+        /// The topic.
+        name: String,
+    },
     /// List PARENT's children with their lag.
-    Children { parent: String },
+    Children {
+        /// The parent topic.
+        parent: String,
+    },
     /// Show a topic's JSON Schema versions.
-    Schema { name: String },
+    Schema {
+        /// The topic.
+        name: String,
+    },
 }
 
 /// Durations take `ms`, `s`, `m`, `h`, `d` (`30s`, `7d`) and sizes `B`, `KiB`, `MiB`, `GiB`
@@ -468,6 +535,7 @@ struct TopicAddArgs {
 
 #[derive(Args)]
 struct TopicEditArgs {
+    /// The topic.
     name: String,
     #[command(flatten)]
     settings: TopicSettings,
@@ -527,7 +595,7 @@ struct SubArgs {
     #[arg(long)]
     partition: Option<u32>,
     /// With --peek: start at this offset instead of the current end.
-    #[arg(long)]
+    #[arg(long, requires = "peek")]
     from: Option<u64>,
     /// Stop when nothing arrives for this many seconds (default: never).
     #[arg(long)]

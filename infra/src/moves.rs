@@ -1459,7 +1459,10 @@ pub fn plan_moves(
             }
             let entry = (t.name.clone(), t.id, p, owner);
             if count.contains_key(&owner) {
-                movable.push(entry);
+                // (an admin placed it: balancing leaves it where it is)
+                if !t.pinned.contains(&p) {
+                    movable.push(entry);
+                }
             } else {
                 drain.push(entry);
             }
@@ -1724,6 +1727,7 @@ mod tests {
                 rebuilt: Default::default(),
                 role: Default::default(),
                 carried_children: Vec::new(),
+                pinned: Default::default(),
             },
         }
     }
@@ -1826,6 +1830,53 @@ mod tests {
             plan.iter()
                 .all(|m| m.to == 4 && !(m.topic == "a" && m.partition == 0))
         );
+        // an admin's move, completed, is pinned: balancing never moves it back, and moves
+        // others instead; a decommission still takes it; unpinned, it is the planner's again
+        let moved = apply(
+            &moving,
+            &CatalogCommand::CompleteMove {
+                topic_id: 1,
+                partition: 0,
+                move_id: 5,
+                source: 1,
+                target: 4,
+                expect_epoch: 0,
+                token: 9,
+            },
+        )
+        .unwrap()
+        .0;
+        assert!(moved.get("a").unwrap().pinned.contains(&0));
+        // (4 has one now, 1 one fewer: the planner evens it out with other partitions)
+        let plan = plan_moves(&moved, &[1, 2, 3, 4], &all, 8, true);
+        assert!(
+            plan.iter().all(|m| !(m.topic == "a" && m.partition == 0)),
+            "{plan:?}"
+        );
+        let draining4 = apply(
+            &moved,
+            &CatalogCommand::SetDraining {
+                node: 4,
+                draining: true,
+            },
+        )
+        .unwrap()
+        .0;
+        assert!(
+            plan_moves(&draining4, &[1, 2, 3, 4], &all, 8, true)
+                .iter()
+                .any(|m| m.topic == "a" && m.partition == 0 && m.reason == "decommission")
+        );
+        let unpinned = apply(
+            &moved,
+            &CatalogCommand::Unpin {
+                topic_id: 1,
+                partition: 0,
+            },
+        )
+        .unwrap()
+        .0;
+        assert!(unpinned.get("a").unwrap().pinned.is_empty());
     }
 }
 

@@ -3924,6 +3924,58 @@ async fn partitions_move_between_members_under_traffic_and_lose_nothing() {
             .more(&format!("traffic after moving partition {p}"), 200)
             .await;
     }
+    // a partition an admin moved stays where it went: pinned, left alone by a planning pass
+    // (which balances with the others), until unpinned
+    let pinned = async || -> Vec<u64> {
+        let (_, m) = nodes[2]
+            .call(("x", "y"), Method::GET, "/v1/cluster/moves", None)
+            .await;
+        let mut p: Vec<u64> = m["pinned"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["topic"] == "c")
+            .filter_map(|p| p["partition"].as_u64())
+            .collect();
+        p.sort_unstable();
+        p
+    };
+    assert_eq!(pinned().await, vec![0, 1]);
+    let (st, plan) = nodes[1]
+        .call(("x", "y"), Method::POST, "/v1/cluster/rebalance", None)
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{plan}");
+    assert!(
+        plan["moves"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["topic"] != "c" || m["partition"].as_u64().unwrap() > 1),
+        "{plan}"
+    );
+    until("the planner's moves done", 90, async || {
+        owners_and_moves(&nodes[0]).await.1 == 0
+    })
+    .await;
+    let (owners, _) = owners_and_moves(&nodes[0]).await;
+    assert_eq!((owners[0], owners[1]), (before[0], next(before[1])));
+    let unpin = async || {
+        nodes[0]
+            .call(
+                ("x", "y"),
+                Method::DELETE,
+                "/v1/cluster/moves/c/0/pin",
+                None,
+            )
+            .await
+            .0
+    };
+    assert_eq!(unpin().await, StatusCode::NO_CONTENT);
+    assert_eq!(unpin().await, StatusCode::NOT_FOUND);
+    until("unpinned everywhere", 30, async || {
+        pinned().await == vec![1]
+    })
+    .await;
     // a move to where the partition is, or to a stranger, is refused
     let (st, body) = nodes[0]
         .call(

@@ -366,6 +366,7 @@ mod tests {
                 rebuilt: Default::default(),
                 role: Default::default(),
                 carried_children: Vec::new(),
+                pinned: Default::default(),
             }],
             cursors: vec![CursorPosition {
                 child: "orders-audit".into(),

@@ -1068,6 +1068,7 @@ fn restored_meta(
                 rebuilt: Default::default(),
                 role: Default::default(),
                 carried_children: Vec::new(),
+                pinned: Default::default(),
             })
         }
         (None, Some(m)) => Some(from_snapshot(m)),

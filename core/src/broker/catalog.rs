@@ -134,6 +134,7 @@ impl Broker {
             rebuilt: Default::default(),
             role: Default::default(),
             carried_children: Vec::new(),
+            pinned: Default::default(),
         })
     }
 
@@ -622,6 +623,9 @@ impl Broker {
         topic.deleted.store(true, Ordering::Release);
         topic.timer.notify_one();
         self.metrics.forget_topic(name);
+        // (a mirror's index and what waits beside it go with it)
+        self.mirror_indexes.lock().remove(&topic.id());
+        self.mirror_deferred.lock().remove(&topic.id());
         for w in topic.waiters.lock().drain() {
             let _ = w.tx.send(Vec::new());
         }

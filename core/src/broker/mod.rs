@@ -493,6 +493,8 @@ pub struct Broker {
     remote_cursors: Mutex<HashMap<(String, u32), Arc<remotes::RemoteCursor>>>,
     /// Mirror topics' indexes of records not settled yet, by topic id (see `progress`).
     mirror_indexes: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<progress::MirrorIndex>>>>,
+    /// Per mirror topic: batches taken while its index was busy, to index next.
+    mirror_deferred: Mutex<HashMap<u64, Vec<progress::Deferred>>>,
     /// Signalled whenever a mirror takes progress (a promote waiting for a drain).
     mirror_progress_taken: Notify,
     /// How remote children's records reach their remotes.
@@ -605,6 +607,7 @@ impl Broker {
             copy_forwarder: std::sync::OnceLock::new(),
             remote_cursors: Mutex::new(HashMap::new()),
             mirror_indexes: Mutex::new(HashMap::new()),
+            mirror_deferred: Mutex::new(HashMap::new()),
             mirror_progress_taken: Notify::new(),
             shipper: std::sync::OnceLock::new(),
             moves_lock: tokio::sync::Mutex::new(()),

@@ -797,6 +797,31 @@ impl Broker {
             .cloned()
             .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))
     }
+
+    /// Gives partition `p` of `topic`, which an admin moved by hand, back to the planner.
+    /// Whether it was pinned.
+    pub async fn unpin(self: &Arc<Self>, topic: &str, p: u32) -> Result<bool, BrokerError> {
+        if !self.store.replicated() {
+            return Err(BrokerError::ClusterUnsupported(
+                "partition moves need a cluster (cluster_members)".into(),
+            ));
+        }
+        let meta = self
+            .store
+            .catalog()
+            .get(topic)
+            .cloned()
+            .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))?;
+        if !meta.pinned.contains(&p) {
+            return Ok(false);
+        }
+        self.propose_replicated(crate::catalog::CatalogCommand::Unpin {
+            topic_id: meta.id,
+            partition: p,
+        })
+        .await?;
+        Ok(true)
+    }
 }
 
 impl Broker {

@@ -310,6 +310,19 @@ pub(crate) use remotes::origin_of;
 /// order: concurrent requests finish in any order); beyond, batches are left to be read.
 const MAX_AHEAD: usize = 1024;
 
+/// Most records whose origins wait beside a busy index (per topic), to be indexed by its
+/// next holder; beyond, they are read back.
+const MAX_DEFERRED: usize = 256 << 10;
+
+/// A batch a mirror took while its index was busy: where it went and its records' origins.
+#[derive(Debug)]
+pub(crate) struct Deferred {
+    source: Source,
+    partition: u32,
+    base: u64,
+    origins: Vec<Option<remotes::Hop>>,
+}
+
 /// What a mirror's index looked at of one of its local partitions.
 #[derive(Debug, Default)]
 struct Looked {
@@ -355,7 +368,17 @@ impl MirrorIndex {
         local: (u32, u64),
         headers: &[(String, bytes::Bytes)],
     ) -> Indexed {
-        let Some((src, op, oo)) = origin_of(headers) else {
+        self.look_origin(q, local, origin_of(headers))
+    }
+
+    /// [`MirrorIndex::look`] with the record's origin read already.
+    fn look_origin(
+        &mut self,
+        q: &mut crate::queue::PartitionQueue,
+        local: (u32, u64),
+        origin: Option<remotes::Hop>,
+    ) -> Indexed {
+        let Some((src, op, oo)) = origin else {
             return Indexed::Skipped;
         };
         if src != self.source {
@@ -612,6 +635,7 @@ impl Broker {
             return Err(e.into());
         }
         self.mirror_indexes.lock().remove(&t.id());
+        self.mirror_deferred.lock().remove(&t.id());
         // (no longer a mirror: no progress is expected)
         self.metrics.mirror_progress_at.remove(&TopicLabel {
             topic: topic.to_owned(),
@@ -621,9 +645,11 @@ impl Broker {
 
     /// Indexes records mirror `t` just took from its source's link into `partition` (durable,
     /// from offset `base`), so the progress that covers them settles them without reading
-    /// them back. Best effort, and never waits: records the index cannot take now (it is
-    /// busy, none exists yet, or they do not follow what it looked at last) are read back
-    /// at the next progress instead.
+    /// them back. Never waits: while the index is busy (a progress message holds it, maybe
+    /// reading), the batch's origins wait beside it (at most [`MAX_DEFERRED`] records) and
+    /// the next holder indexes them first; records none of this takes (no index yet, too
+    /// many waiting, or they do not follow what it looked at last) are read back at the next
+    /// progress instead.
     pub(super) fn index_taken(
         &self,
         t: &Topic,
@@ -635,9 +661,45 @@ impl Broker {
         let Some(index) = self.mirror_indexes.lock().get(&t.id()).cloned() else {
             return;
         };
+        let origins: Vec<Option<remotes::Hop>> =
+            records.iter().map(|r| origin_of(&r.headers)).collect();
         let Ok(mut index) = index.try_lock() else {
+            let mut deferred = self.mirror_deferred.lock();
+            let waiting = deferred.entry(t.id()).or_default();
+            let held: usize = waiting.iter().map(|d| d.origins.len()).sum();
+            if held + origins.len() <= MAX_DEFERRED {
+                waiting.push(Deferred {
+                    source,
+                    partition,
+                    base,
+                    origins,
+                });
+            }
             return;
         };
+        self.index_deferred(t, &mut index);
+        self.index_batch(t, &mut index, source, partition, base, &origins);
+    }
+
+    /// Indexes the batches that waited while `index` was busy (its holder calls this first).
+    fn index_deferred(&self, t: &Topic, index: &mut MirrorIndex) {
+        let waiting = self.mirror_deferred.lock().remove(&t.id());
+        for d in waiting.into_iter().flatten() {
+            self.index_batch(t, index, d.source, d.partition, d.base, &d.origins);
+        }
+    }
+
+    /// Indexes one batch of `t`'s partition `partition` from `base`, with its records'
+    /// origins (the caller holds the index).
+    fn index_batch(
+        &self,
+        t: &Topic,
+        index: &mut MirrorIndex,
+        source: Source,
+        partition: u32,
+        base: u64,
+        origins: &[Option<remotes::Hop>],
+    ) {
         if index.source != source {
             return;
         }
@@ -648,7 +710,7 @@ impl Broker {
         if index.scanned.len() <= p {
             index.scanned.resize_with(p + 1, Looked::default);
         }
-        let end = base + records.len() as u64;
+        let end = base + origins.len() as u64;
         let mut q = part.queue.lock();
         // everything below `start` was looked at (or is settled)
         let start = index.scanned[p].advance(q.frontier());
@@ -659,8 +721,8 @@ impl Broker {
         }
         let mut settled = 0u64;
         let mut upto = end;
-        for (offset, r) in (from..end).zip(&records[(from - base) as usize..]) {
-            match index.look(&mut q, (partition, offset), &r.headers) {
+        for (offset, origin) in (from..end).zip(&origins[(from - base) as usize..]) {
+            match index.look_origin(&mut q, (partition, offset), *origin) {
                 Indexed::Settled(now) => settled += u64::from(now),
                 Indexed::Skipped | Indexed::Kept => {}
                 // the rest is left for the read at the next progress, which logs it
@@ -732,6 +794,8 @@ impl Broker {
         index: &mut MirrorIndex,
         budget: &mut u64,
     ) -> Result<u64, BrokerError> {
+        // what came while the index was busy first: it need not be read back
+        self.index_deferred(t, index);
         let meta = t.meta.read().clone();
         let parts = t.partitions();
         if index.scanned.len() < parts.len() {

@@ -77,6 +77,10 @@ pub struct TopicMeta {
     /// attaches them here (see [`CarriedChild`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub carried_children: Vec<CarriedChild>,
+    /// In a cluster: partitions an admin moved by hand, which the planner leaves where they
+    /// are until unpinned (a decommission still moves them).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub pinned: std::collections::BTreeSet<u32>,
 }
 
 /// A fan-out child of a mirror's source, carried over the link: at the promote the new
@@ -251,6 +255,8 @@ pub enum CatalogCommand {
         expect: TopicRole,
         role: TopicRole,
     },
+    /// Partition `partition` of topic `topic_id` is the planner's to place again.
+    Unpin { topic_id: u64, partition: u32 },
     /// Mirror `topic_id` records its source's fan-out children (a promote attaches them).
     SetCarriedChildren {
         topic_id: u64,
@@ -795,6 +801,17 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
                 role: *role,
                 ..(*old).clone()
             });
+            next.topics.insert(t.name.clone(), t.clone());
+            Applied::Topic(t)
+        }
+        CatalogCommand::Unpin {
+            topic_id,
+            partition,
+        } => {
+            let old = next.by_id(*topic_id)?.clone();
+            let mut t = (*old).clone();
+            t.pinned.remove(partition);
+            let t = Arc::new(t);
             next.topics.insert(t.name.clone(), t.clone());
             Applied::Topic(t)
         }

@@ -191,6 +191,13 @@ pub(super) fn apply_complete(
     }
     t.owners[partition as usize] = target;
     t.owner_epochs[partition as usize] = epoch + 1;
+    // a partition an admin moved stays where it went: the planner leaves it (until
+    // unpinned); one the planner or a decommission moved is the planner's again
+    if m.reason == "admin" {
+        t.pinned.insert(partition);
+    } else {
+        t.pinned.remove(&partition);
+    }
     t.moves.remove(&partition);
     let t = std::sync::Arc::new(t);
     next.topics.insert(t.name.clone(), t.clone());

@@ -17,6 +17,7 @@ fn topic(id: u64, name: &str) -> TopicMeta {
         rebuilt: Default::default(),
         role: Default::default(),
         carried_children: Vec::new(),
+        pinned: Default::default(),
     }
 }
 

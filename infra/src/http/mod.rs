@@ -383,6 +383,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/cluster/moves"),
     ("GET", "/v1/cluster/moves"),
     ("DELETE", "/v1/cluster/moves/{topic}/{partition}"),
+    ("DELETE", "/v1/cluster/moves/{topic}/{partition}/pin"),
     ("POST", "/v1/topics"),
     ("GET", "/v1/topics"),
     ("GET", "/v1/topics/{topic}"),
@@ -438,6 +439,10 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/cluster/moves/{topic}/{partition}",
             axum::routing::delete(moves::cancel),
+        )
+        .route(
+            "/v1/cluster/moves/{topic}/{partition}/pin",
+            axum::routing::delete(moves::unpin),
         )
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(

@@ -216,9 +216,18 @@ pub async fn list(
             m.last_error.clone_from(&p.last_error);
         }
     }
+    // the partitions an admin placed by hand, which the planner leaves
+    let pinned: Vec<serde_json::Value> = catalog
+        .topics()
+        .flat_map(|t| {
+            t.pinned.iter().map(
+                |&p| serde_json::json!({"topic": t.name, "partition": p, "owner": t.owner_of(p)}),
+            )
+        })
+        .collect();
     Ok(json_response(
         StatusCode::OK,
-        &serde_json::json!({ "moves": moves }),
+        &serde_json::json!({ "moves": moves, "pinned": pinned }),
     ))
 }
 
@@ -251,6 +260,35 @@ pub async fn cancel(
         .set_move_target(&topic, partition, None, "admin")
         .await?;
     audit(&caller, "partition_move_cancel", &topic, partition, None);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `DELETE /v1/cluster/moves/{topic}/{partition}/pin`: a partition an admin moved is the
+/// planner's to place again (`404` if it was not pinned).
+pub async fn unpin(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path((topic, partition)): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    caller.require_admin()?;
+    cluster_of(&state, ErrorCode::MoveConflict)?;
+    let broker = state.broker()?.clone();
+    let partition: u32 = partition.parse().map_err(|_| {
+        ApiError::new(
+            ErrorCode::InvalidField,
+            format!("partition: '{partition}' is not a partition number"),
+        )
+    })?;
+    broker.topic_meta(&topic)?;
+    if !broker.unpin(&topic, partition).await? {
+        return Err(ApiError::new(
+            ErrorCode::MoveNotFound,
+            format!("partition {partition} of '{topic}' is not pinned"),
+        ));
+    }
+    audit(&caller, "partition_unpin", &topic, partition, None);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

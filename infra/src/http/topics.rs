@@ -46,6 +46,9 @@ pub struct TopicJson<'a> {
     children: Vec<String>,
     /// Primary, mirror of a topic on another cluster, or demoted, and the epoch.
     failover: RoleJson,
+    /// In a cluster: partitions an admin moved by hand, which the planner leaves.
+    #[serde(skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pinned_partitions: &'a std::collections::BTreeSet<u32>,
     /// A mirror: its source's fan-out children, which its promote attaches here.
     #[serde(skip_serializing_if = "<[narad_core::catalog::CarriedChild]>::is_empty")]
     carried_children: &'a [narad_core::catalog::CarriedChild],
@@ -139,6 +142,7 @@ fn topic_json_with<'a>(
         children,
         failover: role_json(&m.role),
         carried_children: &m.carried_children,
+        pinned_partitions: &m.pinned,
     }
 }
 
