@@ -193,9 +193,9 @@ async fn cluster(c: &Client, cmd: ClusterCmd, output: Output) -> Result<(), BoxE
                 outln!(
                     "{:<24} {:>5} {:>5} {:>5} {:<10} {:>14} {}",
                     m["topic"].as_str().unwrap_or("-"),
-                    m["partition"],
-                    m["from"],
-                    m["to"],
+                    m["partition"].to_string(),
+                    m["from"].to_string(),
+                    m["to"].to_string(),
                     m["phase"].as_str().unwrap_or("waiting"),
                     m["bytes_copied"].as_u64().unwrap_or(0),
                     m["reason"].as_str().unwrap_or("-"),
@@ -214,8 +214,8 @@ async fn cluster(c: &Client, cmd: ClusterCmd, output: Output) -> Result<(), BoxE
                     outln!(
                         "{:<24} {:>5} {:>5}",
                         p["topic"].as_str().unwrap_or("-"),
-                        p["partition"],
-                        p["owner"]
+                        p["partition"].to_string(),
+                        p["owner"].to_string()
                     );
                 }
             }
@@ -361,6 +361,7 @@ fn flatten(prefix: &str, v: &Value, rows: &mut Vec<(String, String)>) {
                 flatten(&key(k), x, rows);
             }
         }
+        Value::Array(a) if a.is_empty() => rows.push((prefix.to_owned(), "(none)".to_owned())),
         Value::Array(a) if a.iter().all(|x| !x.is_object() && !x.is_array()) => {
             let items: Vec<String> = a.iter().map(scalar_text).collect();
             rows.push((prefix.to_owned(), items.join(", ")));

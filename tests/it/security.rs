@@ -196,6 +196,9 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
         "DELETE /v1/cluster/moves/{topic}/{partition}" => {
             (Method::DELETE, "/v1/cluster/moves/m-t/0".into(), None)
         }
+        "DELETE /v1/cluster/moves/{topic}/{partition}/pin" => {
+            (Method::DELETE, "/v1/cluster/moves/m-t/0/pin".into(), None)
+        }
         "POST /v1/topics" => (
             Method::POST,
             "/v1/topics".into(),
@@ -405,6 +408,10 @@ fn rows() -> Vec<Row> {
         r("GET /v1/cluster/moves", [U, U, F, F, 409]),
         r(
             "DELETE /v1/cluster/moves/{topic}/{partition}",
+            [U, U, F, F, 409],
+        ),
+        r(
+            "DELETE /v1/cluster/moves/{topic}/{partition}/pin",
             [U, U, F, F, 409],
         ),
         r("POST /v1/topics", [U, U, F, 201, 201]),

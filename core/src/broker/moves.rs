@@ -757,17 +757,7 @@ impl Broker {
         target: Option<u64>,
         reason: &str,
     ) -> Result<Arc<TopicMeta>, BrokerError> {
-        if !self.store.replicated() {
-            return Err(BrokerError::ClusterUnsupported(
-                "partition moves need a cluster (cluster_members)".into(),
-            ));
-        }
-        let meta = self
-            .store
-            .catalog()
-            .get(topic)
-            .cloned()
-            .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))?;
+        let meta = self.moves_topic(topic)?;
         if p >= meta.config.partitions {
             return Err(BrokerError::PartitionOutOfRange {
                 index: None,
@@ -798,20 +788,24 @@ impl Broker {
             .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))
     }
 
-    /// Gives partition `p` of `topic`, which an admin moved by hand, back to the planner.
-    /// Whether it was pinned.
-    pub async fn unpin(self: &Arc<Self>, topic: &str, p: u32) -> Result<bool, BrokerError> {
+    /// `topic` as the catalog has it, on a cluster member (moves need a cluster).
+    fn moves_topic(&self, topic: &str) -> Result<Arc<TopicMeta>, BrokerError> {
         if !self.store.replicated() {
             return Err(BrokerError::ClusterUnsupported(
                 "partition moves need a cluster (cluster_members)".into(),
             ));
         }
-        let meta = self
-            .store
+        self.store
             .catalog()
             .get(topic)
             .cloned()
-            .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))?;
+            .ok_or_else(|| BrokerError::TopicNotFound(topic.to_owned()))
+    }
+
+    /// Gives partition `p` of `topic`, which an admin moved by hand, back to the planner.
+    /// Whether it was pinned.
+    pub async fn unpin(self: &Arc<Self>, topic: &str, p: u32) -> Result<bool, BrokerError> {
+        let meta = self.moves_topic(topic)?;
         if !meta.pinned.contains(&p) {
             return Ok(false);
         }

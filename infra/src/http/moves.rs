@@ -70,6 +70,16 @@ fn moves_of(t: &TopicMeta) -> impl Iterator<Item = MoveJson> + '_ {
     })
 }
 
+/// A partition number from a path.
+fn partition_number(p: &str) -> Result<u32, ApiError> {
+    p.parse().map_err(|_| {
+        ApiError::new(
+            ErrorCode::InvalidField,
+            format!("partition: '{p}' is not a partition number"),
+        )
+    })
+}
+
 /// This node's cluster membership; a single node answers `409` with `code` (as removing a
 /// member does: there is nothing to move or remove, and the request is not wrong in form).
 fn cluster_of(
@@ -243,12 +253,7 @@ pub async fn cancel(
     caller.require_admin()?;
     cluster_of(&state, ErrorCode::MoveConflict)?;
     let broker = state.broker()?.clone();
-    let partition: u32 = partition.parse().map_err(|_| {
-        ApiError::new(
-            ErrorCode::InvalidField,
-            format!("partition: '{partition}' is not a partition number"),
-        )
-    })?;
+    let partition = partition_number(&partition)?;
     let meta = broker.topic_meta(&topic)?;
     if !meta.moves.contains_key(&partition) {
         return Err(ApiError::new(
@@ -275,12 +280,7 @@ pub async fn unpin(
     caller.require_admin()?;
     cluster_of(&state, ErrorCode::MoveConflict)?;
     let broker = state.broker()?.clone();
-    let partition: u32 = partition.parse().map_err(|_| {
-        ApiError::new(
-            ErrorCode::InvalidField,
-            format!("partition: '{partition}' is not a partition number"),
-        )
-    })?;
+    let partition = partition_number(&partition)?;
     broker.topic_meta(&topic)?;
     if !broker.unpin(&topic, partition).await? {
         return Err(ApiError::new(
