@@ -40,6 +40,23 @@ fn spec_and_router_agree() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.yaml"))
             .expect("docs/openapi.yaml exists");
     assert!(yaml.contains("openapi: 3.1"), "OpenAPI 3.1 document");
+    // (a plain scalar with ": " in it is not YAML: schemathesis could not read the file once
+    // while this test, which reads it as text, passed)
+    let unreadable: Vec<(usize, &str)> = yaml
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            l.trim_start()
+                .strip_prefix("description: ")
+                .or_else(|| l.trim_start().strip_prefix("summary: "))
+                .is_some_and(|v| !v.starts_with(['"', '\'', '>', '|']) && v.contains(": "))
+        })
+        .map(|(i, l)| (i + 1, l))
+        .collect();
+    assert!(
+        unreadable.is_empty(),
+        "descriptions with an unquoted ': ' (not valid YAML): {unreadable:?}"
+    );
     let spec = spec_routes(&yaml);
     let code: BTreeSet<(String, String)> = narad_infra::http::ROUTES
         .iter()
