@@ -112,6 +112,11 @@ impl Client {
         let base = c.server.trim_end_matches('/').to_owned();
         let base = if base.starts_with("http://") || base.starts_with("https://") {
             base
+        } else if let Some((scheme, _)) = base.split_once("://") {
+            return Err(format!(
+                "--server {base}: the scheme must be http:// or https://, not {scheme}://"
+            )
+            .into());
         } else {
             format!("http://{base}")
         };
@@ -157,6 +162,21 @@ impl Client {
         }
         if e.is_timeout() {
             return format!("the broker at {} did not answer in time", self.base);
+        }
+        // TLS spoken to a plain HTTP listener: its first bytes are not a TLS record
+        let mut cause: Option<&dyn std::error::Error> = Some(e);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if self.base.starts_with("https://")
+                && (text.contains("InvalidContentType") || text.contains("corrupt message"))
+            {
+                return format!(
+                    "the broker at {} does not speak TLS there: use http://{}",
+                    self.base,
+                    self.base.trim_start_matches("https://")
+                );
+            }
+            cause = c.source();
         }
         let mut msg = format!("cannot reach the broker at {}: {e}", self.base);
         let mut cause = std::error::Error::source(e);

@@ -476,3 +476,31 @@ async fn a_rate_not_reached_is_said() {
         .sum();
     assert_eq!(total, 200);
 }
+
+/// A --server the CLI cannot use is said plainly: another scheme is refused, and https://
+/// against a plain HTTP broker says to use http://.
+#[tokio::test]
+async fn a_server_address_the_cli_cannot_use_is_said_plainly() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let run = async |server: &str| {
+        let out = tokio::process::Command::new(BIN)
+            .args(["-s", server, "topic", "ls"])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run("ftp://127.0.0.1:1").await;
+    assert!(
+        err.contains("must be http:// or https://, not ftp://"),
+        "{err}"
+    );
+    let tls = s.base.replacen("http://", "https://", 1);
+    let err = run(&tls).await;
+    assert!(
+        err.contains("does not speak TLS there: use http://"),
+        "{err}"
+    );
+}
