@@ -180,44 +180,40 @@ async fn cluster(c: &Client, cmd: ClusterCmd, output: Output) -> Result<(), BoxE
                 return j.print_pretty();
             }
             let v: serde_json::Value = j.parse()?;
-            outln!(
-                "{:<24} {:>5} {:>5} {:>5} {:<10} {:>14} REASON",
-                "TOPIC",
-                "PART",
-                "FROM",
-                "TO",
-                "PHASE",
-                "BYTES"
-            );
-            for m in v["moves"].as_array().into_iter().flatten() {
-                outln!(
-                    "{:<24} {:>5} {:>5} {:>5} {:<10} {:>14} {}",
-                    m["topic"].as_str().unwrap_or("-"),
-                    m["partition"].to_string(),
-                    m["from"].to_string(),
-                    m["to"].to_string(),
-                    m["phase"].as_str().unwrap_or("waiting"),
-                    m["bytes_copied"].as_u64().unwrap_or(0),
-                    m["reason"].as_str().unwrap_or("-"),
-                );
-            }
-            let pinned = v["pinned"].as_array().cloned().unwrap_or_default();
+            let rows: Vec<Vec<String>> = v["moves"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    vec![
+                        m["topic"].as_str().unwrap_or("-").to_owned(),
+                        scalar_text(&m["partition"]),
+                        scalar_text(&m["from"]),
+                        scalar_text(&m["to"]),
+                        m["phase"].as_str().unwrap_or("waiting").to_owned(),
+                        m["bytes_copied"].as_u64().unwrap_or(0).to_string(),
+                        m["reason"].as_str().unwrap_or("-").to_owned(),
+                    ]
+                })
+                .collect();
+            let head = ["TOPIC", "PART", "FROM", "TO", "PHASE", "BYTES", "REASON"];
+            outln!("{}", table(&head, &rows));
+            let pinned: Vec<Vec<String>> = v["pinned"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| {
+                    vec![
+                        p["topic"].as_str().unwrap_or("-").to_owned(),
+                        scalar_text(&p["partition"]),
+                        scalar_text(&p["owner"]),
+                    ]
+                })
+                .collect();
             if !pinned.is_empty() {
                 outln!();
-                outln!(
-                    "{:<24} {:>5} {:>5}  (placed by hand: the planner leaves them)",
-                    "PINNED",
-                    "PART",
-                    "OWNER"
-                );
-                for p in &pinned {
-                    outln!(
-                        "{:<24} {:>5} {:>5}",
-                        p["topic"].as_str().unwrap_or("-"),
-                        p["partition"].to_string(),
-                        p["owner"].to_string()
-                    );
-                }
+                outln!("placed by hand (the planner leaves them where they are):");
+                outln!("{}", table(&["PINNED", "PART", "OWNER"], &pinned));
             }
             return Ok(());
         }
@@ -335,15 +331,25 @@ fn print_reply(r: Reply, output: Output) -> Result<(), BoxError> {
     let v: Value = j.parse()?;
     let mut rows = Vec::new();
     flatten("", &v, &mut rows);
-    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    for (k, val) in &rows {
+    print_fields(&rows);
+    Ok(())
+}
+
+/// `key  value` lines, the values aligned (a row with no key prints its value alone).
+fn print_fields<K: AsRef<str>>(rows: &[(K, String)]) {
+    let width = rows
+        .iter()
+        .map(|(k, _)| k.as_ref().len())
+        .max()
+        .unwrap_or(0);
+    for (k, val) in rows {
+        let k = k.as_ref();
         if k.is_empty() {
             outln!("{val}");
         } else {
             outln!("{k:<width$}  {val}");
         }
     }
-    Ok(())
 }
 
 /// `v`'s scalar fields under `prefix` as `(key, text)`, depth first.
@@ -863,10 +869,7 @@ fn show_topic(r: Reply, output: Output) -> Result<(), BoxError> {
         };
         rows.push(("failover", text));
     }
-    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    for (k, val) in &rows {
-        outln!("{k:<width$}  {val}");
-    }
+    print_fields(&rows);
     let unavailable: Vec<u64> =
         serde_json::from_value(v["partitions_unavailable"].clone()).unwrap_or_default();
     if let Ok(d) = serde_json::from_value::<wire::TopicDetails>(v) {

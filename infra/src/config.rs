@@ -111,6 +111,19 @@ impl ClusterSettings {
     }
 }
 
+/// A secret kept in a file: its content without one trailing newline (as `echo` and editors
+/// leave it).
+pub fn read_secret_file(path: &str) -> std::io::Result<Vec<u8>> {
+    let mut b = std::fs::read(path)?;
+    if b.ends_with(b"\n") {
+        b.pop();
+        if b.ends_with(b"\r") {
+            b.pop();
+        }
+    }
+    Ok(b)
+}
+
 /// One secret from its value or its file (never both), checked for length. Errors name the
 /// key and the file, never the content.
 fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>, ConfigError> {
@@ -122,19 +135,10 @@ fn read_secret(key: &str, value: &Secret, file: &str) -> Result<Option<Vec<u8>>,
             return bad(key.into(), format!("set {key} or {key}_file, not both"));
         }
         (false, true) => value.bytes().to_vec(),
-        (true, false) => {
-            let mut b = std::fs::read(file).map_err(|e| ConfigError::Invalid {
-                key: format!("{key}_file"),
-                message: format!("cannot read {file}: {e}"),
-            })?;
-            if b.ends_with(b"\n") {
-                b.pop();
-                if b.ends_with(b"\r") {
-                    b.pop();
-                }
-            }
-            b
-        }
+        (true, false) => read_secret_file(file).map_err(|e| ConfigError::Invalid {
+            key: format!("{key}_file"),
+            message: format!("cannot read {file}: {e}"),
+        })?,
     };
     let min = narad_tiering::catalog::MIN_SECRET_BYTES;
     if bytes.len() < min {

@@ -150,16 +150,11 @@ async fn open_security(cfg: &ServerConfig) -> Result<Option<Security>, ServerErr
             }
             (from_env, true) => from_env,
             (None, false) => {
-                let mut p = std::fs::read_to_string(file).map_err(|e| {
+                let cannot = |e: String| {
                     ServerError::Security(format!("admin_password_file: cannot read {file}: {e}"))
-                })?;
-                if p.ends_with('\n') {
-                    p.pop();
-                    if p.ends_with('\r') {
-                        p.pop();
-                    }
-                }
-                Some(p)
+                };
+                let p = crate::config::read_secret_file(file).map_err(|e| cannot(e.to_string()))?;
+                Some(String::from_utf8(p).map_err(|_| cannot("not UTF-8".into()))?)
             }
         };
         if let Some(p) = &admin_password {

@@ -11,14 +11,13 @@
 //!
 //! The copy target is a [`Sink`], so a remote sender can take the local child's place later.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-
-use std::collections::BTreeMap;
 
 use super::{Broker, BrokerError, Topic, random_u64};
 use crate::catalog::{Applied, CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN, TopicMeta};
@@ -1459,8 +1458,6 @@ async fn copy_slab<S: Sink>(
         });
     }
     let progress = partial.as_mut().expect("set above");
-    // the child's ends before the copies: the marks' bound for partitions this slab does
-    // not reach
     // one group commit per child partition
     let mut bases: Vec<Option<u64>> = vec![None; n as usize];
     let mut all_known = true;

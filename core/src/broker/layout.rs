@@ -9,16 +9,14 @@ impl Broker {
         let parts = self
             .open_partitions(&dir, 0, meta.config.partitions)
             .await?;
-        // the series an alert watches for its first increase exist from the start, at 0 (a
-        // series born at its first drop shows no increase to Prometheus)
         let label = TopicLabel {
             topic: meta.name.clone(),
         };
+        // the series an alert watches for its first increase exist from the start, at 0 (a
+        // series born at its first drop shows no increase to Prometheus)
         let _ = self.metrics.retention_dropped_unacked.get_or_create(&label);
         Ok(Arc::new(Topic {
-            label: TopicLabel {
-                topic: meta.name.clone(),
-            },
+            label,
             meta: RwLock::new(meta),
             dir,
             partitions: RwLock::new(Arc::new(parts)),

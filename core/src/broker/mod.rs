@@ -493,8 +493,9 @@ pub struct Broker {
     remote_cursors: Mutex<HashMap<(String, u32), Arc<remotes::RemoteCursor>>>,
     /// Mirror topics' indexes of records not settled yet, by topic id (see `progress`).
     mirror_indexes: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<progress::MirrorIndex>>>>,
-    /// Per mirror topic: batches taken while its index was busy, to index next.
-    mirror_deferred: Mutex<HashMap<u64, Vec<progress::Deferred>>>,
+    /// Per mirror topic: batches taken while its index was busy, to index next, and how
+    /// many records they hold.
+    mirror_deferred: Mutex<HashMap<u64, (Vec<progress::Deferred>, usize)>>,
     /// Signalled whenever a mirror takes progress (a promote waiting for a drain).
     mirror_progress_taken: Notify,
     /// How remote children's records reach their remotes.

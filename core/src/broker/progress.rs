@@ -661,36 +661,53 @@ impl Broker {
         let Some(index) = self.mirror_indexes.lock().get(&t.id()).cloned() else {
             return;
         };
-        let origins: Vec<Option<remotes::Hop>> =
-            records.iter().map(|r| origin_of(&r.headers)).collect();
         let Ok(mut index) = index.try_lock() else {
             let mut deferred = self.mirror_deferred.lock();
-            let waiting = deferred.entry(t.id()).or_default();
-            let held: usize = waiting.iter().map(|d| d.origins.len()).sum();
-            if held + origins.len() <= MAX_DEFERRED {
+            let (waiting, held) = deferred.entry(t.id()).or_default();
+            if *held + records.len() <= MAX_DEFERRED {
+                *held += records.len();
                 waiting.push(Deferred {
                     source,
                     partition,
                     base,
-                    origins,
+                    origins: records.iter().map(|r| origin_of(&r.headers)).collect(),
                 });
             }
             return;
         };
         self.index_deferred(t, &mut index);
-        self.index_batch(t, &mut index, source, partition, base, &origins);
+        let origin = |i: usize| origin_of(&records[i].headers);
+        self.index_batch(
+            t,
+            &mut index,
+            source,
+            partition,
+            base,
+            records.len(),
+            origin,
+        );
     }
 
     /// Indexes the batches that waited while `index` was busy (its holder calls this first).
     fn index_deferred(&self, t: &Topic, index: &mut MirrorIndex) {
         let waiting = self.mirror_deferred.lock().remove(&t.id());
-        for d in waiting.into_iter().flatten() {
-            self.index_batch(t, index, d.source, d.partition, d.base, &d.origins);
+        for d in waiting.into_iter().flat_map(|(w, _)| w) {
+            let origin = |i: usize| d.origins[i];
+            self.index_batch(
+                t,
+                index,
+                d.source,
+                d.partition,
+                d.base,
+                d.origins.len(),
+                origin,
+            );
         }
     }
 
-    /// Indexes one batch of `t`'s partition `partition` from `base`, with its records'
-    /// origins (the caller holds the index).
+    /// Indexes one batch of `len` records of `t`'s partition `partition` from `base`, the
+    /// `i`th with origin `origin(i)` (the caller holds the index).
+    #[allow(clippy::too_many_arguments)]
     fn index_batch(
         &self,
         t: &Topic,
@@ -698,7 +715,8 @@ impl Broker {
         source: Source,
         partition: u32,
         base: u64,
-        origins: &[Option<remotes::Hop>],
+        len: usize,
+        origin: impl Fn(usize) -> Option<remotes::Hop>,
     ) {
         if index.source != source {
             return;
@@ -710,7 +728,7 @@ impl Broker {
         if index.scanned.len() <= p {
             index.scanned.resize_with(p + 1, Looked::default);
         }
-        let end = base + origins.len() as u64;
+        let end = base + len as u64;
         let mut q = part.queue.lock();
         // everything below `start` was looked at (or is settled)
         let start = index.scanned[p].advance(q.frontier());
@@ -721,8 +739,9 @@ impl Broker {
         }
         let mut settled = 0u64;
         let mut upto = end;
-        for (offset, origin) in (from..end).zip(&origins[(from - base) as usize..]) {
-            match index.look_origin(&mut q, (partition, offset), *origin) {
+        for offset in from..end {
+            let hop = origin((offset - base) as usize);
+            match index.look_origin(&mut q, (partition, offset), hop) {
                 Indexed::Settled(now) => settled += u64::from(now),
                 Indexed::Skipped | Indexed::Kept => {}
                 // the rest is left for the read at the next progress, which logs it

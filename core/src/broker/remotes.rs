@@ -828,8 +828,12 @@ async fn run_remote_cursor(
         };
         if let Some((state, error)) = paused {
             cursor.set(state, error);
-            // its lag in time goes on growing: the age of the oldest record not shipped
-            let oldest = if next < part.stats().next_offset {
+            // its lag in time goes on growing: the age of the oldest record not shipped (read
+            // once: `next` does not move while paused)
+            let known = cursor.status.lock().oldest_unshipped_ms > 0;
+            let oldest = if known {
+                None
+            } else if next < part.stats().next_offset {
                 match b.read_slab(&part, next, 1).await {
                     Ok(Ok(r)) => r.first().map(|r| r.timestamp_ms),
                     _ => None,

@@ -281,7 +281,6 @@ pub async fn unpin(
     cluster_of(&state, ErrorCode::MoveConflict)?;
     let broker = state.broker()?.clone();
     let partition = partition_number(&partition)?;
-    broker.topic_meta(&topic)?;
     if !broker.unpin(&topic, partition).await? {
         return Err(ApiError::new(
             ErrorCode::MoveNotFound,

@@ -751,7 +751,7 @@ pub async fn promote(
     };
     let children = match source {
         Some(source) => {
-            attach_carried(&state, &broker, &caller, &topic, source, report.as_ref()).await?
+            attach_carried(&state, &broker, &caller, &topic, source, report.as_ref()).await
         }
         None => Vec::new(),
     };
@@ -791,7 +791,9 @@ fn own_floor(report: &narad_core::broker::MirrorReport, name: &str, tails: &[u64
 
 /// Attaches promoted `topic`'s carried children (its source's fan-out children) here,
 /// creating those that do not exist, each leaving out the records from `source` its
-/// consumers had processed there as `report` last said; forgets those attached.
+/// consumers had processed there as `report` last said; forgets those attached. Never
+/// fails: the promote is done by now, so what could not be done is said per child (and a
+/// repeated promote tries again), never as an error that would say the promote was not.
 async fn attach_carried(
     state: &SharedState,
     broker: &std::sync::Arc<narad_core::broker::Broker>,
@@ -799,11 +801,13 @@ async fn attach_carried(
     topic: &str,
     source: Source,
     report: Option<&narad_core::broker::MirrorReport>,
-) -> Result<Vec<CarriedOutcome>, ApiError> {
-    let meta = broker.topic_meta(topic)?;
+) -> Vec<CarriedOutcome> {
+    let Ok(meta) = broker.topic_meta(topic) else {
+        return Vec::new();
+    };
     let carried = meta.carried_children.clone();
     if carried.is_empty() {
-        return Ok(Vec::new());
+        return Vec::new();
     }
     let partitions = report
         .map(|r| {
@@ -817,7 +821,7 @@ async fn attach_carried(
     // this topic's own records (a failback): those below its tails now predate the
     // failover; where the source said its children's consumers stand among them
     let tails: Option<Vec<u64>> = match state.ingress() {
-        None => Some(broker.partition_tails(topic)?),
+        None => broker.partition_tails(topic).ok(),
         Some(ingress) => ingress.tails(&meta).await.ok(),
     };
     let mut out = Vec::new();
@@ -900,8 +904,11 @@ async fn attach_carried(
         }
         out.push(outcome);
     }
-    broker.set_carried_children(topic, left).await?;
-    Ok(out)
+    if let Err(e) = broker.set_carried_children(topic, left).await {
+        // (those attached are attached: a repeated promote finds them so and skips them)
+        tracing::warn!(topic, error = %e, "the carried children attached were not forgotten; a repeated promote skips them");
+    }
+    out
 }
 
 /// `POST /v1/topics/{topic}/demote`: a primary stops taking produces and leases (a planned
