@@ -481,12 +481,12 @@ pub struct Mover {
     store: Arc<dyn MetaStore>,
     pub metrics: Arc<MoveMetrics>,
     settings: MoveSettings,
-    running: Mutex<HashSet<(u64, u32, u64)>>,
+    running: Mutex<HashSet<MoveKey>>,
     /// Rebuilds from the archive running here: (topic id, partition, owner epoch).
     rebuilding: Mutex<HashSet<(u64, u32, u64)>>,
     /// Rebuild attempts that may fetch at once (each holds one archived segment in memory).
     rebuild_slots: Arc<Semaphore>,
-    progress: Mutex<BTreeMap<(u64, u32), Progress>>,
+    progress: Mutex<BTreeMap<MoveKey, Progress>>,
     slots: Arc<Semaphore>,
     /// Copy pacing (`move_max_bytes_per_sec`): when the next byte may be read.
     pace: Mutex<Instant>,
@@ -494,7 +494,7 @@ pub struct Mover {
     down_since: Mutex<HashMap<u64, Instant>>,
     /// Per partition being moved here: the source and source process its staged copy came
     /// from (a later attempt from the same process goes on from it).
-    staged_from: Mutex<HashMap<(u64, u32), (u64, u64)>>,
+    staged_from: Mutex<HashMap<MoveKey, (u64, u64)>>,
     /// One planning pass at a time.
     planning: tokio::sync::Mutex<()>,
     /// This member's ingress (what it saw acknowledged, for `forget`).
@@ -503,9 +503,22 @@ pub struct Mover {
     archive: Option<Arc<narad_replay::ArchiveReader>>,
     /// Why partitions opened at this member's start are not served yet (`None`: checked).
     unverified: Mutex<Option<String>>,
+    /// Where each move's and each rebuild's task runs: a panic there is counted and logged,
+    /// and the node reports not ready (instead of a move left `running` here unseen).
+    tasks: Arc<narad_core::supervisor::Supervisor>,
 }
 
+/// A move: (topic id, partition, move id).
+type MoveKey = (u64, u32, u64);
+
+/// The supervised task groups of the moves and rebuilds copying to this member.
+const MOVE_TASK: &str = "partition_move";
+const REBUILD_TASK: &str = "partition_rebuild";
+/// Both, for the server's shutdown.
+pub const COPY_TASKS: [&str; 2] = [MOVE_TASK, REBUILD_TASK];
+
 impl Mover {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         node: Arc<ClusterNode>,
         broker: Arc<Broker>,
@@ -514,6 +527,7 @@ impl Mover {
         settings: MoveSettings,
         ingress: std::sync::Weak<crate::forward::Ingress>,
         archive: Option<Arc<narad_replay::ArchiveReader>>,
+        tasks: Arc<narad_core::supervisor::Supervisor>,
     ) -> Arc<Self> {
         Arc::new(Self {
             node,
@@ -535,6 +549,7 @@ impl Mover {
             unverified: Mutex::new(Some(
                 "checking this member's partitions against what the cluster acknowledged".into(),
             )),
+            tasks,
         })
     }
 
@@ -581,13 +596,13 @@ impl Mover {
         self.progress.lock().values().cloned().collect()
     }
 
-    fn set_phase(&self, key: (u64, u32), phase: &str) {
+    fn set_phase(&self, key: MoveKey, phase: &str) {
         if let Some(p) = self.progress.lock().get_mut(&key) {
             phase.clone_into(&mut p.phase);
         }
     }
 
-    fn add_bytes(&self, key: (u64, u32), n: u64) {
+    fn add_bytes(&self, key: MoveKey, n: u64) {
         self.metrics.bytes_copied.inc_by(n);
         if let Some(p) = self.progress.lock().get_mut(&key) {
             p.bytes_copied += n;
@@ -618,12 +633,15 @@ impl Mover {
                         continue;
                     }
                     let this = self.clone();
-                    let stop = stop.clone();
                     let name = t.name.clone();
-                    tokio::spawn(async move {
+                    // (stopped with the mover: the group's token is cancelled at shutdown)
+                    let started = self.tasks.spawn(MOVE_TASK, move |stop| async move {
                         this.run_move(name, key, stop).await;
                         this.running.lock().remove(&key);
                     });
+                    if !started {
+                        self.running.lock().remove(&key);
+                    }
                 }
             }
             for (meta, p) in self.broker.awaited_rebuilds() {
@@ -632,11 +650,13 @@ impl Mover {
                     continue;
                 }
                 let this = self.clone();
-                let stop = stop.clone();
-                tokio::spawn(async move {
+                let started = self.tasks.spawn(REBUILD_TASK, move |stop| async move {
                     this.run_rebuild(key, stop).await;
                     this.rebuilding.lock().remove(&key);
                 });
+                if !started {
+                    self.rebuilding.lock().remove(&key);
+                }
             }
             self.thaw_lapsed().await;
             // at once when the membership or the draining set changes, or a move ended (the
@@ -714,17 +734,14 @@ impl Mover {
 
     /// The move `key` = (topic id, partition, move id): attempts until it completes or the
     /// catalog no longer asks for it.
-    async fn run_move(
-        self: &Arc<Self>,
-        topic: String,
-        key: (u64, u32, u64),
-        stop: CancellationToken,
-    ) {
+    async fn run_move(self: &Arc<Self>, topic: String, key: MoveKey, stop: CancellationToken) {
         let (topic_id, p, move_id) = key;
         let Ok(_slot) = self.slots.clone().acquire_owned().await else {
             return;
         };
-        let pkey = (topic_id, p);
+        // (keyed by the move: a cancelled move of the partition may still be winding down
+        // beside the one that replaced it)
+        let pkey = key;
         self.progress.lock().insert(
             pkey,
             Progress {
@@ -977,7 +994,7 @@ impl Mover {
     }
 
     /// The topic and the partition's owner, if the catalog still moves it here under `key`.
-    fn wanted(&self, topic: &str, key: (u64, u32, u64)) -> Option<(Arc<TopicMeta>, u64)> {
+    fn wanted(&self, topic: &str, key: MoveKey) -> Option<(Arc<TopicMeta>, u64)> {
         let catalog = self.broker.catalog();
         let meta = catalog.get(topic)?.clone();
         let m = meta.moves.get(&key.1)?;
@@ -1021,7 +1038,7 @@ impl Mover {
         source: u64,
         injected: &mut Injected,
     ) -> Result<Duration, String> {
-        let pkey = (meta.id, p);
+        let pkey = (meta.id, p, move_id);
         let epoch = meta.owner_epoch(p);
         let staging = self.broker.staging_dir(meta, p, move_id);
         let list_req = |catalog| {
@@ -1066,7 +1083,7 @@ impl Mover {
                 return Err("the source restarted during the copy".into());
             }
             let copied = self
-                .sync(meta, p, source, &staging, &listed.files, None)
+                .sync(meta, p, move_id, source, &staging, &listed.files, None)
                 .await?;
             if copied <= FREEZE_WHEN_LEFT {
                 break;
@@ -1123,6 +1140,7 @@ impl Mover {
         self.sync(
             meta,
             p,
+            move_id,
             source,
             &staging,
             &frozen.frozen.files,
@@ -1244,15 +1262,18 @@ impl Mover {
     /// rewritten in place: queue state, cursors); files the source no longer has go. Frozen,
     /// `renew` is the freeze request, sent again every few seconds so the freeze holds while
     /// the copy goes on. Answers how many bytes it copied.
+    #[allow(clippy::too_many_arguments)]
     async fn sync(
         &self,
         meta: &TopicMeta,
         p: u32,
+        move_id: u64,
         source: u64,
         staging: &Path,
         files: &[PartitionFile],
         renew: Option<&Vec<u8>>,
     ) -> Result<u64, String> {
+        let key = (meta.id, p, move_id);
         let frozen = renew.is_some();
         let names: HashSet<&str> = files.iter().map(|f| f.name.as_str()).collect();
         {
@@ -1299,6 +1320,11 @@ impl Mover {
                     // this copy, so it goes at full speed)
                     self.pace(len).await;
                 }
+                // a move cancelled (or replaced) meanwhile copies no more: its slot, the
+                // source's reads and the link go to the moves the catalog still wants
+                if self.wanted(&meta.name, key).is_none() {
+                    return Err("the move was cancelled".into());
+                }
                 let body = serde_json::to_vec(&ReadRequest {
                     topic: meta.name.clone(),
                     topic_id: meta.id,
@@ -1324,7 +1350,7 @@ impl Mover {
                     .map_err(|e| format!("writing the staged copy: {e}"))?;
                 pos += n;
                 copied += n;
-                self.add_bytes((meta.id, p), n);
+                self.add_bytes(key, n);
                 if let Some(req) = renew
                     && renewed.elapsed() >= self.settings.freeze_ttl / 4
                 {

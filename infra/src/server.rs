@@ -462,6 +462,7 @@ impl Opening {
                 self.config.move_settings(),
                 Arc::downgrade(&ingress),
                 self.state.archive.clone(),
+                self.tasks.clone(),
             );
             node.meta
                 .serve_data(Arc::new(crate::forward::DataService::new(
@@ -776,7 +777,9 @@ pub async fn run_observed(
 /// 3. stop the TLS reloader, and a broker open or archive restore still under way;
 /// 4. stop the fan-out cursors (a slab being copied finishes and its cursor is written);
 /// 5. stop the tierer (an upload in flight gets [`TIERER_STOP_GRACE`], then is abandoned);
-/// 6. stop the metrics listener (scrapes watch the shutdown until here);
+/// 6. stop the metrics listener (scrapes watch the shutdown until here), and the partition
+///    mover with the moves and rebuilds copying here (a staged copy is dropped; the move
+///    starts again at the next start);
 /// 7. the broker stops its timers and maintenance, persists queue state and closes its logs;
 /// 8. a cluster member stops its membership task and its metastore (Raft, cluster endpoint).
 async fn shut_down(
@@ -801,6 +804,10 @@ async fn shut_down(
     }
     tasks.stop(TIERER_TASK, TIERER_STOP_GRACE).await;
     tasks.stop(METRICS_TASK, STOP_GRACE).await;
+    tasks.stop(MOVER_TASK, STOP_GRACE).await;
+    for group in crate::moves::COPY_TASKS {
+        tasks.stop(group, STOP_GRACE).await;
+    }
     if let Some(b) = broker {
         b.shutdown().await;
     }

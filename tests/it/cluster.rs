@@ -4493,6 +4493,87 @@ async fn a_move_replacing_a_cancelled_one_is_not_held_by_its_freeze() {
     println!("the replacing move completed {took:?} after the cancel");
 }
 
+/// A move cancelled in the middle of its (paced) copy stops copying at once: the
+/// destination reads no more of the partition for it, and a later move of the same
+/// partition to the same member copies the partition once (its progress is its own, not
+/// the cancelled move's bytes added to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_move_stops_copying() {
+    use reqwest::Method;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = three_ready_with(root.path(), &[("NARAD_MOVE_MAX_BYTES_PER_SEC", "16384")]).await;
+    topic_everywhere(&nodes, serde_json::json!({"name": "c", "partitions": 3})).await;
+    let (owners, _) = owners_and_moves(&nodes[0]).await;
+    let p = 1u32;
+    let source = owners[p as usize];
+    let to = source % 3 + 1;
+    let target = nodes.iter().find(|n| n.id == to).unwrap();
+    // ~240 KB in the partition: ~15 s of paced copy
+    let big = "x".repeat(16 << 10);
+    for _ in 0..15 {
+        let (st, body) = nodes[0]
+            .call(
+                ("x", "y"),
+                Method::POST,
+                &format!("/v1/topics/c/produce?partition={p}"),
+                Some(serde_json::json!(big)),
+            )
+            .await;
+        assert_eq!(st, StatusCode::ACCEPTED, "{body}");
+    }
+    let copied = async || {
+        let m = target.metrics().await;
+        let v = m
+            .lines()
+            .find_map(|l| l.strip_prefix("narad_move_bytes_copied_total "))
+            .map(|v| v.trim().parse::<f64>().unwrap() as u64);
+        v.expect("the destination counts bytes copied")
+    };
+    let in_flight = async || {
+        let m = target.metrics().await;
+        m.lines()
+            .find_map(|l| l.strip_prefix("narad_moves_in_flight "))
+            .map(|v| v.trim().parse::<f64>().unwrap() as u64)
+            .unwrap_or(0)
+    };
+    start_move(&nodes[0], p, to).await;
+    until("the copy under way", 60, async || {
+        move_phase(target, p)
+            .await
+            .is_some_and(|(phase, bytes)| phase == "catch_up" && bytes > 0)
+    })
+    .await;
+    let (st, body) = nodes[0]
+        .call(
+            ("x", "y"),
+            Method::DELETE,
+            &format!("/v1/cluster/moves/c/{p}"),
+            None,
+        )
+        .await;
+    assert!(st.is_success(), "{st} {body}");
+    let at_cancel = copied().await;
+    until("the cancelled move wound down", 60, async || {
+        in_flight().await == 0
+    })
+    .await;
+    let after = copied().await - at_cancel;
+    // (a chunk being read as the cancel landed may still arrive: one 16 KiB chunk, paced)
+    assert!(
+        after <= 2 * (16 << 10),
+        "the cancelled move copied {after} bytes after its cancel"
+    );
+    let before = copied().await;
+    start_move(&nodes[0], p, to).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    moved(&all, p, to, 120).await;
+    let second = copied().await - before;
+    assert!(
+        second <= 15 * (16 << 10) + (64 << 10),
+        "the second move copied {second} bytes of a ~240 KB partition"
+    );
+}
+
 /// Ambiguous flips and stale owners: a move stalls right before its flip while the Raft
 /// leader is killed, and the flip's answer is lost (fault injection): the destination
 /// settles the outcome by asking the next leader (read index, then the catalog); and

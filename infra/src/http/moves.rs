@@ -216,10 +216,11 @@ pub async fn list(
         .flatten()
         .collect();
     for m in &mut moves {
-        if let Some(p) = progress
-            .iter()
-            .find(|p| p.topic == m.topic && p.partition == m.partition)
-        {
+        if let Some(p) = progress.iter().find(|p| {
+            p.topic == m.topic
+                && p.partition == m.partition
+                && format!("{:016x}", p.move_id) == m.id
+        }) {
             m.phase = Some(p.phase.clone());
             m.bytes_copied = Some(p.bytes_copied);
             m.attempts = Some(p.attempts);
