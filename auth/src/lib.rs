@@ -5,11 +5,13 @@
 //!   directory. Every change is a [`store::UserCommand`] that carries its result (the password
 //!   is hashed before the command exists), so applying it is deterministic: a replicated
 //!   metastore can ship the same commands unchanged.
+//! - [`root`]: the root user made at a secured first start.
 //! - [`authn`]: HTTP Basic credentials checked against argon2 hashes, with a per-process
 //!   cache of verified credentials and failed-login throttling.
 
 pub mod authn;
 pub mod grant;
+pub mod root;
 pub mod store;
 
 pub use authn::{AuthError, Authenticator};

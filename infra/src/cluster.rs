@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterSettings;
-use crate::server::announce_root;
+use narad_auth::root::announce_root;
 
 /// Why a member removed from the cluster is not ready.
 const REMOVED: &str = "this node was removed from the cluster: stop it, or wipe its data directory and join again under a new node_id";
@@ -291,7 +291,7 @@ impl ClusterNode {
         if self.users.is_none() || self.meta.view().users.contains_key(ROOT_USER) {
             return Ok(());
         }
-        let (root, generated) = crate::server::new_root(self.admin_password.clone()).await?;
+        let (root, generated) = narad_auth::root::new_root(self.admin_password.clone()).await?;
         match self.propose_users(UserCommand::Create { user: root }).await {
             Ok(Ok(())) => {
                 announce_root(generated.as_deref());

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use narad_core::broker::BrokerConfig;
 use narad_core::log::LogConfig;
@@ -773,7 +774,7 @@ impl ServerConfig {
     /// The largest body a route reads: a batch's `max_batch_bytes`, or a single message's
     /// route limit.
     fn largest_body(&self) -> usize {
-        self.max_batch_bytes.max(crate::http::MAX_BODY_LIMIT)
+        self.max_batch_bytes.max(MAX_BODY_LIMIT)
     }
 
     /// Most request and reply bytes one user holds at once (security on): a quarter of
@@ -791,18 +792,18 @@ impl ServerConfig {
             .max(1)
     }
 
-    pub fn connection_timeouts(&self) -> crate::limits::Timeouts {
-        crate::limits::Timeouts {
-            header_read: std::time::Duration::from_millis(self.header_read_timeout_ms),
-            keepalive_idle: std::time::Duration::from_millis(self.keepalive_idle_timeout_ms),
-            write_stall: std::time::Duration::from_millis(self.response_write_timeout_ms),
+    pub fn connection_timeouts(&self) -> Timeouts {
+        Timeouts {
+            header_read: Duration::from_millis(self.header_read_timeout_ms),
+            keepalive_idle: Duration::from_millis(self.keepalive_idle_timeout_ms),
+            write_stall: Duration::from_millis(self.response_write_timeout_ms),
         }
     }
 
     /// How long a reader may take none of its reply before a reply without room may close
     /// its connection (`reply_stall_ms`).
-    pub fn reply_stall(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.reply_stall_ms)
+    pub fn reply_stall(&self) -> Duration {
+        Duration::from_millis(self.reply_stall_ms)
     }
 
     /// The broker's settings; `max_open_logs` is the resolved value (see
@@ -895,18 +896,16 @@ impl ServerConfig {
     }
 
     /// How this member moves partitions.
-    pub fn move_settings(&self) -> crate::moves::MoveSettings {
-        crate::moves::MoveSettings {
-            freeze_ttl: std::time::Duration::from_millis(self.move_freeze_ttl_ms),
+    pub fn move_settings(&self) -> MoveSettings {
+        MoveSettings {
+            freeze_ttl: Duration::from_millis(self.move_freeze_ttl_ms),
             max_bytes_per_sec: self.move_max_bytes_per_sec,
             max_in_flight: self.moves_max_in_flight,
             auto_rebalance: self.cluster_auto_rebalance,
-            dead_target_abort: std::time::Duration::from_millis(self.move_dead_target_abort_ms),
-            stall_before_freeze: std::time::Duration::from_millis(
-                self.move_test_stall_before_freeze_ms,
-            ),
-            stall_frozen: std::time::Duration::from_millis(self.move_test_stall_frozen_ms),
-            stall_flip: std::time::Duration::from_millis(self.move_test_stall_flip_ms),
+            dead_target_abort: Duration::from_millis(self.move_dead_target_abort_ms),
+            stall_before_freeze: Duration::from_millis(self.move_test_stall_before_freeze_ms),
+            stall_frozen: Duration::from_millis(self.move_test_stall_frozen_ms),
+            stall_flip: Duration::from_millis(self.move_test_stall_flip_ms),
             lose_flip_reply: self.move_test_lose_flip_reply,
         }
     }
@@ -1052,6 +1051,46 @@ impl ServerConfig {
             ..Default::default()
         })
     }
+}
+
+// ── sections: the typed settings each component is handed (config imports none of them) ──
+
+/// The largest body a single-message route reads: one message at the largest size a
+/// topic may allow.
+pub const MAX_BODY_LIMIT: usize = narad_core::topic::MAX_MESSAGE_BYTES_LIMIT as usize;
+
+/// The two connection timeouts (see [`ServerConfig`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// From accept (after the TLS handshake), or from the first byte of a later request on a
+    /// keep-alive connection, until its whole header block is read.
+    pub header_read: Duration,
+    /// From the end of a response until the first byte of the next request.
+    pub keepalive_idle: Duration,
+    /// How long a write may stay blocked (the client reads nothing) before the connection
+    /// is closed.
+    pub write_stall: Duration,
+}
+
+/// How this member moves partitions (configuration keys `move_*`).
+#[derive(Debug, Clone)]
+pub struct MoveSettings {
+    pub freeze_ttl: Duration,
+    /// 0: no limit.
+    pub max_bytes_per_sec: u64,
+    /// The planner's budget of moves in flight in the cluster.
+    pub max_in_flight: usize,
+    pub auto_rebalance: bool,
+    pub dead_target_abort: Duration,
+    /// Fault injection (tests): a move stalls once before it asks for the freeze, once
+    /// frozen, or before its flip (the first attempt that gets there: an earlier attempt may
+    /// have failed on its own).
+    pub stall_before_freeze: Duration,
+    pub stall_frozen: Duration,
+    pub stall_flip: Duration,
+    /// Fault injection (tests): a move's first flip answer is treated as lost (the outcome
+    /// then comes from the cluster: the resolve path).
+    pub lose_flip_reply: bool,
 }
 
 #[cfg(test)]

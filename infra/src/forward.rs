@@ -52,22 +52,10 @@ use tokio::sync::Semaphore;
 use crate::cluster::ClusterNode;
 use crate::http::{ApiError, render};
 
-pub const PRODUCE: Op = Op(100);
-pub const CONSUME: Op = Op(101);
-pub const SETTLE: Op = Op(102);
-pub const GIVE_BACK: Op = Op(103);
-pub const REPLAY: Op = Op(104);
-pub const CANCEL_WAIT: Op = Op(105);
-pub const STATS: Op = Op(106);
-pub const FANOUT_APPEND: Op = Op(107);
-pub const CHILDREN: Op = Op(108);
-pub const WAIT_TOKEN: Op = Op(109);
-pub const DELIVER: Op = Op(110);
-/// A mirror's source progress, for the partitions the called member owns.
-pub const MIRROR_PROGRESS: Op = Op(111);
-/// A mirror's report of its source, for the partitions the called member owns (settled
-/// and dropped, for a promote, with `last`).
-pub const MIRROR_REPORT: Op = Op(112);
+use narad_cluster::rpc::ops::{
+    CANCEL_WAIT, CHILDREN, CONSUME, DELIVER, FANOUT_APPEND, GIVE_BACK, MIRROR_PROGRESS,
+    MIRROR_REPORT, PRODUCE, REPLAY, SETTLE, STATS, WAIT_TOKEN,
+};
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
@@ -133,7 +121,7 @@ pub struct Ingress {
     /// how much of it was lost (see `crate::moves`). One entry per partition produced to.
     seen: Mutex<HashMap<(u64, u32), u64>>,
     /// Per (topic id, partition): the highest durable log end its owner reported here
-    /// ([`crate::moves::WITNESS`]): so that an owner restored from an older copy of its data
+    /// ([`narad_cluster::rpc::ops::WITNESS`]): so that an owner restored from an older copy of its data
     /// directory learns, at its start, how far it had acknowledged (see
     /// [`narad_core::broker::Broker::reopen_after`]). One entry per partition of the cluster.
     witnessed: Mutex<HashMap<(u64, u32), u64>>,
@@ -2613,33 +2601,6 @@ impl Service for DataService {
                 }
                 op => Err(Fault::unknown_op(op)),
             }
-        })
-    }
-
-    fn op_name(&self, op: Op) -> Option<&'static str> {
-        Some(match op {
-            PRODUCE => "produce",
-            CONSUME => "consume",
-            SETTLE => "settle",
-            GIVE_BACK => "give_back",
-            REPLAY => "replay",
-            CANCEL_WAIT => "cancel_wait",
-            STATS => "stats",
-            FANOUT_APPEND => "fanout_append",
-            CHILDREN => "children",
-            WAIT_TOKEN => "wait_token",
-            DELIVER => "deliver",
-            MIRROR_PROGRESS => "mirror_progress",
-            MIRROR_REPORT => "mirror_report",
-            crate::moves::MOVE_LIST => "move_list",
-            crate::moves::MOVE_READ => "move_read",
-            crate::moves::MOVE_FREEZE => "move_freeze",
-            crate::moves::MOVE_PROGRESS => "move_progress",
-            crate::moves::MOVE_REBALANCE => "move_rebalance",
-            crate::moves::SEEN_ENDS => "seen_ends",
-            crate::moves::MEMBER_PROBE => "member_probe",
-            crate::moves::WITNESS => "witness",
-            _ => return None,
         })
     }
 

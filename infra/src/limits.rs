@@ -39,18 +39,7 @@ use tokio::time::Instant;
 /// it is refused after all (the evicted one closes at once unless a request raced in).
 pub const EVICTION_WAIT: Duration = Duration::from_secs(1);
 
-/// The two connection timeouts (see `ServerConfig`).
-#[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
-    /// From accept (after the TLS handshake), or from the first byte of a later request on a
-    /// keep-alive connection, until its whole header block is read.
-    pub header_read: Duration,
-    /// From the end of a response until the first byte of the next request.
-    pub keepalive_idle: Duration,
-    /// How long a write may stay blocked (the client reads nothing) before the connection
-    /// is closed.
-    pub write_stall: Duration,
-}
+pub use crate::config::Timeouts;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {

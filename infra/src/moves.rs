@@ -44,29 +44,21 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use narad_cluster::rpc::ops::{
+    MEMBER_PROBE, MOVE_FREEZE, MOVE_LIST, MOVE_PROGRESS, MOVE_READ, MOVE_REBALANCE, SEEN_ENDS,
+    WITNESS,
+};
+
 use crate::cluster::ClusterNode;
+use crate::config::MoveSettings;
 use crate::http::ApiError;
 
-pub const MOVE_LIST: Op = Op(120);
-pub const MOVE_READ: Op = Op(121);
-pub const MOVE_FREEZE: Op = Op(122);
-pub const MOVE_PROGRESS: Op = Op(123);
-pub const MOVE_REBALANCE: Op = Op(124);
-pub const SEEN_ENDS: Op = Op(125);
-/// "Does member N answer you?": the asked member probes N afresh ([`Rpc::probe`]) and
-/// answers `true` or `false` (forget asks every live member before declaring N lost).
-///
-/// [`Rpc::probe`]: narad_cluster::rpc::Rpc::probe
-pub const MEMBER_PROBE: Op = Op(126);
 /// How long forget watches a member it is asked to declare lost: it must fail every probe
 /// over this window, from this member and from every other live one.
 const LOST_FOR: Duration = Duration::from_secs(3);
 /// Probes of a member forget makes over [`LOST_FOR`], one [`PROBE_WITHIN`] each.
 const LOST_PROBES: u32 = 3;
 const PROBE_WITHIN: Duration = Duration::from_secs(1);
-/// An owner's report of its partitions' durable log ends, `[(topic id, partition, end)]`,
-/// kept by the member it is sent to (see [`Mover::witness`]).
-pub const WITNESS: Op = Op(127);
 /// How often an owner reports the ends that changed; every [`FULL_WITNESS_EVERY`]th report
 /// carries them all (for members that restarted and forgot them).
 const WITNESS_EVERY: Duration = Duration::from_millis(500);
@@ -94,33 +86,10 @@ const REBUILDS_PER_NODE: usize = 2;
 const MAX_CATCH_UP_PASSES: usize = 20;
 /// A catch-up pass that leaves at most this much to copy ends the catch-up.
 const FREEZE_WHEN_LEFT: u64 = 4 << 20;
-/// A freeze's term: the source thaws (through Raft) a freeze not renewed within it.
-pub const FREEZE_TTL: Duration = Duration::from_secs(30);
 /// Deadline of one call to the source.
 const CALL: Duration = Duration::from_secs(10);
 /// Deadline of a proposal or read index.
 const PROPOSE: Duration = Duration::from_secs(10);
-
-/// How this member moves partitions (configuration keys `move_*`).
-#[derive(Debug, Clone)]
-pub struct MoveSettings {
-    pub freeze_ttl: Duration,
-    /// 0: no limit.
-    pub max_bytes_per_sec: u64,
-    /// The planner's budget of moves in flight in the cluster.
-    pub max_in_flight: usize,
-    pub auto_rebalance: bool,
-    pub dead_target_abort: Duration,
-    /// Fault injection (tests): a move stalls once before it asks for the freeze, once
-    /// frozen, or before its flip (the first attempt that gets there: an earlier attempt may
-    /// have failed on its own).
-    pub stall_before_freeze: Duration,
-    pub stall_frozen: Duration,
-    pub stall_flip: Duration,
-    /// Fault injection (tests): a move's first flip answer is treated as lost (the outcome
-    /// then comes from the cluster: the resolve path).
-    pub lose_flip_reply: bool,
-}
 
 /// The injected faults (tests) one move already went through: each fires once per move.
 #[derive(Debug, Default)]
@@ -137,22 +106,6 @@ impl Injected {
         let first = self.0 & fault == 0;
         self.0 |= fault;
         first
-    }
-}
-
-impl Default for MoveSettings {
-    fn default() -> Self {
-        Self {
-            freeze_ttl: FREEZE_TTL,
-            max_bytes_per_sec: 0,
-            max_in_flight: 8,
-            auto_rebalance: true,
-            dead_target_abort: Duration::from_secs(120),
-            stall_before_freeze: Duration::ZERO,
-            stall_frozen: Duration::ZERO,
-            stall_flip: Duration::ZERO,
-            lose_flip_reply: false,
-        }
     }
 }
 

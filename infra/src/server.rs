@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use narad_core::broker::Broker;
-use narad_core::clock::{Clock as _, SharedClock, SystemClock};
+use narad_core::clock::{SharedClock, SystemClock};
 use narad_core::supervisor::{CancellationToken, Supervisor};
 use tokio::net::TcpListener;
 
@@ -190,7 +190,7 @@ async fn seed_root(sec: &Security) -> Result<(), ServerError> {
         }
         return Ok(());
     }
-    let (root, generated) = new_root(sec.admin_password.clone())
+    let (root, generated) = narad_auth::root::new_root(sec.admin_password.clone())
         .await
         .map_err(ServerError::Security)?;
     let store = sec.store.clone();
@@ -198,54 +198,8 @@ async fn seed_root(sec: &Security) -> Result<(), ServerError> {
         .await
         .map_err(|e| ServerError::Security(e.to_string()))?
         .map_err(|e| ServerError::Security(e.to_string()))?;
-    announce_root(generated.as_deref());
+    narad_auth::root::announce_root(generated.as_deref());
     Ok(())
-}
-
-/// The root user's record, with `password` (`NARAD_ADMIN_PASSWORD`) or a generated one,
-/// which is returned too so that it can be shown once. Hashing runs on a blocking thread.
-pub(crate) async fn new_root(
-    password: Option<String>,
-) -> Result<(narad_auth::store::UserRecord, Option<String>), String> {
-    use narad_auth::authn;
-    let generated = password.is_none();
-    let password = password.unwrap_or_else(authn::random_password);
-    let (hash, password) =
-        tokio::task::spawn_blocking(move || (authn::hash_password(&password), password))
-            .await
-            .map_err(|e| e.to_string())?;
-    let now = SystemClock.now_ms();
-    let root = narad_auth::store::UserRecord {
-        username: narad_auth::store::ROOT_USER.into(),
-        id: authn::new_user_id(),
-        password_hash: hash,
-        root: true,
-        grants: Vec::new(),
-        created_at_ms: now,
-        updated_at_ms: now,
-    };
-    Ok((root, generated.then_some(password)))
-}
-
-/// Says that the root user was created: a generated password once on stderr (never in the
-/// log), else that `NARAD_ADMIN_PASSWORD` was used.
-pub(crate) fn announce_root(generated: Option<&str>) {
-    use narad_auth::store::ROOT_USER;
-    match generated {
-        Some(password) => {
-            eprintln!(
-                "narad: created the root user '{ROOT_USER}' with password: {password}\nnarad: it is shown only this once; change it with `narad user passwd {ROOT_USER}`"
-            );
-            tracing::warn!(
-                user = ROOT_USER,
-                "root user created with a generated password (printed once on stderr)"
-            );
-        }
-        None => tracing::info!(
-            user = ROOT_USER,
-            "root user created with the password from NARAD_ADMIN_PASSWORD"
-        ),
-    }
 }
 
 /// A node with an empty data directory rebuilds its users, topics and fan-out links from the

@@ -6,7 +6,7 @@
 //! ([`crate::moves`], `verify_held`). For that answer to be complete, an owner keeps a set
 //! of **witnesses** in the catalog ([`CatalogCommand::SetInSync`]): the other voters that
 //! hold every end it acknowledged. It answers a produce only once every witness holds the
-//! new end of each partition it wrote ([`crate::moves::WITNESS`], in memory there; kept on
+//! new end of each partition it wrote ([`narad_cluster::rpc::ops::WITNESS`], in memory there; kept on
 //! their disks within a second), or once a witness that did not answer in time
 //! ([`WAIT`]: frozen, dead, cut off) is out of the set (committed). Its restarted self serves
 //! a partition only after every witness answered (one left out is not trusted to know).
@@ -226,7 +226,7 @@ impl Witnesses {
             let (rpc, me) = (self.node.meta.rpc().clone(), self.clone());
             let call = tokio::spawn(async move {
                 let ok = rpc
-                    .call(v, &addr, crate::moves::WITNESS, body, TELL)
+                    .call(v, &addr, narad_cluster::rpc::ops::WITNESS, body, TELL)
                     .await
                     .is_ok();
                 let mut s = me.state.lock();
@@ -369,7 +369,7 @@ impl Witnesses {
         for chunk in all.chunks(MAX_ENDS) {
             let body = Bytes::from(serde_json::to_vec(chunk).expect("serialises"));
             if rpc
-                .call(v, &addr, crate::moves::WITNESS, body, TELL)
+                .call(v, &addr, narad_cluster::rpc::ops::WITNESS, body, TELL)
                 .await
                 .is_err()
             {

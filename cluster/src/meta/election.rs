@@ -30,9 +30,9 @@ use tokio::time::Instant;
 
 use super::network::MetaService;
 use super::{NodeId, Tuning, TypeConfig, random_bytes};
-use crate::rpc::{Fault, Op, WeakRpc};
+use crate::rpc::{Fault, WeakRpc};
 
-pub const PRE_VOTE: Op = Op(13);
+use crate::rpc::ops::PRE_VOTE;
 
 /// "Would you vote for me?", asked without raising any term.
 #[derive(Debug, Serialize, Deserialize)]

@@ -244,7 +244,7 @@ impl Metastore {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Serves the data plane's ops (from [`network::DATA_OPS`] up) on this node's endpoint
+    /// Serves the data plane's ops (from [`crate::rpc::ops::DATA_OPS`] up) on this node's endpoint
     /// with `data`; until then they answer `not_ready`.
     pub fn serve_data(&self, data: Arc<dyn crate::rpc::Service>) {
         self.service.serve_data(data);

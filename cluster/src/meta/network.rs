@@ -22,20 +22,13 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::election::{self, PRE_VOTE};
+use super::election;
 use super::{Attempt, MetaRequest, MetaResponse, NodeId, NodeInfo, TypeConfig, client_write_error};
 use crate::rpc::{BoxFuture, Fault, Op, Rpc, RpcError, Service, WeakRpc};
 
-pub const RAFT_APPEND: Op = Op(10);
-pub const RAFT_VOTE: Op = Op(11);
-pub const RAFT_SNAPSHOT: Op = Op(12);
-pub const READ_INDEX: Op = Op(20);
-pub const PROPOSE: Op = Op(21);
-pub const JOIN: Op = Op(23);
-pub const REMOVE: Op = Op(24);
-/// Ops from this number up are the data plane's (the node's [`Service`] set with
-/// `Metastore::serve_data`).
-pub const DATA_OPS: u16 = 100;
+use crate::rpc::ops::{
+    DATA_OPS, JOIN, PRE_VOTE, PROPOSE, RAFT_APPEND, RAFT_SNAPSHOT, RAFT_VOTE, READ_INDEX, REMOVE,
+};
 
 /// A node asking to become a voter.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -366,21 +359,6 @@ impl Service for MetaService {
                 }
                 op => Err(Fault::unknown_op(op)),
             }
-        })
-    }
-
-    fn op_name(&self, op: Op) -> Option<&'static str> {
-        Some(match op {
-            RAFT_APPEND => "raft_append",
-            RAFT_VOTE => "raft_vote",
-            PRE_VOTE => "pre_vote",
-            RAFT_SNAPSHOT => "raft_snapshot",
-            PROPOSE => "propose",
-            READ_INDEX => "read_index",
-            JOIN => "join",
-            REMOVE => "remove",
-            op if op.0 >= DATA_OPS => return self.data.get()?.op_name(op),
-            _ => return None,
         })
     }
 

@@ -16,14 +16,11 @@ pub struct Op(pub u16);
 
 impl Op {
     /// Answered by the transport itself: is the peer there and admitting us?
-    pub const PING: Op = Op(1);
+    pub const PING: Op = super::ops::PING;
 
-    /// The name used in metric labels (bounded: unknown numbers share one).
-    pub fn name(self, names: &dyn Fn(Op) -> Option<&'static str>) -> &'static str {
-        match self {
-            Op::PING => "ping",
-            op => names(op).unwrap_or("unknown"),
-        }
+    /// The name used in metric labels (bounded: numbers no op has share one).
+    pub fn name(self) -> &'static str {
+        super::ops::name(self).unwrap_or("unknown")
     }
 }
 

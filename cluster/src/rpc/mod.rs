@@ -22,6 +22,7 @@
 pub mod auth;
 pub mod frame;
 mod metrics;
+pub mod ops;
 #[cfg(test)]
 mod tests;
 pub mod tls;
@@ -120,8 +121,6 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// What a node serves. `from` is the peer's node id as its handshake proved it.
 pub trait Service: Send + Sync + 'static {
     fn call(&self, from: NodeId, op: Op, body: Bytes) -> BoxFuture<Result<Bytes, Fault>>;
-    /// The metric label of `op` (`None`: counted as `unknown`).
-    fn op_name(&self, op: Op) -> Option<&'static str>;
     /// Whether a reply to `op` hands something over (a lease, say) that must be taken back
     /// if the caller never receives it: then the endpoint waits for the caller's transport
     /// to acknowledge the whole reply, and calls [`Service::undelivered`] if it does not.
@@ -351,7 +350,7 @@ impl Rpc {
                 })
             }
         };
-        let name = op.name(&|op| inner.service.op_name(op));
+        let name = op.name();
         let outcome = match &result {
             Ok(_) => "ok",
             Err(e) => e.label(),
@@ -908,7 +907,6 @@ async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
-    let names = |op| inner.service.op_name(op);
     let request = match recv
         .read_to_end(frame::REQUEST_HEADER + inner.limits.max_request_bytes)
         .await
@@ -940,7 +938,7 @@ async fn serve_stream(
         .await;
         return;
     };
-    let name = op.name(&names);
+    let name = op.name();
     let deadline = Duration::from_millis(deadline_ms.into()).min(inner.limits.max_deadline);
     let work = async {
         if op == Op::PING {

@@ -42,7 +42,7 @@ use crate::metrics::{HttpLabels, Metrics};
 /// Largest JSON body for topic and ack requests.
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
 /// Largest body a route other than batch produce reads (a single produce's message).
-pub const MAX_BODY_LIMIT: usize = narad_core::topic::MAX_MESSAGE_BYTES_LIMIT as usize;
+pub use crate::config::MAX_BODY_LIMIT;
 
 pub struct AppState {
     pub cfg: ServerConfig,

@@ -20,7 +20,8 @@ use super::query::Query;
 use super::{
     ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
 };
-use crate::moves::{MOVE_PROGRESS, Progress};
+use crate::moves::Progress;
+use narad_cluster::rpc::ops::MOVE_PROGRESS;
 
 /// How long `GET /v1/cluster/moves` waits for a target's progress.
 const PROGRESS_DEADLINE: Duration = Duration::from_secs(2);
