@@ -22,6 +22,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod moves;
+pub mod reads;
 pub mod schema;
 pub mod server;
 pub mod telemetry;

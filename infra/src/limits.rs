@@ -469,7 +469,7 @@ pub fn refusal_response(limit: usize) -> String {
 /// A whole HTTP/1.1 error response for `code`, closing the connection, for answers written
 /// outside axum: the table's status and code, `Retry-After: 1` on a 503, and the JSON body.
 pub fn raw_error_response(code: narad_wire::ErrorCode, message: &str) -> String {
-    let status = crate::http::status_of(code);
+    let status = crate::http::error::status_of(code);
     let body = serde_json::to_string(&narad_wire::ErrorBody::new(code, message))
         .expect("error body serialises");
     let retry = if code.http_status() == 503 {

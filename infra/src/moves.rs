@@ -51,7 +51,7 @@ use narad_cluster::rpc::ops::{
 
 use crate::cluster::ClusterNode;
 use crate::config::MoveSettings;
-use crate::http::ApiError;
+use crate::http::error::ApiError;
 
 /// How long forget watches a member it is asked to declare lost: it must fail every probe
 /// over this window, from this member and from every other live one.

@@ -419,7 +419,7 @@ impl Opening {
                 self.tasks.clone(),
             );
             node.meta
-                .serve_data(Arc::new(crate::forward::DataService::new(
+                .serve_data(Arc::new(crate::forward::service::DataService::new(
                     &ingress,
                     Some(mover.clone()),
                 )));

@@ -10,38 +10,7 @@ use narad_wire::ErrorCode;
 
 use super::query::{Query, parse_duration, parse_time_ms};
 use super::{ApiError, ApiResult, SharedState, render};
-
-fn archive_error(e: narad_replay::ReplayError) -> ApiError {
-    tracing::warn!(error = %e, "archive read failed");
-    ApiError::new(
-        ErrorCode::ArchiveUnavailable,
-        format!("the archive could not serve this read: {e}"),
-    )
-}
-
-/// A replay read of a partition this node holds: from the archive when it starts below local
-/// data, else local. (A cluster member's reads of its own partitions come here too.)
-pub(crate) async fn history(
-    broker: &narad_core::broker::Broker,
-    archive: Option<&narad_replay::ArchiveReader>,
-    topic: &str,
-    partition: u32,
-    from: ReplayFrom,
-    max: usize,
-) -> Result<Vec<std::sync::Arc<narad_core::record::Record>>, ApiError> {
-    if let Some(reader) = archive {
-        let archived = narad_replay::read_archived(broker, reader, topic, partition, from, max)
-            .await
-            .map_err(|e| match e {
-                narad_replay::HistoryError::Broker(e) => ApiError::from(e),
-                narad_replay::HistoryError::Archive(e) => archive_error(e),
-            })?;
-        if let Some(recs) = archived {
-            return Ok(recs.into_iter().map(std::sync::Arc::new).collect());
-        }
-    }
-    Ok(broker.replay(topic, partition, from, max).await?)
-}
+use crate::reads::history;
 
 /// Most messages one consume may return.
 pub const MAX_CONSUME_BATCH: u64 = 100;

@@ -556,7 +556,7 @@ pub async fn progress(
     // a cluster: the members owning the mirror's other partitions settle theirs
     if let Some(ingress) = state.ingress() {
         let meta = broker.topic_meta(&topic)?;
-        let req = crate::forward::MirrorProgressRequest {
+        let req = crate::forward::codec::MirrorProgressRequest {
             topic: topic.clone(),
             topic_id: meta.id,
             catalog: 0,

@@ -17,6 +17,7 @@ use super::query::Query;
 use super::{
     ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
 };
+use crate::reads::{PartitionStatsJson, local_stats};
 use crate::schema::SchemaError;
 
 #[derive(Serialize)]
@@ -291,23 +292,6 @@ pub async fn detach(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// One partition's figures (on a cluster member, gathered from its owner).
-#[derive(Serialize, serde::Deserialize)]
-pub(crate) struct PartitionStatsJson {
-    pub(crate) partition: u32,
-    oldest_offset: u64,
-    pub(crate) next_offset: u64,
-    /// Every offset below this is acked.
-    pub(crate) frontier: u64,
-    unacked: u64,
-    in_flight: usize,
-    delayed: usize,
-    acked_ahead: u64,
-    bytes: u64,
-    segments: usize,
-    open: bool,
-}
-
 #[derive(Serialize)]
 struct TopicDetailsJson<'a> {
     #[serde(flatten)]
@@ -318,33 +302,6 @@ struct TopicDetailsJson<'a> {
     /// out).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     partitions_unavailable: Vec<u32>,
-}
-
-/// The figures of the partitions of `info` this node serves (all of them on a single node,
-/// the ones it owns in a cluster), or only of `only`.
-pub(crate) fn local_stats(
-    broker: &narad_core::broker::Broker,
-    info: &TopicInfo,
-    only: Option<u32>,
-) -> Vec<PartitionStatsJson> {
-    info.partitions
-        .iter()
-        .filter(|p| only.is_none_or(|o| o == p.partition))
-        .filter(|p| broker.is_local(&info.meta, p.partition))
-        .map(|p| PartitionStatsJson {
-            partition: p.partition,
-            oldest_offset: p.log.oldest_offset,
-            next_offset: p.log.next_offset.max(p.queue.frontier),
-            frontier: p.queue.frontier,
-            unacked: p.queue.unacked,
-            in_flight: p.queue.in_flight,
-            delayed: p.queue.delayed,
-            acked_ahead: p.queue.acked_ahead,
-            bytes: p.log.bytes,
-            segments: p.log.segments,
-            open: p.open,
-        })
-        .collect()
 }
 
 pub async fn create(
