@@ -10,6 +10,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::client::{ApiFailure, BoxError, Client, Connect, Json, Reply, enc};
+use crate::process::{shutdown_signal, write_addr_file};
 use crate::units::{fmt_bytes, fmt_bytes_about, fmt_ms, table};
 use crate::{
     Cli, ClusterCmd, Command, Output, PubArgs, RemoteCmd, ReplayArgs, ServeArgs, ServerCmd,
@@ -761,34 +762,6 @@ fn remove_addr_file(path: &std::path::Path, addr: &str) {
     {
         tracing::warn!(path = %path.display(), error = %e, "cannot remove --addr-file");
     }
-}
-
-/// Writes `addr` to `--addr-file` whole (`fsutil::write_file_atomic`: a sibling temporary
-/// file created new, renamed over it), so a reader polling for the file never sees a part of
-/// it, and a link or another file planted at the temporary name is never written through.
-pub(crate) fn write_addr_file(path: &std::path::Path, addr: &str) -> std::io::Result<()> {
-    narad_core::fsutil::write_file_atomic(path, addr.as_bytes())
-}
-
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 fn settings(s: &TopicSettings) -> wire::TopicSettings {

@@ -176,7 +176,7 @@ pub async fn run(launch: Launch<'_>) -> Result<(), BoxError> {
         first_addr.get_or_insert(addr);
     }
     if let (Some(path), Some(first)) = (launcher_addr_file, first_addr)
-        && let Err(e) = crate::commands::write_addr_file(path, &first)
+        && let Err(e) = crate::process::write_addr_file(path, &first)
     {
         stop(&mut nodes).await;
         return Err(format!("cannot write {}: {e}", path.display()).into());
@@ -184,7 +184,7 @@ pub async fn run(launch: Launch<'_>) -> Result<(), BoxError> {
     say!(
         "Ctrl-C stops every node. Any node serves every request; `narad cluster status` shows the cluster."
     );
-    let stopped = crate::commands::shutdown_signal();
+    let stopped = crate::process::shutdown_signal();
     tokio::pin!(stopped);
     let mut running = nodes.len();
     while running > 0 {

@@ -23,6 +23,7 @@ macro_rules! outln {
 mod client;
 mod commands;
 mod devcluster;
+mod process;
 mod units;
 
 use std::path::PathBuf;

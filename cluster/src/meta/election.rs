@@ -20,7 +20,6 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,7 +27,6 @@ use openraft::{LogId, Raft, ServerState};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::network::MetaService;
 use super::{NodeId, Tuning, TypeConfig, random_bytes};
 use crate::rpc::{Fault, WeakRpc};
 
@@ -132,12 +130,24 @@ fn timeout(t: &Tuning) -> Duration {
     Duration::from_millis(t.election_max_ms + r)
 }
 
+/// What the election needs from this member's Raft endpoint (the service answering the
+/// other members), kept to these questions so the election does not depend on it.
+pub(super) trait Standing: Send + Sync + 'static {
+    /// Whether this member may stand now: not handing leadership off, not removed from the
+    /// cluster, its log not halted.
+    fn may_stand(&self) -> bool;
+    /// Records that a voter with a newer membership left this member out; `true` when it
+    /// was already known.
+    fn mark_removed(&self) -> bool;
+    fn is_removed(&self) -> bool;
+}
+
 /// Stands for election when the leader has been silent long enough and a majority agrees,
 /// until the Raft node or the endpoint stops.
 pub(super) async fn run(
     raft: Raft<TypeConfig>,
     rpc: WeakRpc,
-    service: Arc<MetaService>,
+    service: Arc<impl Standing>,
     me: NodeId,
     t: Tuning,
 ) {
@@ -155,9 +165,7 @@ pub(super) async fn run(
             return;
         };
         if s.state == ServerState::Leader
-            || service.handing_off.load(Ordering::Acquire)
-            || service.removed.load(Ordering::Acquire)
-            || service.halted().is_some()
+            || !service.may_stand()
             || !s.configs.iter().any(|c| c.contains(&me))
         {
             continue;
@@ -218,7 +226,7 @@ pub(super) async fn run(
             let Ok((peer, reply)) = done else { continue };
             match reply {
                 Some(r) if !r.member && r.membership > s.membership => {
-                    if service.removed.swap(true, Ordering::AcqRel) {
+                    if service.mark_removed() {
                         continue;
                     }
                     tracing::error!(
@@ -234,7 +242,7 @@ pub(super) async fn run(
                 None => refusals.push(format!("{peer}: no answer")),
             }
         }
-        if service.removed.load(Ordering::Acquire) {
+        if service.is_removed() {
             continue;
         }
         let majority = s

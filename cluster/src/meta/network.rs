@@ -625,3 +625,19 @@ pub(super) async fn remove_at(
         .await
         .map(|_| ())
 }
+
+impl election::Standing for MetaService {
+    fn may_stand(&self) -> bool {
+        !(self.handing_off.load(std::sync::atomic::Ordering::Acquire)
+            || self.is_removed()
+            || self.halted().is_some())
+    }
+
+    fn mark_removed(&self) -> bool {
+        self.removed.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    fn is_removed(&self) -> bool {
+        self.removed.load(std::sync::atomic::Ordering::Acquire)
+    }
+}

@@ -20,13 +20,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Broker, BrokerError, Topic, random_u64};
+use crate::catalog::link::{MAX_CHILD_DELAY_MS, OriginFloor, ParentLink};
 use crate::catalog::{Applied, CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN, TopicMeta};
 use crate::log::LogError;
 use crate::record::{NewRecord, Record};
 use crate::topic::{CreateTopic, partition_for_key};
 
-/// Longest delay a child may have (one year).
-pub const MAX_CHILD_DELAY_MS: i64 = 365 * 24 * 3_600_000;
 /// Records and bytes one cursor copies per slab.
 const SLAB_RECORDS: usize = 4096;
 pub(super) const SLAB_BYTES: usize = 4 << 20;
@@ -34,49 +33,11 @@ pub(super) const SLAB_BYTES: usize = 4 << 20;
 /// idle cursors (64 children of a parent with hundreds of partitions) must cost nothing.
 pub(super) const IDLE_WAIT: Duration = Duration::from_secs(10);
 
-/// A child's link to its parent, kept in the child's metadata.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct ParentLink {
-    pub parent: String,
-    /// The parent's incarnation: a re-created parent is a different topic.
-    pub parent_id: u64,
-    pub delay_ms: i64,
-    /// Changes on every attach: cursors of an earlier attachment are never resumed.
-    pub epoch: u64,
-    /// Where each parent partition's cursor starts (the parent's next offset at the attach,
-    /// or 0 for its oldest record), durable with the link itself: in a cluster the cursors
-    /// run on the parent partitions' owners, which learn of the link only from the catalog
-    /// and take their start from here until their own cursor file exists. A partition with
-    /// no entry (added to the parent after the attach) starts at its oldest record.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub starts: Vec<u64>,
-    /// A child a promote attached from its source's carried definition: what came from that
-    /// source and its consumers of this child had processed there is not copied.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub floor: Option<Box<OriginFloor>>,
-}
-
-/// What a promoted topic's fan-out child leaves out: records its consumers on the old
-/// primary had processed there. `below`: records that came from that source (their origin
-/// names it), by the source's partition, below these origin offsets. `own` (a failback,
-/// where the old source is the cluster this topic failed over to): this topic's records that
-/// did not come from it, by this topic's partition, below these offsets (the old source's
-/// consumers of the child processed them, as its progress said).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct OriginFloor {
-    pub source: crate::catalog::role::Source,
-    pub below: Vec<u64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub own: Vec<u64>,
-}
-
 impl OriginFloor {
     /// Whether record `r` of the parent's partition `p` was processed by the child's
     /// consumers at the source (so it is not copied again).
     pub(crate) fn skips(&self, p: u32, r: &Record) -> bool {
-        match super::remotes::origin_of(&r.headers) {
+        match super::origin::origin_of(&r.headers) {
             Some((src, op, o)) if src == self.source => {
                 self.below.get(op as usize).is_some_and(|&b| o < b)
             }
@@ -1125,7 +1086,7 @@ impl Broker {
                     if link.floor.as_ref().is_some_and(|f| f.skips(pidx, r)) {
                         continue;
                     }
-                    if let Some((p, o)) = super::remotes::position_in(r, target) {
+                    if let Some((p, o)) = super::origin::position_in(r, target) {
                         let l = lowest.entry(p).or_insert(o);
                         *l = (*l).min(o);
                     }
@@ -1591,7 +1552,7 @@ mod tests {
             headers: origin
                 .map(|(cluster, p, o)| {
                     (
-                        super::super::remotes::ORIGIN_HEADER.to_owned(),
+                        super::super::origin::ORIGIN_HEADER.to_owned(),
                         bytes::Bytes::from(format!("{cluster:016x}/{:016x}/{p}/{o}", 0xbu64)),
                     )
                 })

@@ -23,6 +23,7 @@ mod journal;
 mod layout;
 mod maintenance;
 pub mod moves;
+mod origin;
 mod partition;
 mod produce;
 mod progress;
@@ -39,6 +40,7 @@ use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{Notify, oneshot};
 
+pub use crate::catalog::link::{MAX_CHILD_DELAY_MS, OriginFloor, ParentLink};
 use crate::catalog::store::{self as meta, LocalMetaStore, MetaStore};
 use crate::catalog::{Applied, CatalogCommand, CatalogError, store::StoreError};
 pub use crate::catalog::{MAX_CHILDREN, MAX_SCHEMA_VERSIONS, SchemaVersion, TopicMeta};
@@ -52,9 +54,8 @@ use crate::supervisor::Supervisor;
 use crate::topic::{
     CreateTopic, InvalidField, MAX_DELAY_MS, TopicConfig, TopicPatch, partition_for_key,
 };
-pub use fanout::{
-    ChildInfo, CopyForwarder, LinkStart, MAX_CHILD_DELAY_MS, OriginFloor, ParentLink,
-};
+pub use fanout::{ChildInfo, CopyForwarder, LinkStart};
+pub use origin::{MAX_HOPS, ORIGIN_HEADER, ORIGIN_TIME_HEADER, VIA_HEADER};
 use partition::{LogEnv, OpenLogs, Partition};
 pub use produce::KeylessSpread;
 pub use progress::{
@@ -62,9 +63,8 @@ pub use progress::{
     progress_max_origin_partitions,
 };
 pub use remotes::{
-    BlockedRecord, CatalogSync, LinkStatus, MAX_HOPS, ORIGIN_HEADER, ORIGIN_TIME_HEADER,
-    ProgressRefused, ProgressUpdate, RemoteChildInfo, RemoteShipper, ShipBatch, ShipFailure,
-    SyncRefused, VIA_HEADER, state_rank,
+    BlockedRecord, CatalogSync, LinkStatus, ProgressRefused, ProgressUpdate, RemoteChildInfo,
+    RemoteShipper, ShipBatch, ShipFailure, SyncRefused, state_rank,
 };
 use waiters::{Waiter, Waiters};
 

@@ -304,7 +304,7 @@ pub(crate) struct MirrorIndex {
     read_back: u64,
 }
 
-pub(crate) use remotes::origin_of;
+pub(crate) use origin::origin_of;
 
 /// Most batches one local partition's index holds above its contiguous part (taken out of
 /// order: concurrent requests finish in any order); beyond, batches are left to be read.
@@ -320,7 +320,7 @@ pub(crate) struct Deferred {
     source: Source,
     partition: u32,
     base: u64,
-    origins: Vec<Option<remotes::Hop>>,
+    origins: Vec<Option<origin::Hop>>,
 }
 
 /// What a mirror's index looked at of one of its local partitions.
@@ -376,7 +376,7 @@ impl MirrorIndex {
         &mut self,
         q: &mut crate::queue::PartitionQueue,
         local: (u32, u64),
-        origin: Option<remotes::Hop>,
+        origin: Option<origin::Hop>,
     ) -> Indexed {
         let Some((src, op, oo)) = origin else {
             return Indexed::Skipped;
@@ -533,7 +533,7 @@ impl Broker {
                 };
                 let mut q = part.queue.lock();
                 for r in records.iter().filter(|r| r.offset < e) {
-                    if !remotes::came_through(r, source.topic) {
+                    if !origin::came_through(r, source.topic) {
                         settled += u64::from(q.settle_processed(r.offset));
                     }
                 }
@@ -716,7 +716,7 @@ impl Broker {
         partition: u32,
         base: u64,
         len: usize,
-        origin: impl Fn(usize) -> Option<remotes::Hop>,
+        origin: impl Fn(usize) -> Option<origin::Hop>,
     ) {
         if index.source != source {
             return;

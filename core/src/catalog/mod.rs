@@ -10,6 +10,7 @@
 //! The broker proposes commands through a [`MetaStore`](store::MetaStore), which makes each
 //! one durable before it is applied and published (see [`store`]).
 
+pub mod link;
 pub mod moves;
 pub mod remote;
 pub mod role;
@@ -20,8 +21,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::broker::ParentLink;
 use crate::topic::TopicConfig;
+use link::{MAX_CHILD_DELAY_MS, ParentLink};
 pub use moves::PartitionMove;
 pub use remote::{RemoteChild, RemoteMeta, SealedCredential};
 pub use role::TopicRole;
@@ -109,11 +110,10 @@ impl CarriedChild {
             if !seen.insert(c.name.as_str()) {
                 return Err(format!("child '{}' is named twice", c.name));
             }
-            if !(0..=crate::broker::MAX_CHILD_DELAY_MS).contains(&c.delay_ms) {
+            if !(0..=MAX_CHILD_DELAY_MS).contains(&c.delay_ms) {
                 return Err(format!(
                     "child '{}': delay_ms must be between 0 and {}",
-                    c.name,
-                    crate::broker::MAX_CHILD_DELAY_MS
+                    c.name, MAX_CHILD_DELAY_MS
                 ));
             }
             if !(1..=crate::topic::MAX_PARTITIONS).contains(&c.partitions) {
