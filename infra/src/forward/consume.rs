@@ -283,7 +283,7 @@ impl Ingress {
 
     /// Leaves delivery token `id` in member `node`'s line for a reader here: the owner
     /// answers at once, keeps the token for `wait`, and pushes what its line hands the
-    /// token ([`DELIVER`]).
+    /// token ([`DELIVER`](narad_cluster::rpc::ops::DELIVER)).
     async fn leave_token(
         self: &Arc<Self>,
         node: u64,

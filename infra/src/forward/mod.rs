@@ -14,12 +14,12 @@
 //!   to be down).
 //! - **Consume**: every owner of the topic, this member included, in a rotating order, each
 //!   asked not to wait; with nothing anywhere and a wait, the reader waits in the line of
-//!   every owner at once: here directly, at the others through a delivery token
-//!   ([`WAIT_TOKEN`](narad_cluster::rpc::ops::WAIT_TOKEN): a waiter in the owner's FIFO line, no call held open), and the first
-//!   owner with messages serves it (an owner pushes what its line hands a token,
-//!   [`DELIVER`](narad_cluster::rpc::ops::DELIVER)). Whatever else was taken for the reader and cannot be answered is given
-//!   back ([`Taken`] does it when dropped), and an owner whose answer to a look never
-//!   reached this member takes it back itself (`DataService::undelivered`).
+//!   every owner at once: here directly, at the others through a delivery token (a waiter in
+//!   the owner's FIFO line, no call held open), and the first owner with messages serves it
+//!   (an owner pushes what its line hands a token). Whatever else was taken for the reader
+//!   and cannot be answered is given back ([`Taken`] does it when dropped), and an owner
+//!   whose answer to a look never reached this member takes it back itself
+//!   (`DataService::undelivered`).
 //! - **Ack, extend, nack**: a receipt handle names the member that leased it
 //!   (`<node_id>.<handle>`); the call goes there.
 //!
@@ -122,7 +122,7 @@ pub struct Ingress {
     /// for it.
     user_waits: Arc<UserSlotTable>,
     /// Delivery tokens this member's parked readers left at other owners: (owner, token id)
-    /// → the reader, which takes what that owner pushes ([`DELIVER`]).
+    /// → the reader, which takes what that owner pushes ([`DELIVER`](narad_cluster::rpc::ops::DELIVER)).
     tokens: Mutex<HashMap<(u64, u64), tokio::sync::oneshot::Sender<Taken>>>,
     /// Per (topic id, partition): one past the highest offset this member saw acknowledged
     /// (produces it took), so that a partition whose owner is lost for good can be told

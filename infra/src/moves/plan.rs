@@ -1,0 +1,494 @@
+//! The planner (on the leader): which partitions to move for a fair placement, the fewest
+//! moves that reach it, and members drained out of the voters once they hold nothing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use narad_core::catalog::CatalogCommand;
+use serde::{Deserialize, Serialize};
+
+use narad_cluster::rpc::ops::MOVE_REBALANCE;
+
+use crate::http::error::ApiError;
+
+use super::{Mover, PROPOSE, sleep, unavailable};
+
+/// A move the planner asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedMove {
+    pub topic: String,
+    pub partition: u32,
+    pub from: u64,
+    pub to: u64,
+    pub reason: String,
+}
+
+/// The moves that bring the placement closer to fair, at most `budget` of them (pure).
+///
+/// Receivers are the live voters not being decommissioned. First every partition owned by
+/// a live member that is not a receiver (being decommissioned) goes to the receiver with
+/// the fewest partitions; then, if `balance`, partitions go from the receiver with the most
+/// to the one with the fewest until they differ by at most one (the fewest moves that do
+/// it), each time the partition of the topic the giver holds most of and the taker least.
+/// A partition in a move counts at its target already; one whose owner is down is never
+/// planned (its data cannot be copied), nor is anything sent to a member that is down.
+pub fn plan_moves(
+    catalog: &narad_core::catalog::Catalog,
+    voters: &[u64],
+    alive: &HashSet<u64>,
+    budget: usize,
+    balance: bool,
+) -> Vec<PlannedMove> {
+    let draining = catalog.draining();
+    let mut receivers: Vec<u64> = voters
+        .iter()
+        .copied()
+        .filter(|v| alive.contains(v) && !draining.contains(v))
+        .collect();
+    receivers.sort_unstable();
+    receivers.dedup();
+    let mut out = Vec::new();
+    if receivers.is_empty() || budget == 0 {
+        return out;
+    }
+    let mut count: BTreeMap<u64, usize> = receivers.iter().map(|&r| (r, 0)).collect();
+    let mut per_topic: HashMap<(u64, u64), usize> = HashMap::new();
+    // (topic name, topic id, partition, owner)
+    let mut movable: Vec<(String, u64, u32, u64)> = Vec::new();
+    let mut drain: Vec<(String, u64, u32, u64)> = Vec::new();
+    for t in catalog.topics() {
+        if t.owners.is_empty() {
+            continue;
+        }
+        for p in 0..t.config.partitions {
+            let owner = t.owners[p as usize];
+            let at = t.moves.get(&p).map_or(owner, |m| m.target);
+            if let Some(c) = count.get_mut(&at) {
+                *c += 1;
+                *per_topic.entry((at, t.id)).or_default() += 1;
+            }
+            if t.moves.contains_key(&p) || !alive.contains(&owner) {
+                continue;
+            }
+            let entry = (t.name.clone(), t.id, p, owner);
+            if count.contains_key(&owner) {
+                // (an admin placed it: balancing leaves it where it is)
+                if !t.pinned.contains(&p) {
+                    movable.push(entry);
+                }
+            } else {
+                drain.push(entry);
+            }
+        }
+    }
+    let take = |out: &mut Vec<PlannedMove>,
+                count: &mut BTreeMap<u64, usize>,
+                per_topic: &mut HashMap<(u64, u64), usize>,
+                (topic, id, p, from): (String, u64, u32, u64),
+                to: u64,
+                reason: &str| {
+        *count.get_mut(&to).expect("a receiver") += 1;
+        *per_topic.entry((to, id)).or_default() += 1;
+        if let Some(c) = count.get_mut(&from) {
+            *c -= 1;
+            if let Some(t) = per_topic.get_mut(&(from, id)) {
+                *t -= 1;
+            }
+        }
+        out.push(PlannedMove {
+            topic,
+            partition: p,
+            from,
+            to,
+            reason: reason.to_owned(),
+        });
+    };
+    for d in drain {
+        if out.len() >= budget {
+            return out;
+        }
+        let id = d.1;
+        let to = *receivers
+            .iter()
+            .min_by_key(|&&r| (count[&r], per_topic.get(&(r, id)).copied().unwrap_or(0), r))
+            .expect("receivers");
+        take(&mut out, &mut count, &mut per_topic, d, to, "decommission");
+    }
+    if !balance {
+        return out;
+    }
+    while out.len() < budget {
+        let (&most, &hi) = count
+            .iter()
+            .max_by_key(|&(&r, &c)| (c, std::cmp::Reverse(r)))
+            .expect("receivers");
+        let (&least, &lo) = count
+            .iter()
+            .min_by_key(|&(&r, &c)| (c, r))
+            .expect("receivers");
+        if hi <= lo + 1 {
+            break;
+        }
+        let held = |node: u64, id: u64| per_topic.get(&(node, id)).copied().unwrap_or(0) as i64;
+        let Some(i) = movable
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.3 == most)
+            .max_by_key(|(_, m)| (held(most, m.1) - held(least, m.1), std::cmp::Reverse(m.2)))
+            .map(|(i, _)| i)
+        else {
+            break;
+        };
+        let m = movable.swap_remove(i);
+        take(&mut out, &mut count, &mut per_topic, m, least, "rebalance");
+    }
+    out
+}
+
+impl Mover {
+    /// `POST /v1/cluster/rebalance` on the leader: one planning pass that balances whatever
+    /// `cluster_auto_rebalance` says; the moves it asked for.
+    pub async fn rebalance_here(&self) -> Result<Vec<PlannedMove>, ApiError> {
+        if !self.node.meta.is_leader() {
+            return Err(unavailable(
+                "this member does not lead the cluster (any more); retry",
+            ));
+        }
+        self.plan_pass(true).await
+    }
+
+    /// Asks the leader for a planning pass (`POST /v1/cluster/rebalance` on any member).
+    pub async fn rebalance(&self) -> Result<Vec<PlannedMove>, ApiError> {
+        if self.node.meta.is_leader() {
+            return self.plan_pass(true).await;
+        }
+        let leader = self
+            .node
+            .meta
+            .raft()
+            .current_leader()
+            .await
+            .ok_or_else(|| unavailable("no leader elected; retry"))?;
+        let reply = self
+            .call_raw(leader, MOVE_REBALANCE, Vec::new())
+            .await
+            .map_err(unavailable)?;
+        serde_json::from_slice(&reply).map_err(|e| unavailable(format!("the leader answered: {e}")))
+    }
+
+    /// One pass of the leader's planner: confirms it leads (read index), finds which voters
+    /// answer, cancels moves whose target is gone or silent too long, asks for the moves
+    /// [`plan_moves`] finds (balancing if `force` or `cluster_auto_rebalance`), and retires
+    /// decommissioned members that hold nothing any more.
+    pub(super) async fn plan_pass(&self, force: bool) -> Result<Vec<PlannedMove>, ApiError> {
+        let _one = self.planning.lock().await;
+        self.node
+            .meta
+            .read_index(PROPOSE)
+            .await
+            .map_err(|e| unavailable(format!("the leader could not confirm its catalog: {e}")))?;
+        let view = self.node.meta.view();
+        let catalog = view.catalog.clone();
+        let mut voters: Vec<u64> = view.membership.membership().voter_ids().collect();
+        voters.sort_unstable();
+        let me = self.node.node_id();
+        let mut alive = HashSet::from([me]);
+        let pings = voters
+            .iter()
+            .filter(|&&v| v != me)
+            .map(|&v| async move { (v, self.answers(v, Duration::from_secs(1)).await) });
+        for (v, ok) in futures_util::future::join_all(pings).await {
+            let mut down = self.down_since.lock();
+            if ok {
+                alive.insert(v);
+                down.remove(&v);
+            } else {
+                down.entry(v).or_insert_with(Instant::now);
+            }
+        }
+        // moves to a member gone, or silent too long, are cancelled
+        for t in catalog.topics() {
+            for (&p, m) in &t.moves {
+                let silent = self
+                    .down_since
+                    .lock()
+                    .get(&m.target)
+                    .is_some_and(|s| s.elapsed() >= self.settings.dead_target_abort);
+                let leaving = catalog.draining().contains(&m.target);
+                if voters.contains(&m.target) && !silent && !leaving {
+                    continue;
+                }
+                tracing::warn!(topic = %t.name, partition = p, target = m.target, "cancelling a move: its target is gone, has not answered, or is being decommissioned");
+                if self
+                    .broker
+                    .set_move_target(&t.name, p, None, "target_lost")
+                    .await
+                    .is_ok()
+                {
+                    self.metrics.aborted.inc();
+                }
+            }
+        }
+        let catalog = self.broker.catalog();
+        let budget = self
+            .settings
+            .max_in_flight
+            .saturating_sub(catalog.topics().map(|t| t.moves.len()).sum::<usize>());
+        let balance = force || self.settings.auto_rebalance;
+        let plan = plan_moves(&catalog, &voters, &alive, budget, balance);
+        let mut asked = Vec::new();
+        for m in plan {
+            match self
+                .broker
+                .set_move_target(&m.topic, m.partition, Some(m.to), &m.reason)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(topic = %m.topic, partition = m.partition, from = m.from, to = m.to, reason = %m.reason, "partition move planned");
+                    asked.push(m);
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %m.topic, partition = m.partition, error = %e, "could not plan a partition move");
+                }
+            }
+        }
+        self.retire_drained(&catalog, &voters).await;
+        Ok(asked)
+    }
+
+    /// Members being decommissioned that own nothing and are in no move: removed from the
+    /// cluster (the leader first hands its leadership on); their mark is cleared once they
+    /// are out. The three-voter floor is kept.
+    async fn retire_drained(&self, catalog: &narad_core::catalog::Catalog, voters: &[u64]) {
+        let me = self.node.node_id();
+        for &d in catalog.draining() {
+            if !voters.contains(&d) {
+                let _ = self
+                    .store
+                    .replicate(CatalogCommand::SetDraining {
+                        node: d,
+                        draining: false,
+                    })
+                    .await;
+                continue;
+            }
+            let holds = catalog
+                .topics()
+                .any(|t| t.owners.contains(&d) || t.moves.values().any(|m| m.target == d));
+            if holds {
+                continue;
+            }
+            if voters.len() <= 3 {
+                tracing::warn!(
+                    node_id = d,
+                    "member drained but not removed: the cluster keeps at least three voters (add a member)"
+                );
+                continue;
+            }
+            if d == me {
+                tracing::info!(
+                    node_id = d,
+                    "this member is drained and leads: handing the leadership on before it is removed"
+                );
+                self.node.meta.hand_off(true);
+                // if no one removes it (the others cannot elect), it takes part again
+                let node = self.node.clone();
+                tokio::spawn(async move {
+                    sleep(Duration::from_secs(60)).await;
+                    node.meta.hand_off(false);
+                });
+                return;
+            }
+            match self.node.meta.remove_member(d, PROPOSE).await {
+                Ok(()) => {
+                    tracing::info!(
+                        node_id = d,
+                        "decommissioned member removed from the cluster"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(node_id = d, error = ?e, "could not remove a drained member; retrying")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narad_core::catalog::{Catalog, CatalogCommand, MoveTarget, TopicMeta, apply};
+    use narad_core::topic::TopicConfig;
+
+    fn topic(id: u64, name: &str, owners: &[u64]) -> CatalogCommand {
+        CatalogCommand::CreateTopic {
+            topic: TopicMeta {
+                id,
+                name: name.into(),
+                created_at_ms: 0,
+                config: TopicConfig {
+                    partitions: owners.len() as u32,
+                    ..TopicConfig::default()
+                },
+                parent: None,
+                owner: None,
+                owner_id: None,
+                schemas: Vec::new(),
+                owners: owners.to_vec(),
+                owner_epochs: Vec::new(),
+                moves: Default::default(),
+                rebuilt: Default::default(),
+                role: Default::default(),
+                carried_children: Vec::new(),
+                pinned: Default::default(),
+            },
+        }
+    }
+
+    fn catalog(cmds: &[CatalogCommand]) -> Catalog {
+        cmds.iter()
+            .fold(Catalog::default(), |c, cmd| apply(&c, cmd).unwrap().0)
+    }
+
+    fn counts(c: &Catalog, plan: &[PlannedMove]) -> BTreeMap<u64, usize> {
+        let mut n = BTreeMap::new();
+        for t in c.topics() {
+            for (p, &o) in t.owners.iter().enumerate() {
+                let at = plan
+                    .iter()
+                    .find(|m| m.topic == t.name && m.partition == p as u32)
+                    .map_or(o, |m| m.to);
+                *n.entry(at).or_insert(0) += 1;
+            }
+        }
+        n
+    }
+
+    /// A joiner gets a fair share with the fewest moves, every one onto it; balanced
+    /// placements plan nothing; a down member is neither given nor drained; a member being
+    /// decommissioned gives everything; the budget bounds a pass; moves in flight count at
+    /// their target.
+    #[test]
+    fn the_planner_moves_the_fewest_partitions_to_a_fair_placement() {
+        let c = catalog(&[
+            topic(1, "a", &[1, 2, 3, 1, 2, 3]),
+            topic(2, "b", &[1, 2, 3, 1, 2, 3]),
+        ]);
+        let all: HashSet<u64> = [1, 2, 3, 4].into();
+        let plan = plan_moves(&c, &[1, 2, 3, 4], &all, 8, true);
+        assert_eq!(plan.len(), 3, "{plan:?}");
+        assert!(plan.iter().all(|m| m.to == 4 && m.reason == "rebalance"));
+        assert!(counts(&c, &plan).values().all(|&n| n == 3));
+        // spread over topics: the joiner does not get three partitions of one topic
+        assert!(plan.iter().any(|m| m.topic == "a") && plan.iter().any(|m| m.topic == "b"));
+        assert!(
+            plan_moves(&c, &[1, 2, 3], &all, 8, true).is_empty(),
+            "balanced"
+        );
+        assert!(
+            plan_moves(&c, &[1, 2, 3, 4], &all, 8, false).is_empty(),
+            "auto off"
+        );
+        assert_eq!(
+            plan_moves(&c, &[1, 2, 3, 4], &all, 2, true).len(),
+            2,
+            "budget"
+        );
+        // member 4 down: nothing goes to it
+        let up: HashSet<u64> = [1, 2, 3].into();
+        assert!(plan_moves(&c, &[1, 2, 3, 4], &up, 8, true).is_empty());
+        // member 3 decommissioned: its four partitions go, two to each of 1 and 2 (and
+        // nothing else moves)
+        let drain = apply(
+            &c,
+            &CatalogCommand::SetDraining {
+                node: 3,
+                draining: true,
+            },
+        )
+        .unwrap()
+        .0;
+        let plan = plan_moves(&drain, &[1, 2, 3], &all, 8, true);
+        assert_eq!(plan.len(), 4, "{plan:?}");
+        assert!(
+            plan.iter()
+                .all(|m| m.from == 3 && m.reason == "decommission")
+        );
+        let n = counts(&drain, &plan);
+        assert_eq!((n[&1], n[&2], n.get(&3)), (6, 6, None));
+        // ... but not while member 3 is down: its data cannot be copied
+        let no3: HashSet<u64> = [1, 2].into();
+        assert!(plan_moves(&drain, &[1, 2, 3], &no3, 8, true).is_empty());
+        // a move in flight counts at its target
+        let moving = apply(
+            &c,
+            &CatalogCommand::SetMoveTarget {
+                topic_id: 1,
+                partition: 0,
+                expect_owner: 1,
+                expect_epoch: 0,
+                target: Some(MoveTarget {
+                    id: 5,
+                    node: 4,
+                    since_ms: 0,
+                    reason: "admin".into(),
+                }),
+            },
+        )
+        .unwrap()
+        .0;
+        let plan = plan_moves(&moving, &[1, 2, 3, 4], &all, 8, true);
+        assert_eq!(plan.len(), 2, "{plan:?}");
+        assert!(
+            plan.iter()
+                .all(|m| m.to == 4 && !(m.topic == "a" && m.partition == 0))
+        );
+        // an admin's move, completed, is pinned: balancing never moves it back, and moves
+        // others instead; a decommission still takes it; unpinned, it is the planner's again
+        let moved = apply(
+            &moving,
+            &CatalogCommand::CompleteMove {
+                topic_id: 1,
+                partition: 0,
+                move_id: 5,
+                source: 1,
+                target: 4,
+                expect_epoch: 0,
+                token: 9,
+            },
+        )
+        .unwrap()
+        .0;
+        assert!(moved.get("a").unwrap().pinned.contains(&0));
+        // (4 has one now, 1 one fewer: the planner evens it out with other partitions)
+        let plan = plan_moves(&moved, &[1, 2, 3, 4], &all, 8, true);
+        assert!(
+            plan.iter().all(|m| !(m.topic == "a" && m.partition == 0)),
+            "{plan:?}"
+        );
+        let draining4 = apply(
+            &moved,
+            &CatalogCommand::SetDraining {
+                node: 4,
+                draining: true,
+            },
+        )
+        .unwrap()
+        .0;
+        assert!(
+            plan_moves(&draining4, &[1, 2, 3, 4], &all, 8, true)
+                .iter()
+                .any(|m| m.topic == "a" && m.partition == 0 && m.reason == "decommission")
+        );
+        let unpinned = apply(
+            &moved,
+            &CatalogCommand::Unpin {
+                topic_id: 1,
+                partition: 0,
+            },
+        )
+        .unwrap()
+        .0;
+        assert!(unpinned.get("a").unwrap().pinned.is_empty());
+    }
+}
