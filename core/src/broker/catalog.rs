@@ -617,7 +617,7 @@ impl Broker {
             && let Ok(p) = self.topic(&l.parent)
         {
             for part in p.partitions().iter() {
-                fanout::remove_cursor_files(&part.dir, name);
+                cursor_file::remove_cursor_files(&part.dir, name);
             }
         }
         topic.deleted.store(true, Ordering::Release);

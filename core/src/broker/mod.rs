@@ -16,6 +16,7 @@
 //! counts between queue snapshots), `meta` (the metadata file).
 
 mod catalog;
+mod cursor_file;
 mod delivery;
 mod fanout;
 mod history;

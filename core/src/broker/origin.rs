@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 
+use crate::catalog::link::OriginFloor;
 use crate::record::Record;
 
 /// The header a mirrored record carries on the target: `<cluster>/<topic>/<partition>/<offset>`
@@ -108,5 +109,69 @@ pub(crate) fn route_of(r: &Record) -> Route {
     match hops {
         Some(hops) => Route::Through(hops),
         None => Route::Unreadable,
+    }
+}
+
+impl OriginFloor {
+    /// Whether record `r` of the parent's partition `p` was processed by the child's
+    /// consumers at the source (so it is not copied again).
+    pub(crate) fn skips(&self, p: u32, r: &Record) -> bool {
+        match super::origin::origin_of(&r.headers) {
+            Some((src, op, o)) if src == self.source => {
+                self.below.get(op as usize).is_some_and(|&b| o < b)
+            }
+            _ => self.own.get(p as usize).is_some_and(|&b| r.offset < b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_floor_leaves_out_only_what_came_from_its_source_below_it() {
+        let source = crate::catalog::role::Source {
+            cluster: 0xa,
+            topic: 0xb,
+        };
+        let floor = OriginFloor {
+            source,
+            below: vec![5, 0],
+            own: vec![0, 7],
+        };
+        let record = |offset: u64, origin: Option<(u64, u32, u64)>| Record {
+            offset,
+            timestamp_ms: 0,
+            key: None,
+            headers: origin
+                .map(|(cluster, p, o)| {
+                    (
+                        super::super::origin::ORIGIN_HEADER.to_owned(),
+                        bytes::Bytes::from(format!("{cluster:016x}/{:016x}/{p}/{o}", 0xbu64)),
+                    )
+                })
+                .into_iter()
+                .collect(),
+            payload: bytes::Bytes::new(),
+            delay_ms: 0,
+        };
+        // from the source: by its partition and offset, whichever partition here
+        assert!(floor.skips(1, &record(100, Some((0xa, 0, 4)))));
+        assert!(!floor.skips(0, &record(0, Some((0xa, 0, 5)))));
+        assert!(!floor.skips(0, &record(0, Some((0xa, 1, 0)))));
+        assert!(
+            !floor.skips(0, &record(0, Some((0xa, 2, 0)))),
+            "a partition past the list"
+        );
+        // not from the source (its own, or from a third cluster): by its place here
+        assert!(!floor.skips(0, &record(0, None)));
+        assert!(floor.skips(1, &record(6, None)));
+        assert!(floor.skips(1, &record(6, Some((0xc, 0, 0)))));
+        assert!(!floor.skips(1, &record(7, None)));
+        assert!(
+            !floor.skips(2, &record(0, None)),
+            "a partition past the list"
+        );
     }
 }

@@ -14,7 +14,7 @@ use crate::log::LogError;
 use crate::record::Record;
 
 use super::origin::{MAX_HOPS, Route, position_in, route_of};
-use super::{Broker, BrokerError, Topic, fanout};
+use super::{Broker, BrokerError, Topic, cursor_file, fanout};
 
 impl Broker {
     /// Every remote, by name.
@@ -417,7 +417,7 @@ impl Broker {
             .retain(|(c, _), s| c != name || s.epoch != epoch);
         if let Some(p) = parent.and_then(|p| self.topic(&p).ok()) {
             for part in p.partitions().iter() {
-                let _ = std::fs::remove_file(fanout::cursor_path(
+                let _ = std::fs::remove_file(cursor_file::cursor_path(
                     &part.dir,
                     &format!("@{name}"),
                     epoch,
@@ -522,7 +522,7 @@ impl Broker {
                 }
                 let key = format!("@{}", c.name);
                 if let Some(part) = p.partitions().get(i as usize) {
-                    fanout::remove_cursor_files_but(&part.dir, &key, Some(c.epoch));
+                    cursor_file::remove_cursor_files_but(&part.dir, &key, Some(c.epoch));
                 }
                 let state = Arc::new(RemoteCursor {
                     epoch: c.epoch,
@@ -645,8 +645,8 @@ async fn run_remote_cursor(
 ) {
     let part = parent.partitions()[pidx as usize].clone();
     let key = format!("@{}", child.name);
-    let path = fanout::cursor_path(&part.dir, &key, child.epoch);
-    let mut next = match fanout::read_cursor(&path, child.epoch) {
+    let path = cursor_file::cursor_path(&part.dir, &key, child.epoch);
+    let mut next = match cursor_file::read_cursor(&path, child.epoch) {
         Some(n) => n,
         None => {
             let stats = part.stats();
@@ -953,7 +953,7 @@ async fn run_remote_cursor(
                     })
                     .inc_by(dropped);
                 done = None;
-                match fanout::persist(&path, child.epoch, oldest).await {
+                match cursor_file::persist(&path, child.epoch, oldest).await {
                     Ok(()) => {
                         next = oldest;
                         cursor.next.store(next, Ordering::Release);
@@ -1138,7 +1138,7 @@ async fn run_remote_cursor(
         };
         match outcome {
             Ok(()) => {
-                if let Err(e) = fanout::persist(&path, child.epoch, last + 1).await {
+                if let Err(e) = cursor_file::persist(&path, child.epoch, last + 1).await {
                     cursor.set("unavailable", Some(format!("writing the cursor: {e}")));
                     tokio::select! {
                         biased;

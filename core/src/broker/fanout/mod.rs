@@ -12,13 +12,20 @@
 //! The copy target is a [`Sink`], so a remote sender can take the local child's place later.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod marks;
+
+use marks::Marks;
+
+use super::cursor_file::{
+    cursor_path, persist, read_cursor, remove_cursor_files, remove_cursor_files_but, write_cursor,
+};
 use super::{Broker, BrokerError, Topic, random_u64};
 use crate::catalog::link::{MAX_CHILD_DELAY_MS, OriginFloor, ParentLink};
 use crate::catalog::{Applied, CatalogCommand, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN, TopicMeta};
@@ -32,19 +39,6 @@ pub(super) const SLAB_BYTES: usize = 4 << 20;
 /// How long a cursor with nothing to copy sleeps unless an append wakes it. Thousands of
 /// idle cursors (64 children of a parent with hundreds of partitions) must cost nothing.
 pub(super) const IDLE_WAIT: Duration = Duration::from_secs(10);
-
-impl OriginFloor {
-    /// Whether record `r` of the parent's partition `p` was processed by the child's
-    /// consumers at the source (so it is not copied again).
-    pub(crate) fn skips(&self, p: u32, r: &Record) -> bool {
-        match super::origin::origin_of(&r.headers) {
-            Some((src, op, o)) if src == self.source => {
-                self.below.get(op as usize).is_some_and(|&b| o < b)
-            }
-            _ => self.own.get(p as usize).is_some_and(|&b| r.offset < b),
-        }
-    }
-}
 
 /// Where a new link's cursors start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,12 +71,6 @@ pub trait CopyForwarder: Send + Sync {
         partition: u32,
         records: Vec<NewRecord>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BrokerError>> + Send>>;
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct CursorFile {
-    epoch: u64,
-    next_offset: u64,
 }
 
 /// A child as `GET /v1/topics/{parent}/children` lists it.
@@ -176,208 +164,6 @@ impl CursorState {
             marks: Default::default(),
         }
     }
-}
-
-/// Most marks one cursor keeps: beyond, every other one goes (the answer only gets
-/// coarser, never wrong).
-const MAX_MARKS: usize = 256;
-/// Most child partition ends one cursor's marks hold (a child of many partitions gets fewer
-/// marks, at least 8).
-const MAX_MARK_VALUES: usize = 4096;
-/// Marks one slab adds at most (inside it; its end is one more), at least this many records
-/// apart.
-const MARKS_PER_SLAB: usize = 64;
-const MIN_MARK_RECORDS: usize = 32;
-
-/// How far a child's consumers got, in its parent partition's offsets (a mirror of the
-/// parent carries it, so a promote there leaves out of the child what was processed here).
-///
-/// The cursor keeps, per child partition, one past the last copy it made there (`own`).
-/// After each copied slab, and every few records inside one, it notes the parent offset it
-/// reached with `own` then: every copy of a parent record below that offset sits below those
-/// ends. Once the child's ack frontier is at or past every one of them, the child's consumers
-/// processed every record of the parent below that offset. Copies other cursors made in the
-/// same child partitions do not hold a mark back. Memory only: a cursor that starts (or a
-/// restarted node) notes where it stands with the child's whole ends as its first mark.
-#[derive(Default)]
-pub(crate) struct Marks {
-    /// `(parent offset reached, ends then)`, oldest first.
-    pending: std::collections::VecDeque<(u64, Vec<u64>)>,
-    /// Every parent record below it was processed in the child (`None`: nothing noted yet).
-    consumed: Option<u64>,
-    /// Per child partition, one past the last copy this cursor made there (`None`: not
-    /// known yet; the child's ends stand for it until the first mark).
-    own: Option<Vec<u64>>,
-    /// Some child partition is on another cluster member: not known here.
-    unknown: bool,
-}
-
-impl Marks {
-    /// The first mark of a cursor that stands at `next` while the child's partitions end at
-    /// `ends` (`None`: some of them are not on this member). Nothing if it has marks.
-    pub(crate) fn start(&mut self, next: u64, ends: Option<Vec<u64>>) {
-        if self.own.is_none() || self.unknown {
-            self.own = ends.clone();
-            self.note(next, ends);
-        }
-    }
-
-    /// The cursor reached parent offset `reached` with its copies ending at `ends` (`None`:
-    /// some child partition is not on this member).
-    fn note(&mut self, reached: u64, ends: Option<Vec<u64>>) {
-        let Some(ends) = ends else {
-            self.unknown = true;
-            self.own = None;
-            self.pending.clear();
-            return;
-        };
-        self.unknown = false;
-        if self.pending.back().is_some_and(|(o, _)| *o >= reached) {
-            return;
-        }
-        let max = (MAX_MARK_VALUES / ends.len().max(1)).clamp(8, MAX_MARKS);
-        self.pending.push_back((reached, ends));
-        if self.pending.len() > max {
-            // thin out evenly, keeping the oldest (the consumers reach it first) and the
-            // newest
-            let last = self.pending.len() - 1;
-            let mut i = 0;
-            self.pending.retain(|_| {
-                let keep = i % 2 == 0 || i == last;
-                i += 1;
-                keep
-            });
-        }
-    }
-
-    /// A slab copied: `went` says where each of its records went in order (parent offset,
-    /// and child partition or `None` when left out), `bases` where each child partition's
-    /// share of it begins (`None` for a partition whose base is not known here: its share
-    /// was sent before, or it is on another member). `reached`: one past the slab.
-    pub(crate) fn copied(
-        &mut self,
-        went: &[(u64, Option<u32>)],
-        bases: &[Option<u64>],
-        reached: u64,
-        child_ends: impl FnOnce() -> Option<Vec<u64>>,
-    ) {
-        if self.unknown {
-            return;
-        }
-        let Some(mut own) = self.own.clone() else {
-            // no first mark yet: the child's ends now stand for where earlier copies are
-            let ends = child_ends();
-            self.own = ends.clone();
-            self.note(reached, ends);
-            return;
-        };
-        // (a child grown meanwhile: its new partitions have no copy of this cursor's)
-        own.resize(bases.len().max(own.len()), 0);
-        let mut counts = vec![0u64; own.len()];
-        let step = (went.len() / MARKS_PER_SLAB).max(MIN_MARK_RECORDS);
-        for (i, (offset, q)) in went.iter().enumerate() {
-            if let Some(q) = *q {
-                let q = q as usize;
-                let Some(base) = bases.get(q).copied().flatten() else {
-                    // where this copy is is not known here
-                    self.note(reached, None);
-                    return;
-                };
-                counts[q] += 1;
-                own[q] = base + counts[q];
-            }
-            if (i + 1) % step == 0 && i + 1 < went.len() {
-                self.note(offset + 1, Some(own.clone()));
-            }
-        }
-        self.own = Some(own.clone());
-        self.note(reached, Some(own));
-    }
-
-    /// The cursor moved past records it never copied (gone to retention, or none): where it
-    /// stands now.
-    pub(crate) fn skipped(&mut self, reached: u64) {
-        if let Some(own) = self.own.clone() {
-            self.note(reached, Some(own));
-        }
-    }
-
-    /// Every parent record below the answer was processed in the child, whose partitions'
-    /// ack frontiers are `frontiers` now.
-    pub(crate) fn consumed(&mut self, frontiers: &[u64]) -> Option<u64> {
-        if self.unknown {
-            return None;
-        }
-        while let Some((reached, ends)) = self.pending.front() {
-            let done = ends
-                .iter()
-                .enumerate()
-                .all(|(q, e)| frontiers.get(q).is_some_and(|f| f >= e));
-            if !done {
-                break;
-            }
-            self.consumed = Some(self.consumed.map_or(*reached, |c| c.max(*reached)));
-            self.pending.pop_front();
-        }
-        // (nothing processed yet: every record below 0 was)
-        Some(self.consumed.unwrap_or(0))
-    }
-}
-
-/// The cursor file of one attachment. The epoch is in the name: a cursor task of an earlier
-/// attachment that is still finishing its last slab can only ever write its own file.
-pub(super) fn cursor_path(parent_partition_dir: &Path, child: &str, epoch: u64) -> PathBuf {
-    parent_partition_dir.join(format!("fanout-{child}.{epoch:016x}.offset"))
-}
-
-/// The child and attach epoch a cursor file (or its temp file) belongs to: the file name is
-/// exactly `fanout-<child>.<16 hex digits>.offset[.tmp]`. Topic names may contain dots, so a
-/// name is matched whole, never by prefix (`a-c` must not claim the cursor of its sibling
-/// `a-c.x`).
-fn cursor_file_of(file_name: &str) -> Option<(&str, u64)> {
-    let rest = file_name.strip_prefix("fanout-")?;
-    let rest = rest
-        .strip_suffix(".offset.tmp")
-        .or_else(|| rest.strip_suffix(".offset"))?;
-    let (child, epoch) = rest.rsplit_once('.')?;
-    if epoch.len() != 16 || !epoch.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    Some((child, u64::from_str_radix(epoch, 16).ok()?))
-}
-
-/// Removes every cursor file of `child` in a parent partition directory (all epochs).
-pub(crate) fn remove_cursor_files(parent_partition_dir: &Path, child: &str) {
-    remove_cursor_files_but(parent_partition_dir, child, None);
-}
-
-/// Removes the cursor files of `child` in a parent partition directory, except those of
-/// attachment `keep`.
-pub(super) fn remove_cursor_files_but(parent_partition_dir: &Path, child: &str, keep: Option<u64>) {
-    let Ok(entries) = std::fs::read_dir(parent_partition_dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        if let Some((c, epoch)) = cursor_file_of(&name.to_string_lossy())
-            && c == child
-            && Some(epoch) != keep
-        {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-}
-
-pub(super) fn read_cursor(path: &Path, epoch: u64) -> Option<u64> {
-    let text = std::fs::read(path).ok()?;
-    let c: CursorFile = serde_json::from_slice(&text).ok()?;
-    (c.epoch == epoch).then_some(c.next_offset)
-}
-
-fn write_cursor(path: &Path, epoch: u64, next_offset: u64) -> std::io::Result<()> {
-    // (the epoch in the file name makes the temp file per attachment too)
-    let body = serde_json::to_vec(&CursorFile { epoch, next_offset }).expect("cursor serialises");
-    crate::fsutil::write_file_atomic(path, &body)
 }
 
 /// The checks of a link request that need no topic.
@@ -1448,135 +1234,4 @@ async fn copy_slab<S: Sink>(
         .lock()
         .copied(&went, &bases, last + 1, || b.child_ends(sink.child()));
     Ok(Step::Copied(last + 1))
-}
-
-pub(super) async fn persist(path: &Path, epoch: u64, next: u64) -> Result<(), BrokerError> {
-    let p = path.to_owned();
-    tokio::task::spawn_blocking(move || write_cursor(&p, epoch, next))
-        .await
-        .expect("cursor write task")
-        .map_err(|source| {
-            LogError::Io {
-                path: path.to_owned(),
-                source,
-            }
-            .into()
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cursor_files_match_whole_child_names() {
-        let dir = tempfile::tempdir().unwrap();
-        let (a, sibling) = ("a-c", "a-c.x");
-        write_cursor(&cursor_path(dir.path(), a, 0x11), 0x11, 5).unwrap();
-        write_cursor(&cursor_path(dir.path(), sibling, 0x22), 0x22, 7).unwrap();
-        std::fs::write(dir.path().join("fanout-a-c.x.tmp"), b"not a cursor").unwrap();
-        assert_eq!(
-            cursor_file_of("fanout-a-c.x.0000000000000022.offset"),
-            Some((sibling, 0x22))
-        );
-        assert_eq!(
-            cursor_file_of("fanout-a-c.0000000000000011.offset.tmp"),
-            Some((a, 0x11))
-        );
-        assert_eq!(cursor_file_of("fanout-a-c.x.tmp"), None);
-        remove_cursor_files(dir.path(), a);
-        assert!(!cursor_path(dir.path(), a, 0x11).exists());
-        assert_eq!(
-            read_cursor(&cursor_path(dir.path(), sibling, 0x22), 0x22),
-            Some(7)
-        );
-        assert!(dir.path().join("fanout-a-c.x.tmp").exists());
-    }
-
-    #[test]
-    fn marks_say_what_a_childs_consumers_processed_in_parent_offsets() {
-        let mut m = Marks::default();
-        // the cursor starts at 10 with the child's two partitions ending at 4 and 6
-        m.note(10, Some(vec![4, 6]));
-        assert_eq!(m.consumed(&[3, 6]), Some(0), "partition 0 still holds one");
-        assert_eq!(m.consumed(&[4, 6]), Some(10));
-        // slabs copied parent 10..20 (child ends 9, 6) and 20..30 (child ends 9, 12)
-        m.note(20, Some(vec![9, 6]));
-        m.note(30, Some(vec![9, 12]));
-        assert_eq!(
-            m.consumed(&[8, 12]),
-            Some(10),
-            "one copy of 10..20 unprocessed"
-        );
-        assert_eq!(m.consumed(&[9, 11]), Some(20));
-        assert_eq!(m.consumed(&[9, 12]), Some(30));
-        // never back, whatever the frontiers say later
-        assert_eq!(m.consumed(&[0, 0]), Some(30));
-        // a child partition on another member: not known
-        m.note(40, None);
-        assert_eq!(m.consumed(&[100, 100]), None);
-        m.note(50, Some(vec![20, 20]));
-        assert_eq!(m.consumed(&[20, 20]), Some(50));
-        // thinned when full: coarser, never past what was processed
-        let mut m = Marks::default();
-        for i in 1..=(MAX_MARKS as u64 * 3) {
-            m.note(i * 10, Some(vec![i]));
-        }
-        assert!(m.pending.len() <= MAX_MARKS);
-        // the oldest marks stay (consumers that lag reach them first)
-        assert_eq!(m.consumed(&[1]), Some(10));
-        let c = m.consumed(&[100]).unwrap();
-        assert!(c <= 1000, "{c}");
-        assert!(c >= 1000 - 10 * 64, "{c}");
-        assert_eq!(
-            m.consumed(&[MAX_MARKS as u64 * 3]),
-            Some(MAX_MARKS as u64 * 30)
-        );
-    }
-
-    #[test]
-    fn a_floor_leaves_out_only_what_came_from_its_source_below_it() {
-        let source = crate::catalog::role::Source {
-            cluster: 0xa,
-            topic: 0xb,
-        };
-        let floor = OriginFloor {
-            source,
-            below: vec![5, 0],
-            own: vec![0, 7],
-        };
-        let record = |offset: u64, origin: Option<(u64, u32, u64)>| Record {
-            offset,
-            timestamp_ms: 0,
-            key: None,
-            headers: origin
-                .map(|(cluster, p, o)| {
-                    (
-                        super::super::origin::ORIGIN_HEADER.to_owned(),
-                        bytes::Bytes::from(format!("{cluster:016x}/{:016x}/{p}/{o}", 0xbu64)),
-                    )
-                })
-                .into_iter()
-                .collect(),
-            payload: bytes::Bytes::new(),
-            delay_ms: 0,
-        };
-        // from the source: by its partition and offset, whichever partition here
-        assert!(floor.skips(1, &record(100, Some((0xa, 0, 4)))));
-        assert!(!floor.skips(0, &record(0, Some((0xa, 0, 5)))));
-        assert!(!floor.skips(0, &record(0, Some((0xa, 1, 0)))));
-        assert!(
-            !floor.skips(0, &record(0, Some((0xa, 2, 0)))),
-            "a partition past the list"
-        );
-        // not from the source (its own, or from a third cluster): by its place here
-        assert!(!floor.skips(0, &record(0, None)));
-        assert!(floor.skips(1, &record(6, None)));
-        assert!(floor.skips(1, &record(6, Some((0xc, 0, 0)))));
-        assert!(!floor.skips(1, &record(7, None)));
-        assert!(
-            !floor.skips(2, &record(0, None)),
-            "a partition past the list"
-        );
-    }
 }
