@@ -19,6 +19,7 @@ use crate::http::error::ApiError;
 use crate::http::render;
 
 use super::codec::{CancelWait, ConsumeRequest, HandleOnly, SettleRequest};
+use super::place::owner_of;
 use super::{
     CALL_DEADLINE, CallError, Ingress, MAX_WAITS_PER_MEMBER, MAX_WAITS_PER_USER, TOKEN_MARGIN,
     TOKEN_TTL, WAIT_SLACK, split_handle,
@@ -48,7 +49,7 @@ impl Ingress {
                 }
                 .into());
             }
-            let owner = meta.owners.get(p as usize).copied().unwrap_or(self.me());
+            let owner = owner_of(&meta.owners, p, self.me());
             if wait.is_zero() {
                 return self
                     .consume_on(owner, topic, partition, max, wait, 0)

@@ -59,11 +59,13 @@ use crate::reads::{PartitionStatsJson, history, local_stats};
 
 pub mod codec;
 mod consume;
+mod place;
 pub mod service;
 
 use codec::*;
 pub use consume::Taken;
 use consume::{UserSlotTable, raw};
+use place::{Placement, owner_of};
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
@@ -358,7 +360,8 @@ impl Ingress {
     ) -> Result<Vec<Outcome>, ApiError> {
         let meta = self.broker.topic_meta(topic)?;
         let n = meta.config.partitions;
-        let owner = |p: u32| meta.owners.get(p as usize).copied().unwrap_or(self.me());
+        let place = Placement::new(n, &meta.owners, self.me(), |o| self.is_down(o));
+        let owner = |p: u32| place.owner(p);
         // pinned messages are judged before anything is written (400 for the whole request)
         for (index, m) in msgs.iter().enumerate() {
             if let Some(p) = m.partition
@@ -383,14 +386,7 @@ impl Ingress {
         let spread = self.broker.keyless_spread(topic, msgs)?;
         for m in msgs.iter_mut() {
             if m.partition.is_none() {
-                m.partition = Some(match &m.key {
-                    Some(k) if strict => narad_core::topic::partition_for_key(k, n),
-                    Some(k) => {
-                        let p = narad_core::topic::partition_for_key(k, n);
-                        self.live_partition(p, n, &owner, &[])
-                    }
-                    None => self.live_partition(spread.place(), n, &owner, &[]),
-                });
+                m.partition = Some(place.first(m.key.as_deref(), strict, || spread.place()));
             }
         }
         let catalog = self.broker.followed();
@@ -399,10 +395,9 @@ impl Ingress {
         let mut todo: Vec<usize> = Vec::with_capacity(msgs.len());
         for (i, m) in msgs.iter().enumerate() {
             let p = m.partition.unwrap_or(0);
-            if sticky[i] && self.is_down(owner(p)) {
-                out[i] = Some(Err(owner_down(p, owner(p))));
-            } else {
-                todo.push(i);
+            match place.known_down(p) {
+                Some(node) if sticky[i] => out[i] = Some(Err(owner_down(p, node))),
+                _ => todo.push(i),
             }
         }
         let mut failed: Vec<u64> = Vec::new();
@@ -445,15 +440,12 @@ impl Ingress {
                             // partition of this member if it owns one (it is surely up:
                             // another guess could meet a second owner that is down too)
                             let p = msgs[i].partition.unwrap_or(0);
-                            let again = (1..=n)
-                                .map(|d| (p + d) % n)
-                                .find(|&q| owner(q) == self.me())
-                                .unwrap_or_else(|| self.live_partition(p + 1, n, &owner, &failed));
-                            if !sticky[i] && owner(again) != node {
-                                msgs[i].partition = Some(again);
-                                todo.push(i);
-                            } else {
-                                out[i] = Some(Err(e.clone()));
+                            match place.again(p, node, &failed) {
+                                Some(q) if !sticky[i] => {
+                                    msgs[i].partition = Some(q);
+                                    todo.push(i);
+                                }
+                                _ => out[i] = Some(Err(e.clone())),
                             }
                         }
                     }
@@ -555,16 +547,6 @@ impl Ingress {
 
     /// `p`, or the next partition after it whose owner is not known to be down (nor in
     /// `failed`); `p` itself when every owner is.
-    fn live_partition(&self, p: u32, n: u32, owner: &impl Fn(u32) -> u64, failed: &[u64]) -> u32 {
-        (0..n)
-            .map(|i| (p + i) % n)
-            .find(|&q| {
-                let o = owner(q);
-                !failed.contains(&o) && !self.is_down(o)
-            })
-            .unwrap_or(p % n)
-    }
-
     async fn produce_on(
         self: &Arc<Self>,
         node: u64,
@@ -616,11 +598,7 @@ impl Ingress {
         max: usize,
     ) -> Result<Vec<Box<RawValue>>, ApiError> {
         let meta = self.broker.topic_meta(topic)?;
-        let owner = meta
-            .owners
-            .get(partition as usize)
-            .copied()
-            .unwrap_or(self.me());
+        let owner = owner_of(&meta.owners, partition, self.me());
         if owner == self.me() || partition >= meta.config.partitions {
             let recs = history(
                 &self.broker,
