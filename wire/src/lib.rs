@@ -21,6 +21,7 @@
 //! those renderings are held to these types by the same tests.
 
 mod error;
+pub mod limits;
 mod message;
 mod topic;
 mod user;

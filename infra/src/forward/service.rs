@@ -16,6 +16,7 @@ use narad_core::broker::{AckAction, Broker, ReplayFrom};
 use narad_core::record::NewRecord;
 use narad_replay::ArchiveReader;
 use narad_wire::ErrorCode;
+use narad_wire::limits::{MAX_BATCH_ACK, MAX_CONSUME_BATCH};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -28,6 +29,10 @@ use crate::reads::{history, local_stats};
 use super::codec::*;
 use super::consume::{Taken, raw};
 use super::{CALL_DEADLINE, CATCH_UP, Ingress, MAX_CANCELLABLE_WAITS, split_handle};
+
+/// Longest wait a member's forwarded consume may ask of an owner (its reader's wait is
+/// bounded far lower by `max_wait_ms`; this bounds what a peer's bytes can hold).
+const MAX_FORWARDED_WAIT_MS: u64 = 3_600_000;
 
 /// Waits and tokens other members may cancel: (member, id) → (the registration's own
 /// number, its cancel). A token left again under the same id is a new registration: the
@@ -118,8 +123,9 @@ struct Delivered {
 /// Pushes this owner sends to one member at once. A member that died (or froze) is found
 /// out by the first push to it failing, up to [`CALL_DEADLINE`] later; the pushes already
 /// under way then stay leased until their lease ends (their fate is unknown), so this
-/// bounds what a dead member can hold: this many pushes of at most 100 messages each. The
-/// pushes that wait for a slot meanwhile give their messages back instead.
+/// bounds what a dead member can hold: this many pushes of at most [`MAX_CONSUME_BATCH`]
+/// messages each. The pushes that wait for a slot meanwhile give their messages back
+/// instead.
 const PUSHES_PER_MEMBER: usize = 8;
 
 /// The pushes to each member: their slots, and how many times a push to it failed (a
@@ -157,8 +163,8 @@ async fn keep_token(
     cancelled: tokio::sync::oneshot::Receiver<()>,
 ) {
     let failures = pushes.failures(from);
-    let wait = Duration::from_millis(req.wait_ms.min(3_600_000));
-    let max = req.max.clamp(1, 100);
+    let wait = Duration::from_millis(req.wait_ms.min(MAX_FORWARDED_WAIT_MS));
+    let max = req.max.clamp(1, MAX_CONSUME_BATCH as usize);
     let got = tokio::select! {
         got = broker.consume(&req.topic, req.partition, max, wait) => got,
         _ = cancelled => return,
@@ -326,8 +332,8 @@ impl Service for DataService {
                     let req: ConsumeRequest =
                         serde_json::from_slice(&body).map_err(|_| malformed("consume"))?;
                     caught_up(&broker, req.catalog).await?;
-                    let wait = Duration::from_millis(req.wait_ms.min(3_600_000));
-                    let max = req.max.clamp(1, 100);
+                    let wait = Duration::from_millis(req.wait_ms.min(MAX_FORWARDED_WAIT_MS));
+                    let max = req.max.clamp(1, MAX_CONSUME_BATCH as usize);
                     let consume = broker.consume(&req.topic, req.partition, max, wait);
                     let got = if req.wait_id == 0 || wait.is_zero() {
                         consume.await
@@ -366,7 +372,7 @@ impl Service for DataService {
                         (None, Some(t)) => ReplayFrom::TimeMs(t),
                         (None, None) => return Err(malformed("replay")),
                     };
-                    let max = req.max.clamp(1, 100);
+                    let max = req.max.clamp(1, MAX_CONSUME_BATCH as usize);
                     let recs = history(
                         &broker,
                         archive.as_deref(),
@@ -388,7 +394,7 @@ impl Service for DataService {
                 SETTLE | GIVE_BACK => {
                     let req: SettleRequest =
                         serde_json::from_slice(&body).map_err(|_| malformed("ack"))?;
-                    if req.handles.len() > 100 {
+                    if req.handles.len() > MAX_BATCH_ACK {
                         return Err(malformed("ack"));
                     }
                     let action = match req.action.as_deref() {
@@ -586,7 +592,7 @@ impl Service for DataService {
                 DELIVER => {
                     let req: Delivered =
                         serde_json::from_slice(&body).map_err(|_| malformed("delivery"))?;
-                    if req.messages.len() > 100 {
+                    if req.messages.len() > MAX_CONSUME_BATCH as usize {
                         return Err(malformed("delivery"));
                     }
                     if let Some(ingress) = ingress.upgrade() {

@@ -12,8 +12,7 @@ use super::query::Query;
 use super::{
     ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
 };
-
-pub const MAX_BATCH_ACK: usize = 100;
+use narad_wire::limits::MAX_BATCH_ACK;
 
 /// The settle action `extend` names, by the one mapping the API and its clients share.
 fn action(extend: Option<&str>) -> Result<AckAction, ApiError> {

@@ -12,8 +12,8 @@ use super::query::{Query, parse_duration, parse_time_ms};
 use super::{ApiError, ApiResult, SharedState, render};
 use crate::reads::history;
 
-/// Most messages one consume may return.
-pub const MAX_CONSUME_BATCH: u64 = 100;
+use narad_wire::limits::MAX_CONSUME_BATCH;
+
 /// Header set when the requested wait was longer than the server allows.
 pub const WAIT_CLAMPED_HEADER: &str = "x-narad-wait-clamped";
 
