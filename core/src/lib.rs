@@ -28,6 +28,7 @@
 pub mod broker;
 pub mod catalog;
 pub mod clock;
+pub mod failpoint;
 pub mod fsutil;
 pub mod handle;
 pub mod log;

@@ -126,9 +126,9 @@ impl ClusterNode {
             MetaConfig {
                 node_id: s.node_id,
                 dir: data_dir.join("raft"),
-                tuning: match s.test_snapshot_after {
-                    0 => Tuning::default(),
-                    n => Tuning {
+                tuning: match narad_core::failpoint::number("meta.snapshot_after") {
+                    None | Some(0) => Tuning::default(),
+                    Some(n) => Tuning {
                         snapshot_after: n,
                         keep_after_snapshot: (n / 4).max(1),
                         ..Tuning::default()

@@ -101,8 +101,6 @@ pub struct ClusterSettings {
     pub advertise: String,
     pub members: Vec<narad_cluster::members::Member>,
     pub secrets: ClusterSecrets,
-    /// Tests only (0: the default, 5,000): the metastore snapshots after this many entries.
-    pub test_snapshot_after: u64,
 }
 
 impl ClusterSettings {
@@ -402,18 +400,6 @@ pub struct ServerConfig {
     /// A move whose target member has not answered for this long is cancelled (its
     /// source never froze for long: a freeze lapses on its own).
     pub move_dead_target_abort_ms: u64,
-    /// Fault injection for tests (0: off): a move's first attempt stalls this long right
-    /// before it asks its source to freeze (so a cancel can overtake the freeze), ...
-    pub move_test_stall_before_freeze_ms: u64,
-    /// ... or once its source froze (a destination too slow for the freeze), ...
-    pub move_test_stall_frozen_ms: u64,
-    /// ... or right before it proposes its flip (to kill a leader or the source then).
-    pub move_test_stall_flip_ms: u64,
-    /// For tests (0: the default, 5,000): the metastore snapshots its state and purges its
-    /// log after this many entries (a test makes a member catch up by a snapshot).
-    pub cluster_test_snapshot_after: u64,
-    /// ... and its flip's answer is treated as lost (the mover asks the cluster instead).
-    pub move_test_lose_flip_reply: bool,
 
     /// Defaults for topics created without these fields.
     pub default_partitions: u32,
@@ -491,11 +477,6 @@ impl Default for ServerConfig {
             moves_max_in_flight: 8,
             cluster_auto_rebalance: true,
             move_dead_target_abort_ms: 120_000,
-            move_test_stall_before_freeze_ms: 0,
-            move_test_stall_frozen_ms: 0,
-            move_test_stall_flip_ms: 0,
-            cluster_test_snapshot_after: 0,
-            move_test_lose_flip_reply: false,
             default_partitions: topic.partitions,
             default_visibility_timeout_ms: topic.visibility_timeout_ms,
             default_retention_ms: topic.retention_ms,
@@ -560,8 +541,10 @@ impl ServerConfig {
             };
             let key = key.to_ascii_lowercase();
             let Some(current) = table.get(&key) else {
-                // other NARAD_* variables belong to the CLI and the tools; the rest is noted
+                // other NARAD_* variables belong to the CLI, the tools and the failpoints; the rest
+                // is noted
                 if !CLIENT_ENV.contains(&var.as_str())
+                    && var != narad_core::failpoint::ENV
                     && !var.starts_with("NARAD_TEST_")
                     && !var.starts_with("NARAD_REQUIRE_")
                 {
@@ -903,10 +886,6 @@ impl ServerConfig {
             max_in_flight: self.moves_max_in_flight,
             auto_rebalance: self.cluster_auto_rebalance,
             dead_target_abort: Duration::from_millis(self.move_dead_target_abort_ms),
-            stall_before_freeze: Duration::from_millis(self.move_test_stall_before_freeze_ms),
-            stall_frozen: Duration::from_millis(self.move_test_stall_frozen_ms),
-            stall_flip: Duration::from_millis(self.move_test_stall_flip_ms),
-            lose_flip_reply: self.move_test_lose_flip_reply,
         }
     }
 
@@ -1032,7 +1011,6 @@ impl ServerConfig {
             advertise,
             members,
             secrets,
-            test_snapshot_after: self.cluster_test_snapshot_after,
         }))
     }
 
@@ -1082,15 +1060,6 @@ pub struct MoveSettings {
     pub max_in_flight: usize,
     pub auto_rebalance: bool,
     pub dead_target_abort: Duration,
-    /// Fault injection (tests): a move stalls once before it asks for the freeze, once
-    /// frozen, or before its flip (the first attempt that gets there: an earlier attempt may
-    /// have failed on its own).
-    pub stall_before_freeze: Duration,
-    pub stall_frozen: Duration,
-    pub stall_flip: Duration,
-    /// Fault injection (tests): a move's first flip answer is treated as lost (the outcome
-    /// then comes from the cluster: the resolve path).
-    pub lose_flip_reply: bool,
 }
 
 #[cfg(test)]

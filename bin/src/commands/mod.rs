@@ -219,6 +219,11 @@ async fn serve(
     addr_file: Option<std::path::PathBuf>,
 ) -> Result<(), BoxError> {
     narad_infra::telemetry::init(&cfg.log_format, &cfg.log_level);
+    let failpoints =
+        narad_core::failpoint::init(std::env::var(narad_core::failpoint::ENV).ok().as_deref())?;
+    if !failpoints.is_empty() {
+        tracing::warn!(?failpoints, "failpoints on: for tests only");
+    }
     if dev {
         tracing::info!("development mode: bound to loopback, text logs");
     }

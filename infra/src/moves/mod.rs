@@ -38,6 +38,7 @@ use narad_core::broker::Broker;
 use narad_core::broker::moves::{MAX_FILE_CHUNK, PartitionFile};
 use narad_core::catalog::store::{MetaStore, StoreError};
 use narad_core::catalog::{CatalogCommand, CatalogError, TopicMeta};
+use narad_core::failpoint;
 use narad_wire::ErrorCode;
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
@@ -732,11 +733,13 @@ impl Mover {
         }
         // freeze, copy exactly what the frozen partition holds
         self.set_phase(pkey, "freeze");
-        if !self.settings.stall_before_freeze.is_zero()
-            && injected.once(Injected::STALL_BEFORE_FREEZE)
-        {
-            tracing::warn!(stall = ?self.settings.stall_before_freeze, "move_test_stall_before_freeze_ms: stalling before the freeze");
-            sleep(self.settings.stall_before_freeze).await;
+        let stall = failpoint::millis("move.stall_before_freeze");
+        if !stall.is_zero() && injected.once(Injected::STALL_BEFORE_FREEZE) {
+            tracing::warn!(
+                ?stall,
+                "failpoint move.stall_before_freeze: stalling before the freeze"
+            );
+            sleep(stall).await;
         }
         let token = loop {
             let t = narad_core::random_u64();
@@ -763,9 +766,13 @@ impl Mover {
         if incarnation.is_some_and(|i| i != frozen.incarnation) {
             return Err("the source restarted during the copy".into());
         }
-        if !self.settings.stall_frozen.is_zero() && injected.once(Injected::STALL_FROZEN) {
-            tracing::warn!(stall = ?self.settings.stall_frozen, "move_test_stall_frozen_ms: stalling a frozen move");
-            sleep(self.settings.stall_frozen).await;
+        let stall = failpoint::millis("move.stall_frozen");
+        if !stall.is_zero() && injected.once(Injected::STALL_FROZEN) {
+            tracing::warn!(
+                ?stall,
+                "failpoint move.stall_frozen: stalling a frozen move"
+            );
+            sleep(stall).await;
         }
         self.set_phase(pkey, "finalize");
         self.sync(
@@ -806,10 +813,14 @@ impl Mover {
             .install_partition(&meta.name, meta.id, p, &staging)
             .await
             .map_err(|e| format!("install: {e}"))?;
-        if !self.settings.stall_flip.is_zero() && injected.once(Injected::STALL_FLIP) {
+        let stall = failpoint::millis("move.stall_flip");
+        if !stall.is_zero() && injected.once(Injected::STALL_FLIP) {
             self.set_phase(pkey, "stalled");
-            tracing::warn!(stall = ?self.settings.stall_flip, "move_test_stall_flip_ms: stalling a move before its flip");
-            sleep(self.settings.stall_flip).await;
+            tracing::warn!(
+                ?stall,
+                "failpoint move.stall_flip: stalling a move before its flip"
+            );
+            sleep(stall).await;
         }
         self.set_phase(pkey, "flip");
         let flip = CatalogCommand::CompleteMove {
@@ -822,8 +833,11 @@ impl Mover {
             token,
         };
         match self.store.replicate(flip.clone()).await {
-            Ok(()) if self.settings.lose_flip_reply && injected.once(Injected::LOSE_FLIP_REPLY) => {
-                tracing::warn!(topic = %meta.name, partition = p, "move_test_lose_flip_reply: the flip's answer is treated as lost; asking the cluster");
+            Ok(())
+                if failpoint::on("move.lose_flip_reply")
+                    && injected.once(Injected::LOSE_FLIP_REPLY) =>
+            {
+                tracing::warn!(topic = %meta.name, partition = p, "failpoint move.lose_flip_reply: the flip's answer is treated as lost; asking the cluster");
             }
             Ok(()) => return Ok(frozen_at.elapsed()),
             Err(StoreError::Refused(CatalogError::MoveConflict(m))) => {

@@ -1000,7 +1000,7 @@ async fn never_drops_committed_metadata(snapshot: bool) {
     use reqwest::Method;
     let root = tempfile::tempdir().unwrap();
     let env: &[(&str, &str)] = if snapshot {
-        &[("NARAD_CLUSTER_TEST_SNAPSHOT_AFTER", "8")]
+        &[("NARAD_FAILPOINTS", "meta.snapshot_after=8")]
     } else {
         &[]
     };
@@ -1262,7 +1262,7 @@ async fn a_move_whose_source_restarted_while_frozen_completes_without_waiting_ou
         root.path(),
         &[
             ("NARAD_MOVE_FREEZE_TTL_MS", "60000"),
-            ("NARAD_MOVE_TEST_STALL_FROZEN_MS", "4000"),
+            ("NARAD_FAILPOINTS", "move.stall_frozen=4000"),
         ],
     )
     .await;

@@ -329,7 +329,7 @@ async fn a_freeze_that_lapses_thaws_through_the_cluster_and_the_move_tries_again
         root.path(),
         &[
             ("NARAD_MOVE_FREEZE_TTL_MS", "1000"),
-            ("NARAD_MOVE_TEST_STALL_FROZEN_MS", "4000"),
+            ("NARAD_FAILPOINTS", "move.stall_frozen=4000"),
         ],
     )
     .await;
@@ -367,7 +367,7 @@ async fn a_move_replacing_a_cancelled_one_is_not_held_by_its_freeze() {
         root.path(),
         &[
             ("NARAD_MOVE_FREEZE_TTL_MS", "60000"),
-            ("NARAD_MOVE_TEST_STALL_BEFORE_FREEZE_MS", "1500"),
+            ("NARAD_FAILPOINTS", "move.stall_before_freeze=1500"),
         ],
     )
     .await;
@@ -497,10 +497,10 @@ async fn a_flip_outlives_its_leader_and_a_stale_source_gives_its_copy_up() {
     let root = tempfile::tempdir().unwrap();
     let mut nodes = three_ready_with(
         root.path(),
-        &[
-            ("NARAD_MOVE_TEST_STALL_FLIP_MS", "3000"),
-            ("NARAD_MOVE_TEST_LOSE_FLIP_REPLY", "true"),
-        ],
+        &[(
+            "NARAD_FAILPOINTS",
+            "move.stall_flip=3000;move.lose_flip_reply",
+        )],
     )
     .await;
     let traffic = Traffic::flowing(&nodes).await;
