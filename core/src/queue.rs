@@ -458,6 +458,7 @@ impl PartitionQueue {
         self.absorb_ranges();
         self.scan_next = self.scan_next.max(self.frontier);
         self.dirty = true;
+        self.debug_check();
         dropped
     }
 
@@ -503,6 +504,7 @@ impl PartitionQueue {
             self.ready.insert(offset);
             out.push(offset);
         }
+        self.debug_check();
         out
     }
 
@@ -550,6 +552,10 @@ impl PartitionQueue {
         let mut out = Vec::new();
         while out.len() < max && self.leases.len() < max_in_flight {
             let offset = if let Some(o) = self.ready.pop_first() {
+                debug_assert!(
+                    !self.leases.contains_key(&o),
+                    "offset {o} ready while leased"
+                );
                 o
             } else {
                 self.scan_next = self.scan_next.max(self.frontier);
@@ -580,7 +586,23 @@ impl PartitionQueue {
             };
             out.push(self.lease(offset, now_ms, visibility_ms));
         }
+        self.debug_check();
         out
+    }
+
+    /// What every change leaves true (checked in debug builds: tests run them): each lease
+    /// has its one expiry, and each delayed record its one due time.
+    fn debug_check(&self) {
+        debug_assert_eq!(
+            self.leases.len(),
+            self.expiries.len(),
+            "a lease without its expiry"
+        );
+        debug_assert_eq!(
+            self.not_due.len(),
+            self.not_due_offsets.len(),
+            "a delayed record without its due time"
+        );
     }
 
     fn lease(&mut self, offset: u64, now_ms: i64, visibility_ms: i64) -> Leased {
@@ -627,6 +649,7 @@ impl PartitionQueue {
         self.deliveries.remove(&offset);
         self.mark_acked(offset);
         self.dirty = true;
+        self.debug_check();
         Ok(())
     }
 
@@ -673,6 +696,7 @@ impl PartitionQueue {
         self.deliveries.remove(&offset);
         self.mark_acked(offset);
         self.dirty = true;
+        self.debug_check();
         true
     }
 
@@ -703,6 +727,7 @@ impl PartitionQueue {
         let lease = self.live_lease(offset, nonce, now_ms)?;
         self.drop_lease(offset, lease);
         self.ready.insert(offset);
+        self.debug_check();
         Ok(())
     }
 
@@ -1322,6 +1347,208 @@ mod tests {
                 if q.frontier() == hwm { break; }
             }
             prop_assert_eq!(q.frontier(), hwm);
+        }
+    }
+
+    /// What a partition's queue must do, written as plainly as it can be: every offset is
+    /// acked, leased (nonce, deadline) or waiting (its due time), and nothing else. The real
+    /// queue is checked against it operation by operation.
+    #[derive(Default)]
+    struct Model {
+        hwm: u64,
+        due: Vec<i64>,
+        acked: BTreeSet<u64>,
+        leases: BTreeMap<u64, (u64, i64)>,
+        counts: BTreeMap<u64, u32>,
+    }
+
+    impl Model {
+        fn live(&self, o: u64, nonce: u64, now: i64) -> bool {
+            self.leases
+                .get(&o)
+                .is_some_and(|&(n, d)| n == nonce && d > now)
+        }
+
+        /// Leases whose deadline passed are gone.
+        fn expire(&mut self, now: i64) {
+            self.leases.retain(|_, &mut (_, d)| d > now);
+        }
+
+        /// What a take must lease: the lowest offsets neither acked, leased nor early.
+        fn takes(&self, now: i64, max: usize, max_in_flight: usize) -> Vec<u64> {
+            let room = max.min(max_in_flight.saturating_sub(self.leases.len()));
+            (0..self.hwm)
+                .filter(|o| !self.acked.contains(o) && !self.leases.contains_key(o))
+                .filter(|&o| self.due[o as usize] <= now)
+                .take(room)
+                .collect()
+        }
+
+        fn frontier(&self) -> u64 {
+            (0..self.hwm)
+                .find(|o| !self.acked.contains(o))
+                .unwrap_or(self.hwm)
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Append {
+            n: u64,
+            delay: i64,
+        },
+        Take {
+            max: usize,
+        },
+        Ack {
+            pick: usize,
+        },
+        Nack {
+            pick: usize,
+        },
+        Extend {
+            pick: usize,
+        },
+        Unlease {
+            pick: usize,
+        },
+        /// A handle handed out earlier (maybe superseded, expired or acked since).
+        StaleAck {
+            pick: usize,
+        },
+        SettleProcessed {
+            offset: u64,
+        },
+        Restart,
+        Wait {
+            ms: i64,
+        },
+    }
+
+    fn arb_op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (1u64..5, prop_oneof![Just(0i64), 1i64..3000]).prop_map(|(n, delay)| Op::Append { n, delay }),
+            4 => (1usize..6).prop_map(|max| Op::Take { max }),
+            3 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
+            1 => any::<usize>().prop_map(|pick| Op::Nack { pick }),
+            1 => any::<usize>().prop_map(|pick| Op::Extend { pick }),
+            1 => any::<usize>().prop_map(|pick| Op::Unlease { pick }),
+            1 => any::<usize>().prop_map(|pick| Op::StaleAck { pick }),
+            1 => (0u64..40).prop_map(|offset| Op::SettleProcessed { offset }),
+            1 => Just(Op::Restart),
+            3 => (1i64..1500).prop_map(|ms| Op::Wait { ms }),
+        ]
+    }
+
+    proptest! {
+        /// Any sequence of appends (some delayed), takes, acks, nacks, extends, unleases,
+        /// stale handles, settles, restarts from the snapshot and waits: the queue leases
+        /// exactly what the model says, answers every handle as the model does, and agrees
+        /// on the frontier, the leases in flight and every delivery count.
+        #[test]
+        fn a_queue_does_what_its_model_says(ops in proptest::collection::vec(arb_op(), 1..200), seed in any::<u64>()) {
+            const IN_FLIGHT: usize = 6;
+            let mut q = PartitionQueue::new(QueueSnapshot::default(), 0, 0, seed, 1 << 20);
+            let mut m = Model::default();
+            let mut now = 0i64;
+            let mut handed: Vec<(u64, u64)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Append { n, delay } => {
+                        for _ in 0..n {
+                            m.due.push(now + delay);
+                            m.hwm += 1;
+                        }
+                        q.on_append(m.hwm);
+                    }
+                    Op::Take { max } => {
+                        q.expire(now);
+                        m.expire(now);
+                        let want = m.takes(now, max, IN_FLIGHT);
+                        let due = m.due.clone();
+                        let got = q.take(now, max, IN_FLIGHT, VIS, &mut |o: u64| due.get(o as usize).copied());
+                        let offsets: Vec<u64> = got.iter().map(|l| l.offset).collect();
+                        prop_assert_eq!(&offsets, &want, "leased at {}", now);
+                        for l in got {
+                            let c = m.counts.entry(l.offset).or_insert(0);
+                            *c += 1;
+                            prop_assert_eq!(l.delivery_count, *c, "count of {}", l.offset);
+                            prop_assert_eq!(l.deadline_ms, now + VIS + 1);
+                            m.leases.insert(l.offset, (l.nonce, l.deadline_ms));
+                            handed.push((l.offset, l.nonce));
+                        }
+                    }
+                    Op::Ack { pick } | Op::Nack { pick } | Op::Extend { pick } | Op::Unlease { pick } | Op::StaleAck { pick } => {
+                        let (o, nonce) = if let Op::StaleAck { .. } = op {
+                            let Some(&h) = handed.get(pick % handed.len().max(1)) else { continue };
+                            h
+                        } else {
+                            let live: Vec<(u64, u64)> = m.leases.iter().map(|(&o, &(n, _))| (o, n)).collect();
+                            let Some(&h) = live.get(pick % live.len().max(1)) else { continue };
+                            h
+                        };
+                        let ok = m.live(o, nonce, now);
+                        let got = match op {
+                            Op::Ack { .. } | Op::StaleAck { .. } => q.ack(o, nonce, now),
+                            Op::Nack { .. } => q.nack(o, nonce, now),
+                            Op::Extend { .. } => q.extend(o, nonce, now, VIS).map(|d| {
+                                assert_eq!(d, now + VIS + 1);
+                            }),
+                            _ => q.unlease(o, nonce, now),
+                        };
+                        prop_assert_eq!(got.is_ok(), ok, "{:?} of {} at {}: {:?}", op, o, now, got);
+                        if let Err(e) = got {
+                            prop_assert_eq!(e, LeaseError::Stale);
+                        }
+                        if ok {
+                            match op {
+                                Op::Ack { .. } | Op::StaleAck { .. } => {
+                                    m.leases.remove(&o);
+                                    m.acked.insert(o);
+                                    m.counts.remove(&o);
+                                }
+                                Op::Nack { .. } => {
+                                    m.leases.remove(&o);
+                                }
+                                Op::Extend { .. } => {
+                                    m.leases.insert(o, (nonce, now + VIS + 1));
+                                }
+                                _ => {
+                                    m.leases.remove(&o);
+                                    let c = m.counts.get_mut(&o).unwrap();
+                                    *c -= 1;
+                                    if *c == 0 {
+                                        m.counts.remove(&o);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Op::SettleProcessed { offset } => {
+                        let want = offset < m.hwm && !m.acked.contains(&offset);
+                        prop_assert_eq!(q.settle_processed(offset), want, "settle {}", offset);
+                        if want {
+                            m.leases.remove(&offset);
+                            m.acked.insert(offset);
+                            m.counts.remove(&offset);
+                        }
+                    }
+                    Op::Restart => {
+                        // leases go (their messages are deliverable again), acks and counts stay
+                        let snap = QueueSnapshot::decode(&q.snapshot().encode());
+                        prop_assert!(snap.is_some(), "own snapshot refused");
+                        q = PartitionQueue::new(snap.unwrap(), 0, m.hwm, seed ^ now as u64, 1 << 20);
+                        m.leases.clear();
+                    }
+                    Op::Wait { ms } => now += ms,
+                }
+                prop_assert_eq!(q.frontier(), m.frontier());
+                q.expire(now);
+                m.expire(now);
+                prop_assert_eq!(q.in_flight(), m.leases.len());
+                let counts: BTreeMap<u64, u32> = q.snapshot().counts.into_iter().collect();
+                prop_assert_eq!(&counts, &m.counts);
+            }
         }
     }
 

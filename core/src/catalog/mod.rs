@@ -523,6 +523,43 @@ impl Catalog {
 /// Applies `cmd` to `catalog`: the catalog it makes and what changed, or why it does not
 /// apply (then nothing changed). Pure: the same catalog and command always give the same
 /// result.
+impl Catalog {
+    /// What every applied command leaves true (checked in debug builds: tests run them):
+    /// a topic's owners are none or one per partition, its epochs and moves name only its
+    /// partitions, and no two topics share an incarnation id.
+    fn debug_check(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let mut ids = std::collections::HashSet::new();
+        for t in self.topics.values() {
+            let n = t.config.partitions as usize;
+            debug_assert!(
+                t.owners.is_empty() || t.owners.len() == n,
+                "{}: {} owners for {n} partitions",
+                t.name,
+                t.owners.len()
+            );
+            debug_assert!(
+                t.owner_epochs.len() <= n,
+                "{}: epochs past its partitions",
+                t.name
+            );
+            debug_assert!(
+                t.moves.keys().all(|&p| (p as usize) < n),
+                "{}: a move of a partition it does not have",
+                t.name
+            );
+            debug_assert!(
+                ids.insert(t.id),
+                "{}: incarnation id {:016x} twice",
+                t.name,
+                t.id
+            );
+        }
+    }
+}
+
 pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applied), CatalogError> {
     let mut next = catalog.clone();
     next.applied += 1;
@@ -909,6 +946,7 @@ pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applie
             *token,
         )?,
     };
+    next.debug_check();
     Ok((next, applied))
 }
 
