@@ -11,6 +11,11 @@
 //!               ▼
 //!        narad_core::broker::Broker   (max_open_logs sized by fdlimit from RLIMIT_NOFILE)
 //! ```
+//!
+//! In a cluster, [`cluster`] starts the member (the metastore, the QUIC endpoint), the
+//! handlers reach partitions other members own through [`forward`] (the calling side, the
+//! answering service, placement, the wire codec), and [`moves`] moves partitions between
+//! members and forgets a member lost for good. docs/architecture.md draws the paths.
 
 pub mod acked_ends;
 pub mod cluster;
