@@ -96,12 +96,14 @@ mod forget;
 mod metrics;
 mod plan;
 mod source;
+mod steps;
 
 pub use forget::Forgotten;
 pub use metrics::MoveMetrics;
 pub use plan::{PlannedMove, plan_moves};
 use source::*;
 pub use source::{Progress, serve};
+use steps::{CatchUp, MoveKey, Resolution};
 
 // ── the mover ──
 
@@ -139,9 +141,6 @@ pub struct Mover {
     /// and the node reports not ready (instead of a move left `running` here unseen).
     tasks: Arc<narad_core::supervisor::Supervisor>,
 }
-
-/// A move: (topic id, partition, move id).
-type MoveKey = (u64, u32, u64);
 
 /// The supervised task groups of the moves and rebuilds copying to this member.
 const MOVE_TASK: &str = "partition_move";
@@ -629,10 +628,8 @@ impl Mover {
     fn wanted(&self, topic: &str, key: MoveKey) -> Option<(Arc<TopicMeta>, u64)> {
         let catalog = self.broker.catalog();
         let meta = catalog.get(topic)?.clone();
-        let m = meta.moves.get(&key.1)?;
-        (meta.id == key.0 && m.id == key.2 && m.target == self.node.node_id())
-            .then(|| meta.owner_of(key.1).map(|o| (meta.clone(), o)))
-            .flatten()
+        let source = steps::wanted_from(&meta, key, self.node.node_id())?;
+        Some((meta, source))
     }
 
     async fn call<T: serde::de::DeserializeOwned>(
@@ -688,8 +685,8 @@ impl Mover {
             .await
             .map_err(|e| format!("checkpointing the write-ahead log: {e}"))?;
         let mut incarnation = None;
-        let (mut last, mut growing) = (None, 0);
-        for _ in 0..MAX_CATCH_UP_PASSES {
+        let mut catch_up = CatchUp::default();
+        loop {
             let listed: ListReply = self
                 .call(source, MOVE_LIST, list_req(self.broker.followed()))
                 .await?;
@@ -717,19 +714,11 @@ impl Mover {
             let copied = self
                 .sync(meta, p, move_id, source, &staging, &listed.files, None)
                 .await?;
-            if copied <= FREEZE_WHEN_LEFT {
+            // (producers that outpace the copy make the freeze longer: moves are paced below
+            // produce rates only by `move_max_bytes_per_sec`)
+            if catch_up.freeze_after(copied) {
                 break;
             }
-            // producers outpace the copy: freeze anyway after three passes that did not
-            // shrink (the freeze then lasts longer; moves are paced below produce rates
-            // only by `move_max_bytes_per_sec`)
-            if last.is_some_and(|l| copied >= l) {
-                growing += 1;
-                if growing >= 3 {
-                    break;
-                }
-            }
-            last = Some(copied);
         }
         // freeze, copy exactly what the frozen partition holds
         self.set_phase(pkey, "freeze");
@@ -858,21 +847,10 @@ impl Mover {
         loop {
             if self.node.meta.read_index(PROPOSE).await.is_ok() {
                 let catalog = self.node.meta.view().catalog.clone();
-                let now = catalog.get(&meta.name).filter(|t| t.id == meta.id);
-                match now {
-                    Some(t)
-                        if t.owner_of(p) == Some(self.node.node_id())
-                            && t.owner_epoch(p) == epoch + 1 =>
-                    {
-                        return Ok(frozen_at.elapsed());
-                    }
-                    Some(t)
-                        if t.owner_of(p) == Some(source)
-                            && t.owner_epoch(p) == epoch
-                            && t.moves
-                                .get(&p)
-                                .is_some_and(|m| m.id == move_id && !m.thawed.contains(&token)) =>
-                    {
+                let now = catalog.get(&meta.name).map(|t| &**t);
+                match steps::resolve(now, pkey, self.node.node_id(), source, epoch, token) {
+                    Resolution::Committed => return Ok(frozen_at.elapsed()),
+                    Resolution::ProposeAgain => {
                         // not committed, and still possible: propose again (applied once)
                         match self.store.replicate(flip.clone()).await {
                             Ok(()) => return Ok(frozen_at.elapsed()),
@@ -885,7 +863,9 @@ impl Mover {
                             Err(_) => {}
                         }
                     }
-                    _ => return Err("the flip did not commit (the move changed meanwhile)".into()),
+                    Resolution::Lost => {
+                        return Err("the flip did not commit (the move changed meanwhile)".into());
+                    }
                 }
             }
             sleep(backoff).await;
@@ -895,11 +875,14 @@ impl Mover {
 
     /// Whether the catalog this member applied names it the partition's owner, one epoch on.
     fn owns(&self, meta: &TopicMeta, p: u32, epoch: u64) -> bool {
-        self.broker.catalog().get(&meta.name).is_some_and(|t| {
-            t.id == meta.id
-                && t.owner_of(p) == Some(self.node.node_id())
-                && t.owner_epoch(p) == epoch + 1
-        })
+        let catalog = self.broker.catalog();
+        steps::flipped(
+            catalog.get(&meta.name).map(|t| &**t),
+            meta.id,
+            p,
+            self.node.node_id(),
+            epoch,
+        )
     }
 
     /// Makes `staging` hold the source's `files`: log segments grow in place (their bytes
