@@ -491,4 +491,73 @@ mod tests {
         .0;
         assert!(unpinned.get("a").unwrap().pinned.is_empty());
     }
+
+    proptest::proptest! {
+        /// Any placement of up to 6 topics over 5 members, some down, some being
+        /// decommissioned: every planned move takes a partition from its live owner to a
+        /// live receiver, no partition twice; with no budget to speak of, nothing is left on
+        /// a member being decommissioned (that is alive), receivers end at most one apart,
+        /// and balancing takes the fewest moves that do it.
+        #[test]
+        fn every_plan_is_valid_complete_and_minimal(
+            topics in proptest::collection::vec(proptest::collection::vec(1u64..=5, 1..9), 1..6),
+            down in proptest::collection::btree_set(1u64..=5, 0..3),
+            draining in proptest::collection::btree_set(1u64..=5, 0..3),
+        ) {
+            let cmds: Vec<CatalogCommand> = topics
+                .iter()
+                .enumerate()
+                .map(|(i, owners)| topic(i as u64 + 1, &format!("t{i}"), owners))
+                .collect();
+            let mut c = catalog(&cmds);
+            for &node in &draining {
+                c = apply(&c, &CatalogCommand::SetDraining { node, draining: true }).unwrap().0;
+            }
+            let voters = [1, 2, 3, 4, 5];
+            let alive: HashSet<u64> = voters.iter().copied().filter(|v| !down.contains(v)).collect();
+            let receivers: Vec<u64> = voters
+                .iter()
+                .copied()
+                .filter(|v| alive.contains(v) && !draining.contains(v))
+                .collect();
+            let plan = plan_moves(&c, &voters, &alive, usize::MAX, true);
+            let mut seen = HashSet::new();
+            for m in &plan {
+                let t = c.get(&m.topic).unwrap();
+                proptest::prop_assert_eq!(t.owners[m.partition as usize], m.from, "{:?}", m);
+                proptest::prop_assert!(alive.contains(&m.from), "from a member that is down: {:?}", m);
+                proptest::prop_assert!(receivers.contains(&m.to), "to a non-receiver: {:?}", m);
+                proptest::prop_assert!(seen.insert((m.topic.clone(), m.partition)), "twice: {:?}", m);
+            }
+            if receivers.is_empty() {
+                proptest::prop_assert!(plan.is_empty());
+                return Ok(());
+            }
+            let after = counts(&c, &plan);
+            for (&node, &n) in &after {
+                proptest::prop_assert!(
+                    !(draining.contains(&node) && alive.contains(&node)) || n == 0,
+                    "{} left on {}, being decommissioned: {:?}", n, node, plan
+                );
+            }
+            let of = |r: &u64| after.get(r).copied().unwrap_or(0);
+            let hi = receivers.iter().map(of).max().unwrap();
+            let lo = receivers.iter().map(of).min().unwrap();
+            proptest::prop_assert!(hi <= lo + 1, "receivers {}..{} apart: {:?}", lo, hi, after);
+            // balancing alone (the decommission moves aside): the fewest moves, given where
+            // the decommission moves put their partitions
+            let drained = plan.iter().filter(|m| m.reason == "decommission").count();
+            let mut before: Vec<usize> = receivers.iter().map(|r| {
+                of(r) + plan.iter().filter(|m| m.reason == "rebalance" && m.from == *r).count()
+                    - plan.iter().filter(|m| m.reason == "rebalance" && m.to == *r).count()
+            }).collect();
+            before.sort_unstable();
+            let total: usize = before.iter().sum();
+            let (q, r) = (total / receivers.len(), total % receivers.len());
+            let over: usize = before.iter().map(|&n| n.saturating_sub(q)).sum();
+            let givers = before.iter().filter(|&&n| n > q).count();
+            let fewest = over - r.min(givers);
+            proptest::prop_assert_eq!(plan.len() - drained, fewest, "{:?}", plan);
+        }
+    }
 }
