@@ -28,7 +28,6 @@ pub mod limits;
 pub mod metrics;
 pub mod moves;
 pub mod reads;
-pub mod schema;
 pub mod server;
 pub mod telemetry;
 pub mod tls;

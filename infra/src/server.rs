@@ -618,7 +618,7 @@ pub async fn run_observed(
         )
         .with_reply_share(config.max_reply_bytes_in_flight())
         .with_stalled_replies(api_limiter.clone(), config.reply_stall()),
-        schemas: crate::schema::SchemaCache::default(),
+        schemas: narad_schema::SchemaCache::default(),
         restore_notice: std::sync::OnceLock::new(),
         cluster: cluster.clone(),
         ingress: std::sync::OnceLock::new(),

@@ -65,7 +65,7 @@ pub struct AppState {
     /// Request bytes in flight, node-wide (`max_request_bytes_in_flight`).
     pub body_budget: budget::BodyBudget,
     /// Compiled JSON Schemas of topics, by topic incarnation and version.
-    pub schemas: crate::schema::SchemaCache,
+    pub schemas: narad_schema::SchemaCache,
     /// What a restore from the archive did not bring back (users, fan-out links), shown as
     /// `/readyz` detail for as long as the process runs.
     pub restore_notice: std::sync::OnceLock<String>,

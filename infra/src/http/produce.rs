@@ -23,7 +23,7 @@ use super::{
     ApiError, ApiResult, SharedState, json_response, json_text_response, parse_json_borrowed,
     read_body,
 };
-use crate::schema::{CheckError, Lookup, SchemaError};
+use narad_schema::{CheckError, Lookup, SchemaError};
 
 /// Longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 4096;

@@ -18,7 +18,7 @@ use super::{
     ApiError, ApiResult, MAX_JSON_BODY, SharedState, json_response, parse_json, read_body,
 };
 use crate::reads::{PartitionStatsJson, local_stats};
-use crate::schema::SchemaError;
+use narad_schema::SchemaError;
 
 #[derive(Serialize)]
 pub struct TopicJson<'a> {
@@ -540,7 +540,7 @@ pub async fn alter(
                 ),
             ));
         }
-        crate::schema::check_evolution(&current.schemas, s)
+        narad_schema::check_evolution(&current.schemas, s)
             .map_err(|e| ApiError::new(ErrorCode::SchemaIncompatible, e))?;
     }
     let mut meta = current;
@@ -556,7 +556,7 @@ pub async fn alter(
         if !unchanged {
             meta = broker
                 .add_schema_version(&topic, s.clone(), |old| {
-                    crate::schema::check_evolution(old, &s)
+                    narad_schema::check_evolution(old, &s)
                 })
                 .await?;
         }
