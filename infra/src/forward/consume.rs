@@ -19,7 +19,7 @@ use crate::http::error::ApiError;
 use crate::http::render;
 
 use super::codec::{CancelWait, ConsumeRequest, HandleOnly, SettleRequest};
-use super::place::owner_of;
+use super::place::{asked_in_turn, owner_of};
 use super::{
     CALL_DEADLINE, CallError, Ingress, MAX_WAITS_PER_MEMBER, MAX_WAITS_PER_USER, TOKEN_MARGIN,
     TOKEN_TTL, WAIT_SLACK, split_handle,
@@ -74,13 +74,7 @@ impl Ingress {
                 .wait_in_lines(vec![owner], topic, partition, max, wait, user)
                 .await;
         }
-        let mut owners: Vec<u64> = meta.owners.clone();
-        owners.push(self.me());
-        owners.sort_unstable();
-        owners.dedup();
-        // a rotating start, so no owner (this one included) is always asked first
-        let start = self.broker.consume_cursor(topic)? as usize % owners.len();
-        owners.rotate_left(start);
+        let owners = asked_in_turn(&meta.owners, self.me(), self.broker.consume_cursor(topic)?);
         let mut taken = Taken::default();
         // an owner's error answer (a partition it cannot read, say) is the reply only if no
         // other owner had a message to give, as on a single node

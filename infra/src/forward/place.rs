@@ -1,5 +1,6 @@
-//! Where a produce's messages go, decided without I/O: from the catalog's owners, this
-//! member's id and what it knows of members that are down. The calls are made by
+//! Where a produce's messages go, and which members a consume asks in which order, decided
+//! without I/O: from the catalog's owners, this member's id and what it knows of members
+//! that are down. The calls are made by
 //! [`super::Ingress::produce`]; every choice they act on is made here, so each can be tested
 //! alone.
 //!
@@ -92,6 +93,19 @@ impl<'a, D: Fn(u64) -> bool> Placement<'a, D> {
             .or_else(|| self.find_live(p + 1, failed))?;
         (self.owner(q) != node).then_some(q)
     }
+}
+
+/// The members a consume of a whole topic asks, in the order it asks them: every owner of
+/// the topic and this member (`me`: it may hold a partition the catalog does not list yet),
+/// each once, starting at the `cursor`-th (the topic's consume cursor, one more at each
+/// consume) so that no member is always asked first.
+pub(crate) fn asked_in_turn(owners: &[u64], me: u64, cursor: u64) -> Vec<u64> {
+    let mut members: Vec<u64> = owners.iter().copied().chain([me]).collect();
+    members.sort_unstable();
+    members.dedup();
+    let start = (cursor % members.len() as u64) as usize;
+    members.rotate_left(start);
+    members
 }
 
 /// The member that owns partition `p` of a topic with `owners` (this member, `me`, when the
@@ -214,6 +228,24 @@ mod tests {
         assert_eq!(place.again(0, 1, &[1]), Some(2));
         // every other owner out too: nowhere else to go
         assert_eq!(place.again(0, 1, &[1, 3]), None);
+    }
+
+    #[test]
+    fn a_consume_asks_every_member_once_and_each_goes_first_in_turn() {
+        assert_eq!(asked_in_turn(&[3, 1, 3, 2], 1, 0), vec![1, 2, 3]);
+        assert_eq!(asked_in_turn(&[3, 1, 3, 2], 1, 1), vec![2, 3, 1]);
+        assert_eq!(asked_in_turn(&[3, 1, 3, 2], 1, 5), vec![3, 1, 2]);
+        // this member is asked even where the catalog lists none of its partitions
+        assert_eq!(asked_in_turn(&[3, 3], 9, 0), vec![3, 9]);
+        assert_eq!(
+            asked_in_turn(&[], 9, 7),
+            vec![9],
+            "a topic made on a single node"
+        );
+        let firsts: std::collections::BTreeSet<u64> =
+            (0..3).map(|c| asked_in_turn(&[1, 2, 3], 2, c)[0]).collect();
+        assert_eq!(firsts.len(), 3, "each member first once in three consumes");
+        assert_eq!(asked_in_turn(&[1, 2], 1, u64::MAX).len(), 2);
     }
 
     #[test]
