@@ -93,6 +93,7 @@ pub struct Authenticator {
 /// from a blocking thread.
 pub fn hash_password(password: &str) -> String {
     let mut salt = [0u8; 16];
+    #[allow(clippy::disallowed_methods)] // a salt: from the OS, never a seeded source
     getrandom::fill(&mut salt).expect("the OS random source works");
     let salt = SaltString::encode_b64(&salt).expect("16 bytes is a valid salt");
     argon2::Argon2::default()
@@ -115,14 +116,13 @@ fn verify_hash(password: &str, hash: &str) -> bool {
 
 /// A new user's id: random, never 0.
 pub fn new_user_id() -> u64 {
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).expect("the OS random source works");
-    u64::from_le_bytes(b) | 1
+    narad_core::random::next_u64() | 1
 }
 
 /// A random password for the seeded root user: 24 characters of URL-safe base64.
 pub fn random_password() -> String {
     let mut b = [0u8; 18];
+    #[allow(clippy::disallowed_methods)] // a password: from the OS, never a seeded source
     getrandom::fill(&mut b).expect("the OS random source works");
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
 }
@@ -184,6 +184,7 @@ impl Authenticator {
     /// `free_failures`: consecutive failures allowed before blocking (0: never block).
     pub fn new(store: Arc<UserStore>, free_failures: u32) -> Self {
         let mut key = [0u8; 32];
+        #[allow(clippy::disallowed_methods)] // a key: from the OS, never a seeded source
         getrandom::fill(&mut key).expect("the OS random source works");
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
         Self {

@@ -68,6 +68,7 @@ impl HandleCodec {
     /// A codec with a fresh random epoch and key.
     pub fn random() -> Self {
         let mut seed = [0u8; 24];
+        #[allow(clippy::disallowed_methods)] // a key: from the OS, never a seeded source
         getrandom::fill(&mut seed).expect("operating system random source");
         let mut key = [0u8; 16];
         key.copy_from_slice(&seed[8..]);

@@ -35,13 +35,12 @@ pub mod log;
 pub mod loggate;
 pub mod metrics;
 pub mod queue;
+pub mod random;
 pub mod record;
 pub mod supervisor;
 pub mod topic;
 
-/// 64 bits from the operating system's random source (ids, epochs, nonces).
+/// 64 random bits for ids, epochs and nonce seeds ([`random::next_u64`]; never a secret).
 pub fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).expect("operating system random source");
-    u64::from_le_bytes(b)
+    random::next_u64()
 }

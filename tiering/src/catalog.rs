@@ -224,6 +224,7 @@ pub fn seal(snapshot: &CatalogSnapshot, keys: Option<&CatalogKeys>, written_at_m
     match keys {
         Some(keys) => {
             let mut nonce = [0u8; NONCE_LEN];
+            #[allow(clippy::disallowed_methods)] // a sealing nonce: from the OS, never seeded
             aws_lc_rs::rand::fill(&mut nonce).expect("the OS random source works");
             let mut out = header(MODE_SEALED, keys.current.id, written_at_ms, nonce);
             let mut body = serde_json::to_vec(snapshot).expect("the catalog serialises");

@@ -167,6 +167,7 @@ impl CredentialKeys {
             return Err(SealError::Password);
         }
         let mut nonce = [0u8; NONCE_LEN];
+        #[allow(clippy::disallowed_methods)] // a sealing nonce: from the OS, never seeded
         aws_lc_rs::rand::fill(&mut nonce).expect("the OS random source works");
         let mut data = password.as_bytes().to_vec();
         self.current

@@ -120,10 +120,8 @@ pub fn lane_of(record: &Record, lanes: u8) -> usize {
 
 /// A uniformly random duration in `0..=max` (full jitter).
 fn jitter(max: Duration) -> Duration {
-    let mut b = [0u8; 8];
-    aws_lc_rs::rand::fill(&mut b).expect("the OS random source works");
     let ms = max.as_millis().max(1) as u64;
-    Duration::from_millis(u64::from_le_bytes(b) % (ms + 1))
+    Duration::from_millis(narad_core::random::next_u64() % (ms + 1))
 }
 
 /// How a failure weighs on the gate.

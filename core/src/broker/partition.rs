@@ -195,13 +195,11 @@ impl Partition {
             };
         }
         snapshot.acked.retain(|&(_, e)| e <= stats.next_offset);
-        let mut seed = [0u8; 8];
-        getrandom::fill(&mut seed).expect("operating system random source");
         let mut queue = PartitionQueue::new(
             snapshot,
             stats.oldest_offset,
             stats.next_offset,
-            u64::from_le_bytes(seed),
+            crate::random::next_u64(),
             env.max_ack_ranges,
         );
         // Counts handed out after the snapshot (the queue ignores settled offsets, and a
