@@ -408,4 +408,22 @@ mod tests {
         b.push(0);
         assert!(decode_produce(Bytes::from(b)).is_none());
     }
+
+    #[test]
+    fn every_error_crosses_nodes_as_itself() {
+        for &code in ErrorCode::ALL {
+            let e = ApiError::new(code, format!("{code:?} at the owner"));
+            let back = from_fault(&to_fault(&e));
+            assert_eq!(back.code, code);
+            assert_eq!(back.message, e.message);
+        }
+        // a code this member does not know (a newer owner's): unavailable, saying what came
+        let back = from_fault(&Fault::new(409, "brand_new_code", "something new"));
+        assert_eq!(back.code, ErrorCode::ClusterUnavailable);
+        assert!(
+            back.message.contains("409 brand_new_code: something new"),
+            "{}",
+            back.message
+        );
+    }
 }

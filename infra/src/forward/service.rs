@@ -115,11 +115,6 @@ struct Delivered {
     messages: Vec<Box<RawValue>>,
 }
 
-/// Keeps token `req.wait_id` of member `from` in this owner's line for `req.wait_ms`, then
-/// pushes what the line handed it to `from` ([`DELIVER`]). Once the push reached `from`,
-/// the messages are its to hand on or give back; a push that surely never left gives them
-/// back here; one whose fate is unknown leaves them leased (redelivered after their lease,
-/// never to two readers at once).
 /// Pushes this owner sends to one member at once. A member that died (or froze) is found
 /// out by the first push to it failing, up to [`CALL_DEADLINE`] later; the pushes already
 /// under way then stay leased until their lease ends (their fate is unknown), so this
@@ -154,6 +149,11 @@ impl Pushes {
     }
 }
 
+/// Keeps token `req.wait_id` of member `from` in this owner's line for `req.wait_ms`, then
+/// pushes what the line handed it to `from` ([`DELIVER`]). Once the push reached `from`,
+/// the messages are its to hand on or give back; a push that surely never left gives them
+/// back here; one whose fate is unknown leaves them leased (redelivered after their lease,
+/// never to two readers at once).
 async fn keep_token(
     broker: Arc<Broker>,
     ingress: std::sync::Weak<Ingress>,
