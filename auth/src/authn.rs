@@ -116,7 +116,7 @@ fn verify_hash(password: &str, hash: &str) -> bool {
 
 /// A new user's id: random, never 0.
 pub fn new_user_id() -> u64 {
-    narad_core::random::next_u64() | 1
+    narad_core::random_u64() | 1
 }
 
 /// A random password for the seeded root user: 24 characters of URL-safe base64.

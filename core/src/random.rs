@@ -1,7 +1,8 @@
-//! Where the broker's random numbers come from: ids, epochs, freeze tokens, wait ids and the
-//! seeds of lease nonces. From the operating system, unless a seeded source was installed
+//! Where the broker's random numbers come from ([`crate::random_u64`]): ids, epochs, freeze
+//! tokens, wait ids, jitter and the seeds of lease nonces. From the operating system, unless a seeded source was installed
 //! for the process ([`seed_process`]), so that a deterministic run (a simulation, a test)
-//! makes the same ids from the same seed and a failing run can be replayed exactly.
+//! makes the same ids from the same seed and a failing run can be replayed exactly (nothing
+//! installs one yet: it is the hook the seeded cluster simulation will use).
 //!
 //! Secrets never come from here: password salts, session and handle keys, sealing nonces and
 //! the cluster's proofs read the operating system's source directly, whatever is installed.
@@ -14,7 +15,7 @@ use parking_lot::Mutex;
 static SEEDED: OnceLock<Mutex<u64>> = OnceLock::new();
 
 /// 64 random bits (ids, epochs, tokens, nonce seeds; never a secret).
-pub fn next_u64() -> u64 {
+pub(crate) fn next_u64() -> u64 {
     if let Some(state) = SEEDED.get() {
         return splitmix64(&mut state.lock());
     }

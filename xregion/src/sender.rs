@@ -121,7 +121,7 @@ pub fn lane_of(record: &Record, lanes: u8) -> usize {
 /// A uniformly random duration in `0..=max` (full jitter).
 fn jitter(max: Duration) -> Duration {
     let ms = max.as_millis().max(1) as u64;
-    Duration::from_millis(narad_core::random::next_u64() % (ms + 1))
+    Duration::from_millis(narad_core::random_u64() % (ms + 1))
 }
 
 /// How a failure weighs on the gate.

@@ -674,11 +674,11 @@ fn client_write_error(e: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>) 
 }
 
 /// Random bytes that are no secret (request and snapshot ids, log nonces, election
-/// timeouts): from [`narad_core::random`], so a deterministic run draws the same ones.
+/// timeouts): from [`narad_core::random_u64`], so a deterministic run draws the same ones.
 pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     let mut out = [0u8; N];
     for chunk in out.chunks_mut(8) {
-        let v = narad_core::random::next_u64().to_le_bytes();
+        let v = narad_core::random_u64().to_le_bytes();
         chunk.copy_from_slice(&v[..chunk.len()]);
     }
     out

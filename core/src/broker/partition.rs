@@ -199,7 +199,7 @@ impl Partition {
             snapshot,
             stats.oldest_offset,
             stats.next_offset,
-            crate::random::next_u64(),
+            crate::random_u64(),
             env.max_ack_ranges,
         );
         // Counts handed out after the snapshot (the queue ignores settled offsets, and a

@@ -395,9 +395,12 @@ impl Ingress {
         let mut todo: Vec<usize> = Vec::with_capacity(msgs.len());
         for (i, m) in msgs.iter().enumerate() {
             let p = m.partition.unwrap_or(0);
-            match place.known_down(p) {
-                Some(node) if sticky[i] => out[i] = Some(Err(owner_down(p, node))),
-                _ => todo.push(i),
+            if sticky[i]
+                && let Some(node) = place.known_down(p)
+            {
+                out[i] = Some(Err(owner_down(p, node)));
+            } else {
+                todo.push(i);
             }
         }
         let mut failed: Vec<u64> = Vec::new();
