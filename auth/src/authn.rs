@@ -428,6 +428,7 @@ mod tests {
                     grants: vec![],
                     created_at_ms: 0,
                     updated_at_ms: 0,
+                    carried_from: None,
                 },
             })
             .unwrap();
@@ -446,6 +447,7 @@ mod tests {
                     grants: vec![],
                     created_at_ms: 0,
                     updated_at_ms: 0,
+                    carried_from: None,
                 },
             })
             .unwrap();

@@ -25,6 +25,7 @@ pub async fn new_root(password: Option<String>) -> Result<(UserRecord, Option<St
         grants: Vec::new(),
         created_at_ms: now,
         updated_at_ms: now,
+        carried_from: None,
     };
     Ok((root, generated.then_some(password)))
 }

@@ -12,56 +12,13 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use crate::grant::Grant;
+pub use crate::record::{
+    MAX_PASSWORD_BYTES, MAX_PASSWORD_LEN, MAX_USERNAME_LEN, MAX_USERS, MIN_PASSWORD_LEN, ROOT_USER,
+    UserRecord, Users, validate_password, validate_username,
+};
 
 pub const USERS_FILE: &str = "users.json";
 const USERS_VERSION: u32 = 1;
-/// The root user's name.
-pub const ROOT_USER: &str = "admin";
-/// Longest username.
-pub const MAX_USERNAME_LEN: usize = 64;
-/// Password length bounds, in characters (Unicode code points, as JSON Schema's `minLength`
-/// counts). The upper bound keeps hashing cost bounded.
-pub const MIN_PASSWORD_LEN: usize = 8;
-pub const MAX_PASSWORD_LEN: usize = 1024;
-/// Longest password in bytes (1024 characters of up to 4 bytes).
-pub const MAX_PASSWORD_BYTES: usize = 4 * MAX_PASSWORD_LEN;
-/// Most users a node holds.
-pub const MAX_USERS: usize = 10_000;
-
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UserRecord {
-    pub username: String,
-    /// Random, fixed at creation: a user deleted and created again under the same name is
-    /// another user (it does not inherit the old one's topics).
-    #[serde(default)]
-    pub id: u64,
-    /// argon2id PHC string; never leaves the node through the API or the logs.
-    pub password_hash: String,
-    #[serde(default)]
-    pub root: bool,
-    #[serde(default)]
-    pub grants: Vec<Grant>,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
-}
-
-impl std::fmt::Debug for UserRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UserRecord")
-            .field("username", &self.username)
-            .field("password_hash", &"<redacted>")
-            .field("root", &self.root)
-            .field("grants", &self.grants)
-            .finish_non_exhaustive()
-    }
-}
-
-impl UserRecord {
-    pub fn is_admin(&self) -> bool {
-        self.root || crate::grant::is_admin(&self.grants)
-    }
-}
 
 // Hashes are not secrets in the way passwords are, but they are kept out of Debug output
 // anyway: a stray `{:?}` must not put them in a log.
@@ -89,6 +46,16 @@ pub enum UserCommand {
     Restore {
         users: Vec<UserRecord>,
     },
+    /// Every user of cluster `source` but its root, carried over a remote (see
+    /// [`crate::carry`]), sent by this cluster's user `caller` (never changed by it). Checked
+    /// with [`crate::carry::check_list`] before it is proposed, and again when applied.
+    /// `may_admin`: the caller is the root user, the only one who may make or change admins.
+    Carry {
+        source: String,
+        caller: String,
+        may_admin: bool,
+        users: Vec<crate::carry::CarriedUser>,
+    },
 }
 
 impl std::fmt::Debug for UserCommand {
@@ -99,6 +66,9 @@ impl std::fmt::Debug for UserCommand {
             Self::SetGrants { username, .. } => write!(f, "SetGrants({username})"),
             Self::SetPassword { username, .. } => write!(f, "SetPassword({username})"),
             Self::Restore { users } => write!(f, "Restore({} users)", users.len()),
+            Self::Carry { source, users, .. } => {
+                write!(f, "Carry({} users from {source})", users.len())
+            }
         }
     }
 }
@@ -142,10 +112,9 @@ pub enum Refusal {
     NotEmpty,
     #[error("restored users are invalid: {0}")]
     InvalidRestore(String),
+    #[error("carried users are invalid: {0}")]
+    InvalidCarry(String),
 }
-
-/// Every user, by name: what [`apply_command`] changes.
-pub type Users = BTreeMap<String, Arc<UserRecord>>;
 
 pub struct UserStore {
     /// `None`: a replica of users kept elsewhere (a cluster's metastore), replaced whole by
@@ -157,28 +126,6 @@ pub struct UserStore {
     /// Bumped after every change is published: requests in flight (a parked long-poll)
     /// check their caller's grants again ([`UserStore::subscribe`]).
     changed: tokio::sync::watch::Sender<u64>,
-}
-
-pub fn validate_username(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_USERNAME_LEN {
-        return Err(format!(
-            "username: must be 1 to {MAX_USERNAME_LEN} characters"
-        ));
-    }
-    if !narad_core::topic::is_name_chars(name) {
-        return Err("username: may contain only A-Z a-z 0-9 . _ -".into());
-    }
-    Ok(())
-}
-
-pub fn validate_password(pw: &str) -> Result<(), String> {
-    let chars = pw.chars().count();
-    if !(MIN_PASSWORD_LEN..=MAX_PASSWORD_LEN).contains(&chars) {
-        return Err(format!(
-            "password: must be {MIN_PASSWORD_LEN} to {MAX_PASSWORD_LEN} characters"
-        ));
-    }
-    Ok(())
 }
 
 impl UserStore {
@@ -247,6 +194,11 @@ impl UserStore {
 
     pub fn get(&self, username: &str) -> Option<Arc<UserRecord>> {
         self.users.read().get(username).cloned()
+    }
+
+    /// Every user, by name, as they are now.
+    pub fn snapshot(&self) -> Arc<Users> {
+        self.users.read().clone()
     }
 
     pub fn list(&self) -> Vec<Arc<UserRecord>> {
@@ -338,6 +290,16 @@ pub fn apply_command(users: &mut Users, cmd: UserCommand) -> Result<(), Refusal>
             let checked = check_restored(restored)?;
             *users = checked;
         }
+        UserCommand::Carry {
+            source,
+            caller,
+            may_admin,
+            users: carried,
+        } => {
+            crate::carry::check_list(&carried).map_err(Refusal::InvalidCarry)?;
+            let plan = crate::carry::plan(users, &source, &carried, &caller, may_admin);
+            crate::carry::apply(users, plan);
+        }
     }
     Ok(())
 }
@@ -382,6 +344,7 @@ mod tests {
             grants: vec![],
             created_at_ms: 1,
             updated_at_ms: 1,
+            carried_from: None,
         }
     }
 

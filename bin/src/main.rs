@@ -132,6 +132,12 @@ enum RemoteCmd {
         /// without it, the system's roots.
         #[arg(long = "remote-ca")]
         remote_ca: Option<PathBuf>,
+        /// Carry this cluster's users (all but the root, with their password hashes and
+        /// grants) to the remote. Its user must then be an admin there (the root user to
+        /// carry admins too), and the remote carries nothing else: attach remote children
+        /// through another remote.
+        #[arg(long)]
+        carry_users: bool,
     },
     /// List remotes.
     Ls,
@@ -140,8 +146,9 @@ enum RemoteCmd {
         /// The remote's name.
         name: String,
     },
-    /// Change a remote's URL, user, CA or password. A new URL, user or CA takes the password
-    /// again (--remote-password, NARAD_REMOTE_PASSWORD, or stdin).
+    /// Change a remote's URL, user, CA or password, or whether it carries users. A new URL,
+    /// user or CA takes the password again (--remote-password, NARAD_REMOTE_PASSWORD, or
+    /// stdin).
     Edit {
         /// The remote's name.
         name: String,
@@ -160,6 +167,9 @@ enum RemoteCmd {
         /// Check the remote against the system's roots again instead of a CA file.
         #[arg(long)]
         system_roots: bool,
+        /// Turn the carrying of this cluster's users to the remote on or off.
+        #[arg(long, value_name = "true|false")]
+        carry_users: Option<bool>,
     },
     /// Check the remote from the node at --server: reachable, a Narad with security on, the
     /// credential works and is not an admin's, and (with --topic) the topic exists and takes

@@ -31,4 +31,5 @@ pub mod reads;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
+pub mod users_carry;
 pub mod witness;

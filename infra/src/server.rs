@@ -300,6 +300,7 @@ const MOVER_TASK: &str = "partition_mover";
 const WITNESS_TASK: &str = "partition_witness";
 const TLS_TASK: &str = "tls_reloader";
 const CLUSTER_TASK: &str = "cluster_member";
+const USERS_CARRY_TASK: &str = "users_carrier";
 
 /// At shutdown, the tierer's upload in flight gets this long to finish before it is
 /// abandoned. Abandoning loses nothing: an object is listed in the manifest only once it is
@@ -391,14 +392,29 @@ impl Opening {
             }
         }
         // remote children's cursors here ship through the sender
-        b.set_remote_shipper(Arc::new(narad_xregion::sender::Shipper(
-            narad_xregion::sender::Sender::new(
-                Arc::downgrade(&b),
-                self.state.remotes.keys.clone(),
-                self.state.remotes.guard.clone(),
-                self.state.remotes.metrics.clone(),
-            ),
-        )));
+        let sender = narad_xregion::sender::Sender::new(
+            Arc::downgrade(&b),
+            self.state.remotes.keys.clone(),
+            self.state.remotes.guard.clone(),
+            self.state.remotes.metrics.clone(),
+        );
+        b.set_remote_shipper(Arc::new(narad_xregion::sender::Shipper(sender.clone())));
+        if let Some(security) = &self.security {
+            // this cluster's users, to the remotes with carry_users (its leader sends them)
+            let carrier = crate::users_carry::UsersCarrier {
+                broker: b.clone(),
+                store: security.store.clone(),
+                sender,
+                sends: self.state.cluster.clone().map(|node| {
+                    Arc::new(move || node.meta.is_leader()) as Arc<dyn Fn() -> bool + Send + Sync>
+                }),
+                board: self.state.remotes.carries.clone(),
+                metrics: self.state.remotes.metrics.clone(),
+                clock: self.clock.clone(),
+            };
+            self.tasks
+                .spawn(USERS_CARRY_TASK, move |stop| carrier.run(stop));
+        }
         if let (Some(node), Some(store)) = (self.state.cluster.clone(), replicated) {
             // the other members' calls for this member's partitions, and ours for theirs
             let ingress = crate::forward::Ingress::new(

@@ -3,6 +3,7 @@
 
 mod api;
 mod archive;
+mod carried_users;
 mod cli;
 mod cluster;
 mod connections;

@@ -14,7 +14,7 @@ pub(crate) const ROOT_PW: &str = "root-password-1";
 pub(crate) const SECRET: &str = "the source cluster's secret, 32 bytes or more";
 const NEW_SECRET: &str = "the source cluster's next secret, also 32+ bytes";
 pub(crate) const MIRROR_PW: &str = "the mirror user's password on the target";
-const OPS_PW: &str = "an admin of the target, not for remotes";
+pub(crate) const OPS_PW: &str = "an admin of the target, not for remotes";
 
 /// The target: security on, HTTPS from a test CA, a topic `orders`, a user `mirror` that may
 /// produce to it and an admin `ops`. Returns it and its CA.

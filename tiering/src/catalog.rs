@@ -383,6 +383,7 @@ mod tests {
                 grants: Vec::new(),
                 created_at_ms: 1,
                 updated_at_ms: 2,
+                carried_from: None,
             }]),
             remotes: vec![RemoteMeta {
                 id: 11,
@@ -395,6 +396,7 @@ mod tests {
                     nonce: "n".into(),
                     ciphertext: "c".into(),
                 },
+                carry_users: false,
                 version: 1,
                 created_at_ms: 1,
                 updated_at_ms: 1,

@@ -54,6 +54,9 @@ pub struct Target<'a> {
     /// Make the target topic the mirror of the parent (the link's last check; see
     /// `narad_core::catalog::role`); `dry`: only ask whether it would.
     pub mirror: Option<MirrorOf>,
+    /// The remote carries this cluster's users: its user must be an admin there (the
+    /// opposite of a link's), and it takes no topic.
+    pub carries_users: bool,
 }
 
 /// What the target topic becomes the mirror of.
@@ -184,11 +187,42 @@ async fn checks(client: &RemoteClient, target: Target<'_>, mut run: Run) -> Chec
         );
     }
     run.pass("credential", "the remote took the credential");
-    // 3. ... and is not an admin's
+    // 3. ... and is not an admin's (or is, for a remote that carries users)
     let reply = match client.request(Method::GET, "v1/users", None).await {
         Ok(r) => r,
         Err(e) => return run.fail("not_admin", e.state(), e.to_string()),
     };
+    if target.carries_users {
+        return match reply.status.as_u16() {
+            200 if target.topic.is_some() => run.fail(
+                "users_only",
+                "destination_refused",
+                "the remote carries users (as an admin there): remote children ship through a remote whose user has only produce and replicate".into(),
+            ),
+            200 => CheckReport {
+                ok: true,
+                state: "running",
+                checks: {
+                    run.pass(
+                        "admin",
+                        "the user is an admin of the remote: it may take this cluster's users (admins among them only if it is the remote's root user)",
+                    );
+                    run.checks
+                },
+                topic_id: None,
+            },
+            403 => run.fail(
+                "admin",
+                "forbidden",
+                "carry_users needs an admin of the remote (its root user to carry admins too): this user is not one".into(),
+            ),
+            _ => run.fail(
+                "admin",
+                state_of(reply.status),
+                format!("asking whether the user is an admin: {}", answered(&reply)),
+            ),
+        };
+    }
     match reply.status.as_u16() {
         403 => run.pass("not_admin", "the user is not an admin of the remote"),
         200 => {

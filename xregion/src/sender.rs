@@ -72,6 +72,10 @@ pub struct SenderMetrics {
     pub records: Counter,
     /// Remotes whose gate is open on this node.
     pub gates_open: Gauge,
+    /// Users lists sent to remotes with `carry_users`, by outcome (`carried`, or why not).
+    pub users_carries: Family<OutcomeLabel, Counter>,
+    /// Remotes with `carry_users` whose last carry from this node failed.
+    pub users_carry_failing: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -95,6 +99,16 @@ impl SenderMetrics {
             "narad_remote_gates_open",
             "remotes whose gate (circuit breaker) is open on this node: one probe per backoff step goes out",
             self.gates_open.clone(),
+        );
+        r.register(
+            "narad_remote_users_carries",
+            "users lists sent to remotes with carry_users, by outcome: carried, refused, unreachable or too_large",
+            self.users_carries.clone(),
+        );
+        r.register(
+            "narad_remote_users_carry_failing",
+            "remotes with carry_users whose last carry from this node failed (see GET /v1/remotes/{name})",
+            self.users_carry_failing.clone(),
         );
     }
 }
@@ -336,6 +350,11 @@ impl Sender {
     /// The gate of remote `remote_id` on this node.
     pub fn gate(&self, remote_id: u64) -> Arc<Gate> {
         self.gates.lock().entry(remote_id).or_default().clone()
+    }
+
+    /// A client for `remote` (the one this node keeps for it), or why not.
+    pub fn remote_client(&self, remote: &RemoteMeta) -> Result<Arc<RemoteClient>, String> {
+        self.client(remote).map_err(|f| f.message)
     }
 
     fn client(&self, remote: &RemoteMeta) -> Result<Arc<RemoteClient>, Failed> {

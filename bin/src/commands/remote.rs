@@ -34,6 +34,7 @@ pub(super) async fn run(c: &Client, cmd: RemoteCmd, output: Output) -> Result<()
             remote_user,
             remote_password: pw,
             remote_ca,
+            carry_users,
         } => {
             let ca = remote_ca.as_deref().map(read_ca).transpose()?;
             let body = serde_json::json!({
@@ -42,6 +43,7 @@ pub(super) async fn run(c: &Client, cmd: RemoteCmd, output: Output) -> Result<()
                 "username": remote_user,
                 "password": remote_password(pw)?,
                 "ca_pem": ca,
+                "carry_users": carry_users,
             });
             print_reply(c.post_json("/v1/remotes", &body).await?, output)?;
         }
@@ -69,11 +71,19 @@ pub(super) async fn run(c: &Client, cmd: RemoteCmd, output: Output) -> Result<()
                         .as_str()
                         .unwrap_or("")
                         .to_owned(),
+                    match (&r["carry_users"], r["users_carry"]["state"].as_str()) {
+                        (Value::Bool(true), Some(state)) => state.to_owned(),
+                        (Value::Bool(true), None) => "yes".into(),
+                        _ => "-".into(),
+                    },
                 ]);
             }
             outln!(
                 "{}",
-                table(&["NAME", "URL", "USER", "CA", "SEALED WITH"], &rows)
+                table(
+                    &["NAME", "URL", "USER", "CA", "SEALED WITH", "CARRIES USERS"],
+                    &rows
+                )
             );
         }
         RemoteCmd::Show { name } => print_reply(c.get(&path(&name)).await?, output)?,
@@ -85,8 +95,12 @@ pub(super) async fn run(c: &Client, cmd: RemoteCmd, output: Output) -> Result<()
             password_stdin,
             remote_ca,
             system_roots,
+            carry_users,
         } => {
             let mut body = serde_json::Map::new();
+            if let Some(c) = carry_users {
+                body.insert("carry_users".into(), c.into());
+            }
             let rebinds =
                 url.is_some() || remote_user.is_some() || remote_ca.is_some() || system_roots;
             if let Some(u) = url {
@@ -104,7 +118,7 @@ pub(super) async fn run(c: &Client, cmd: RemoteCmd, output: Output) -> Result<()
                 body.insert("password".into(), remote_password(pw)?.into());
             }
             if body.is_empty() {
-                return Err("nothing to change: give --url, --remote-user, --remote-ca, --system-roots or a password".into());
+                return Err("nothing to change: give --url, --remote-user, --remote-ca, --system-roots, --carry-users or a password".into());
             }
             print_reply(c.patch_json(&path(&name), &body).await?, output)?;
         }

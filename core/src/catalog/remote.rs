@@ -54,6 +54,11 @@ pub struct RemoteMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_pem: Option<String>,
     pub credential: SealedCredential,
+    /// Whether this cluster's users (all but its root, with their password hashes and
+    /// grants) are carried to the remote, which must let this cluster's user there be an
+    /// admin (see `narad_auth::carry`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub carry_users: bool,
     /// 1 at creation, one more at every change: a sender rebuilds its client when it moves,
     /// and a change names the version it read (a concurrent change is refused).
     pub version: u64,
@@ -146,6 +151,17 @@ pub(super) fn apply_put(
                 .get(&remote.name)
                 .filter(|r| r.id == remote.id)
                 .ok_or_else(|| CatalogError::RemoteNotFound(remote.name.clone()))?;
+            if remote.carry_users
+                && let Some(c) = next
+                    .remote_children
+                    .values()
+                    .find(|c| c.remote_id == remote.id)
+            {
+                return Err(CatalogError::RemoteInUse(format!(
+                    "remote '{}' is in use by remote child '{}' of '{}': a remote that carries users acts as an admin there, so it carries nothing else; add another remote (same URL, an admin user) with carry_users",
+                    remote.name, c.name, c.parent
+                )));
+            }
             if old.version != v {
                 return Err(CatalogError::RemoteChanged(format!(
                     "remote '{}' changed meanwhile (version {} is now {}): read it again and retry",
@@ -162,6 +178,13 @@ pub(super) fn apply_put(
     let stored = Arc::new(stored);
     next.remotes.insert(stored.name.clone(), stored.clone());
     Ok(Applied::Remote(stored))
+}
+
+/// Why remote children never ship through a remote that carries users.
+fn users_only(remote: &str) -> CatalogError {
+    CatalogError::RemoteInUse(format!(
+        "remote '{remote}' carries users (as an admin of the other cluster): remote children ship through a remote whose user has only produce and replicate there"
+    ))
 }
 
 /// Removes the remote of id `remote_id`.
@@ -268,12 +291,15 @@ pub(super) fn apply_attach_remote(
             parent.name
         )));
     }
-    if next
+    let Some(remote) = next
         .remotes
         .get(&child.remote)
-        .is_none_or(|r| r.id != child.remote_id)
-    {
+        .filter(|r| r.id == child.remote_id)
+    else {
         return Err(CatalogError::RemoteNotFound(child.remote.clone()));
+    };
+    if remote.carry_users {
+        return Err(users_only(&remote.name));
     }
     // the other half of the loop rule the checks apply across clusters, here where it is
     // atomic: a topic never ships to the topic it mirrors

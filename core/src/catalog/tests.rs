@@ -44,6 +44,7 @@ fn remote(id: u64, name: &str) -> RemoteMeta {
             nonce: "bm9uY2U=".into(),
             ciphertext: "c2VhbGVk".into(),
         },
+        carry_users: false,
         version: 1,
         created_at_ms: 10,
         updated_at_ms: 10,
@@ -865,4 +866,58 @@ fn a_mirror_has_no_fanout_children_and_keeps_its_sources() {
             Err(CatalogError::InvalidConfig(_))
         ));
     }
+}
+
+/// A remote that carries users acts as an admin of the other cluster: no remote child ships
+/// through it, whichever of the two comes first.
+#[test]
+fn a_remote_that_carries_users_carries_nothing_else() {
+    let child = RemoteChild {
+        name: "dr".into(),
+        parent: "t".into(),
+        parent_id: 1,
+        remote: "q".into(),
+        remote_id: 5,
+        remote_topic: "t".into(),
+        target_id: 0xa1,
+        lanes: 1,
+        epoch: 1,
+        starts: Vec::new(),
+        paused: false,
+        created_at_ms: 0,
+        skips: Vec::new(),
+    };
+    let carrying = RemoteMeta {
+        carry_users: true,
+        ..remote(5, "q")
+    };
+    let base = |r: RemoteMeta| {
+        run(&[
+            CatalogCommand::CreateTopic {
+                topic: topic(1, "t"),
+            },
+            CatalogCommand::PutRemote {
+                remote: r,
+                expect_version: None,
+            },
+        ])
+    };
+    let attach = CatalogCommand::AttachRemote {
+        child: child.clone(),
+    };
+    assert!(matches!(
+        apply(&base(carrying.clone()), &attach),
+        Err(CatalogError::RemoteInUse(_))
+    ));
+    let (with_child, _) = apply(&base(remote(5, "q")), &attach).unwrap();
+    let start = CatalogCommand::PutRemote {
+        remote: carrying,
+        expect_version: Some(1),
+    };
+    assert!(matches!(
+        apply(&with_child, &start),
+        Err(CatalogError::RemoteInUse(_))
+    ));
+    // without children it may start carrying
+    assert!(apply(&base(remote(5, "q")), &start).is_ok());
 }

@@ -221,6 +221,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/users/{username}"),
     ("PUT", "/v1/users/{username}/grants"),
     ("PUT", "/v1/users/{username}/password"),
+    ("PUT", "/v1/carried-users"),
     ("POST", "/v1/remotes"),
     ("GET", "/v1/remotes"),
     ("GET", "/v1/remotes/{name}"),
@@ -301,6 +302,7 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/users/{username}/grants", put(users::set_grants))
         .route("/v1/users/{username}/password", put(users::set_password))
+        .route("/v1/carried-users", put(users::carried))
         .route("/v1/remotes", post(remotes::create).get(remotes::list))
         .route(
             "/v1/remotes/{name}",

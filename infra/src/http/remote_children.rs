@@ -133,6 +133,7 @@ pub async fn attach(
             parent_id: Some(meta.id),
             schema: Some(meta.schemas.last().map(|v| &v.schema)),
             mirror,
+            carries_users: remote.carry_users,
         },
     )
     .await;
@@ -471,6 +472,7 @@ async fn pause_or_resume(
                         Ok(meta) => mirror_of(&broker, &meta).await?,
                         Err(_) => None,
                     },
+                    carries_users: remote.carry_users,
                 },
             )
             .await;

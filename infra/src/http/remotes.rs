@@ -45,6 +45,8 @@ pub struct RemotesKit {
     /// free child) would both reach it, and the one refused at the commit would leave its
     /// target read-only for nothing.
     pub attaching: tokio::sync::Mutex<()>,
+    /// The last carry of this cluster's users to each remote with `carry_users` (by id).
+    pub carries: crate::users_carry::CarryBoard,
 }
 
 impl RemotesKit {
@@ -74,6 +76,7 @@ impl RemotesKit {
             guard,
             metrics: Arc::default(),
             attaching: tokio::sync::Mutex::new(()),
+            carries: Default::default(),
         }
     }
 
@@ -103,6 +106,11 @@ struct RemoteJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     ca_sha256: Option<String>,
     credential: CredentialJson,
+    /// Whether this cluster's users are carried to the remote.
+    carry_users: bool,
+    /// The last carry of the users (absent until one was tried from this node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    users_carry: Option<crate::users_carry::CarryStatus>,
     version: u64,
     created_at_ms: i64,
     updated_at_ms: i64,
@@ -132,6 +140,11 @@ fn remote_json<'a>(r: &'a RemoteMeta, kit: &RemotesKit) -> RemoteJson<'a> {
             sealed_with,
             key_id,
         },
+        carry_users: r.carry_users,
+        users_carry: r
+            .carry_users
+            .then(|| kit.carries.lock().get(&r.id).cloned())
+            .flatten(),
         version: r.version,
         created_at_ms: r.created_at_ms,
         updated_at_ms: r.updated_at_ms,
@@ -148,6 +161,10 @@ struct CreateRemote {
     password: String,
     #[serde(default)]
     ca_pem: Option<String>,
+    /// Carry this cluster's users (all but the root) to the remote, where `username` must be
+    /// an admin.
+    #[serde(default)]
+    carry_users: bool,
 }
 
 /// `Some(None)` for an explicit `null`, `None` when absent.
@@ -167,6 +184,8 @@ struct PatchRemote {
     /// A PEM bundle, or `null` for the system's roots.
     #[serde(default, deserialize_with = "present")]
     ca_pem: Option<Option<String>>,
+    #[serde(default)]
+    carry_users: Option<bool>,
     /// The version the change is based on: refused (409) if the remote moved on.
     #[serde(default)]
     version: Option<u64>,
@@ -283,6 +302,7 @@ pub async fn create(
             nonce: String::new(),
             ciphertext: String::new(),
         },
+        carry_users: req.carry_users,
         version: 1,
         created_at_ms: now,
         updated_at_ms: now,
@@ -328,7 +348,7 @@ pub async fn get(
     ))
 }
 
-/// `PATCH /v1/remotes/{name}`: a new URL, user, CA or password.
+/// `PATCH /v1/remotes/{name}`: a new URL, user, CA or password, or `carry_users` on or off.
 pub async fn patch(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
@@ -378,15 +398,18 @@ pub async fn patch(
                 "password: changing url, username or ca_pem takes the password again (the stored one is sealed for the old values)",
             ));
         }
-        None => {
+        None if req.carry_users.is_none_or(|c| c == old.carry_users) => {
             // nothing changes
             return Ok(json_response(
                 StatusCode::OK,
                 &remote_json(&old, &state.remotes),
             ));
         }
+        // (carry_users is not bound into the sealed password)
+        None => next,
     };
     let next = RemoteMeta {
+        carry_users: req.carry_users.unwrap_or(old.carry_users),
         updated_at_ms: now_ms(),
         ..next
     };
@@ -476,6 +499,7 @@ pub async fn test(
             parent_id: parent.as_ref().map(|m| m.id),
             schema: parent.as_ref().map(|m| m.schemas.last().map(|v| &v.schema)),
             mirror,
+            carries_users: r.carry_users,
         },
     )
     .await;

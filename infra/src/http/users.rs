@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
+use narad_auth::carry::{self, CarriedUser, MAX_CARRY_BYTES};
 use narad_auth::grant::{self, Grant};
 use narad_auth::store::{self as users, Refusal, StoreError, UserCommand, UserRecord};
 use narad_auth::{Authenticator, authn};
@@ -31,6 +32,9 @@ struct UserJson<'a> {
     grants: &'a [Grant],
     created_at_ms: i64,
     updated_at_ms: i64,
+    /// The cluster this user was carried from (its id), if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    carried_from: Option<&'a str>,
 }
 
 fn user_json(u: &UserRecord) -> UserJson<'_> {
@@ -40,6 +44,7 @@ fn user_json(u: &UserRecord) -> UserJson<'_> {
         grants: &u.grants,
         created_at_ms: u.created_at_ms,
         updated_at_ms: u.updated_at_ms,
+        carried_from: u.carried_from.as_deref(),
     }
 }
 
@@ -85,7 +90,9 @@ fn store_error(e: StoreError) -> ApiError {
         // (the last two come only from a restore, never from a request)
         StoreError::Io { .. }
         | StoreError::Invalid { .. }
-        | StoreError::Refused(Refusal::NotEmpty | Refusal::InvalidRestore(_)) => {
+        | StoreError::Refused(
+            Refusal::NotEmpty | Refusal::InvalidRestore(_) | Refusal::InvalidCarry(_),
+        ) => {
             tracing::error!(error = %msg, "user store failure");
             ApiError::new(ErrorCode::MetadataFailed, msg)
         }
@@ -207,6 +214,7 @@ pub async fn create(
         grants: req.grants,
         created_at_ms: now,
         updated_at_ms: now,
+        carried_from: None,
     };
     apply(&state, a, UserCommand::Create { user }).await?;
     audit(&caller, "user_create", &req.username);
@@ -387,4 +395,89 @@ pub async fn set_password(
     a.forget(&name);
     audit(&caller, "user_password", &name);
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CarriedList {
+    /// The sending cluster's id (16 hex digits).
+    source_cluster: String,
+    users: Vec<CarriedUser>,
+}
+
+/// `PUT /v1/carried-users`: every user of another cluster but its root, sent by its remote
+/// to this cluster with `carry_users` on (admin; only the root user carries admins). What
+/// the list changes is `narad_auth::carry`'s plan, which the answer reports.
+pub async fn carried(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    Query::parse(uri.query(), &[])?;
+    let a = auth(&state)?;
+    caller.require_admin()?;
+    let body = read_body(body, MAX_CARRY_BYTES).await?;
+    let req: CarriedList = parse_json(&body)?;
+    let source = &req.source_cluster;
+    if source.len() != 16
+        || !source
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return Err(invalid(
+            "source_cluster: must be a cluster id, 16 lowercase hex digits".into(),
+        ));
+    }
+    let broker = state.broker()?.clone();
+    if broker
+        .cluster_id()
+        .is_some_and(|me| format!("{me:016x}") == *source)
+    {
+        return Err(invalid(
+            "source_cluster: is this cluster: users are not carried to where they live".into(),
+        ));
+    }
+    carry::check_list(&req.users).map_err(invalid)?;
+    let me = caller.username().unwrap_or_default().to_owned();
+    let may_admin = caller.is_root();
+    let before = a.store().snapshot();
+    let plan = carry::plan(&before, source, &req.users, &me, may_admin);
+    if plan.changes() {
+        apply(
+            &state,
+            a,
+            UserCommand::Carry {
+                source: source.clone(),
+                caller: me,
+                may_admin,
+                users: req.users,
+            },
+        )
+        .await?;
+        for name in plan.update.iter().map(|u| &u.username).chain(&plan.delete) {
+            a.forget(name);
+        }
+        // the deleted users' topics are nobody's now, as after a delete by hand
+        for name in &plan.delete {
+            let Some(gone) = before.get(name) else {
+                continue;
+            };
+            if let Err(e) = broker.disown(name, gone.id).await {
+                tracing::warn!(user = %name, error = %e, "could not clear the owner of a carried user's topics after its delete");
+            }
+        }
+        tracing::info!(
+            component = "audit",
+            actor = caller.username().unwrap_or("-"),
+            action = "users_carried",
+            subject = %source,
+            created = plan.created,
+            updated = plan.updated,
+            deleted = plan.deleted,
+            conflicts = plan.conflict_count,
+            "user change"
+        );
+    }
+    Ok(json_response(StatusCode::OK, &plan))
 }

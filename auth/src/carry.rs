@@ -1,0 +1,430 @@
+//! Users carried from another cluster, over a remote with `carry_users` on.
+//!
+//! The source sends every user it has but its root, whole (name, id, password hash, grants,
+//! times), whenever they change; this cluster takes the list as one
+//! `store::UserCommand::Carry`, planned by [`plan`]:
+//!
+//! - a user this cluster lacks is created, marked as carried from that source;
+//! - a user of the same name **and id** (the same user, carried earlier, or one of ours that
+//!   came back after a failover) takes the source's hash and grants when the source changed
+//!   it later than this cluster did (the newer change wins, by the clusters' clocks);
+//! - a user of the same name carried from the same source but with another id (deleted and
+//!   created again there) is replaced;
+//! - a user carried from that source and no longer in its list is deleted;
+//! - anything else of the same name (a user of this cluster's own, the root, the caller
+//!   itself) is left alone and reported as a conflict, and so is every admin (carried or
+//!   here) unless the caller is this cluster's root user: only root makes or changes admins.
+//!
+//! Hashes are checked before anything is planned: only argon2id at this crate's own
+//! parameters is taken, so a carried hash can never make a login cost more than a local one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::grant::{Grant, validate_grants};
+use crate::record::{MAX_USERS, ROOT_USER, UserRecord, Users, validate_username};
+
+/// Largest list one carry request may hold (the source sends nothing bigger and says why).
+pub const MAX_CARRY_BYTES: usize = 4 << 20;
+/// Longest password hash taken (argon2id's default PHC string is under 100 bytes).
+const MAX_HASH_BYTES: usize = 256;
+/// Most conflicts a plan names (the rest are counted).
+pub const MAX_CONFLICTS_NAMED: usize = 20;
+const ADMIN: &str = "an admin: carried only when the link's user here is the root user";
+
+/// One user as a source sends it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CarriedUser {
+    pub username: String,
+    pub id: u64,
+    pub password_hash: String,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl std::fmt::Debug for CarriedUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CarriedUser")
+            .field("username", &self.username)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CarriedUser {
+    /// `u` as a source sends it.
+    pub fn of(u: &UserRecord) -> Self {
+        Self {
+            username: u.username.clone(),
+            id: u.id,
+            password_hash: u.password_hash.clone(),
+            grants: u.grants.clone(),
+            created_at_ms: u.created_at_ms,
+            updated_at_ms: u.updated_at_ms,
+        }
+    }
+}
+
+/// A carried user's hash is argon2id (v19) at the parameters [`crate::authn::hash_password`]
+/// uses: anything else could make every login of that user cost what its sender chose.
+pub fn check_hash(hash: &str) -> Result<(), String> {
+    use argon2::password_hash::PasswordHash;
+    if hash.len() > MAX_HASH_BYTES {
+        return Err(format!("password_hash: longer than {MAX_HASH_BYTES} bytes"));
+    }
+    let h = PasswordHash::new(hash).map_err(|e| format!("password_hash: {e}"))?;
+    if h.algorithm.as_str() != "argon2id" || h.version != Some(0x13) {
+        return Err("password_hash: must be argon2id, version 19".into());
+    }
+    let p = argon2::Params::try_from(&h).map_err(|e| format!("password_hash: {e}"))?;
+    let d = argon2::Params::DEFAULT;
+    if (p.m_cost(), p.t_cost(), p.p_cost()) != (d.m_cost(), d.t_cost(), d.p_cost())
+        || h.salt.is_none()
+        || h.hash
+            .is_none_or(|o| o.len() != argon2::Params::DEFAULT_OUTPUT_LEN)
+    {
+        return Err(format!(
+            "password_hash: must have this broker's parameters (m={}, t={}, p={}, a salt and a {}-byte hash)",
+            d.m_cost(),
+            d.t_cost(),
+            d.p_cost(),
+            argon2::Params::DEFAULT_OUTPUT_LEN
+        ));
+    }
+    Ok(())
+}
+
+/// The checks a carried list passes before it is planned: every user valid, not the root,
+/// no name or id twice, within [`MAX_USERS`].
+pub fn check_list(users: &[CarriedUser]) -> Result<(), String> {
+    if users.len() > MAX_USERS {
+        return Err(format!("users: at most {MAX_USERS}"));
+    }
+    let (mut names, mut ids) = (BTreeSet::new(), BTreeSet::new());
+    for u in users {
+        let at = |e: String| format!("user '{}': {e}", u.username);
+        validate_username(&u.username).map_err(at)?;
+        if u.username == ROOT_USER {
+            return Err(at("the root user is never carried".into()));
+        }
+        if u.id == 0 {
+            return Err(at("id: must not be 0".into()));
+        }
+        validate_grants(&u.grants).map_err(at)?;
+        check_hash(&u.password_hash).map_err(at)?;
+        if !names.insert(u.username.as_str()) || !ids.insert(u.id) {
+            return Err(at("listed twice (by name or id)".into()));
+        }
+    }
+    Ok(())
+}
+
+/// What a carried list does to this cluster's users.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct CarryPlan {
+    #[serde(skip)]
+    pub create: Vec<UserRecord>,
+    /// Records replacing the same name (an update, or a user of another id replaced).
+    #[serde(skip)]
+    pub update: Vec<UserRecord>,
+    #[serde(skip)]
+    pub delete: Vec<String>,
+    pub created: usize,
+    pub updated: usize,
+    pub deleted: usize,
+    pub unchanged: usize,
+    /// Users left alone, and why (at most [`MAX_CONFLICTS_NAMED`]; `conflict_count` has all).
+    pub conflicts: Vec<Conflict>,
+    pub conflict_count: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Conflict {
+    pub username: String,
+    pub reason: &'static str,
+}
+
+impl CarryPlan {
+    fn conflict(&mut self, username: &str, reason: &'static str) {
+        self.conflict_count += 1;
+        if self.conflicts.len() < MAX_CONFLICTS_NAMED {
+            self.conflicts.push(Conflict {
+                username: username.to_owned(),
+                reason,
+            });
+        }
+    }
+
+    /// Whether applying it changes anything.
+    pub fn changes(&self) -> bool {
+        !(self.create.is_empty() && self.update.is_empty() && self.delete.is_empty())
+    }
+}
+
+/// What `carried` (a list [`check_list`] passed) from cluster `source` does to `users`, when
+/// `caller` (the link's user here, never touched; `may_admin` if it is the root user) sends
+/// it. Pure: every replica plans the same.
+pub fn plan(
+    users: &Users,
+    source: &str,
+    carried: &[CarriedUser],
+    caller: &str,
+    may_admin: bool,
+) -> CarryPlan {
+    let mut p = CarryPlan::default();
+    let listed: BTreeMap<&str, &CarriedUser> =
+        carried.iter().map(|c| (c.username.as_str(), c)).collect();
+    let from_source = |l: &UserRecord| l.carried_from.as_deref() == Some(source);
+    // deletes first, so that they free room for creates
+    for l in users.values() {
+        if from_source(l) && !l.root && l.username != caller && !listed.contains_key(&*l.username) {
+            if l.is_admin() && !may_admin {
+                p.conflict(&l.username, ADMIN);
+            } else {
+                p.delete.push(l.username.clone());
+            }
+        }
+    }
+    let mut ids: BTreeSet<u64> = users
+        .values()
+        .filter(|u| !p.delete.contains(&u.username))
+        .map(|u| u.id)
+        .collect();
+    let mut count = users.len() - p.delete.len();
+    for c in carried {
+        let fresh = || UserRecord {
+            username: c.username.clone(),
+            id: c.id,
+            password_hash: c.password_hash.clone(),
+            root: false,
+            grants: c.grants.clone(),
+            created_at_ms: c.created_at_ms,
+            updated_at_ms: c.updated_at_ms,
+            carried_from: Some(source.to_owned()),
+        };
+        if c.username == caller {
+            p.conflict(&c.username, "the link's own user here");
+            continue;
+        }
+        let admin = crate::grant::is_admin(&c.grants);
+        match users.get(&c.username) {
+            Some(l) if l.root => p.conflict(&c.username, "the root user"),
+            Some(l) if (admin || l.is_admin()) && !may_admin => {
+                // unchanged is not a conflict: nothing would be made or changed
+                let same =
+                    l.id == c.id && l.password_hash == c.password_hash && l.grants == c.grants;
+                if same {
+                    p.unchanged += 1;
+                } else {
+                    p.conflict(&c.username, ADMIN);
+                }
+            }
+            None if admin && !may_admin => p.conflict(&c.username, ADMIN),
+            Some(l) if l.id == c.id => {
+                let differs = l.password_hash != c.password_hash || l.grants != c.grants;
+                if differs && c.updated_at_ms > l.updated_at_ms {
+                    p.update.push(UserRecord {
+                        password_hash: c.password_hash.clone(),
+                        grants: c.grants.clone(),
+                        updated_at_ms: c.updated_at_ms,
+                        ..UserRecord::clone(l)
+                    });
+                } else {
+                    p.unchanged += 1;
+                }
+            }
+            Some(l) if from_source(l) => {
+                // deleted and created again at the source: the old one's id goes
+                if ids.contains(&c.id) {
+                    p.conflict(&c.username, "its id is another user's here");
+                    continue;
+                }
+                ids.remove(&l.id);
+                ids.insert(c.id);
+                p.update.push(fresh());
+            }
+            Some(_) => p.conflict(&c.username, "another user of that name lives here"),
+            None => {
+                if ids.contains(&c.id) {
+                    p.conflict(&c.username, "its id is another user's here");
+                } else if count >= MAX_USERS {
+                    p.conflict(&c.username, "this cluster holds the most users it may");
+                } else {
+                    ids.insert(c.id);
+                    count += 1;
+                    p.create.push(fresh());
+                }
+            }
+        }
+    }
+    p.created = p.create.len();
+    p.updated = p.update.len();
+    p.deleted = p.delete.len();
+    p
+}
+
+/// Applies `plan` to `users` (what [`plan`] returned for them).
+pub(crate) fn apply(users: &mut Users, plan: CarryPlan) {
+    for name in plan.delete {
+        users.remove(&name);
+    }
+    for u in plan.create.into_iter().chain(plan.update) {
+        users.insert(u.username.clone(), Arc::new(u));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grant::Action;
+
+    fn hash() -> String {
+        crate::authn::hash_password("a password")
+    }
+
+    fn carried(name: &str, id: u64, hash: &str, at: i64) -> CarriedUser {
+        CarriedUser {
+            username: name.into(),
+            id,
+            password_hash: hash.into(),
+            grants: vec![Grant {
+                action: Action::Consume,
+                patterns: vec!["orders".into()],
+            }],
+            created_at_ms: 1,
+            updated_at_ms: at,
+        }
+    }
+
+    fn local(name: &str, id: u64, from: Option<&str>) -> (String, Arc<UserRecord>) {
+        (
+            name.into(),
+            Arc::new(UserRecord {
+                username: name.into(),
+                id,
+                password_hash: "local".into(),
+                root: name == ROOT_USER,
+                grants: vec![],
+                created_at_ms: 1,
+                updated_at_ms: 5,
+                carried_from: from.map(str::to_owned),
+            }),
+        )
+    }
+
+    #[test]
+    fn only_this_brokers_own_kind_of_hash_is_taken() {
+        let h = hash();
+        assert!(check_hash(&h).is_ok(), "{h}");
+        // dearer parameters, another algorithm, garbage
+        let dear = h.replace("m=19456", "m=4194304");
+        assert!(check_hash(&dear).is_err(), "{dear}");
+        let argon2i = h.replace("$argon2id$", "$argon2i$");
+        assert!(check_hash(&argon2i).is_err());
+        assert!(check_hash("hash-of-alice").is_err());
+        assert!(check_hash(&"$".repeat(300)).is_err());
+    }
+
+    #[test]
+    fn a_list_is_checked_whole() {
+        let h = hash();
+        assert!(check_list(&[carried("alice", 1, &h, 2)]).is_ok());
+        for bad in [
+            vec![carried(ROOT_USER, 1, &h, 2)],
+            vec![carried("alice", 0, &h, 2)],
+            vec![carried("no spaces", 1, &h, 2)],
+            vec![carried("alice", 1, "plain", 2)],
+            vec![carried("alice", 1, &h, 2), carried("alice", 2, &h, 2)],
+            vec![carried("alice", 1, &h, 2), carried("bob", 1, &h, 2)],
+        ] {
+            assert!(check_list(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_plan_creates_updates_deletes_and_leaves_others_alone() {
+        let users: Users = [
+            local(ROOT_USER, 100, None),
+            local("link", 101, None),
+            local("ours", 102, None),
+            local("kept", 7, Some("a")),
+            local("stale", 8, Some("a")),
+            local("gone", 9, Some("a")),
+            local("from-c", 10, Some("c")),
+            local("renewed", 11, Some("a")),
+        ]
+        .into_iter()
+        .collect();
+        let list = vec![
+            carried("new", 1, "h-new", 2),
+            carried("ours", 2, "h", 9), // one of ours by name: left alone
+            carried("link", 3, "h", 9), // the caller: left alone
+            carried("kept", 7, "local", 9), // same hash and grants... but grants differ
+            carried("stale", 8, "h2", 4), // older than here: unchanged
+            carried("from-c", 12, "h", 9), // another source's: left alone
+            carried("renewed", 13, "h", 9), // recreated at the source: replaced
+            carried("taken", 102, "h", 9), // an id another user holds
+        ];
+        let p = plan(&users, "a", &list, "link", false);
+        let names = |v: &[UserRecord]| v.iter().map(|u| u.username.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&p.create), ["new"]);
+        assert_eq!(names(&p.update), ["kept", "renewed"]);
+        assert_eq!(p.delete, ["gone"]);
+        assert_eq!(p.unchanged, 1);
+        let conflicts: Vec<&str> = p.conflicts.iter().map(|c| c.username.as_str()).collect();
+        assert_eq!(conflicts, ["ours", "link", "from-c", "taken"]);
+        assert_eq!(p.create[0].carried_from.as_deref(), Some("a"));
+        assert_eq!(p.update[1].id, 13);
+        let mut after = users.clone();
+        apply(&mut after, p);
+        assert!(!after.contains_key("gone"));
+        assert_eq!(after["kept"].grants.len(), 1);
+        assert_eq!(after["ours"].password_hash, "local");
+        // the same list again changes nothing
+        let again = plan(&after, "a", &list, "link", false);
+        assert!(!again.changes(), "{again:?}");
+        assert_eq!(again.conflict_count, 4);
+    }
+
+    #[test]
+    fn only_a_root_caller_makes_or_changes_admins() {
+        let mut boss = local("boss", 7, Some("a"));
+        Arc::make_mut(&mut boss.1).grants = vec![Grant {
+            action: Action::Admin,
+            patterns: vec![],
+        }];
+        let users: Users = [local(ROOT_USER, 100, None), boss].into_iter().collect();
+        let mut admin = carried("root2", 1, "h", 9);
+        admin.grants = vec![Grant {
+            action: Action::Admin,
+            patterns: vec![],
+        }];
+        // a new admin, and an admin here demoted by the source
+        let list = vec![admin, carried("boss", 7, "h", 9)];
+        let p = plan(&users, "a", &list, "link", false);
+        assert!(!p.changes(), "{p:?}");
+        assert_eq!(p.conflict_count, 2);
+        // nor deleted
+        let p = plan(&users, "a", &[], "link", false);
+        assert!(!p.changes() && p.conflict_count == 1, "{p:?}");
+        let p = plan(&users, "a", &list, ROOT_USER, true);
+        assert_eq!((p.created, p.updated), (1, 1), "{p:?}");
+    }
+
+    #[test]
+    fn a_full_store_takes_what_fits_after_its_deletes() {
+        let mut users: Users = (0..MAX_USERS as u64)
+            .map(|i| local(&format!("u{i}"), 1000 + i, (i == 0).then_some("a")))
+            .collect();
+        let list = vec![carried("x", 1, "h", 2), carried("y", 2, "h", 2)];
+        let p = plan(&users, "a", &list, "link", false);
+        assert_eq!((p.created, p.deleted, p.conflict_count), (1, 1, 1));
+        apply(&mut users, p);
+        assert_eq!(users.len(), MAX_USERS);
+    }
+}

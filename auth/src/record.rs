@@ -1,0 +1,87 @@
+//! A user as every cluster member keeps it, and the bounds on its fields: what the store
+//! persists and what a carried list ([`crate::carry`]) is made of.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::grant::Grant;
+
+/// The root user's name.
+pub const ROOT_USER: &str = "admin";
+/// Longest username.
+pub const MAX_USERNAME_LEN: usize = 64;
+/// Password length bounds, in characters (Unicode code points, as JSON Schema's `minLength`
+/// counts). The upper bound keeps hashing cost bounded.
+pub const MIN_PASSWORD_LEN: usize = 8;
+pub const MAX_PASSWORD_LEN: usize = 1024;
+/// Longest password in bytes (1024 characters of up to 4 bytes).
+pub const MAX_PASSWORD_BYTES: usize = 4 * MAX_PASSWORD_LEN;
+/// Most users a node holds.
+pub const MAX_USERS: usize = 10_000;
+
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserRecord {
+    pub username: String,
+    /// Random, fixed at creation: a user deleted and created again under the same name is
+    /// another user (it does not inherit the old one's topics).
+    #[serde(default)]
+    pub id: u64,
+    /// argon2id PHC string; never leaves the node through the API or the logs.
+    pub password_hash: String,
+    #[serde(default)]
+    pub root: bool,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// The cluster (id, hex) this user was carried from over its remote with `carry_users`
+    /// (see [`crate::carry`]); `None`: made here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried_from: Option<String>,
+}
+
+impl std::fmt::Debug for UserRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserRecord")
+            .field("username", &self.username)
+            .field("password_hash", &"<redacted>")
+            .field("root", &self.root)
+            .field("grants", &self.grants)
+            .field("carried_from", &self.carried_from)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UserRecord {
+    pub fn is_admin(&self) -> bool {
+        self.root || crate::grant::is_admin(&self.grants)
+    }
+}
+
+/// Every user, by name: what `store::apply_command` changes.
+pub type Users = BTreeMap<String, Arc<UserRecord>>;
+
+pub fn validate_username(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_USERNAME_LEN {
+        return Err(format!(
+            "username: must be 1 to {MAX_USERNAME_LEN} characters"
+        ));
+    }
+    if !narad_core::topic::is_name_chars(name) {
+        return Err("username: may contain only A-Z a-z 0-9 . _ -".into());
+    }
+    Ok(())
+}
+
+pub fn validate_password(pw: &str) -> Result<(), String> {
+    let chars = pw.chars().count();
+    if !(MIN_PASSWORD_LEN..=MAX_PASSWORD_LEN).contains(&chars) {
+        return Err(format!(
+            "password: must be {MIN_PASSWORD_LEN} to {MAX_PASSWORD_LEN} characters"
+        ));
+    }
+    Ok(())
+}

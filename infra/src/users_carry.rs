@@ -1,0 +1,261 @@
+//! Carrying this cluster's users to the remotes that have `carry_users` on.
+//!
+//! One node sends (a cluster's metadata leader; a single node itself): every user but the
+//! root, whole, as `PUT /v1/carried-users` on the remote, when the list or the remote
+//! changed, and every [`RESEND`] anyway (so a remote restored from an old copy, or a user
+//! changed there by hand, is brought back). What the remote does with the list is
+//! `narad_auth::carry`'s; its answer (created, updated, deleted, conflicts) is kept per
+//! remote for `GET /v1/remotes/{name}` as `users_carry`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use narad_auth::carry::{CarriedUser, MAX_CARRY_BYTES};
+use narad_auth::store::UserStore;
+use narad_core::broker::Broker;
+use narad_core::catalog::RemoteMeta;
+use narad_core::supervisor::CancellationToken;
+use narad_xregion::sender::{OutcomeLabel, Sender, SenderMetrics};
+use serde::Serialize;
+
+/// The remote's path that takes a carried list.
+pub const CARRY_PATH: &str = "v1/carried-users";
+/// How often the remotes and the users are looked at (a change of the users wakes it at once).
+const TICK: Duration = Duration::from_secs(5);
+/// A list the remote took is sent again after this long even if nothing changed.
+const RESEND: Duration = Duration::from_secs(300);
+/// A list the remote did not take is tried again after this long.
+const RETRY: Duration = Duration::from_secs(30);
+
+/// The last carry to one remote, as `GET /v1/remotes/{name}` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CarryStatus {
+    /// `carried`, `refused` (the remote answered with an error: see `message`),
+    /// `unreachable`, `too_large` (more than 4 MiB of users), or `standby` (another member,
+    /// the metadata leader, carries them).
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Users in the list.
+    pub users: usize,
+    /// When it was tried (unix ms).
+    pub at_ms: i64,
+    /// The remote's answer to the last list it took: `created`, `updated`, `deleted`,
+    /// `unchanged`, `conflicts` (users it left alone, and why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+}
+
+/// Where the task keeps what `GET /v1/remotes/{name}` shows.
+pub type CarryBoard = Arc<parking_lot::Mutex<HashMap<u64, CarryStatus>>>;
+
+/// What was last sent to one remote.
+struct Sent {
+    version: u64,
+    digest: [u8; 32],
+    /// When it is due again.
+    due: Instant,
+}
+
+pub struct UsersCarrier {
+    pub broker: Arc<Broker>,
+    pub store: Arc<UserStore>,
+    pub sender: Arc<Sender>,
+    /// Whether this node sends (a cluster's metadata leader); `None`: always.
+    pub sends: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    pub board: CarryBoard,
+    pub metrics: Arc<SenderMetrics>,
+    pub clock: narad_core::clock::SharedClock,
+}
+
+impl UsersCarrier {
+    pub async fn run(self, stop: CancellationToken) {
+        let mut changed = self.store.subscribe();
+        let mut sent: HashMap<u64, Sent> = HashMap::new();
+        loop {
+            self.round(&mut sent).await;
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = changed.changed() => {
+                    // a change of the users: every remote is due now
+                    sent.values_mut().for_each(|s| s.due = Instant::now());
+                }
+                () = self.clock.sleep(TICK) => {}
+            }
+        }
+    }
+
+    async fn round(&self, sent: &mut HashMap<u64, Sent>) {
+        let remotes: Vec<Arc<RemoteMeta>> = self
+            .broker
+            .remotes()
+            .into_iter()
+            .filter(|r| r.carry_users)
+            .collect();
+        let mut board = HashMap::new();
+        sent.retain(|id, _| remotes.iter().any(|r| r.id == *id));
+        if remotes.is_empty() {
+            self.publish(board);
+            return;
+        }
+        if self.sends.as_ref().is_some_and(|f| !f()) {
+            // another member carries them; this one starts afresh if it becomes the leader
+            sent.clear();
+            for r in &remotes {
+                board.insert(
+                    r.id,
+                    CarryStatus {
+                        state: "standby",
+                        message: Some("the cluster's metadata leader carries the users".into()),
+                        users: 0,
+                        at_ms: self.clock.now_ms(),
+                        result: None,
+                    },
+                );
+            }
+            self.publish(board);
+            return;
+        }
+        let source = match self.broker.ensure_cluster_id().await {
+            Ok(id) => format!("{id:016x}"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot carry users: this cluster has no id");
+                return;
+            }
+        };
+        let users: Vec<CarriedUser> = self
+            .store
+            .list()
+            .iter()
+            .filter(|u| !u.root)
+            .map(|u| CarriedUser::of(u))
+            .collect();
+        let body = serde_json::json!({ "source_cluster": source, "users": users }).to_string();
+        let digest: [u8; 32] = {
+            use sha2::Digest as _;
+            sha2::Sha256::digest(body.as_bytes()).into()
+        };
+        let old = self.board.lock().clone();
+        for r in remotes {
+            let now = Instant::now();
+            let due = sent
+                .get(&r.id)
+                .is_none_or(|s| s.version != r.version || s.digest != digest || now >= s.due);
+            if !due {
+                if let Some(s) = old.get(&r.id) {
+                    board.insert(r.id, s.clone());
+                }
+                continue;
+            }
+            let status = self.carry(&r, &body, users.len()).await;
+            self.metrics
+                .users_carries
+                .get_or_create(&OutcomeLabel {
+                    outcome: status.state,
+                })
+                .inc();
+            let was = old.get(&r.id).map(|s| s.state);
+            if status.state == "carried" {
+                if was.is_some_and(|w| w != "carried") {
+                    tracing::info!(remote = %r.name, users = users.len(), "users carried to the remote again");
+                }
+            } else if was != Some(status.state) {
+                tracing::warn!(
+                    remote = %r.name,
+                    state = status.state,
+                    error = status.message.as_deref().unwrap_or(""),
+                    "users not carried to the remote; tried again every {}s",
+                    RETRY.as_secs()
+                );
+            }
+            sent.insert(
+                r.id,
+                Sent {
+                    version: r.version,
+                    digest,
+                    due: now
+                        + if status.state == "carried" {
+                            RESEND
+                        } else {
+                            RETRY
+                        },
+                },
+            );
+            board.insert(r.id, status);
+        }
+        self.publish(board);
+    }
+
+    fn publish(&self, board: HashMap<u64, CarryStatus>) {
+        let failing = board
+            .values()
+            .filter(|s| !matches!(s.state, "carried" | "standby"))
+            .count();
+        self.metrics.users_carry_failing.set(failing as i64);
+        *self.board.lock() = board;
+    }
+
+    async fn carry(&self, remote: &RemoteMeta, body: &str, users: usize) -> CarryStatus {
+        let status = |state, message: Option<String>, result| CarryStatus {
+            state,
+            message,
+            users,
+            at_ms: self.clock.now_ms(),
+            result,
+        };
+        if body.len() > MAX_CARRY_BYTES {
+            return status(
+                "too_large",
+                Some(format!(
+                    "the users and their grants take {} bytes, more than a remote takes ({MAX_CARRY_BYTES})",
+                    body.len()
+                )),
+                None,
+            );
+        }
+        let client = match self.sender.remote_client(remote) {
+            Ok(c) => c,
+            Err(e) => return status("refused", Some(e), None),
+        };
+        if self.sender.gate(remote.id).is_open() {
+            return status(
+                "unreachable",
+                Some("the remote's gate is open (its links are failing)".into()),
+                None,
+            );
+        }
+        let reply = client
+            .request(
+                hyper::Method::PUT,
+                CARRY_PATH,
+                Some(Bytes::copy_from_slice(body.as_bytes())),
+            )
+            .await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => return status("unreachable", Some(e.to_string()), None),
+        };
+        let answer = serde_json::from_slice::<serde_json::Value>(&reply.body).ok();
+        if reply.status.as_u16() == 200 {
+            return status("carried", None, answer);
+        }
+        let said = answer
+            .as_ref()
+            .and_then(|v| {
+                let code = v.get("code")?.as_str()?;
+                let msg = v.get("error").and_then(|m| m.as_str()).unwrap_or("");
+                Some(format!(
+                    "{code}: {}",
+                    msg.chars().take(300).collect::<String>()
+                ))
+            })
+            .unwrap_or_default();
+        status(
+            "refused",
+            Some(format!("the remote answered {} {said}", reply.status)),
+            None,
+        )
+    }
+}
