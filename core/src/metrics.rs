@@ -63,6 +63,10 @@ pub struct CoreMetrics {
     pub mirror_settled: Family<TopicLabel, Counter>,
     /// When a mirror last took its source's consumer progress (unix seconds).
     pub mirror_progress_at: Family<TopicLabel, prometheus_client::metrics::gauge::Gauge>,
+    /// Slabs of records remote children's cursors hold on this node (read, being shipped).
+    pub remote_slabs_held: prometheus_client::metrics::gauge::Gauge,
+    /// Times a remote child's cursor waited for the node's remote memory budget.
+    pub remote_slab_waits: Counter,
     /// Panics of supervised background tasks, and which tasks they were (readiness).
     pub tasks: std::sync::Arc<crate::supervisor::TaskHealth>,
 }
@@ -100,6 +104,8 @@ impl Default for CoreMetrics {
             mirror_late: Family::default(),
             mirror_settled: Family::default(),
             mirror_progress_at: Family::default(),
+            remote_slabs_held: Default::default(),
+            remote_slab_waits: Counter::default(),
             tasks: std::sync::Arc::default(),
         }
     }
@@ -185,6 +191,16 @@ impl CoreMetrics {
 
     pub fn register(&self, r: &mut Registry) {
         self.tasks.register(r);
+        r.register(
+            "narad_remote_slabs_held",
+            "slabs of records (up to 4 MiB each) remote children's cursors hold on this node, of remote_memory_mib / 4",
+            self.remote_slabs_held.clone(),
+        );
+        r.register(
+            "narad_remote_slab_waits",
+            "times a remote child's cursor waited for the node's remote_memory_mib budget before reading",
+            self.remote_slab_waits.clone(),
+        );
         r.register(
             "narad_fanout_copied_messages",
             "records copied from a parent into this child",

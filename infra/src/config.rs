@@ -260,6 +260,9 @@ pub struct ServerConfig {
     /// everything the source's consumers processed, and an idle old primary learns it was
     /// fenced only on its next produce).
     pub mirror_progress_interval_ms: u64,
+    /// Most MiB of records remote children's cursors hold at once on this node (4 MiB
+    /// slabs: each cursor holds one at most while it ships, and waits its turn for one).
+    pub remote_memory_mib: u64,
     /// How often retention runs.
     pub retention_interval_ms: u64,
     /// Bound on out-of-order acked ranges per partition; beyond it acks answer 503 (retry).
@@ -441,6 +444,7 @@ impl Default for ServerConfig {
             idle_close_ms: 10 * 60 * 1000,
             ack_flush_interval_ms: 100,
             mirror_progress_interval_ms: 1000,
+            remote_memory_mib: 256,
             retention_interval_ms: 30_000,
             max_ack_ranges: 65_536,
             max_topics: 10_000,
@@ -606,6 +610,9 @@ impl ServerConfig {
         }
         if self.mirror_progress_interval_ms > 60_000 {
             return bad("mirror_progress_interval_ms", "must be between 0 and 60000");
+        }
+        if !(4..=65_536).contains(&self.remote_memory_mib) {
+            return bad("remote_memory_mib", "must be between 4 and 65536");
         }
         if self.retention_interval_ms < 10 {
             return bad("retention_interval_ms", "must be at least 10");
@@ -804,6 +811,7 @@ impl ServerConfig {
             idle_close_ms: self.idle_close_ms,
             ack_flush_interval_ms: self.ack_flush_interval_ms,
             mirror_progress_interval_ms: self.mirror_progress_interval_ms,
+            remote_memory_bytes: (self.remote_memory_mib as usize) << 20,
             retention_interval_ms: self.retention_interval_ms,
             max_ack_ranges: self.max_ack_ranges,
             archive_gate: self.archive_settings().is_some(),

@@ -95,6 +95,10 @@ pub struct BrokerConfig {
     pub local_retention_ms: i64,
     /// Bounds on what clients may make the node hold (see [`Limits`]).
     pub limits: Limits,
+    /// Most bytes of records remote children's cursors hold at once on the node, in slabs
+    /// of [`fanout::SLAB_BYTES`] (at least one): each cursor holds one slab at most, from its
+    /// read to the end of its ship, and waits its turn for one.
+    pub remote_memory_bytes: usize,
 }
 
 /// Bounds on topics, partitions and open logs. Every partition is a directory, queue state
@@ -141,6 +145,7 @@ impl BrokerConfig {
             archive_gate: false,
             local_retention_ms: 0,
             limits: Limits::default(),
+            remote_memory_bytes: 256 << 20,
         }
     }
 }
@@ -501,6 +506,9 @@ pub struct Broker {
     mirror_progress_taken: Notify,
     /// How remote children's records reach their remotes.
     shipper: std::sync::OnceLock<Arc<dyn RemoteShipper>>,
+    /// The node's budget for records remote children's cursors hold, in slabs (FIFO: a
+    /// waiting cursor is served in turn; one slab per cursor at a time).
+    remote_slabs: Arc<tokio::sync::Semaphore>,
     /// Serialises freezes, thaws, installs and give-aways of partitions (moves).
     moves_lock: tokio::sync::Mutex<()>,
     /// Partitions not owned here whose earlier frames no WAL file names any more (a
@@ -587,6 +595,9 @@ impl Broker {
         };
         let open_logs = OpenLogs::new(cfg.limits.max_open_logs.max(1));
         let tasks = Supervisor::new(metrics.tasks.clone());
+        let remote_slabs = Arc::new(tokio::sync::Semaphore::new(remotes::slabs_for(
+            cfg.remote_memory_bytes,
+        )));
         let broker = Arc::new(Self {
             open_logs,
             cfg,
@@ -612,6 +623,7 @@ impl Broker {
             mirror_deferred: Mutex::new(HashMap::new()),
             mirror_progress_taken: Notify::new(),
             shipper: std::sync::OnceLock::new(),
+            remote_slabs,
             moves_lock: tokio::sync::Mutex::new(()),
             wal_clean: Mutex::new(HashMap::new()),
             verifying: AtomicBool::new(false),

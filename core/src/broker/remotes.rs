@@ -71,6 +71,37 @@ impl Broker {
 
 /// Most records one slab of a remote cursor holds.
 const REMOTE_SLAB_RECORDS: usize = 4096;
+
+/// How many slabs a node's remote memory budget of `bytes` holds (at least one).
+pub(super) fn slabs_for(bytes: usize) -> usize {
+    (bytes / fanout::SLAB_BYTES).max(1)
+}
+
+/// One slab of the node's remote memory budget, held by a cursor from its read to the end
+/// of its ship.
+struct HeldSlab {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for HeldSlab {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl HeldSlab {
+    fn new(
+        permit: tokio::sync::OwnedSemaphorePermit,
+        gauge: &prometheus_client::metrics::gauge::Gauge,
+    ) -> Self {
+        gauge.inc();
+        Self {
+            _permit: permit,
+            gauge: gauge.clone(),
+        }
+    }
+}
 /// A paused cursor (or one with no shipper yet) looks again this often.
 const PAUSED_POLL: Duration = Duration::from_millis(250);
 
@@ -921,6 +952,27 @@ async fn run_remote_cursor(
                 returned_ranges.extend(newly_returned);
             }
         }
+        // a slab of the node's budget for what remote cursors hold, kept until the ship
+        // ends (a cursor waits its turn: many links cannot hold a slab each at once)
+        let (b, slab) = match b.remote_slabs.clone().try_acquire_owned() {
+            Ok(p) => {
+                let held = HeldSlab::new(p, &b.metrics.remote_slabs_held);
+                (b, held)
+            }
+            Err(_) => {
+                let slabs = b.remote_slabs.clone();
+                b.metrics.remote_slab_waits.inc();
+                drop(b);
+                let permit = tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    p = slabs.acquire_owned() => p.expect("the remote budget is never closed"),
+                };
+                let Some(b) = weak.upgrade() else { return };
+                let held = HeldSlab::new(permit, &b.metrics.remote_slabs_held);
+                (b, held)
+            }
+        };
         let appended = parent.appended.notified();
         tokio::pin!(appended);
         appended.as_mut().enable();
@@ -961,6 +1013,7 @@ async fn run_remote_cursor(
                     Err(e) => {
                         cursor.set("unavailable", Some(format!("writing the cursor: {e}")));
                         drop(b);
+                        drop(slab);
                         tokio::select! {
                             biased;
                             () = stop.cancelled() => return,
@@ -973,6 +1026,7 @@ async fn run_remote_cursor(
             Err(e) => {
                 cursor.set("unavailable", Some(format!("reading the parent: {e}")));
                 drop(b);
+                drop(slab);
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => return,
@@ -993,6 +1047,7 @@ async fn run_remote_cursor(
             } else {
                 fanout::IDLE_WAIT
             };
+            drop(slab);
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
@@ -1040,6 +1095,7 @@ async fn run_remote_cursor(
                     Some("the parent is a mirror: the records it got from its source go on once it is promoted".into()),
                 );
                 drop(b);
+                drop(slab);
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => return,
@@ -1055,6 +1111,7 @@ async fn run_remote_cursor(
             Err(e) => {
                 cursor.set("unavailable", Some(format!("naming this cluster: {e}")));
                 drop(b);
+                drop(slab);
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => return,
@@ -1096,6 +1153,7 @@ async fn run_remote_cursor(
                     Err(e) if e.schema => {
                         cursor.set("rejected_record", Some(e.message));
                         drop(b);
+                        drop(slab);
                         tokio::select! {
                             biased;
                             () = stop.cancelled() => return,
@@ -1136,6 +1194,7 @@ async fn run_remote_cursor(
                 })
                 .await
         };
+        drop(slab);
         match outcome {
             Ok(()) => {
                 if let Err(e) = cursor_file::persist(&path, child.epoch, last + 1).await {

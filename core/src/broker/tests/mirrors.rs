@@ -234,3 +234,128 @@ async fn a_childs_progress_is_told_in_its_parents_offsets() {
     assert_eq!(told(&b), ends);
     b.shutdown().await;
 }
+
+/// A shipper that holds every ship until released, counting how many run at once.
+struct HeldShipper {
+    running: AtomicU64,
+    most: AtomicU64,
+    shipped: AtomicU64,
+    release: tokio::sync::Semaphore,
+}
+
+struct Held(Arc<HeldShipper>);
+
+impl RemoteShipper for Held {
+    fn ship(
+        &self,
+        batch: ShipBatch,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ShipFailure>> + Send>> {
+        let s = self.0.clone();
+        Box::pin(async move {
+            let now = s.running.fetch_add(1, Ordering::SeqCst) + 1;
+            s.most.fetch_max(now, Ordering::SeqCst);
+            s.release.acquire().await.unwrap().forget();
+            s.shipped
+                .fetch_add(batch.records.len() as u64, Ordering::SeqCst);
+            s.running.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+}
+
+/// Remote children's cursors hold their records within the node's budget: with room for
+/// one slab, four cursors (two children of a two-partition topic) ship one at a time, each
+/// in turn, and every record goes.
+#[tokio::test]
+async fn remote_cursors_hold_records_within_the_nodes_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = BrokerConfig::new(dir.path());
+    cfg.ack_flush_interval_ms = 10;
+    cfg.mirror_progress_interval_ms = 0;
+    cfg.remote_memory_bytes = 1; // one slab
+    let metrics = Arc::new(CoreMetrics::default());
+    let b = Broker::open(cfg, Arc::new(SystemClock), metrics.clone())
+        .await
+        .unwrap();
+    let shipper = Arc::new(HeldShipper {
+        running: AtomicU64::new(0),
+        most: AtomicU64::new(0),
+        shipped: AtomicU64::new(0),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    b.set_remote_shipper(Arc::new(Held(shipper.clone())));
+    b.create_topic(create("t", 2)).await.unwrap();
+    for p in 0..2u32 {
+        let mut batch = Vec::new();
+        for i in 0..10 {
+            batch.push(ProduceMessage {
+                partition: Some(p),
+                ..msg(&format!("m{p}-{i}"))
+            });
+        }
+        b.produce("t", batch).await.unwrap();
+    }
+    let remote = crate::catalog::RemoteMeta {
+        id: 5,
+        name: "q".into(),
+        url: "https://q.example.com/".into(),
+        username: "mirror".into(),
+        ca_pem: None,
+        credential: crate::catalog::SealedCredential {
+            key_id: "00112233".into(),
+            nonce: "bm9uY2U=".into(),
+            ciphertext: "c2VhbGVk".into(),
+        },
+        carry_users: false,
+        version: 1,
+        created_at_ms: 0,
+        updated_at_ms: 0,
+    };
+    b.put_remote(remote, None).await.unwrap();
+    let parent_id = b.topic_meta("t").unwrap().id;
+    for (name, target) in [("one", 0xa1), ("two", 0xa2)] {
+        b.attach_remote(crate::catalog::RemoteChild {
+            name: name.into(),
+            parent: "t".into(),
+            parent_id,
+            remote: "q".into(),
+            remote_id: 5,
+            remote_topic: name.into(),
+            target_id: target,
+            lanes: 1,
+            epoch: 1,
+            starts: vec![0, 0],
+            paused: false,
+            created_at_ms: 0,
+            skips: Vec::new(),
+        })
+        .await
+        .unwrap();
+    }
+    // one ship holds the only slab; the other three cursors wait for it
+    eventually("a ship began", || {
+        shipper.running.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    eventually("the others waited for the budget", || {
+        metrics.remote_slab_waits.get() >= 3
+    })
+    .await;
+    assert_eq!(metrics.remote_slabs_held.get(), 1);
+    // let them go one by one: never two at once, and all 40 copies arrive
+    shipper.release.add_permits(1_000);
+    eventually("every record shipped to both children", || {
+        shipper.shipped.load(Ordering::SeqCst) == 40
+    })
+    .await;
+    assert_eq!(
+        shipper.most.load(Ordering::SeqCst),
+        1,
+        "one slab: one ship at a time"
+    );
+    eventually("the slabs given back", || {
+        metrics.remote_slabs_held.get() == 0
+    })
+    .await;
+    b.shutdown().await;
+}
