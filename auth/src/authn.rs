@@ -429,6 +429,7 @@ mod tests {
                     created_at_ms: 0,
                     updated_at_ms: 0,
                     carried_from: None,
+                    origin: None,
                 },
             })
             .unwrap();
@@ -448,6 +449,7 @@ mod tests {
                     created_at_ms: 0,
                     updated_at_ms: 0,
                     carried_from: None,
+                    origin: None,
                 },
             })
             .unwrap();

@@ -33,6 +33,7 @@ const MAX_HASH_BYTES: usize = 256;
 /// Most conflicts a plan names (the rest are counted).
 pub const MAX_CONFLICTS_NAMED: usize = 20;
 const ADMIN: &str = "an admin: carried only when the link's user here is the root user";
+const DELETED_HERE: &str = "made here and deleted here since: not brought back";
 
 /// One user as a source sends it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +46,9 @@ pub struct CarriedUser {
     pub grants: Vec<Grant>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The cluster (id, hex) the user was made on, when not the sender.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 impl std::fmt::Debug for CarriedUser {
@@ -66,6 +70,7 @@ impl CarriedUser {
             grants: u.grants.clone(),
             created_at_ms: u.created_at_ms,
             updated_at_ms: u.updated_at_ms,
+            origin: u.origin.clone(),
         }
     }
 }
@@ -83,16 +88,24 @@ pub fn check_hash(hash: &str) -> Result<(), String> {
     }
     let p = argon2::Params::try_from(&h).map_err(|e| format!("password_hash: {e}"))?;
     let d = argon2::Params::DEFAULT;
+    // a salt argon2 takes (a shorter one makes a user nobody can sign in as)
+    let mut buf = [0u8; 64];
+    let salt = h
+        .salt
+        .and_then(|s| s.decode_b64(&mut buf).ok().map(<[u8]>::len));
     if (p.m_cost(), p.t_cost(), p.p_cost()) != (d.m_cost(), d.t_cost(), d.p_cost())
-        || h.salt.is_none()
+        || !p.keyid().is_empty()
+        || !p.data().is_empty()
+        || salt.is_none_or(|n| n < argon2::MIN_SALT_LEN)
         || h.hash
             .is_none_or(|o| o.len() != argon2::Params::DEFAULT_OUTPUT_LEN)
     {
         return Err(format!(
-            "password_hash: must have this broker's parameters (m={}, t={}, p={}, a salt and a {}-byte hash)",
+            "password_hash: must have this broker's parameters (m={}, t={}, p={}, no keyid or data, a salt of at least {} bytes and a {}-byte hash)",
             d.m_cost(),
             d.t_cost(),
             d.p_cost(),
+            argon2::MIN_SALT_LEN,
             argon2::Params::DEFAULT_OUTPUT_LEN
         ));
     }
@@ -117,11 +130,21 @@ pub fn check_list(users: &[CarriedUser]) -> Result<(), String> {
         }
         validate_grants(&u.grants).map_err(at)?;
         check_hash(&u.password_hash).map_err(at)?;
+        if u.origin.as_ref().is_some_and(|o| !is_cluster_id(o)) {
+            return Err(at(
+                "origin: must be a cluster id, 16 lowercase hex digits".into()
+            ));
+        }
         if !names.insert(u.username.as_str()) || !ids.insert(u.id) {
             return Err(at("listed twice (by name or id)".into()));
         }
     }
     Ok(())
+}
+
+/// A cluster id as users name it: 16 lowercase hex digits.
+pub fn is_cluster_id(s: &str) -> bool {
+    s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// What a carried list does to this cluster's users.
@@ -166,11 +189,12 @@ impl CarryPlan {
     }
 }
 
-/// What `carried` (a list [`check_list`] passed) from cluster `source` does to `users`, when
-/// `caller` (the link's user here, never touched; `may_admin` if it is the root user) sends
-/// it. Pure: every replica plans the same.
+/// What `carried` (a list [`check_list`] passed) from cluster `source` does to `users` of
+/// cluster `me` (its id, if it has one), when `caller` (the link's user here, never touched;
+/// `may_admin` if it is the root user) sends it. Pure: every replica plans the same.
 pub fn plan(
     users: &Users,
+    me: Option<&str>,
     source: &str,
     carried: &[CarriedUser],
     caller: &str,
@@ -197,6 +221,7 @@ pub fn plan(
         .collect();
     let mut count = users.len() - p.delete.len();
     for c in carried {
+        let origin = c.origin.as_deref().unwrap_or(source);
         let fresh = || UserRecord {
             username: c.username.clone(),
             id: c.id,
@@ -206,7 +231,12 @@ pub fn plan(
             created_at_ms: c.created_at_ms,
             updated_at_ms: c.updated_at_ms,
             carried_from: Some(source.to_owned()),
+            origin: Some(origin.to_owned()),
         };
+        // a user made here that this cluster no longer has (by that id) was deleted here:
+        // a copy coming back from a cluster that has not heard of the delete yet is not
+        // brought back
+        let ours = me == Some(origin);
         if c.username == caller {
             p.conflict(&c.username, "the link's own user here");
             continue;
@@ -214,6 +244,8 @@ pub fn plan(
         let admin = crate::grant::is_admin(&c.grants);
         match users.get(&c.username) {
             Some(l) if l.root => p.conflict(&c.username, "the root user"),
+            Some(l) if ours && l.id != c.id => p.conflict(&c.username, DELETED_HERE),
+            None if ours => p.conflict(&c.username, DELETED_HERE),
             Some(l) if (admin || l.is_admin()) && !may_admin => {
                 // unchanged is not a conflict: nothing would be made or changed
                 let same =
@@ -298,6 +330,7 @@ mod tests {
             }],
             created_at_ms: 1,
             updated_at_ms: at,
+            origin: None,
         }
     }
 
@@ -313,6 +346,7 @@ mod tests {
                 created_at_ms: 1,
                 updated_at_ms: 5,
                 carried_from: from.map(str::to_owned),
+                origin: from.map(str::to_owned),
             }),
         )
     }
@@ -327,6 +361,15 @@ mod tests {
         let argon2i = h.replace("$argon2id$", "$argon2i$");
         assert!(check_hash(&argon2i).is_err());
         assert!(check_hash("hash-of-alice").is_err());
+        // a salt argon2 refuses (under 8 bytes), a key id, associated data
+        let short_salt =
+            "$argon2id$v=19$m=19456,t=2,p=1$AAAAAAA$bnmkTuB9RskNq4uVZ3ykJgPZfbhK9l2d6URfYAUY/nE";
+        assert!(check_hash(short_salt).is_err());
+        let (head, tail) = h.split_once(",p=1$").unwrap();
+        for extra in [",keyid=AAAAAAAA", ",data=AAAAAAAA"] {
+            let with = format!("{head},p=1{extra}${tail}");
+            assert!(check_hash(&with).is_err(), "{with}");
+        }
         assert!(check_hash(&"$".repeat(300)).is_err());
     }
 
@@ -370,7 +413,7 @@ mod tests {
             carried("renewed", 13, "h", 9), // recreated at the source: replaced
             carried("taken", 102, "h", 9), // an id another user holds
         ];
-        let p = plan(&users, "a", &list, "link", false);
+        let p = plan(&users, None, "a", &list, "link", false);
         let names = |v: &[UserRecord]| v.iter().map(|u| u.username.clone()).collect::<Vec<_>>();
         assert_eq!(names(&p.create), ["new"]);
         assert_eq!(names(&p.update), ["kept", "renewed"]);
@@ -386,9 +429,41 @@ mod tests {
         assert_eq!(after["kept"].grants.len(), 1);
         assert_eq!(after["ours"].password_hash, "local");
         // the same list again changes nothing
-        let again = plan(&after, "a", &list, "link", false);
+        let again = plan(&after, None, "a", &list, "link", false);
         assert!(!again.changes(), "{again:?}");
         assert_eq!(again.conflict_count, 4);
+    }
+
+    /// Two clusters carrying users to each other: a user made on `a` and deleted there while
+    /// its copy on `b` had not heard of it yet is not brought back to `a` by `b`'s list, and
+    /// `b`'s copy goes with `a`'s next list.
+    #[test]
+    fn a_user_deleted_where_it_was_made_is_not_brought_back() {
+        let a = "00000000000000aa";
+        let b = "00000000000000bb";
+        let on_a: Users = [local("keep", 2, None)].into_iter().collect();
+        // b's copies name a as their origin
+        let on_b = {
+            let mut users = Users::new();
+            let list = vec![carried("gone", 1, "h", 2), carried("keep", 2, "h", 2)];
+            let p = plan(&users, Some(b), a, &list, "link", false);
+            apply(&mut users, p);
+            users
+        };
+        assert_eq!(on_b["gone"].origin.as_deref(), Some(a));
+        let from_b: Vec<CarriedUser> = on_b.values().map(|u| CarriedUser::of(u)).collect();
+        let p = plan(&on_a, Some(a), b, &from_b, "link", false);
+        assert!(p.create.is_empty(), "{p:?}");
+        assert_eq!(p.conflicts[0].username, "gone");
+        // (a user of a's own coming back under a new id is not taken either)
+        let mut renewed = from_b.clone();
+        renewed[1].id = 9;
+        let p = plan(&on_a, Some(a), b, &renewed, "link", false);
+        assert!(!p.changes(), "{p:?}");
+        // and a's next list removes b's copy
+        let from_a: Vec<CarriedUser> = on_a.values().map(|u| CarriedUser::of(u)).collect();
+        let p = plan(&on_b, Some(b), a, &from_a, "link", false);
+        assert_eq!(p.delete, ["gone"]);
     }
 
     #[test]
@@ -406,13 +481,13 @@ mod tests {
         }];
         // a new admin, and an admin here demoted by the source
         let list = vec![admin, carried("boss", 7, "h", 9)];
-        let p = plan(&users, "a", &list, "link", false);
+        let p = plan(&users, None, "a", &list, "link", false);
         assert!(!p.changes(), "{p:?}");
         assert_eq!(p.conflict_count, 2);
         // nor deleted
-        let p = plan(&users, "a", &[], "link", false);
+        let p = plan(&users, None, "a", &[], "link", false);
         assert!(!p.changes() && p.conflict_count == 1, "{p:?}");
-        let p = plan(&users, "a", &list, ROOT_USER, true);
+        let p = plan(&users, None, "a", &list, ROOT_USER, true);
         assert_eq!((p.created, p.updated), (1, 1), "{p:?}");
     }
 
@@ -422,7 +497,7 @@ mod tests {
             .map(|i| local(&format!("u{i}"), 1000 + i, (i == 0).then_some("a")))
             .collect();
         let list = vec![carried("x", 1, "h", 2), carried("y", 2, "h", 2)];
-        let p = plan(&users, "a", &list, "link", false);
+        let p = plan(&users, None, "a", &list, "link", false);
         assert_eq!((p.created, p.deleted, p.conflict_count), (1, 1, 1));
         apply(&mut users, p);
         assert_eq!(users.len(), MAX_USERS);

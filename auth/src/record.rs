@@ -41,6 +41,10 @@ pub struct UserRecord {
     /// (see [`crate::carry`]); `None`: made here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried_from: Option<String>,
+    /// The cluster (id, hex) this user was made on, when it was carried here (through any
+    /// number of clusters); `None`: made here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 impl std::fmt::Debug for UserRecord {

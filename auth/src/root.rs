@@ -26,6 +26,7 @@ pub async fn new_root(password: Option<String>) -> Result<(UserRecord, Option<St
         created_at_ms: now,
         updated_at_ms: now,
         carried_from: None,
+        origin: None,
     };
     Ok((root, generated.then_some(password)))
 }

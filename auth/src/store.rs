@@ -50,7 +50,9 @@ pub enum UserCommand {
     /// [`crate::carry`]), sent by this cluster's user `caller` (never changed by it). Checked
     /// with [`crate::carry::check_list`] before it is proposed, and again when applied.
     /// `may_admin`: the caller is the root user, the only one who may make or change admins.
+    /// `me`: this cluster's id (a user made here is never brought back by a list).
     Carry {
+        me: Option<String>,
         source: String,
         caller: String,
         may_admin: bool,
@@ -291,13 +293,15 @@ pub fn apply_command(users: &mut Users, cmd: UserCommand) -> Result<(), Refusal>
             *users = checked;
         }
         UserCommand::Carry {
+            me,
             source,
             caller,
             may_admin,
             users: carried,
         } => {
             crate::carry::check_list(&carried).map_err(Refusal::InvalidCarry)?;
-            let plan = crate::carry::plan(users, &source, &carried, &caller, may_admin);
+            let plan =
+                crate::carry::plan(users, me.as_deref(), &source, &carried, &caller, may_admin);
             crate::carry::apply(users, plan);
         }
     }
@@ -345,6 +349,7 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms: 1,
             carried_from: None,
+            origin: None,
         }
     }
 

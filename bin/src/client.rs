@@ -118,7 +118,14 @@ impl Client {
             )
             .into());
         } else {
-            format!("http://{base}")
+            // a bare host is the broker's own port unless it names one (`http://` alone
+            // would mean port 80)
+            let mut url = reqwest::Url::parse(&format!("http://{base}"))
+                .map_err(|e| format!("--server {base}: {e}"))?;
+            if url.port().is_none() {
+                let _ = url.set_port(Some(super::commands::DEFAULT_PORT));
+            }
+            url.as_str().trim_end_matches('/').to_owned()
         };
         let mut http = reqwest::Client::builder().timeout(Duration::from_secs(60));
         if let Some(path) = c.ca_cert {
@@ -291,5 +298,32 @@ mod tests {
             f.to_string(),
             "the broker answered without an error body (HTTP 431)"
         );
+    }
+
+    #[test]
+    fn a_bare_host_is_the_brokers_port() {
+        let base = |server: &str| {
+            Client::new(&Connect {
+                server,
+                user: None,
+                password: None,
+                ca_cert: None,
+            })
+            .map(|c| c.base)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(base("127.0.0.1").unwrap(), "http://127.0.0.1:7942");
+        assert_eq!(
+            base("broker.example:8080/").unwrap(),
+            "http://broker.example:8080"
+        );
+        assert_eq!(base("[::1]").unwrap(), "http://[::1]:7942");
+        assert_eq!(base("host/prefix").unwrap(), "http://host:7942/prefix");
+        // a scheme given means its own default port
+        assert_eq!(
+            base("http://broker.example").unwrap(),
+            "http://broker.example"
+        );
+        assert!(base("ftp://broker.example").is_err());
     }
 }

@@ -328,7 +328,9 @@ struct StartArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Write the bound address to this file once listening with the data directory held (useful
-    /// with --port 0; a start refused by the data directory's lock writes nothing).
+    /// with --port 0; a start refused by the data directory's lock writes nothing). With
+    /// --nodes: node 1's address, once every node listens (node N's is in
+    /// <data-dir>/nN.addr).
     #[arg(long)]
     addr_file: Option<PathBuf>,
     /// With --dev: a local cluster of this many nodes (1 to 7), each a process of its own,
@@ -559,7 +561,9 @@ struct TopicEditArgs {
 struct PubArgs {
     /// The topic to publish to.
     topic: String,
-    /// The message; read from stdin when absent (and no --file).
+    /// The message; when absent (and no --file), all of stdin, read to its end, is one
+    /// message (to send a file's lines as messages, use `--batch` from a script or one call
+    /// a line).
     message: Option<String>,
     /// The message's key: messages of one key go to one partition, in order.
     #[arg(short, long)]
@@ -576,9 +580,10 @@ struct PubArgs {
     /// Messages per second (0 = as fast as possible).
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
-    /// Deliver the message this many milliseconds after it is committed.
-    #[arg(long)]
-    delay_ms: Option<u64>,
+    /// Deliver the message this long after it is committed (`500ms`, `10s`, `5m`; a plain
+    /// number is milliseconds).
+    #[arg(long, alias = "delay-ms", value_parser = units::parse_ms)]
+    delay: Option<i64>,
     /// Send copies in batches of this size through the batch endpoint (`--count` is rounded up
     /// to a whole number of batches).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]

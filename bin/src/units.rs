@@ -85,6 +85,30 @@ pub fn fmt_ms(ms: i64) -> String {
     format!("{}{name}", ms / m)
 }
 
+/// Unix milliseconds as a UTC time (`2026-12-07T15:30:00.250Z`; whole seconds without the
+/// fraction).
+pub fn fmt_time(ms: i64) -> String {
+    let (secs, milli) = (ms.div_euclid(1000), ms.rem_euclid(1000));
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // the civil date of a day count (the proleptic Gregorian calendar, in 400-year eras)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, sec) = (rem / 3600, rem / 60 % 60, rem % 60);
+    let frac = if milli == 0 {
+        String::new()
+    } else {
+        format!(".{milli:03}")
+    };
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{sec:02}{frac}Z")
+}
+
 /// Bytes in the largest binary unit that says them exactly (`1048576` → `1MiB`), else bytes.
 pub fn fmt_bytes(b: u64) -> String {
     let (name, m) = BYTE_UNITS
@@ -164,6 +188,19 @@ mod tests {
         ] {
             assert_eq!(fmt_ms(ms), s);
             assert_eq!(parse_ms(&fmt_ms(ms)), Ok(ms), "round trip");
+        }
+    }
+
+    #[test]
+    fn times_print_in_utc() {
+        for (ms, s) in [
+            (0, "1970-01-01T00:00:00Z"),
+            (1_733_585_400_250, "2024-12-07T15:30:00.250Z"),
+            (951_782_400_000, "2000-02-29T00:00:00Z"),
+            (4_107_542_399_999, "2100-02-28T23:59:59.999Z"),
+            (-1, "1969-12-31T23:59:59.999Z"),
+        ] {
+            assert_eq!(fmt_time(ms), s, "{ms}");
         }
     }
 

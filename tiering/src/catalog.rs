@@ -384,6 +384,7 @@ mod tests {
                 created_at_ms: 1,
                 updated_at_ms: 2,
                 carried_from: None,
+                origin: None,
             }]),
             remotes: vec![RemoteMeta {
                 id: 11,

@@ -154,25 +154,35 @@ pub(super) async fn run(c: &Client, cmd: ClusterCmd, output: Output) -> Result<(
         | ClusterCmd::MoveCancel { .. }
         | ClusterCmd::Unpin { .. } => unreachable!("handled above"),
         ClusterCmd::Members => {
+            let rows: Vec<Vec<String>> = s["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    vec![
+                        num(&m["node_id"]),
+                        m["rpc_addr"].as_str().unwrap_or("-").to_owned(),
+                        m["voter"].as_bool().unwrap_or(false).to_string(),
+                        num(&m["partitions"]),
+                        m["draining"].as_bool().unwrap_or(false).to_string(),
+                        num(&m["matched_index"]),
+                    ]
+                })
+                .collect();
             outln!(
-                "{:<8} {:<32} {:<6} {:>10} {:<9} MATCHED",
-                "NODE",
-                "RPC ADDRESS",
-                "VOTER",
-                "PARTITIONS",
-                "DRAINING"
+                "{}",
+                table(
+                    &[
+                        "NODE",
+                        "RPC ADDRESS",
+                        "VOTER",
+                        "PARTITIONS",
+                        "DRAINING",
+                        "MATCHED"
+                    ],
+                    &rows
+                )
             );
-            for m in s["members"].as_array().into_iter().flatten() {
-                outln!(
-                    "{:<8} {:<32} {:<6} {:>10} {:<9} {}",
-                    num(&m["node_id"]),
-                    m["rpc_addr"].as_str().unwrap_or("-"),
-                    m["voter"].as_bool().unwrap_or(false),
-                    num(&m["partitions"]),
-                    m["draining"].as_bool().unwrap_or(false),
-                    num(&m["matched_index"]),
-                );
-            }
         }
     }
     Ok(())

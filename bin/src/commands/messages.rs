@@ -42,7 +42,8 @@ pub(super) async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
     if let Some(p) = a.partition {
         q.push(format!("partition={p}"));
     }
-    if let Some(d) = a.delay_ms {
+    let delay_ms = a.delay.map(|d| d.unsigned_abs());
+    if let Some(d) = delay_ms {
         q.push(format!("delay_ms={d}"));
     }
     // One request carries `per_request` messages: the raw body, or a JSON batch of copies.
@@ -59,7 +60,7 @@ pub(super) async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
         };
         m.key.clone_from(&a.key);
         m.partition = a.partition;
-        m.delay_ms = a.delay_ms;
+        m.delay_ms = delay_ms;
         let body = serde_json::to_vec(&wire::ProduceBatch {
             messages: vec![m; a.batch as usize],
         })?;

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 
 use crate::client::{ApiFailure, BoxError, Client, Connect, Json, Reply, enc};
 use crate::process::{shutdown_signal, write_addr_file};
-use crate::units::{fmt_bytes, fmt_bytes_about, fmt_ms, table};
+use crate::units::{self, fmt_bytes, fmt_bytes_about, fmt_ms, table};
 use crate::{
     Cli, ClusterCmd, Command, Output, PubArgs, RemoteCmd, ReplayArgs, ServeArgs, ServerCmd,
     StorageArgs, SubArgs, TopicCmd, TopicSettings, UserCmd,
@@ -24,7 +24,8 @@ mod topic;
 mod user;
 
 /// The port `server start` listens on unless told otherwise.
-const DEFAULT_PORT: u16 = 7942;
+/// The broker's port when nothing names one.
+pub(crate) const DEFAULT_PORT: u16 = 7942;
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
     let output = cli.output;
@@ -169,8 +170,34 @@ fn flatten(prefix: &str, v: &Value, rows: &mut Vec<(String, String)>) {
                 flatten(&format!("{prefix}[{i}]"), x, rows);
             }
         }
-        other => rows.push((prefix.to_owned(), scalar_text(other))),
+        other => rows.push(labelled(prefix, other)),
     }
+}
+
+/// A scalar field for a person: a time (`..._at_ms`) as UTC, a duration (`..._ms`) or a size
+/// (`..._bytes`) in units, the unit's suffix off its name.
+fn labelled(key: &str, v: &Value) -> (String, String) {
+    let Some(n) = v.as_i64() else {
+        return (key.to_owned(), scalar_text(v));
+    };
+    if let Some(k) = key.strip_suffix("_at_ms") {
+        // (0: never)
+        let text = if n == 0 {
+            "-".into()
+        } else {
+            units::fmt_time(n)
+        };
+        return (format!("{k}_at"), text);
+    }
+    if let Some(k) = key.strip_suffix("_ms") {
+        return (k.to_owned(), units::fmt_ms(n));
+    }
+    if let Some(k) = key.strip_suffix("_bytes")
+        && let Ok(b) = u64::try_from(n)
+    {
+        return (k.to_owned(), units::fmt_bytes(b));
+    }
+    (key.to_owned(), scalar_text(v))
 }
 
 fn scalar_text(v: &Value) -> String {

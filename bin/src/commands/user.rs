@@ -90,16 +90,19 @@ pub(super) async fn run(c: &Client, cmd: UserCmd, output: Output) -> Result<(), 
                     return j.print_pretty();
                 }
                 let list: wire::UserList = j.parse()?;
-                outln!("{:<32} {:<6} GRANTS", "USERNAME", "ROOT");
-                for u in &list.users {
-                    let grants: Vec<String> = u.grants.iter().map(grant_text).collect();
-                    outln!(
-                        "{:<32} {:<6} {}",
-                        u.username,
-                        if u.root { "yes" } else { "" },
-                        grants.join(" ")
-                    );
-                }
+                let rows: Vec<Vec<String>> = list
+                    .users
+                    .iter()
+                    .map(|u| {
+                        let grants: Vec<String> = u.grants.iter().map(grant_text).collect();
+                        vec![
+                            u.username.clone(),
+                            if u.root { "yes" } else { "" }.to_owned(),
+                            grants.join(" "),
+                        ]
+                    })
+                    .collect();
+                outln!("{}", table(&["USERNAME", "ROOT", "GRANTS"], &rows));
             }
         }
         UserCmd::Show { name } => print_reply(c.get(&path(&name)).await?, output)?,

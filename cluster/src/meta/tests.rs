@@ -416,6 +416,7 @@ fn users_are_applied_and_carried_by_snapshots() {
             created_at_ms: 1,
             updated_at_ms: 1,
             carried_from: None,
+            origin: None,
         };
         let entry = |i, id, cmd| Entry {
             log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), i),

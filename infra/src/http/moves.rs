@@ -73,10 +73,13 @@ fn moves_of(t: &TopicMeta) -> impl Iterator<Item = MoveJson> + '_ {
 
 /// A partition number from a path.
 fn partition_number(p: &str) -> Result<u32, ApiError> {
-    p.parse().map_err(|_| {
+    // its canonical form only: `str::parse` also takes "+1" and "01", other names of 1
+    let canonical =
+        !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()) && (p == "0" || !p.starts_with('0'));
+    canonical.then(|| p.parse().ok()).flatten().ok_or_else(|| {
         ApiError::new(
             ErrorCode::InvalidField,
-            format!("partition: '{p}' is not a partition number"),
+            format!("partition: '{p}' is not a partition number (0, 1, 2, ...)"),
         )
     })
 }
@@ -435,4 +438,16 @@ pub async fn forget(
         StatusCode::OK,
         &serde_json::json!({ "node_id": id, "partitions": done, "lost_at_least": lost }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_partition_in_a_path_has_one_name() {
+        assert_eq!(super::partition_number("0").ok(), Some(0));
+        assert_eq!(super::partition_number("17").ok(), Some(17));
+        for other in ["+1", "01", "00", "", "-1", "1.0", " 1", "4294967296"] {
+            assert!(super::partition_number(other).is_err(), "{other}");
+        }
+    }
 }

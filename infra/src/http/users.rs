@@ -215,6 +215,7 @@ pub async fn create(
         created_at_ms: now,
         updated_at_ms: now,
         carried_from: None,
+        origin: None,
     };
     apply(&state, a, UserCommand::Create { user }).await?;
     audit(&caller, "user_create", &req.username);
@@ -420,11 +421,7 @@ pub async fn carried(
     let body = read_body(body, MAX_CARRY_BYTES).await?;
     let req: CarriedList = parse_json(&body)?;
     let source = &req.source_cluster;
-    if source.len() != 16
-        || !source
-            .bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    {
+    if !carry::is_cluster_id(source) {
         return Err(invalid(
             "source_cluster: must be a cluster id, 16 lowercase hex digits".into(),
         ));
@@ -439,17 +436,26 @@ pub async fn carried(
         ));
     }
     carry::check_list(&req.users).map_err(invalid)?;
-    let me = caller.username().unwrap_or_default().to_owned();
+    let caller_name = caller.username().unwrap_or_default().to_owned();
     let may_admin = caller.is_root();
+    let me = broker.cluster_id().map(|id| format!("{id:016x}"));
     let before = a.store().snapshot();
-    let plan = carry::plan(&before, source, &req.users, &me, may_admin);
+    let plan = carry::plan(
+        &before,
+        me.as_deref(),
+        source,
+        &req.users,
+        &caller_name,
+        may_admin,
+    );
     if plan.changes() {
         apply(
             &state,
             a,
             UserCommand::Carry {
+                me,
                 source: source.clone(),
-                caller: me,
+                caller: caller_name,
                 may_admin,
                 users: req.users,
             },
@@ -458,8 +464,13 @@ pub async fn carried(
         for name in plan.update.iter().map(|u| &u.username).chain(&plan.delete) {
             a.forget(name);
         }
-        // the deleted users' topics are nobody's now, as after a delete by hand
-        for name in &plan.delete {
+        // the topics of a user deleted, or replaced by another of its name, are nobody's
+        // now, as after a delete by hand
+        let replaced = plan.update.iter().filter_map(|u| {
+            let old = before.get(&u.username)?;
+            (old.id != u.id).then_some(&u.username)
+        });
+        for name in plan.delete.iter().chain(replaced) {
             let Some(gone) = before.get(name) else {
                 continue;
             };

@@ -48,6 +48,7 @@ fn user(name: &str, grants: Vec<Grant>) -> UserRecord {
         created_at_ms: 1,
         updated_at_ms: 2,
         carried_from: None,
+        origin: None,
     }
 }
 
