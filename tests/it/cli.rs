@@ -211,6 +211,31 @@ async fn the_cli_speaks_human_units_in_aligned_tables() {
             &json!(1500)
         )
     );
+    // a message's delay in units (and the old flag in milliseconds)
+    narad(
+        &s,
+        &["pub", "a-topic-with-a-long-name", "later", "--delay", "10m"],
+    )
+    .await;
+    narad(
+        &s,
+        &[
+            "pub",
+            "a-topic-with-a-long-name",
+            "later",
+            "--delay-ms",
+            "600000",
+        ],
+    )
+    .await;
+    let r = s
+        .get("/v1/topics/a-topic-with-a-long-name/consume?wait=0s")
+        .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::NO_CONTENT,
+        "both are ten minutes away"
+    );
     // the old flag names and plain numbers still work
     narad(
         &s,
@@ -316,6 +341,14 @@ async fn no_broker_is_said_plainly() {
         )) && err.contains("narad server start --dev"),
         "{err}"
     );
+    // a bare host is the broker's port, not http's 80
+    let out = tokio::process::Command::new(BIN)
+        .args(["-s", "127.0.0.9", "topic", "ls"])
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no broker at http://127.0.0.9:7942"), "{err}");
 }
 
 /// A dev broker's log written to a file (not a terminal) has no colour codes.

@@ -309,3 +309,39 @@ fn read_hidden(prompt: &str) -> Result<String, BoxError> {
     read?;
     Ok(line.trim_end_matches(['\r', '\n']).to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// Fields for a person: times in UTC, durations and sizes in units, their suffixes off.
+    #[test]
+    fn fields_say_times_durations_and_sizes_as_a_person_reads_them() {
+        let mut rows = Vec::new();
+        super::flatten(
+            "",
+            &json!({
+                "name": "x",
+                "created_at_ms": 1_733_585_400_250i64,
+                "never_at_ms": 0,
+                "delay_ms": 1500,
+                "retention_bytes": 1_048_576,
+                "nested": {"updated_at_ms": 0, "count": 3},
+            }),
+            &mut rows,
+        );
+        let got: Vec<(&str, &str)> = rows.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("created_at", "2024-12-07T15:30:00.250Z"),
+                ("delay", "1500ms"),
+                ("name", "x"),
+                ("nested.count", "3"),
+                ("nested.updated_at", "-"),
+                ("never_at", "-"),
+                ("retention", "1MiB"),
+            ]
+        );
+    }
+}
