@@ -51,6 +51,25 @@ fn remote(id: u64, name: &str) -> RemoteMeta {
     }
 }
 
+/// Remote child `name` of topic `t` (id 1) through remote `q` (id 5), to target `target_id`.
+fn remote_child(name: &str, target_id: u64) -> RemoteChild {
+    RemoteChild {
+        name: name.into(),
+        parent: "t".into(),
+        parent_id: 1,
+        remote: "q".into(),
+        remote_id: 5,
+        remote_topic: "t".into(),
+        target_id,
+        lanes: 1,
+        epoch: 1,
+        starts: Vec::new(),
+        paused: false,
+        created_at_ms: 0,
+        skips: Vec::new(),
+    }
+}
+
 fn run(cmds: &[CatalogCommand]) -> Catalog {
     let mut c = Catalog::default();
     for cmd in cmds {
@@ -729,21 +748,7 @@ fn a_topic_never_mirrors_a_topic_it_ships_to() {
         cluster: 0xc1,
         topic: 0xa1,
     };
-    let child = |name: &str, target_id| RemoteChild {
-        name: name.into(),
-        parent: "t".into(),
-        parent_id: 1,
-        remote: "q".into(),
-        remote_id: 5,
-        remote_topic: "t".into(),
-        target_id,
-        lanes: 1,
-        epoch: 1,
-        starts: Vec::new(),
-        paused: false,
-        created_at_ms: 0,
-        skips: Vec::new(),
-    };
+    let child = remote_child;
     let base = run(&[
         CatalogCommand::CreateTopic {
             topic: topic(1, "t"),
@@ -872,21 +877,7 @@ fn a_mirror_has_no_fanout_children_and_keeps_its_sources() {
 /// through it, whichever of the two comes first.
 #[test]
 fn a_remote_that_carries_users_carries_nothing_else() {
-    let child = RemoteChild {
-        name: "dr".into(),
-        parent: "t".into(),
-        parent_id: 1,
-        remote: "q".into(),
-        remote_id: 5,
-        remote_topic: "t".into(),
-        target_id: 0xa1,
-        lanes: 1,
-        epoch: 1,
-        starts: Vec::new(),
-        paused: false,
-        created_at_ms: 0,
-        skips: Vec::new(),
-    };
+    let child = remote_child("dr", 0xa1);
     let carrying = RemoteMeta {
         carry_users: true,
         ..remote(5, "q")
