@@ -426,4 +426,148 @@ mod tests {
             back.message
         );
     }
+
+    #[test]
+    fn produced_replies_round_trip_and_junk_is_refused() {
+        let produced: Vec<Produced> = (0..5)
+            .map(|i| Produced {
+                partition: i,
+                offset: u64::MAX - u64::from(i),
+            })
+            .collect();
+        let b = encode_produced(&produced);
+        let back = decode_produced(&b).expect("decodes");
+        assert_eq!(
+            back.iter()
+                .map(|p| (p.partition, p.offset))
+                .collect::<Vec<_>>(),
+            produced
+                .iter()
+                .map(|p| (p.partition, p.offset))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            decode_produced(&encode_produced(&[])).map(|v| v.len()),
+            Some(0)
+        );
+        for n in 0..b.len() {
+            assert!(decode_produced(&b.slice(..n)).is_none(), "cut at {n}");
+        }
+        let mut long = b.to_vec();
+        long.push(0);
+        assert!(
+            decode_produced(&Bytes::from(long)).is_none(),
+            "trailing bytes"
+        );
+        let mut lie = BytesMut::new();
+        lie.put_u32(u32::MAX);
+        assert!(
+            decode_produced(&lie.freeze()).is_none(),
+            "a count the bytes cannot hold"
+        );
+    }
+
+    #[test]
+    fn produce_calls_with_unknown_flags_or_a_name_not_utf8_are_refused() {
+        let good = encode_produce("t", 1, 2, &[msg(b"x")]);
+        // the flags byte follows ids (16), name (2 + 1), count (4) and partition (4)
+        let flags_at = 16 + 2 + 1 + 4 + 4;
+        assert_eq!(good[flags_at], 0);
+        for bad in [4u8, 8, 0x80] {
+            let mut b = good.to_vec();
+            b[flags_at] = bad;
+            assert!(decode_produce(Bytes::from(b)).is_none(), "flags {bad:#x}");
+        }
+        let mut b = good.to_vec();
+        b[18] = 0xff; // the name's one byte
+        assert!(decode_produce(Bytes::from(b)).is_none());
+    }
+
+    #[test]
+    fn settle_outcomes_carry_their_error_and_nothing_else() {
+        assert!(SettleOutcome::of(Ok(())).into_result().is_ok());
+        let e = ApiError::new(ErrorCode::LeaseGone, "too late");
+        let back = SettleOutcome::of(Err(e)).into_result().unwrap_err();
+        assert_eq!(
+            (back.code, back.message.as_str()),
+            (ErrorCode::LeaseGone, "too late")
+        );
+        // an outcome naming a code this member does not know
+        let odd = SettleOutcome {
+            code: Some("from_a_newer_member".into()),
+            message: None,
+        };
+        assert_eq!(
+            odd.into_result().unwrap_err().code,
+            ErrorCode::ClusterUnavailable
+        );
+    }
+
+    #[test]
+    fn requests_between_members_take_no_unknown_field() {
+        let consume = r#"{"topic":"t","partition":null,"max":1,"wait_ms":0,"catalog":3}"#;
+        let c: ConsumeRequest = serde_json::from_str(consume).unwrap();
+        assert_eq!(
+            (c.max, c.wait_id),
+            (1, 0),
+            "an older member's request: not cancellable"
+        );
+        let extra = consume.replace('}', r#","more":1}"#);
+        assert!(serde_json::from_str::<ConsumeRequest>(&extra).is_err());
+        assert!(
+            serde_json::from_str::<StatsRequest>(r#"{"topic":"t","catalog":1,"x":0}"#).is_err()
+        );
+        assert!(serde_json::from_str::<CancelWait>(r#"{"wait_id":1,"x":0}"#).is_err());
+        // a give-back has no deadline, and says so by leaving it out
+        let settle = SettleRequest {
+            topic: "t".into(),
+            handles: vec![],
+            action: None,
+            catalog: 1,
+            deadline_ms: None,
+        };
+        assert!(
+            !serde_json::to_string(&settle)
+                .unwrap()
+                .contains("deadline_ms")
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_produce_call_round_trips(
+            topic in "[a-z]{1,20}",
+            msgs in proptest::collection::vec(
+                (
+                    proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..20)),
+                    proptest::option::of(proptest::num::i64::ANY),
+                    proptest::collection::vec(("[a-z-]{1,8}", proptest::collection::vec(proptest::num::u8::ANY, 0..8)), 0..3),
+                    proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+                    0u32..64,
+                ),
+                0..20,
+            ),
+        ) {
+            let msgs: Vec<ProduceMessage> = msgs
+                .into_iter()
+                .map(|(key, delay_ms, headers, payload, partition)| ProduceMessage {
+                    key: key.map(Bytes::from),
+                    delay_ms,
+                    headers: headers.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect(),
+                    payload: Bytes::from(payload),
+                    partition: Some(partition),
+                })
+                .collect();
+            let r = decode_produce(encode_produce(&topic, 5, 6, &msgs)).expect("decodes");
+            proptest::prop_assert_eq!(&r.topic, &topic);
+            proptest::prop_assert_eq!(r.msgs.len(), msgs.len());
+            for (a, b) in r.msgs.iter().zip(&msgs) {
+                proptest::prop_assert_eq!(&a.key, &b.key);
+                proptest::prop_assert_eq!(a.delay_ms, b.delay_ms);
+                proptest::prop_assert_eq!(&a.headers, &b.headers);
+                proptest::prop_assert_eq!(&a.payload, &b.payload);
+                proptest::prop_assert_eq!(a.partition, b.partition);
+            }
+        }
+    }
 }

@@ -613,3 +613,45 @@ impl Taken {
 pub(super) fn raw<T: Serialize>(v: &T) -> Box<RawValue> {
     serde_json::value::to_raw_value(v).expect("messages serialise")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn messages(handles: &[&str]) -> Vec<Box<RawValue>> {
+        handles
+            .iter()
+            .map(|h| raw(&serde_json::json!({"receipt_handle": h, "payload": "x"})))
+            .collect()
+    }
+
+    #[test]
+    fn an_owners_messages_are_given_back_by_its_own_handles() {
+        let t = Taken::from_remote(4, messages(&["4.abc", "4.def", "junk", "x.y"]));
+        assert_eq!(t.len(), 4, "every message goes to the reader");
+        assert_eq!(
+            t.remote,
+            [(4, "abc".to_owned()), (4, "def".to_owned())],
+            "only handles that name a member are given back"
+        );
+        t.sent();
+    }
+
+    #[test]
+    fn a_reply_is_one_message_or_a_batch() {
+        let none = Taken::read(Vec::new());
+        assert_eq!(none.body(false), "");
+        assert_eq!(none.body(true), r#"{"messages":[]}"#);
+        let mut t = Taken::read(messages(&["1.a"]));
+        t.extend(Taken::read(messages(&["2.b"])));
+        assert_eq!(t.len(), 2);
+        let one: serde_json::Value = serde_json::from_str(&t.body(false)).unwrap();
+        assert_eq!(one["receipt_handle"], "1.a");
+        let all: serde_json::Value = serde_json::from_str(&t.body(true)).unwrap();
+        assert_eq!(all["messages"][1]["receipt_handle"], "2.b");
+        assert_eq!(
+            t.bytes(),
+            t.messages.iter().map(|m| m.get().len()).sum::<usize>()
+        );
+    }
+}

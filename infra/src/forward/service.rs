@@ -640,3 +640,45 @@ impl Service for DataService {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancel_that_overtook_its_wait_is_remembered_within_bounds() {
+        let c = Mutex::new(HashMap::new());
+        remember_cancel(&c, (1, 1));
+        assert!(c.lock().contains_key(&(1, 1)));
+        for i in 0..(MAX_CANCEL_MEMORY as u64 + 100) {
+            remember_cancel(&c, (2, i));
+        }
+        // full of recent ones: the newest are forgotten, never the table grown
+        assert_eq!(c.lock().len(), MAX_CANCEL_MEMORY);
+        // old ones make room
+        let long_ago = Instant::now()
+            .checked_sub(CANCEL_MEMORY * 2)
+            .expect("the clock is past its start");
+        c.lock().values_mut().for_each(|at| *at = long_ago);
+        remember_cancel(&c, (3, 3));
+        assert!(c.lock().contains_key(&(3, 3)));
+        assert_eq!(c.lock().len(), 1, "the expired ones went");
+    }
+
+    #[test]
+    fn a_failed_push_ends_the_waits_of_that_member_only() {
+        let waits: CancellableWaits = Arc::default();
+        let mut told = Vec::new();
+        for key in [(1u64, 10u64), (1, 11), (2, 10)] {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            waits.lock().insert(key, (0, tx));
+            told.push((key, rx));
+        }
+        drop_tokens_of(&waits, 1);
+        let left: Vec<(u64, u64)> = waits.lock().keys().copied().collect();
+        assert_eq!(left, [(2, 10)]);
+        for (key, mut rx) in told {
+            assert_eq!(rx.try_recv().is_ok(), key.0 == 1, "{key:?}");
+        }
+    }
+}

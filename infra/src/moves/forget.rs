@@ -146,11 +146,7 @@ impl Mover {
         for ((t, p), seen_end) in owned.iter().zip(seen) {
             let (start, redeliver_from) = match archive.archive().load_manifest(&t.name, *p).await {
                 Ok(Some(m)) if m.topic_id == t.id => {
-                    let from = m
-                        .queue_frontier
-                        .unwrap_or(m.start_offset)
-                        .max(m.start_offset);
-                    (m.next_offset, (from < m.next_offset).then_some(from))
+                    super::steps::rebuild_start(m.next_offset, m.start_offset, m.queue_frontier)
                 }
                 Ok(_) => (0, None),
                 Err(e) => {
@@ -178,24 +174,19 @@ impl Mover {
         let mut out = Vec::new();
         for (t, p, seen_end, start, redeliver_from) in plan {
             let p = &p;
-            let to = *count
-                .iter()
-                .min_by_key(|&(&n, &c)| (c, n))
-                .map(|(n, _)| n)
-                .expect("receivers");
+            let to = super::steps::least_loaded(&mut count).expect("receivers");
             let epoch = t.owner_epoch(*p);
+            let (seen_end, lost) = super::steps::lost_span(start, seen_end);
             let tail = narad_core::catalog::moves::LostTail {
                 epoch: epoch + 1,
                 lost_node: id,
                 start,
-                seen_end: seen_end.max(start),
+                seen_end,
                 at_ms: self.broker.now_ms(),
             };
             self.broker
                 .reassign_lost(t.id, *p, id, to, epoch, tail.clone())
                 .await?;
-            *count.get_mut(&to).expect("a receiver") += 1;
-            let lost = tail.seen_end - start;
             self.metrics.lost_records.inc_by(lost);
             tracing::error!(topic = %t.name, partition = p, lost_node = id, to, archived_below = start, lost_from = start, lost_to = tail.seen_end, lost_at_least = lost, "partition of a forgotten member rebuilt from the archive; records it held that the archive did not are lost");
             out.push(Forgotten {

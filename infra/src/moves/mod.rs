@@ -88,6 +88,20 @@ impl Injected {
     }
 }
 
+#[cfg(test)]
+#[test]
+fn an_injected_fault_fires_once_per_move() {
+    let mut i = Injected::default();
+    assert!(i.once(Injected::STALL_FROZEN));
+    assert!(!i.once(Injected::STALL_FROZEN), "once");
+    assert!(
+        i.once(Injected::LOSE_FLIP_REPLY),
+        "the others are their own"
+    );
+    assert!(!i.once(Injected::LOSE_FLIP_REPLY));
+    assert!(i.once(Injected::STALL_BEFORE_FREEZE) && i.once(Injected::STALL_FLIP));
+}
+
 /// How often the leader's planner looks at the placement (and at once when the
 /// membership changes).
 const PLAN_EVERY: Duration = Duration::from_secs(10);
@@ -203,9 +217,8 @@ impl Mover {
         }
         let at = {
             let mut next = self.pace.lock();
-            let now = Instant::now();
-            let start = (*next).max(now);
-            *next = start + Duration::from_secs_f64(n as f64 / rate as f64);
+            let (start, after) = steps::pace_slot(*next, Instant::now(), n, rate);
+            *next = after;
             start
         };
         let wait = at.saturating_duration_since(Instant::now());
@@ -216,10 +229,7 @@ impl Mover {
 
     /// The size of one read: 1 MiB, less when the pace is slow (so pacing stays smooth).
     fn chunk(&self) -> u64 {
-        match self.settings.max_bytes_per_sec {
-            0 => MAX_FILE_CHUNK,
-            r => (r / 4).clamp(16 << 10, MAX_FILE_CHUNK),
-        }
+        steps::chunk_for(self.settings.max_bytes_per_sec, MAX_FILE_CHUNK)
     }
 
     /// The moves this member is copying in now.
@@ -929,16 +939,13 @@ impl Mover {
             }
             let path = staging.join(&f.name);
             let have = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            let segment = f.name.ends_with(".log");
-            let from = if segment && have <= f.size {
-                have
-            } else if !segment && !frozen {
-                continue;
-            } else {
-                // rewritten files, and a segment that shrank (cannot happen to a log that
-                // only grows; copied again whole to be sure)
-                let _ = std::fs::remove_file(&path);
-                0
+            let from = match steps::file_step(&f.name, f.size, have, frozen) {
+                steps::FileStep::From(at) => at,
+                steps::FileStep::Later => continue,
+                steps::FileStep::Whole => {
+                    let _ = std::fs::remove_file(&path);
+                    0
+                }
             };
             let mut pos = from;
             while pos < f.size {
@@ -963,7 +970,7 @@ impl Mover {
                 })
                 .expect("serialises");
                 let chunk = self.call_raw(source, MOVE_READ, body).await?;
-                if chunk.is_empty() || chunk.len() as u64 > len {
+                if !steps::chunk_fits(chunk.len(), len) {
                     return Err(format!(
                         "the source answered {} bytes of {} at {pos} (asked {len})",
                         chunk.len(),
