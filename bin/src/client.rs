@@ -95,6 +95,9 @@ pub struct Client {
 }
 
 /// How the CLI reaches the broker: address, credentials, extra CA.
+/// The broker's port when nothing names one.
+pub const DEFAULT_PORT: u16 = 7942;
+
 pub struct Connect<'a> {
     pub server: &'a str,
     pub user: Option<&'a str>,
@@ -123,7 +126,7 @@ impl Client {
             let mut url = reqwest::Url::parse(&format!("http://{base}"))
                 .map_err(|e| format!("--server {base}: {e}"))?;
             if url.port().is_none() {
-                let _ = url.set_port(Some(super::commands::DEFAULT_PORT));
+                let _ = url.set_port(Some(DEFAULT_PORT));
             }
             url.as_str().trim_end_matches('/').to_owned()
         };

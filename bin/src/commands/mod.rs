@@ -24,8 +24,7 @@ mod topic;
 mod user;
 
 /// The port `server start` listens on unless told otherwise.
-/// The broker's port when nothing names one.
-pub(crate) const DEFAULT_PORT: u16 = 7942;
+use crate::client::DEFAULT_PORT;
 
 pub async fn run(cli: Cli) -> Result<(), BoxError> {
     let output = cli.output;
