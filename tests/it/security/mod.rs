@@ -380,6 +380,11 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
                 Some(json!({"new_password": "another-password"})),
             )
         }
+        "PUT /v1/carried-users" => (
+            Method::PUT,
+            "/v1/carried-users".into(),
+            Some(json!({"source_cluster": format!("{:016x}", 0xc0 + i), "users": []})),
+        ),
         other => panic!("no request for {other}: add it to the matrix"),
     }
 }
@@ -452,6 +457,8 @@ fn rows() -> Vec<Row> {
         r("DELETE /v1/users/{username}", [U, U, F, F, 204]),
         r("PUT /v1/users/{username}/grants", [U, U, F, F, 200]),
         r("PUT /v1/users/{username}/password", [U, U, F, F, 204]),
+        // another cluster's users, carried by its remote: an admin's to take
+        r("PUT /v1/carried-users", [U, U, F, F, 200]),
         // remotes and remote children are for admins (an admin pausing a child that is not
         // there is told so)
         r("POST /v1/remotes", [U, U, F, F, 201]),
