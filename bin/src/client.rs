@@ -113,11 +113,26 @@ pub enum Reply {
 impl Client {
     pub fn new(c: &Connect<'_>) -> Result<Self, BoxError> {
         let base = c.server.trim_end_matches('/').to_owned();
+        // a bare IPv6 address takes brackets in a URL
+        let base = match base.parse::<std::net::Ipv6Addr>() {
+            Ok(_) => format!("[{base}]"),
+            Err(_) => base,
+        };
+        let scheme_like = base.split_once(':').is_some_and(|(s, rest)| {
+            matches!(s, "http" | "https") && !rest.starts_with(|c: char| c.is_ascii_digit())
+        });
         let base = if base.starts_with("http://") || base.starts_with("https://") {
             base
         } else if let Some((scheme, _)) = base.split_once("://") {
             return Err(format!(
                 "--server {base}: the scheme must be http:// or https://, not {scheme}://"
+            )
+            .into());
+        } else if scheme_like {
+            // `https:/host`, `http:`: a scheme mistyped, not a host named `https`
+            return Err(format!(
+                "--server {}: not an address (http://HOST[:PORT] or https://HOST[:PORT])",
+                c.server
             )
             .into());
         } else {
@@ -328,5 +343,17 @@ mod tests {
             "http://broker.example"
         );
         assert!(base("ftp://broker.example").is_err());
+        // a scheme mistyped or alone is no host named `https`
+        for bad in [
+            "https:/127.0.0.1:7942",
+            "http:",
+            "https://",
+            "http://",
+            "https:127.0.0.1",
+        ] {
+            assert!(base(bad).is_err(), "{bad}");
+        }
+        assert_eq!(base("::1").unwrap(), "http://[::1]:7942");
+        assert_eq!(base("localhost:8080").unwrap(), "http://localhost:8080");
     }
 }

@@ -28,11 +28,17 @@ const TICK: Duration = Duration::from_secs(5);
 const RESEND: Duration = Duration::from_secs(300);
 /// A list the remote did not take is tried again after this long.
 const RETRY: Duration = Duration::from_secs(30);
+/// ... and after this long when the remote refused the credential: a wrong password tried
+/// every 30 s would have the remote throttle that user's logins (its root's, perhaps). A
+/// change of the remote (a new password) is tried at once.
+const RETRY_AUTH: Duration = Duration::from_secs(300);
 
 /// The last carry to one remote, as `GET /v1/remotes/{name}` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct CarryStatus {
-    /// `carried`, `refused` (the remote answered with an error: see `message`),
+    /// `carried`, `auth_failed` (the remote refused the credential or throttles it: tried
+    /// again every 5 minutes, or at once when the remote is changed), `refused` (the remote
+    /// answered with another error: see `message`),
     /// `unreachable`, `too_large` (more than 4 MiB of users), or `standby` (another member,
     /// the metadata leader, carries them).
     pub state: &'static str,
@@ -166,8 +172,8 @@ impl UsersCarrier {
                     remote = %r.name,
                     state = status.state,
                     error = status.message.as_deref().unwrap_or(""),
-                    "users not carried to the remote; tried again every {}s",
-                    RETRY.as_secs()
+                    "users not carried to the remote; tried again every {}s, or at once when the remote is changed",
+                    retry_after(status.state).as_secs()
                 );
             }
             sent.insert(
@@ -175,12 +181,7 @@ impl UsersCarrier {
                 Sent {
                     version: r.version,
                     digest,
-                    due: now
-                        + if status.state == "carried" {
-                            RESEND
-                        } else {
-                            RETRY
-                        },
+                    due: now + retry_after(status.state),
                 },
             );
             board.insert(r.id, status);
@@ -241,6 +242,7 @@ impl UsersCarrier {
         if reply.status.as_u16() == 200 {
             return status("carried", None, answer);
         }
+        let auth = matches!(reply.status.as_u16(), 401 | 429);
         let said = answer
             .as_ref()
             .and_then(|v| {
@@ -253,9 +255,18 @@ impl UsersCarrier {
             })
             .unwrap_or_default();
         status(
-            "refused",
+            if auth { "auth_failed" } else { "refused" },
             Some(format!("the remote answered {} {said}", reply.status)),
             None,
         )
+    }
+}
+
+/// When a carry that ended in `state` is tried again.
+fn retry_after(state: &str) -> Duration {
+    match state {
+        "carried" => RESEND,
+        "auth_failed" => RETRY_AUTH,
+        _ => RETRY,
     }
 }

@@ -102,7 +102,7 @@ impl SenderMetrics {
         );
         r.register(
             "narad_remote_users_carries",
-            "users lists sent to remotes with carry_users, by outcome: carried, refused, unreachable or too_large",
+            "users lists sent to remotes with carry_users, by outcome: carried, auth_failed, refused, unreachable or too_large",
             self.users_carries.clone(),
         );
         r.register(

@@ -179,14 +179,16 @@ fn labelled(key: &str, v: &Value) -> (String, String) {
     let Some(n) = v.as_i64() else {
         return (key.to_owned(), scalar_text(v));
     };
-    if let Some(k) = key.strip_suffix("_at_ms") {
+    // a time: `..._at_ms`, or `at_ms` alone (as a nested object's `x.at_ms`)
+    let last = key.rsplit('.').next().unwrap_or(key);
+    if last == "at_ms" || last.ends_with("_at_ms") {
         // (0: never)
         let text = if n == 0 {
             "-".into()
         } else {
             units::fmt_time(n)
         };
-        return (format!("{k}_at"), text);
+        return (key.strip_suffix("_ms").unwrap_or(key).to_owned(), text);
     }
     if let Some(k) = key.strip_suffix("_ms") {
         return (k.to_owned(), units::fmt_ms(n));
@@ -325,7 +327,7 @@ mod tests {
                 "never_at_ms": 0,
                 "delay_ms": 1500,
                 "retention_bytes": 1_048_576,
-                "nested": {"updated_at_ms": 0, "count": 3},
+                "nested": {"updated_at_ms": 0, "count": 3, "at_ms": 1_733_585_400_000i64},
             }),
             &mut rows,
         );
@@ -336,6 +338,7 @@ mod tests {
                 ("created_at", "2024-12-07T15:30:00.250Z"),
                 ("delay", "1500ms"),
                 ("name", "x"),
+                ("nested.at", "2024-12-07T15:30:00Z"),
                 ("nested.count", "3"),
                 ("nested.updated_at", "-"),
                 ("never_at", "-"),

@@ -506,9 +506,12 @@ pub struct Broker {
     mirror_progress_taken: Notify,
     /// How remote children's records reach their remotes.
     shipper: std::sync::OnceLock<Arc<dyn RemoteShipper>>,
-    /// The node's budget for records remote children's cursors hold, in slabs (FIFO: a
-    /// waiting cursor is served in turn; one slab per cursor at a time).
-    remote_slabs: Arc<tokio::sync::Semaphore>,
+    /// The node's budget for records remote children's cursors hold, in slabs, split
+    /// evenly between the remotes (at least one each: a remote that hangs holds only its
+    /// share); per remote, FIFO: a waiting cursor is served in turn, one slab at a time.
+    remote_slab_budget: usize,
+    /// Each remote's share now: (slabs, its semaphore), by remote id.
+    remote_slabs: Mutex<HashMap<u64, (usize, Arc<tokio::sync::Semaphore>)>>,
     /// Serialises freezes, thaws, installs and give-aways of partitions (moves).
     moves_lock: tokio::sync::Mutex<()>,
     /// Partitions not owned here whose earlier frames no WAL file names any more (a
@@ -595,9 +598,7 @@ impl Broker {
         };
         let open_logs = OpenLogs::new(cfg.limits.max_open_logs.max(1));
         let tasks = Supervisor::new(metrics.tasks.clone());
-        let remote_slabs = Arc::new(tokio::sync::Semaphore::new(remotes::slabs_for(
-            cfg.remote_memory_bytes,
-        )));
+        let remote_slab_budget = remotes::slabs_for(cfg.remote_memory_bytes);
         let broker = Arc::new(Self {
             open_logs,
             cfg,
@@ -623,7 +624,8 @@ impl Broker {
             mirror_deferred: Mutex::new(HashMap::new()),
             mirror_progress_taken: Notify::new(),
             shipper: std::sync::OnceLock::new(),
-            remote_slabs,
+            remote_slab_budget,
+            remote_slabs: Mutex::new(HashMap::new()),
             moves_lock: tokio::sync::Mutex::new(()),
             wal_clean: Mutex::new(HashMap::new()),
             verifying: AtomicBool::new(false),

@@ -90,6 +90,29 @@ impl Drop for HeldSlab {
     }
 }
 
+impl Broker {
+    /// Remote `remote_id`'s share of the node's budget for what remote cursors hold: the
+    /// budget split evenly between the remotes there are, at least one slab each (a share
+    /// resized when remotes come or go; slabs held of the old one are given back to it).
+    fn remote_slabs(&self, remote_id: u64) -> Arc<tokio::sync::Semaphore> {
+        let catalog = self.store.catalog();
+        let remotes = catalog.remotes().count().max(1);
+        let share = (self.remote_slab_budget / remotes).max(1);
+        let mut shares = self.remote_slabs.lock();
+        if shares.len() > remotes {
+            shares.retain(|id, _| catalog.remotes().any(|r| r.id == *id));
+        }
+        match shares.get(&remote_id) {
+            Some((n, s)) if *n == share => s.clone(),
+            _ => {
+                let s = Arc::new(tokio::sync::Semaphore::new(share));
+                shares.insert(remote_id, (share, s.clone()));
+                s
+            }
+        }
+    }
+}
+
 impl HeldSlab {
     fn new(
         permit: tokio::sync::OwnedSemaphorePermit,
@@ -952,15 +975,16 @@ async fn run_remote_cursor(
                 returned_ranges.extend(newly_returned);
             }
         }
-        // a slab of the node's budget for what remote cursors hold, kept until the ship
-        // ends (a cursor waits its turn: many links cannot hold a slab each at once)
-        let (b, slab) = match b.remote_slabs.clone().try_acquire_owned() {
+        // a slab of the node's budget for what remote cursors hold (its remote's share),
+        // kept until the ship ends (a cursor waits its turn: many links cannot hold a slab
+        // each at once, and a remote that hangs holds only its own share)
+        let slabs = b.remote_slabs(current.remote_id);
+        let (b, slab) = match slabs.clone().try_acquire_owned() {
             Ok(p) => {
                 let held = HeldSlab::new(p, &b.metrics.remote_slabs_held);
                 (b, held)
             }
             Err(_) => {
-                let slabs = b.remote_slabs.clone();
                 b.metrics.remote_slab_waits.inc();
                 drop(b);
                 let permit = tokio::select! {

@@ -235,12 +235,24 @@ async fn a_childs_progress_is_told_in_its_parents_offsets() {
     b.shutdown().await;
 }
 
-/// A shipper that holds every ship until released, counting how many run at once.
+/// A shipper that holds every ship to remote 5 until released, counting how many run at
+/// once; ships to any other remote go at once.
 struct HeldShipper {
     running: AtomicU64,
     most: AtomicU64,
     shipped: AtomicU64,
     release: tokio::sync::Semaphore,
+}
+
+impl HeldShipper {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            running: AtomicU64::new(0),
+            most: AtomicU64::new(0),
+            shipped: AtomicU64::new(0),
+            release: tokio::sync::Semaphore::new(0),
+        })
+    }
 }
 
 struct Held(Arc<HeldShipper>);
@@ -252,6 +264,11 @@ impl RemoteShipper for Held {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ShipFailure>> + Send>> {
         let s = self.0.clone();
         Box::pin(async move {
+            if batch.child.remote_id != 5 {
+                s.shipped
+                    .fetch_add(batch.records.len() as u64, Ordering::SeqCst);
+                return Ok(());
+            }
             let now = s.running.fetch_add(1, Ordering::SeqCst) + 1;
             s.most.fetch_max(now, Ordering::SeqCst);
             s.release.acquire().await.unwrap().forget();
@@ -263,42 +280,12 @@ impl RemoteShipper for Held {
     }
 }
 
-/// Remote children's cursors hold their records within the node's budget: with room for
-/// one slab, four cursors (two children of a two-partition topic) ship one at a time, each
-/// in turn, and every record goes.
-#[tokio::test]
-async fn remote_cursors_hold_records_within_the_nodes_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = BrokerConfig::new(dir.path());
-    cfg.ack_flush_interval_ms = 10;
-    cfg.mirror_progress_interval_ms = 0;
-    cfg.remote_memory_bytes = 1; // one slab
-    let metrics = Arc::new(CoreMetrics::default());
-    let b = Broker::open(cfg, Arc::new(SystemClock), metrics.clone())
-        .await
-        .unwrap();
-    let shipper = Arc::new(HeldShipper {
-        running: AtomicU64::new(0),
-        most: AtomicU64::new(0),
-        shipped: AtomicU64::new(0),
-        release: tokio::sync::Semaphore::new(0),
-    });
-    b.set_remote_shipper(Arc::new(Held(shipper.clone())));
-    b.create_topic(create("t", 2)).await.unwrap();
-    for p in 0..2u32 {
-        let mut batch = Vec::new();
-        for i in 0..10 {
-            batch.push(ProduceMessage {
-                partition: Some(p),
-                ..msg(&format!("m{p}-{i}"))
-            });
-        }
-        b.produce("t", batch).await.unwrap();
-    }
+/// Remote `name` (id `id`) in `b`'s catalog.
+async fn add_remote(b: &Arc<Broker>, id: u64, name: &str) {
     let remote = crate::catalog::RemoteMeta {
-        id: 5,
-        name: "q".into(),
-        url: "https://q.example.com/".into(),
+        id,
+        name: name.into(),
+        url: format!("https://{name}.example.com/"),
         username: "mirror".into(),
         ca_pem: None,
         credential: crate::catalog::SealedCredential {
@@ -312,25 +299,99 @@ async fn remote_cursors_hold_records_within_the_nodes_budget() {
         updated_at_ms: 0,
     };
     b.put_remote(remote, None).await.unwrap();
+}
+
+/// Remote child `name` of topic `t` (two partitions) through remote `remote`.
+async fn attach(b: &Arc<Broker>, remote: &str, remote_id: u64, name: &str, target: u64) {
     let parent_id = b.topic_meta("t").unwrap().id;
-    for (name, target) in [("one", 0xa1), ("two", 0xa2)] {
-        b.attach_remote(crate::catalog::RemoteChild {
-            name: name.into(),
-            parent: "t".into(),
-            parent_id,
-            remote: "q".into(),
-            remote_id: 5,
-            remote_topic: name.into(),
-            target_id: target,
-            lanes: 1,
-            epoch: 1,
-            starts: vec![0, 0],
-            paused: false,
-            created_at_ms: 0,
-            skips: Vec::new(),
-        })
+    b.attach_remote(crate::catalog::RemoteChild {
+        name: name.into(),
+        parent: "t".into(),
+        parent_id,
+        remote: remote.into(),
+        remote_id,
+        remote_topic: name.into(),
+        target_id: target,
+        lanes: 1,
+        epoch: 1,
+        starts: vec![0, 0],
+        paused: false,
+        created_at_ms: 0,
+        skips: Vec::new(),
+    })
+    .await
+    .unwrap();
+}
+
+/// A broker whose topic `t` holds 10 records in each of its two partitions, its remote
+/// children shipping through `shipper`, with room for `slabs` slabs of remote records.
+async fn shipping_broker(
+    dir: &Path,
+    slabs: usize,
+    shipper: &Arc<HeldShipper>,
+) -> (Arc<Broker>, Arc<CoreMetrics>) {
+    let mut cfg = BrokerConfig::new(dir);
+    cfg.ack_flush_interval_ms = 10;
+    cfg.mirror_progress_interval_ms = 0;
+    cfg.remote_memory_bytes = slabs * (4 << 20);
+    let metrics = Arc::new(CoreMetrics::default());
+    let b = Broker::open(cfg, Arc::new(SystemClock), metrics.clone())
         .await
         .unwrap();
+    b.set_remote_shipper(Arc::new(Held(shipper.clone())));
+    b.create_topic(create("t", 2)).await.unwrap();
+    for p in 0..2u32 {
+        let batch = (0..10)
+            .map(|i| ProduceMessage {
+                partition: Some(p),
+                ..msg(&format!("m{p}-{i}"))
+            })
+            .collect();
+        b.produce("t", batch).await.unwrap();
+    }
+    (b, metrics)
+}
+
+/// A remote that hangs holds only its share of the budget: the other remote's children
+/// ship all their records meanwhile.
+#[tokio::test]
+async fn a_hung_remote_holds_only_its_share_of_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipper = HeldShipper::new();
+    let (b, _metrics) = shipping_broker(dir.path(), 2, &shipper).await;
+    add_remote(&b, 5, "hung").await;
+    add_remote(&b, 6, "fine").await;
+    attach(&b, "hung", 5, "stuck", 0xa1).await;
+    attach(&b, "fine", 6, "goes", 0xa2).await;
+    attach(&b, "fine", 6, "goes-too", 0xa3).await;
+    eventually("the hung remote holds its slab", || {
+        shipper.running.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    eventually("the other remote's children shipped everything", || {
+        shipper.shipped.load(Ordering::SeqCst) == 40
+    })
+    .await;
+    assert_eq!(shipper.running.load(Ordering::SeqCst), 1, "still hung");
+    shipper.release.add_permits(1_000);
+    eventually("the hung one's records too", || {
+        shipper.shipped.load(Ordering::SeqCst) == 60
+    })
+    .await;
+    b.shutdown().await;
+}
+
+/// Remote children's cursors hold their records within the node's budget: with room for
+/// one slab, four cursors (two children of a two-partition topic) ship one at a time, each
+/// in turn, and every record goes.
+#[tokio::test]
+async fn remote_cursors_hold_records_within_the_nodes_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipper = HeldShipper::new();
+    let (b, metrics) = shipping_broker(dir.path(), 1, &shipper).await;
+    add_remote(&b, 5, "q").await;
+    for (name, target) in [("one", 0xa1), ("two", 0xa2)] {
+        attach(&b, "q", 5, name, target).await;
     }
     // one ship holds the only slab; the other three cursors wait for it
     eventually("a ship began", || {
