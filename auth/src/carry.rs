@@ -24,7 +24,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::grant::{Grant, validate_grants};
-use crate::record::{MAX_USERS, ROOT_USER, UserRecord, Users, validate_username};
+use crate::record::{Deleted, MAX_USERS, ROOT_USER, UserRecord, Users, validate_username};
 
 /// Largest list one carry request may hold (the source sends nothing bigger and says why).
 pub const MAX_CARRY_BYTES: usize = 4 << 20;
@@ -33,7 +33,7 @@ const MAX_HASH_BYTES: usize = 256;
 /// Most conflicts a plan names (the rest are counted).
 pub const MAX_CONFLICTS_NAMED: usize = 20;
 const ADMIN: &str = "an admin: carried only when the link's user here is the root user";
-const DELETED_HERE: &str = "made here and deleted here since: not brought back";
+const DELETED_HERE: &str = "deleted here since: not brought back";
 
 /// One user as a source sends it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,6 +194,7 @@ impl CarryPlan {
 /// `may_admin` if it is the root user) sends it. Pure: every replica plans the same.
 pub fn plan(
     users: &Users,
+    deleted: &Deleted,
     me: Option<&str>,
     source: &str,
     carried: &[CarriedUser],
@@ -237,6 +238,12 @@ pub fn plan(
         // a copy coming back from a cluster that has not heard of the delete yet is not
         // brought back
         let ours = me == Some(origin);
+        // a user deleted here (by hand, or by an earlier list) that comes back from a
+        // cluster that had not heard of the delete when it sent this list
+        if deleted.contains(c.id) {
+            p.conflict(&c.username, DELETED_HERE);
+            continue;
+        }
         if c.username == caller {
             p.conflict(&c.username, "the link's own user here");
             continue;
@@ -300,13 +307,20 @@ pub fn plan(
     p
 }
 
-/// Applies `plan` to `users` (what [`plan`] returned for them).
-pub(crate) fn apply(users: &mut Users, plan: CarryPlan) {
+/// Applies `plan` to `users` (what [`plan`] returned for them), remembering the ids of the
+/// users it deletes or replaces in `deleted`.
+pub(crate) fn apply(users: &mut Users, deleted: &mut Deleted, plan: CarryPlan) {
     for name in plan.delete {
-        users.remove(&name);
+        if let Some(gone) = users.remove(&name) {
+            deleted.add(gone.id);
+        }
     }
     for u in plan.create.into_iter().chain(plan.update) {
-        users.insert(u.username.clone(), Arc::new(u));
+        if let Some(old) = users.insert(u.username.clone(), Arc::new(u))
+            && users.get(&old.username).is_some_and(|new| new.id != old.id)
+        {
+            deleted.add(old.id);
+        }
     }
 }
 
@@ -413,7 +427,7 @@ mod tests {
             carried("renewed", 13, "h", 9), // recreated at the source: replaced
             carried("taken", 102, "h", 9), // an id another user holds
         ];
-        let p = plan(&users, None, "a", &list, "link", false);
+        let p = plan(&users, &Deleted::default(), None, "a", &list, "link", false);
         let names = |v: &[UserRecord]| v.iter().map(|u| u.username.clone()).collect::<Vec<_>>();
         assert_eq!(names(&p.create), ["new"]);
         assert_eq!(names(&p.update), ["kept", "renewed"]);
@@ -424,12 +438,12 @@ mod tests {
         assert_eq!(p.create[0].carried_from.as_deref(), Some("a"));
         assert_eq!(p.update[1].id, 13);
         let mut after = users.clone();
-        apply(&mut after, p);
+        apply(&mut after, &mut Deleted::default(), p);
         assert!(!after.contains_key("gone"));
         assert_eq!(after["kept"].grants.len(), 1);
         assert_eq!(after["ours"].password_hash, "local");
         // the same list again changes nothing
-        let again = plan(&after, None, "a", &list, "link", false);
+        let again = plan(&after, &Deleted::default(), None, "a", &list, "link", false);
         assert!(!again.changes(), "{again:?}");
         assert_eq!(again.conflict_count, 4);
     }
@@ -446,24 +460,104 @@ mod tests {
         let on_b = {
             let mut users = Users::new();
             let list = vec![carried("gone", 1, "h", 2), carried("keep", 2, "h", 2)];
-            let p = plan(&users, Some(b), a, &list, "link", false);
-            apply(&mut users, p);
+            let p = plan(
+                &users,
+                &Deleted::default(),
+                Some(b),
+                a,
+                &list,
+                "link",
+                false,
+            );
+            apply(&mut users, &mut Deleted::default(), p);
             users
         };
         assert_eq!(on_b["gone"].origin.as_deref(), Some(a));
         let from_b: Vec<CarriedUser> = on_b.values().map(|u| CarriedUser::of(u)).collect();
-        let p = plan(&on_a, Some(a), b, &from_b, "link", false);
+        let p = plan(
+            &on_a,
+            &Deleted::default(),
+            Some(a),
+            b,
+            &from_b,
+            "link",
+            false,
+        );
         assert!(p.create.is_empty(), "{p:?}");
         assert_eq!(p.conflicts[0].username, "gone");
         // (a user of a's own coming back under a new id is not taken either)
         let mut renewed = from_b.clone();
         renewed[1].id = 9;
-        let p = plan(&on_a, Some(a), b, &renewed, "link", false);
+        let p = plan(
+            &on_a,
+            &Deleted::default(),
+            Some(a),
+            b,
+            &renewed,
+            "link",
+            false,
+        );
         assert!(!p.changes(), "{p:?}");
         // and a's next list removes b's copy
         let from_a: Vec<CarriedUser> = on_a.values().map(|u| CarriedUser::of(u)).collect();
-        let p = plan(&on_b, Some(b), a, &from_a, "link", false);
+        let p = plan(
+            &on_b,
+            &Deleted::default(),
+            Some(b),
+            a,
+            &from_a,
+            "link",
+            false,
+        );
         assert_eq!(p.delete, ["gone"]);
+    }
+
+    /// Three clusters carrying users in a ring: a user made on `b` and deleted there is
+    /// deleted on `a` by `b`'s next list, and `c`, which had not heard of the delete, does
+    /// not bring it back to `a` (nor would any other cluster, or a hand delete on `a`).
+    #[test]
+    fn a_deleted_user_is_not_brought_back_by_a_stale_list_from_anywhere() {
+        let (a, b, c) = ("00000000000000aa", "00000000000000bb", "00000000000000cc");
+        let made_on_b = carried("bu", 7, "h", 2);
+        let mut on_a = Users::new();
+        let mut deleted_a = Deleted::default();
+        let p = plan(
+            &on_a,
+            &deleted_a,
+            Some(a),
+            b,
+            std::slice::from_ref(&made_on_b),
+            "link",
+            false,
+        );
+        apply(&mut on_a, &mut deleted_a, p);
+        assert!(on_a.contains_key("bu"));
+        // b deleted it: its next list has nobody
+        let p = plan(&on_a, &deleted_a, Some(a), b, &[], "link", false);
+        assert_eq!(p.delete, ["bu"]);
+        apply(&mut on_a, &mut deleted_a, p);
+        assert!(deleted_a.contains(7));
+        // c's stale copy names b as its origin and c as its sender
+        let stale = CarriedUser {
+            origin: Some(b.into()),
+            ..made_on_b
+        };
+        let p = plan(&on_a, &deleted_a, Some(a), c, &[stale], "link", false);
+        assert!(!p.changes(), "{p:?}");
+        assert_eq!(p.conflicts[0].reason, DELETED_HERE);
+    }
+
+    #[test]
+    fn deleted_ids_are_remembered_up_to_a_bound() {
+        let mut d = Deleted::default();
+        for id in 1..=(crate::record::MAX_DELETED as u64 + 5) {
+            d.add(id);
+        }
+        assert_eq!(d.len(), crate::record::MAX_DELETED);
+        assert!(!d.contains(5), "the oldest forgotten first");
+        assert!(d.contains(6) && d.contains(crate::record::MAX_DELETED as u64 + 5));
+        d.add(0);
+        assert!(!d.contains(0), "0 is no user's id");
     }
 
     #[test]
@@ -481,13 +575,21 @@ mod tests {
         }];
         // a new admin, and an admin here demoted by the source
         let list = vec![admin, carried("boss", 7, "h", 9)];
-        let p = plan(&users, None, "a", &list, "link", false);
+        let p = plan(&users, &Deleted::default(), None, "a", &list, "link", false);
         assert!(!p.changes(), "{p:?}");
         assert_eq!(p.conflict_count, 2);
         // nor deleted
-        let p = plan(&users, None, "a", &[], "link", false);
+        let p = plan(&users, &Deleted::default(), None, "a", &[], "link", false);
         assert!(!p.changes() && p.conflict_count == 1, "{p:?}");
-        let p = plan(&users, None, "a", &list, ROOT_USER, true);
+        let p = plan(
+            &users,
+            &Deleted::default(),
+            None,
+            "a",
+            &list,
+            ROOT_USER,
+            true,
+        );
         assert_eq!((p.created, p.updated), (1, 1), "{p:?}");
     }
 
@@ -497,9 +599,9 @@ mod tests {
             .map(|i| local(&format!("u{i}"), 1000 + i, (i == 0).then_some("a")))
             .collect();
         let list = vec![carried("x", 1, "h", 2), carried("y", 2, "h", 2)];
-        let p = plan(&users, None, "a", &list, "link", false);
+        let p = plan(&users, &Deleted::default(), None, "a", &list, "link", false);
         assert_eq!((p.created, p.deleted, p.conflict_count), (1, 1, 1));
-        apply(&mut users, p);
+        apply(&mut users, &mut Deleted::default(), p);
         assert_eq!(users.len(), MAX_USERS);
     }
 }

@@ -89,3 +89,56 @@ pub fn validate_password(pw: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Most ids of deleted users a store remembers (the oldest are forgotten first).
+pub const MAX_DELETED: usize = 10_000;
+
+/// The ids of the users deleted here, newest last: a user id is never reused (a user made
+/// again under its name gets another), so a copy of a deleted user that comes back from
+/// another cluster (one that carried users here before it heard of the delete) is known
+/// for what it is and not taken (see [`crate::carry`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Deleted {
+    order: std::collections::VecDeque<u64>,
+    set: std::collections::HashSet<u64>,
+}
+
+impl Deleted {
+    pub fn from_ids(ids: impl IntoIterator<Item = u64>) -> Self {
+        let mut d = Self::default();
+        for id in ids {
+            d.add(id);
+        }
+        d
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.set.contains(&id)
+    }
+
+    /// Remembers `id` (forgetting the oldest beyond [`MAX_DELETED`]).
+    pub fn add(&mut self, id: u64) {
+        if id == 0 || !self.set.insert(id) {
+            return;
+        }
+        self.order.push_back(id);
+        if self.order.len() > MAX_DELETED
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+    }
+
+    /// Oldest first.
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.order.iter().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}

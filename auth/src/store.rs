@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::grant::Grant;
 pub use crate::record::{
-    MAX_PASSWORD_BYTES, MAX_PASSWORD_LEN, MAX_USERNAME_LEN, MAX_USERS, MIN_PASSWORD_LEN, ROOT_USER,
-    UserRecord, Users, validate_password, validate_username,
+    Deleted, MAX_PASSWORD_BYTES, MAX_PASSWORD_LEN, MAX_USERNAME_LEN, MAX_USERS, MIN_PASSWORD_LEN,
+    ROOT_USER, UserRecord, Users, validate_password, validate_username,
 };
 
 pub const USERS_FILE: &str = "users.json";
@@ -95,6 +95,9 @@ pub enum StoreError {
 struct UsersFile {
     version: u32,
     users: Vec<UserRecord>,
+    /// Ids of users deleted here, oldest first (see [`Deleted`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    deleted: Vec<u64>,
 }
 
 /// Why a [`UserCommand`] does not apply (the part of [`StoreError`] about the command, not
@@ -123,6 +126,7 @@ pub struct UserStore {
     /// [`UserStore::replace_all`]; changes go through the cluster, not [`UserStore::apply`].
     path: Option<PathBuf>,
     users: RwLock<Arc<BTreeMap<String, Arc<UserRecord>>>>,
+    deleted: RwLock<Arc<Deleted>>,
     /// Serialises changes: apply, persist, publish.
     write: Mutex<()>,
     /// Bumped after every change is published: requests in flight (a parked long-poll)
@@ -134,7 +138,7 @@ impl UserStore {
     /// Loads `<data_dir>/users.json` (no file: no users yet).
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
         let path = data_dir.join(USERS_FILE);
-        let users = match std::fs::read(&path) {
+        let (users, deleted) = match std::fs::read(&path) {
             Ok(bytes) => {
                 let f: UsersFile =
                     serde_json::from_slice(&bytes).map_err(|e| StoreError::Invalid {
@@ -147,17 +151,22 @@ impl UserStore {
                         reason: format!("unsupported version {}", f.version),
                     });
                 }
-                f.users
+                let users = f
+                    .users
                     .into_iter()
                     .map(|u| (u.username.clone(), Arc::new(u)))
-                    .collect()
+                    .collect();
+                (users, Deleted::from_ids(f.deleted))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                (BTreeMap::new(), Deleted::default())
+            }
             Err(source) => return Err(StoreError::Io { path, source }),
         };
         Ok(Self {
             path: Some(path),
             users: RwLock::new(Arc::new(users)),
+            deleted: RwLock::new(Arc::new(deleted)),
             write: Mutex::new(()),
             changed: tokio::sync::watch::Sender::new(0),
         })
@@ -168,6 +177,7 @@ impl UserStore {
         Self {
             path: None,
             users: RwLock::new(Arc::new(BTreeMap::new())),
+            deleted: RwLock::new(Arc::default()),
             write: Mutex::new(()),
             changed: tokio::sync::watch::Sender::new(0),
         }
@@ -178,11 +188,12 @@ impl UserStore {
         self.path.is_none()
     }
 
-    /// Replaces every user (a replica following its metastore).
-    pub fn replace_all(&self, users: Arc<Users>) {
+    /// Replaces every user and the deleted ones' ids (a replica following its metastore).
+    pub fn replace_all(&self, users: Arc<Users>, deleted: Arc<Deleted>) {
         let _w = self.write.lock();
         let same = Arc::ptr_eq(&self.users.read(), &users);
         *self.users.write() = users;
+        *self.deleted.write() = deleted;
         if !same {
             self.changed.send_modify(|v| *v += 1);
         }
@@ -203,6 +214,11 @@ impl UserStore {
         self.users.read().clone()
     }
 
+    /// The ids of the users deleted here (the most recent [`crate::record::MAX_DELETED`]).
+    pub fn deleted(&self) -> Arc<Deleted> {
+        self.deleted.read().clone()
+    }
+
     pub fn list(&self) -> Vec<Arc<UserRecord>> {
         self.users.read().values().cloned().collect()
     }
@@ -221,10 +237,12 @@ impl UserStore {
         };
         let _w = self.write.lock();
         let mut next = BTreeMap::clone(&self.users.read());
-        apply_command(&mut next, cmd)?;
+        let mut deleted = Deleted::clone(&self.deleted.read());
+        apply_command(&mut next, &mut deleted, cmd)?;
         let body = serde_json::to_vec_pretty(&UsersFile {
             version: USERS_VERSION,
             users: next.values().map(|u| UserRecord::clone(u)).collect(),
+            deleted: deleted.ids().collect(),
         })
         .expect("users serialise");
         // password hashes: readable by the broker's user only
@@ -233,14 +251,19 @@ impl UserStore {
             source,
         })?;
         *self.users.write() = Arc::new(next);
+        *self.deleted.write() = Arc::new(deleted);
         self.changed.send_modify(|v| *v += 1);
         Ok(())
     }
 }
 
 /// The state machine: pure, deterministic (a replicated log applies it on every replica).
-/// Nothing changes when it refuses.
-pub fn apply_command(users: &mut Users, cmd: UserCommand) -> Result<(), Refusal> {
+/// Nothing changes when it refuses. `deleted` remembers the ids of the users deleted.
+pub fn apply_command(
+    users: &mut Users,
+    deleted: &mut Deleted,
+    cmd: UserCommand,
+) -> Result<(), Refusal> {
     match cmd {
         UserCommand::Create { user } => {
             if users.contains_key(&user.username) {
@@ -254,7 +277,8 @@ pub fn apply_command(users: &mut Users, cmd: UserCommand) -> Result<(), Refusal>
         UserCommand::Delete { username } => match users.get(&username) {
             None => return Err(Refusal::NotFound(username)),
             Some(u) if u.root => return Err(Refusal::Root),
-            Some(_) => {
+            Some(u) => {
+                deleted.add(u.id);
                 users.remove(&username);
             }
         },
@@ -300,9 +324,16 @@ pub fn apply_command(users: &mut Users, cmd: UserCommand) -> Result<(), Refusal>
             users: carried,
         } => {
             crate::carry::check_list(&carried).map_err(Refusal::InvalidCarry)?;
-            let plan =
-                crate::carry::plan(users, me.as_deref(), &source, &carried, &caller, may_admin);
-            crate::carry::apply(users, plan);
+            let plan = crate::carry::plan(
+                users,
+                deleted,
+                me.as_deref(),
+                &source,
+                &carried,
+                &caller,
+                may_admin,
+            );
+            crate::carry::apply(users, deleted, plan);
         }
     }
     Ok(())
@@ -413,7 +444,12 @@ mod tests {
                 username: "alice".into(),
             })
             .unwrap();
-        assert!(UserStore::open(dir.path()).unwrap().get("alice").is_none());
+        let reopened = UserStore::open(dir.path()).unwrap();
+        assert!(reopened.get("alice").is_none());
+        assert!(
+            reopened.deleted().contains(1),
+            "a deleted user's id is remembered across a restart"
+        );
     }
 
     #[test]

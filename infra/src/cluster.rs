@@ -231,7 +231,7 @@ impl ClusterNode {
         loop {
             let v = view.borrow_and_update().clone();
             if let Some(store) = &self.users {
-                store.replace_all(v.users.clone());
+                store.replace_all(v.users.clone(), v.deleted_users.clone());
             }
             let mut addrs: Vec<String> = self
                 .initial
@@ -275,7 +275,8 @@ impl ClusterNode {
             .propose(MetaCmd::Users(cmd), PROPOSE_DEADLINE)
             .await?;
         if let Some(store) = &self.users {
-            store.replace_all(self.meta.view().users.clone());
+            let v = self.meta.view();
+            store.replace_all(v.users.clone(), v.deleted_users.clone());
         }
         match r.outcome {
             Outcome::Users(verdict) => Ok(verdict),

@@ -19,7 +19,7 @@ use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use narad_auth::store::{UserRecord, Users};
+use narad_auth::store::{Deleted, UserRecord, Users};
 use narad_core::catalog::{self, Applied, Catalog, RemoteChild, RemoteMeta, TopicMeta};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -50,6 +50,8 @@ pub struct MetaView {
     pub catalog: Arc<Catalog>,
     /// Users, with their password hashes and grants.
     pub users: Arc<Users>,
+    /// The ids of the users deleted (see `narad_auth::record::Deleted`).
+    pub deleted_users: Arc<Deleted>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -58,6 +60,7 @@ struct Data {
     membership: StoredMembership<NodeId, NodeInfo>,
     catalog: Arc<Catalog>,
     users: Arc<Users>,
+    deleted_users: Arc<Deleted>,
     dedupe: HashMap<u128, MetaResponse>,
     dedupe_order: VecDeque<u128>,
     /// The history's shape: the last log id of each run of entries one leader wrote, in
@@ -108,13 +111,17 @@ impl Data {
             }),
             MetaCmd::Users(cmd) => {
                 let mut next = Users::clone(&self.users);
-                Outcome::Users(match narad_auth::store::apply_command(&mut next, cmd) {
-                    Ok(()) => {
-                        self.users = Arc::new(next);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                })
+                let mut deleted = Deleted::clone(&self.deleted_users);
+                Outcome::Users(
+                    match narad_auth::store::apply_command(&mut next, &mut deleted, cmd) {
+                        Ok(()) => {
+                            self.users = Arc::new(next);
+                            self.deleted_users = Arc::new(deleted);
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    },
+                )
             }
         };
         let resp = MetaResponse { index, outcome };
@@ -159,6 +166,7 @@ impl Data {
             membership: self.membership.clone(),
             catalog: self.catalog.clone(),
             users: self.users.clone(),
+            deleted_users: self.deleted_users.clone(),
         }
     }
 
@@ -179,6 +187,7 @@ impl Data {
             draining: self.catalog.draining().iter().copied().collect(),
             in_sync: self.catalog.in_sync_all().collect(),
             users: self.users.values().map(|u| UserRecord::clone(u)).collect(),
+            deleted_users: self.deleted_users.ids().collect(),
             dedupe: self
                 .dedupe_order
                 .iter()
@@ -224,6 +233,7 @@ impl Data {
             membership: f.membership,
             catalog: Arc::new(catalog),
             users: Arc::new(users),
+            deleted_users: Arc::new(Deleted::from_ids(f.deleted_users)),
             dedupe: f.dedupe.into_iter().collect(),
             dedupe_order,
             // (a snapshot written before they were kept knows no history)
@@ -256,6 +266,9 @@ struct StateFile {
     in_sync: Vec<(u64, Vec<u64>)>,
     #[serde(default)]
     users: Vec<UserRecord>,
+    /// Ids of deleted users, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    deleted_users: Vec<u64>,
     dedupe: Vec<(u128, MetaResponse)>,
     #[serde(default)]
     leaders: Vec<LogId<NodeId>>,

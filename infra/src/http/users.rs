@@ -442,6 +442,7 @@ pub async fn carried(
     let before = a.store().snapshot();
     let plan = carry::plan(
         &before,
+        &a.store().deleted(),
         me.as_deref(),
         source,
         &req.users,
