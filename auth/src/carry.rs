@@ -34,6 +34,22 @@ const MAX_HASH_BYTES: usize = 256;
 pub const MAX_CONFLICTS_NAMED: usize = 20;
 const ADMIN: &str = "an admin: carried only when the link's user here is the root user";
 const DELETED_HERE: &str = "deleted here since: not brought back";
+const CALLER: &str = "the link's own user here";
+const ROOT: &str = "the root user";
+const ID_TAKEN: &str = "its id is another user's here";
+const NAME_TAKEN: &str = "another user of that name lives here";
+const FULL: &str = "this cluster holds the most users it may";
+/// Every reason a plan gives for leaving a user alone: a sender shows only these from an
+/// answer (a remote's words are not repeated).
+pub const REASONS: &[&str] = &[
+    ADMIN,
+    DELETED_HERE,
+    CALLER,
+    ROOT,
+    ID_TAKEN,
+    NAME_TAKEN,
+    FULL,
+];
 
 /// One user as a source sends it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -245,12 +261,12 @@ pub fn plan(
             continue;
         }
         if c.username == caller {
-            p.conflict(&c.username, "the link's own user here");
+            p.conflict(&c.username, CALLER);
             continue;
         }
         let admin = crate::grant::is_admin(&c.grants);
         match users.get(&c.username) {
-            Some(l) if l.root => p.conflict(&c.username, "the root user"),
+            Some(l) if l.root => p.conflict(&c.username, ROOT),
             Some(l) if ours && l.id != c.id => p.conflict(&c.username, DELETED_HERE),
             None if ours => p.conflict(&c.username, DELETED_HERE),
             Some(l) if (admin || l.is_admin()) && !may_admin => {
@@ -280,19 +296,19 @@ pub fn plan(
             Some(l) if from_source(l) => {
                 // deleted and created again at the source: the old one's id goes
                 if ids.contains(&c.id) {
-                    p.conflict(&c.username, "its id is another user's here");
+                    p.conflict(&c.username, ID_TAKEN);
                     continue;
                 }
                 ids.remove(&l.id);
                 ids.insert(c.id);
                 p.update.push(fresh());
             }
-            Some(_) => p.conflict(&c.username, "another user of that name lives here"),
+            Some(_) => p.conflict(&c.username, NAME_TAKEN),
             None => {
                 if ids.contains(&c.id) {
-                    p.conflict(&c.username, "its id is another user's here");
+                    p.conflict(&c.username, ID_TAKEN);
                 } else if count >= MAX_USERS {
-                    p.conflict(&c.username, "this cluster holds the most users it may");
+                    p.conflict(&c.username, FULL);
                 } else {
                     ids.insert(c.id);
                     count += 1;

@@ -48,10 +48,41 @@ pub struct CarryStatus {
     pub users: usize,
     /// When it was tried (unix ms).
     pub at_ms: i64,
-    /// The remote's answer to the last list it took: `created`, `updated`, `deleted`,
-    /// `unchanged`, `conflicts` (users it left alone, and why).
+    /// The remote's answer to the last list it took.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<CarryAnswer>,
+}
+
+/// What a remote said it did with a list: counts, and the users it left alone with the
+/// reason, each checked (a username as this cluster spells them, a reason of
+/// `narad_auth::carry::REASONS`): nothing else a remote answers is repeated here.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct CarryAnswer {
+    pub created: u64,
+    pub updated: u64,
+    pub deleted: u64,
+    pub unchanged: u64,
+    pub conflicts: Vec<CarryConflict>,
+    pub conflict_count: u64,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct CarryConflict {
+    pub username: String,
+    pub reason: String,
+}
+
+impl CarryAnswer {
+    /// The answer in `body`, or `None` if it is not one.
+    fn read(body: &[u8]) -> Option<Self> {
+        let mut a: Self = serde_json::from_slice(body).ok()?;
+        a.conflicts.truncate(narad_auth::carry::MAX_CONFLICTS_NAMED);
+        a.conflicts.retain(|c| {
+            narad_auth::store::validate_username(&c.username).is_ok()
+                && narad_auth::carry::REASONS.contains(&c.reason.as_str())
+        });
+        Some(a)
+    }
 }
 
 /// Where the task keeps what `GET /v1/remotes/{name}` shows.
@@ -61,8 +92,11 @@ pub type CarryBoard = Arc<parking_lot::Mutex<HashMap<u64, CarryStatus>>>;
 struct Sent {
     version: u64,
     digest: [u8; 32],
-    /// When it is due again.
+    /// When it is due again, whatever changed (a failure's wait holds for a new list too:
+    /// only a change of the remote ends it).
     due: Instant,
+    /// The remote took it.
+    carried: bool,
 }
 
 pub struct UsersCarrier {
@@ -84,10 +118,8 @@ impl UsersCarrier {
             self.round(&mut sent).await;
             tokio::select! {
                 () = stop.cancelled() => return,
-                _ = changed.changed() => {
-                    // a change of the users: every remote is due now
-                    sent.values_mut().for_each(|s| s.due = Instant::now());
-                }
+                // (a change of the users makes the list's digest another: due)
+                _ = changed.changed() => {}
                 () = self.clock.sleep(TICK) => {}
             }
         }
@@ -138,17 +170,19 @@ impl UsersCarrier {
             .filter(|u| !u.root)
             .map(|u| CarriedUser::of(u))
             .collect();
-        let body = serde_json::json!({ "source_cluster": source, "users": users }).to_string();
+        let body = Bytes::from(
+            serde_json::json!({ "source_cluster": source, "users": users }).to_string(),
+        );
         let digest: [u8; 32] = {
             use sha2::Digest as _;
-            sha2::Sha256::digest(body.as_bytes()).into()
+            sha2::Sha256::digest(&body).into()
         };
         let old = self.board.lock().clone();
         for r in remotes {
             let now = Instant::now();
-            let due = sent
-                .get(&r.id)
-                .is_none_or(|s| s.version != r.version || s.digest != digest || now >= s.due);
+            let due = sent.get(&r.id).is_none_or(|s| {
+                s.version != r.version || now >= s.due || (s.carried && s.digest != digest)
+            });
             if !due {
                 if let Some(s) = old.get(&r.id) {
                     board.insert(r.id, s.clone());
@@ -182,6 +216,7 @@ impl UsersCarrier {
                     version: r.version,
                     digest,
                     due: now + retry_after(status.state),
+                    carried: status.state == "carried",
                 },
             );
             board.insert(r.id, status);
@@ -198,7 +233,7 @@ impl UsersCarrier {
         *self.board.lock() = board;
     }
 
-    async fn carry(&self, remote: &RemoteMeta, body: &str, users: usize) -> CarryStatus {
+    async fn carry(&self, remote: &RemoteMeta, body: &Bytes, users: usize) -> CarryStatus {
         let status = |state, message: Option<String>, result| CarryStatus {
             state,
             message,
@@ -228,35 +263,34 @@ impl UsersCarrier {
             );
         }
         let reply = client
-            .request(
-                hyper::Method::PUT,
-                CARRY_PATH,
-                Some(Bytes::copy_from_slice(body.as_bytes())),
-            )
+            .request(hyper::Method::PUT, CARRY_PATH, Some(body.clone()))
             .await;
         let reply = match reply {
             Ok(r) => r,
             Err(e) => return status("unreachable", Some(e.to_string()), None),
         };
-        let answer = serde_json::from_slice::<serde_json::Value>(&reply.body).ok();
         if reply.status.as_u16() == 200 {
-            return status("carried", None, answer);
+            return status("carried", None, CarryAnswer::read(&reply.body));
         }
-        let auth = matches!(reply.status.as_u16(), 401 | 429);
-        let said = answer
-            .as_ref()
+        // (the remote's status and error code, nothing of its text)
+        let code = serde_json::from_slice::<serde_json::Value>(&reply.body)
+            .ok()
             .and_then(|v| {
-                let code = v.get("code")?.as_str()?;
-                let msg = v.get("error").and_then(|m| m.as_str()).unwrap_or("");
-                Some(format!(
-                    "{code}: {}",
-                    msg.chars().take(300).collect::<String>()
-                ))
-            })
-            .unwrap_or_default();
+                v.get("code")?
+                    .as_str()
+                    .filter(|c| {
+                        c.len() <= 64 && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    })
+                    .map(str::to_owned)
+            });
+        let auth = matches!(reply.status.as_u16(), 401 | 429);
         status(
             if auth { "auth_failed" } else { "refused" },
-            Some(format!("the remote answered {} {said}", reply.status)),
+            Some(format!(
+                "the remote answered {}{}",
+                reply.status.as_u16(),
+                code.map(|c| format!(" {c}")).unwrap_or_default()
+            )),
             None,
         )
     }

@@ -179,9 +179,19 @@ fn labelled(key: &str, v: &Value) -> (String, String) {
     let Some(n) = v.as_i64() else {
         return (key.to_owned(), scalar_text(v));
     };
-    // a time: `..._at_ms`, or `at_ms` alone (as a nested object's `x.at_ms`)
+    // a time: `..._at_ms`, `at_ms` alone (as a nested object's `x.at_ms`), and the other
+    // instants the API names in milliseconds
     let last = key.rsplit('.').next().unwrap_or(key);
-    if last == "at_ms" || last.ends_with("_at_ms") {
+    let instant = [
+        "at_ms",
+        "timestamp_ms",
+        "since_ms",
+        "deadline_ms",
+        "unshipped_ms",
+    ]
+    .iter()
+    .any(|t| last == *t || last.ends_with(&format!("_{t}")));
+    if instant {
         // (0: never)
         let text = if n == 0 {
             "-".into()
@@ -328,6 +338,7 @@ mod tests {
                 "delay_ms": 1500,
                 "retention_bytes": 1_048_576,
                 "nested": {"updated_at_ms": 0, "count": 3, "at_ms": 1_733_585_400_000i64},
+                "timestamp_ms": 1_733_585_400_000i64,
             }),
             &mut rows,
         );
@@ -343,6 +354,7 @@ mod tests {
                 ("nested.updated_at", "-"),
                 ("never_at", "-"),
                 ("retention", "1MiB"),
+                ("timestamp", "2024-12-07T15:30:00Z"),
             ]
         );
     }

@@ -427,10 +427,8 @@ pub async fn carried(
         ));
     }
     let broker = state.broker()?.clone();
-    if broker
-        .cluster_id()
-        .is_some_and(|me| format!("{me:016x}") == *source)
-    {
+    let me = broker.cluster_id().map(|id| format!("{id:016x}"));
+    if me.as_deref() == Some(source.as_str()) {
         return Err(invalid(
             "source_cluster: is this cluster: users are not carried to where they live".into(),
         ));
@@ -438,7 +436,6 @@ pub async fn carried(
     carry::check_list(&req.users).map_err(invalid)?;
     let caller_name = caller.username().unwrap_or_default().to_owned();
     let may_admin = caller.is_root();
-    let me = broker.cluster_id().map(|id| format!("{id:016x}"));
     let before = a.store().snapshot();
     let plan = carry::plan(
         &before,
