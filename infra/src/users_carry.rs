@@ -88,6 +88,15 @@ impl CarryAnswer {
 /// Where the task keeps what `GET /v1/remotes/{name}` shows.
 pub type CarryBoard = Arc<parking_lot::Mutex<HashMap<u64, CarryStatus>>>;
 
+/// The list as last made: of which users (the store's map), for which source.
+struct List {
+    of: Arc<narad_auth::store::Users>,
+    source: String,
+    body: Bytes,
+    digest: [u8; 32],
+    count: usize,
+}
+
 /// What was last sent to one remote.
 struct Sent {
     version: u64,
@@ -114,8 +123,9 @@ impl UsersCarrier {
     pub async fn run(self, stop: CancellationToken) {
         let mut changed = self.store.subscribe();
         let mut sent: HashMap<u64, Sent> = HashMap::new();
+        let mut list: Option<List> = None;
         loop {
-            self.round(&mut sent).await;
+            self.round(&mut sent, &mut list).await;
             tokio::select! {
                 () = stop.cancelled() => return,
                 // (a change of the users makes the list's digest another: due)
@@ -125,7 +135,7 @@ impl UsersCarrier {
         }
     }
 
-    async fn round(&self, sent: &mut HashMap<u64, Sent>) {
+    async fn round(&self, sent: &mut HashMap<u64, Sent>, list: &mut Option<List>) {
         let remotes: Vec<Arc<RemoteMeta>> = self
             .broker
             .remotes()
@@ -163,20 +173,40 @@ impl UsersCarrier {
                 return;
             }
         };
-        let users: Vec<CarriedUser> = self
-            .store
-            .list()
-            .iter()
-            .filter(|u| !u.root)
-            .map(|u| CarriedUser::of(u))
-            .collect();
-        let body = Bytes::from(
-            serde_json::json!({ "source_cluster": source, "users": users }).to_string(),
-        );
-        let digest: [u8; 32] = {
-            use sha2::Digest as _;
-            sha2::Sha256::digest(&body).into()
-        };
+        // the list is made again only when the users changed (the store shares one map
+        // until a change replaces it)
+        let users = self.store.snapshot();
+        let fresh = list
+            .as_ref()
+            .is_some_and(|l| Arc::ptr_eq(&l.of, &users) && l.source == source);
+        if !fresh {
+            let carried: Vec<CarriedUser> = users
+                .values()
+                .filter(|u| !u.root)
+                .map(|u| CarriedUser::of(u))
+                .collect();
+            let body = Bytes::from(
+                serde_json::json!({ "source_cluster": source, "users": carried }).to_string(),
+            );
+            let digest: [u8; 32] = {
+                use sha2::Digest as _;
+                sha2::Sha256::digest(&body).into()
+            };
+            *list = Some(List {
+                of: users,
+                source,
+                body,
+                digest,
+                count: carried.len(),
+            });
+        }
+        let List {
+            body,
+            digest,
+            count,
+            ..
+        } = list.as_ref().expect("made above");
+        let (body, digest, count) = (body, *digest, *count);
         let old = self.board.lock().clone();
         for r in remotes {
             let now = Instant::now();
@@ -189,7 +219,7 @@ impl UsersCarrier {
                 }
                 continue;
             }
-            let status = self.carry(&r, &body, users.len()).await;
+            let status = self.carry(&r, body, count).await;
             self.metrics
                 .users_carries
                 .get_or_create(&OutcomeLabel {
@@ -199,7 +229,7 @@ impl UsersCarrier {
             let was = old.get(&r.id).map(|s| s.state);
             if status.state == "carried" {
                 if was.is_some_and(|w| w != "carried") {
-                    tracing::info!(remote = %r.name, users = users.len(), "users carried to the remote again");
+                    tracing::info!(remote = %r.name, users = count, "users carried to the remote again");
                 }
             } else if was != Some(status.state) {
                 tracing::warn!(
