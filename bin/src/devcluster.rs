@@ -270,9 +270,12 @@ fn secret(dir: &Path) -> Result<String, BoxError> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
         Err(_) => {}
     }
-    let s: String = (0..3)
-        .map(|_| format!("{:016x}", narad_core::random_u64()))
-        .collect();
+    // a secret: from the OS's random source (never the seedable one), 48 characters
+    let s = format!(
+        "{}{}",
+        narad_auth::authn::random_password(),
+        narad_auth::authn::random_password()
+    );
     narad_core::fsutil::write_file_atomic(&path, s.as_bytes())?;
     Ok(s)
 }

@@ -23,6 +23,9 @@ fn progress(len: Option<u64>, what: &str) -> Option<ProgressBar> {
     Some(pb)
 }
 
+/// The most messages one consume or replay read answers (the API's limit).
+const BATCH: u64 = narad_wire::limits::MAX_CONSUME_BATCH;
+
 pub(super) async fn publish(c: &Client, a: PubArgs) -> Result<(), BoxError> {
     let payload = match (&a.message, &a.file) {
         (Some(m), _) => m.clone().into_bytes(),
@@ -178,7 +181,7 @@ pub(super) async fn subscribe(c: &Client, a: SubArgs) -> Result<(), BoxError> {
         if a.max.is_some_and(|m| got >= m) {
             break;
         }
-        let want = a.max.map_or(100, |m| (m - got).min(100));
+        let want = a.max.map_or(BATCH, |m| (m - got).min(BATCH));
         let reply = c
             .get(&format!(
                 "/v1/topics/{topic}/consume?wait=5s&max={want}{part}"
@@ -289,7 +292,7 @@ async fn peek(c: &Client, a: SubArgs) -> Result<(), BoxError> {
                 return Ok(());
             }
             // (no more than `--max` still wants)
-            let want = a.max.map_or(100, |m| (m - got).min(100));
+            let want = a.max.map_or(BATCH, |m| (m - got).min(BATCH));
             let reply = c
                 .get(&format!(
                     "/v1/topics/{topic}/consume?partition={p}&offset={next}&max={want}"
@@ -381,7 +384,7 @@ pub(super) async fn replay(c: &Client, a: ReplayArgs) -> Result<(), BoxError> {
     let mut next = from;
     let mut out = std::io::stdout().lock();
     while next < to {
-        let max = (to - next).min(100);
+        let max = (to - next).min(BATCH);
         let reply = c
             .get(&format!(
                 "/v1/topics/{topic}/consume?partition={}&offset={next}&max={max}",

@@ -520,9 +520,6 @@ impl Catalog {
     }
 }
 
-/// Applies `cmd` to `catalog`: the catalog it makes and what changed, or why it does not
-/// apply (then nothing changed). Pure: the same catalog and command always give the same
-/// result.
 impl Catalog {
     /// What every applied command leaves true (checked in debug builds: tests run them):
     /// a topic's owners are none or one per partition, its epochs and moves name only its
@@ -560,6 +557,9 @@ impl Catalog {
     }
 }
 
+/// Applies `cmd` to `catalog`: the catalog it makes and what changed, or why it does not
+/// apply (then nothing changed). Pure: the same catalog and command always give the same
+/// result.
 pub fn apply(catalog: &Catalog, cmd: &CatalogCommand) -> Result<(Catalog, Applied), CatalogError> {
     let mut next = catalog.clone();
     next.applied += 1;

@@ -360,7 +360,17 @@ impl Ingress {
     ) -> Result<Vec<Outcome>, ApiError> {
         let meta = self.broker.topic_meta(topic)?;
         let n = meta.config.partitions;
-        let place = Placement::new(n, &meta.owners, self.me(), |o| self.is_down(o));
+        // the members known down, read once for the whole request (usually none)
+        let down: Vec<u64> = {
+            let me = self.me();
+            self.down
+                .lock()
+                .keys()
+                .copied()
+                .filter(|&id| id != me)
+                .collect()
+        };
+        let place = Placement::new(n, &meta.owners, self.me(), |o| down.contains(&o));
         let owner = |p: u32| place.owner(p);
         // pinned messages are judged before anything is written (400 for the whole request)
         for (index, m) in msgs.iter().enumerate() {
@@ -404,6 +414,9 @@ impl Ingress {
             }
         }
         let mut failed: Vec<u64> = Vec::new();
+        // a message sent in the first round to an owner that never answered may be written
+        // there: what its second try fails with is not its outcome ("unknown" is)
+        let mut maybe_written: Vec<Option<ApiError>> = vec![None; msgs.len()];
         for round in 0..2 {
             let mut groups: HashMap<u64, Vec<usize>> = HashMap::new();
             for &i in &todo {
@@ -446,6 +459,9 @@ impl Ingress {
                             match place.again(p, node, &failed) {
                                 Some(q) if !sticky[i] => {
                                     msgs[i].partition = Some(q);
+                                    if sent {
+                                        maybe_written[i] = Some(e.clone());
+                                    }
                                     todo.push(i);
                                 }
                                 _ => out[i] = Some(Err(e.clone())),
@@ -458,7 +474,8 @@ impl Ingress {
                             e => e.api(),
                         };
                         for i in idx {
-                            out[i] = Some(Err(e.clone()));
+                            out[i] =
+                                Some(Err(maybe_written[i].take().unwrap_or_else(|| e.clone())));
                         }
                     }
                 }

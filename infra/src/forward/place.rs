@@ -111,9 +111,6 @@ pub(crate) fn asked_in_turn(owners: &[u64], me: u64, cursor: u64) -> Vec<u64> {
 /// The member that owns partition `p` of a topic with `owners` (this member, `me`, when the
 /// topic has none: it was made on a single node).
 pub(crate) fn owner_of(owners: &[u64], p: u32, me: u64) -> u64 {
-    if owners.is_empty() {
-        return me;
-    }
     // (the catalog keeps one owner per partition; a partition past them is refused by its
     // caller as out of range, and this member's broker says so)
     owners.get(p as usize).copied().unwrap_or(me)

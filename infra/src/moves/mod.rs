@@ -102,6 +102,22 @@ fn an_injected_fault_fires_once_per_move() {
     assert!(i.once(Injected::STALL_BEFORE_FREEZE) && i.once(Injected::STALL_FLIP));
 }
 
+/// Undoes what a move running here holds, when its task ends however it ends.
+struct MoveDone<'a> {
+    mover: &'a Mover,
+    key: MoveKey,
+}
+
+impl Drop for MoveDone<'_> {
+    fn drop(&mut self) {
+        let m = self.mover;
+        m.metrics.in_flight.dec();
+        m.progress.lock().remove(&self.key);
+        m.staged_from.lock().remove(&self.key);
+        m.running.lock().remove(&self.key);
+    }
+}
+
 /// How often the leader's planner looks at the placement (and at once when the
 /// membership changes).
 const PLAN_EVERY: Duration = Duration::from_secs(10);
@@ -397,6 +413,9 @@ impl Mover {
             },
         );
         self.metrics.in_flight.inc();
+        // what the end of the move undoes, however it ends (a panic too: the move stays
+        // this member's to run again, and its figures do not stay up)
+        let _done = MoveDone { mover: self, key };
         let started = Instant::now();
         let mut completed = false;
         let staging = self
@@ -445,9 +464,6 @@ impl Mover {
                 }
             }
         }
-        self.metrics.in_flight.dec();
-        self.progress.lock().remove(&pkey);
-        self.staged_from.lock().remove(&pkey);
         // the staged copy goes whatever ended the move (the topic may be gone from the
         // catalog: its staging directory is found by its incarnation and move id)
         if let Some(staging) = staging {
