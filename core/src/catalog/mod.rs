@@ -11,6 +11,7 @@
 //! one durable before it is applied and published (see [`store`]).
 
 pub mod link;
+pub mod move_machine;
 pub mod moves;
 pub mod remote;
 pub mod role;

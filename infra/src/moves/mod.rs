@@ -61,10 +61,6 @@ pub const MOVES_PER_NODE: usize = 2;
 /// Partitions a member rebuilds from the archive at once (a forgotten member's partitions
 /// wait their turn: each attempt holds one archived segment in memory).
 const REBUILDS_PER_NODE: usize = 2;
-/// Catch-up passes before the freeze, at most.
-const MAX_CATCH_UP_PASSES: usize = 20;
-/// A catch-up pass that leaves at most this much to copy ends the catch-up.
-const FREEZE_WHEN_LEFT: u64 = 4 << 20;
 /// Deadline of one call to the source.
 const CALL: Duration = Duration::from_secs(10);
 /// Deadline of a proposal or read index.
@@ -102,6 +98,19 @@ fn an_injected_fault_fires_once_per_move() {
     assert!(i.once(Injected::STALL_BEFORE_FREEZE) && i.once(Injected::STALL_FLIP));
 }
 
+/// What one attempt of a move learnt from its source so far.
+struct Attempt {
+    meta: Arc<TopicMeta>,
+    partition: u32,
+    source: u64,
+    /// The files the last list named, and the source process it came from.
+    listed: Vec<PartitionFile>,
+    listed_from: u64,
+    /// What the freeze answered, and when it was asked for.
+    frozen: Option<FreezeReply>,
+    frozen_at: Option<Instant>,
+}
+
 /// Undoes what a move running here holds, when its task ends however it ends.
 struct MoveDone<'a> {
     mover: &'a Mover,
@@ -130,10 +139,10 @@ mod steps;
 
 pub use forget::Forgotten;
 pub use metrics::MoveMetrics;
+use narad_core::catalog::move_machine::{self, Action, Event, FlipAnswer, MoveKey, MoveMachine};
 pub use plan::{PlannedMove, plan_moves};
 use source::*;
 pub use source::{Progress, serve};
-use steps::{CatchUp, MoveKey, Resolution};
 
 // ── the mover ──
 
@@ -424,7 +433,7 @@ impl Mover {
             .get(&topic)
             .filter(|m| m.id == topic_id)
             .map(|m| self.broker.staging_dir(m, p, move_id));
-        let mut backoff = Duration::from_millis(200);
+        let mut machine = MoveMachine::new();
         let mut injected = Injected::default();
         loop {
             if stop.is_cancelled() {
@@ -436,7 +445,40 @@ impl Mover {
             if let Some(pr) = self.progress.lock().get_mut(&pkey) {
                 pr.attempts += 1;
             }
-            match self.attempt(&meta, p, move_id, source, &mut injected).await {
+            let token = loop {
+                let t = narad_core::random_u64();
+                if t != 0 {
+                    break t;
+                }
+            };
+            let mut at = Attempt {
+                meta,
+                partition: p,
+                source,
+                listed: Vec::new(),
+                listed_from: 0,
+                frozen: None,
+                frozen_at: None,
+            };
+            let mut action = machine.step(Event::Start { token });
+            let ended = loop {
+                self.set_phase(pkey, machine.phase());
+                match action {
+                    Action::Done => {
+                        break Ok(at.frozen_at.map(|t| t.elapsed()).unwrap_or_default());
+                    }
+                    Action::Retry {
+                        after,
+                        error,
+                        staged_stale,
+                    } => break Err((after, error, staged_stale)),
+                    a => {
+                        let answer = self.perform(&mut at, move_id, a, &mut injected).await;
+                        action = machine.step(answer);
+                    }
+                }
+            };
+            match ended {
                 Ok(frozen_for) => {
                     self.metrics.completed.inc();
                     self.metrics
@@ -449,18 +491,20 @@ impl Mover {
                     completed = true;
                     break;
                 }
-                Err(e) => {
+                Err((after, e, staged_stale)) => {
+                    if staged_stale {
+                        self.staged_from.lock().remove(&pkey);
+                    }
                     self.metrics.aborted.inc();
-                    tracing::warn!(topic = %topic, partition = p, from = source, error = %e, retry_in = ?backoff, "partition move attempt failed; trying again");
+                    tracing::warn!(topic = %topic, partition = p, from = source, error = %e, retry_in = ?after, "partition move attempt failed; trying again");
                     if let Some(pr) = self.progress.lock().get_mut(&pkey) {
                         pr.last_error = Some(e);
                         pr.phase = "retrying".into();
                     }
                     tokio::select! {
                         () = stop.cancelled() => break,
-                        () = sleep(backoff) => {}
+                        () = sleep(after) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
             }
         }
@@ -654,7 +698,7 @@ impl Mover {
     fn wanted(&self, topic: &str, key: MoveKey) -> Option<(Arc<TopicMeta>, u64)> {
         let catalog = self.broker.catalog();
         let meta = catalog.get(topic)?.clone();
-        let source = steps::wanted_from(&meta, key, self.node.node_id())?;
+        let source = move_machine::wanted_from(&meta, key, self.node.node_id())?;
         Some((meta, source))
     }
 
@@ -683,86 +727,21 @@ impl Mover {
             .map_err(|e| format!("node {node}: {e}"))
     }
 
-    /// One attempt: copy, freeze, copy the rest, verify, install, flip. `Ok` with how long
-    /// the source was frozen once this member owns the partition.
-    async fn attempt(
+    /// Performs one of the move machine's actions for attempt `at` of move `move_id`, and
+    /// answers what it came to. The injected faults (failpoints) fire here, once a move.
+    async fn perform(
         self: &Arc<Self>,
-        meta: &TopicMeta,
-        p: u32,
+        at: &mut Attempt,
         move_id: u64,
-        source: u64,
+        action: Action,
         injected: &mut Injected,
-    ) -> Result<Duration, String> {
+    ) -> Event {
+        let meta = at.meta.clone();
+        let (p, source) = (at.partition, at.source);
         let pkey = (meta.id, p, move_id);
         let epoch = meta.owner_epoch(p);
-        let staging = self.broker.staging_dir(meta, p, move_id);
-        let list_req = |catalog| {
-            serde_json::to_vec(&ListRequest {
-                topic: meta.name.clone(),
-                topic_id: meta.id,
-                partition: p,
-                catalog,
-            })
-            .expect("serialises")
-        };
-        self.set_phase(pkey, "catch_up");
-        self.broker
-            .prepare_install(&meta.name, meta.id, p)
-            .await
-            .map_err(|e| format!("checkpointing the write-ahead log: {e}"))?;
-        let mut incarnation = None;
-        let mut catch_up = CatchUp::default();
-        loop {
-            let listed: ListReply = self
-                .call(source, MOVE_LIST, list_req(self.broker.followed()))
-                .await?;
-            if incarnation.is_none() {
-                // what an earlier attempt staged from the same source process is kept (its
-                // segments only grew since); anything else starts over
-                let from = (source, listed.incarnation);
-                let keep = self.staged_from.lock().get(&pkey) == Some(&from);
-                let staging = staging.clone();
-                tokio::task::spawn_blocking(move || {
-                    if !keep {
-                        let _ = std::fs::remove_dir_all(&staging);
-                    }
-                    narad_core::fsutil::create_dir_private(&staging)
-                })
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("staging directory: {e}"))?;
-                self.staged_from.lock().insert(pkey, from);
-            }
-            if *incarnation.get_or_insert(listed.incarnation) != listed.incarnation {
-                self.staged_from.lock().remove(&pkey);
-                return Err("the source restarted during the copy".into());
-            }
-            let copied = self
-                .sync(meta, p, move_id, source, &staging, &listed.files, None)
-                .await?;
-            // (producers that outpace the copy make the freeze longer: moves are paced below
-            // produce rates only by `move_max_bytes_per_sec`)
-            if catch_up.freeze_after(copied) {
-                break;
-            }
-        }
-        // freeze, copy exactly what the frozen partition holds
-        self.set_phase(pkey, "freeze");
-        let stall = failpoint::millis("move.stall_before_freeze");
-        if !stall.is_zero() && injected.once(Injected::STALL_BEFORE_FREEZE) {
-            tracing::warn!(
-                ?stall,
-                "failpoint move.stall_before_freeze: stalling before the freeze"
-            );
-            sleep(stall).await;
-        }
-        let token = loop {
-            let t = narad_core::random_u64();
-            if t != 0 {
-                break t;
-            }
-        };
-        let freeze_req = |renew| {
+        let staging = self.broker.staging_dir(&meta, p, move_id);
+        let freeze_req = |token, renew| {
             serde_json::to_vec(&FreezeRequest {
                 topic: meta.name.clone(),
                 topic_id: meta.id,
@@ -776,133 +755,216 @@ impl Mover {
             })
             .expect("serialises")
         };
-        let frozen_at = Instant::now();
-        let frozen: FreezeReply = self.call(source, MOVE_FREEZE, freeze_req(false)).await?;
-        if incarnation.is_some_and(|i| i != frozen.incarnation) {
-            return Err("the source restarted during the copy".into());
-        }
-        let stall = failpoint::millis("move.stall_frozen");
-        if !stall.is_zero() && injected.once(Injected::STALL_FROZEN) {
-            tracing::warn!(
-                ?stall,
-                "failpoint move.stall_frozen: stalling a frozen move"
-            );
-            sleep(stall).await;
-        }
-        self.set_phase(pkey, "finalize");
-        self.sync(
-            meta,
-            p,
-            move_id,
-            source,
-            &staging,
-            &frozen.frozen.files,
-            Some(&freeze_req(true)),
-        )
-        .await?;
-        self.set_phase(pkey, "verify");
-        let end = self
-            .broker
-            .verify_staged(&staging)
-            .await
-            .map_err(|e| format!("the staged copy does not open: {e}"))?;
-        if end != frozen.frozen.next_offset {
-            return Err(format!(
-                "the staged copy ends at offset {end}, the source at {}",
-                frozen.frozen.next_offset
-            ));
-        }
-        // fence: still frozen under our token, at the same end
-        let fenced: FreezeReply = self.call(source, MOVE_FREEZE, freeze_req(true)).await?;
-        if fenced.incarnation != frozen.incarnation
-            || fenced.frozen.next_offset != frozen.frozen.next_offset
-        {
-            return Err("the source's partition changed since the freeze".into());
-        }
-        if self.wanted(&meta.name, (meta.id, p, move_id)).is_none() {
-            return Err("the move was cancelled".into());
-        }
-        self.set_phase(pkey, "install");
-        self.staged_from.lock().remove(&pkey);
-        self.broker
-            .install_partition(&meta.name, meta.id, p, &staging)
-            .await
-            .map_err(|e| format!("install: {e}"))?;
-        let stall = failpoint::millis("move.stall_flip");
-        if !stall.is_zero() && injected.once(Injected::STALL_FLIP) {
-            self.set_phase(pkey, "stalled");
-            tracing::warn!(
-                ?stall,
-                "failpoint move.stall_flip: stalling a move before its flip"
-            );
-            sleep(stall).await;
-        }
-        self.set_phase(pkey, "flip");
-        let flip = CatalogCommand::CompleteMove {
-            topic_id: meta.id,
-            partition: p,
-            move_id,
-            source,
-            target: self.node.node_id(),
-            expect_epoch: epoch,
-            token,
-        };
-        match self.store.replicate(flip.clone()).await {
-            Ok(())
-                if failpoint::on("move.lose_flip_reply")
-                    && injected.once(Injected::LOSE_FLIP_REPLY) =>
-            {
-                tracing::warn!(topic = %meta.name, partition = p, "failpoint move.lose_flip_reply: the flip's answer is treated as lost; asking the cluster");
+        let failed = |r: Result<Event, String>| r.unwrap_or_else(Event::Failed);
+        match action {
+            Action::Prepare => failed(
+                self.broker
+                    .prepare_install(&meta.name, meta.id, p)
+                    .await
+                    .map(|()| Event::Prepared)
+                    .map_err(|e| format!("checkpointing the write-ahead log: {e}")),
+            ),
+            Action::List => {
+                let body = serde_json::to_vec(&ListRequest {
+                    topic: meta.name.clone(),
+                    topic_id: meta.id,
+                    partition: p,
+                    catalog: self.broker.followed(),
+                })
+                .expect("serialises");
+                failed(
+                    self.call::<ListReply>(source, MOVE_LIST, body)
+                        .await
+                        .map(|listed| {
+                            at.listed = listed.files;
+                            at.listed_from = listed.incarnation;
+                            Event::Listed {
+                                incarnation: listed.incarnation,
+                            }
+                        }),
+                )
             }
-            Ok(()) => return Ok(frozen_at.elapsed()),
-            Err(StoreError::Refused(CatalogError::MoveConflict(m))) => {
-                // ours may have committed on an earlier try of the same proposal
-                if self.owns(meta, p, epoch) {
-                    return Ok(frozen_at.elapsed());
+            Action::CatchUp { first } => {
+                if first {
+                    // what an earlier attempt staged from the same source process is kept
+                    // (its segments only grew since); anything else starts over
+                    let from = (source, at.listed_from);
+                    let keep = self.staged_from.lock().get(&pkey) == Some(&from);
+                    let staging = staging.clone();
+                    let made = tokio::task::spawn_blocking(move || {
+                        if !keep {
+                            let _ = std::fs::remove_dir_all(&staging);
+                        }
+                        narad_core::fsutil::create_dir_private(&staging)
+                    })
+                    .await;
+                    match made {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Event::Failed(format!("staging directory: {e}")),
+                        Err(e) => return Event::Failed(e.to_string()),
+                    }
+                    self.staged_from.lock().insert(pkey, from);
                 }
-                return Err(format!("the flip was refused: {m}"));
+                // (producers that outpace the copy make the freeze longer: moves are paced
+                // below produce rates only by `move_max_bytes_per_sec`)
+                let files = std::mem::take(&mut at.listed);
+                failed(
+                    self.sync(&meta, p, move_id, source, &staging, &files, None)
+                        .await
+                        .map(|bytes| Event::Copied { bytes }),
+                )
             }
-            Err(StoreError::Refused(e)) => return Err(format!("the flip was refused: {e}")),
-            Err(e) => {
-                tracing::warn!(topic = %meta.name, partition = p, error = %e, "the flip's outcome is unknown; asking the cluster");
+            Action::Freeze { token } => {
+                let stall = failpoint::millis("move.stall_before_freeze");
+                if !stall.is_zero() && injected.once(Injected::STALL_BEFORE_FREEZE) {
+                    tracing::warn!(
+                        ?stall,
+                        "failpoint move.stall_before_freeze: stalling before the freeze"
+                    );
+                    sleep(stall).await;
+                }
+                at.frozen_at = Some(Instant::now());
+                let frozen: FreezeReply = match self
+                    .call(source, MOVE_FREEZE, freeze_req(token, false))
+                    .await
+                {
+                    Ok(f) => f,
+                    Err(e) => return Event::Failed(e),
+                };
+                let stall = failpoint::millis("move.stall_frozen");
+                if !stall.is_zero() && injected.once(Injected::STALL_FROZEN) {
+                    tracing::warn!(
+                        ?stall,
+                        "failpoint move.stall_frozen: stalling a frozen move"
+                    );
+                    sleep(stall).await;
+                }
+                let answer = Event::Frozen {
+                    incarnation: frozen.incarnation,
+                    end: frozen.frozen.next_offset,
+                };
+                at.frozen = Some(frozen);
+                answer
             }
-        }
-        // resolve: never delete the installed copy on a bare error
-        self.set_phase(pkey, "resolve");
-        let mut backoff = Duration::from_millis(250);
-        loop {
-            if self.node.meta.read_index(PROPOSE).await.is_ok() {
+            Action::Finalize { token } => {
+                let Some(frozen) = at.frozen.as_ref() else {
+                    return Event::Failed("finalize before a freeze".into());
+                };
+                failed(
+                    self.sync(
+                        &meta,
+                        p,
+                        move_id,
+                        source,
+                        &staging,
+                        &frozen.frozen.files,
+                        Some(&freeze_req(token, true)),
+                    )
+                    .await
+                    .map(|_| Event::Finalized),
+                )
+            }
+            Action::Verify => failed(
+                self.broker
+                    .verify_staged(&staging)
+                    .await
+                    .map(|end| Event::Verified { end })
+                    .map_err(|e| format!("the staged copy does not open: {e}")),
+            ),
+            Action::Fence { token } => {
+                // still frozen under our token, at the same end, and still wanted
+                failed(
+                    self.call::<FreezeReply>(source, MOVE_FREEZE, freeze_req(token, true))
+                        .await
+                        .map(|fenced| Event::Fenced {
+                            incarnation: fenced.incarnation,
+                            end: fenced.frozen.next_offset,
+                            wanted: self.wanted(&meta.name, pkey).is_some(),
+                        }),
+                )
+            }
+            Action::Install => {
+                self.staged_from.lock().remove(&pkey);
+                if let Err(e) = self
+                    .broker
+                    .install_partition(&meta.name, meta.id, p, &staging)
+                    .await
+                {
+                    return Event::Failed(format!("install: {e}"));
+                }
+                let stall = failpoint::millis("move.stall_flip");
+                if !stall.is_zero() && injected.once(Injected::STALL_FLIP) {
+                    self.set_phase(pkey, "stalled");
+                    tracing::warn!(
+                        ?stall,
+                        "failpoint move.stall_flip: stalling a move before its flip"
+                    );
+                    sleep(stall).await;
+                }
+                Event::Installed
+            }
+            Action::ProposeFlip { token } => {
+                let flip = CatalogCommand::CompleteMove {
+                    topic_id: meta.id,
+                    partition: p,
+                    move_id,
+                    source,
+                    target: self.node.node_id(),
+                    expect_epoch: epoch,
+                    token,
+                };
+                Event::Flip(match self.store.replicate(flip).await {
+                    Ok(())
+                        if failpoint::on("move.lose_flip_reply")
+                            && injected.once(Injected::LOSE_FLIP_REPLY) =>
+                    {
+                        tracing::warn!(topic = %meta.name, partition = p, "failpoint move.lose_flip_reply: the flip's answer is treated as lost; asking the cluster");
+                        FlipAnswer::Unknown
+                    }
+                    Ok(()) => FlipAnswer::Committed,
+                    Err(StoreError::Refused(e)) => FlipAnswer::Refused {
+                        // ours may have committed on an earlier try of the same proposal
+                        owns: self.owns(&meta, p, epoch),
+                        why: match e {
+                            CatalogError::MoveConflict(m) => m,
+                            e => e.to_string(),
+                        },
+                    },
+                    Err(e) => {
+                        tracing::warn!(topic = %meta.name, partition = p, error = %e, "the flip's outcome is unknown; asking the cluster");
+                        FlipAnswer::Unknown
+                    }
+                })
+            }
+            Action::ReadIndex { token } => {
+                if self.node.meta.read_index(PROPOSE).await.is_err() {
+                    return Event::Read(None);
+                }
                 let catalog = self.node.meta.view().catalog.clone();
                 let now = catalog.get(&meta.name).map(|t| &**t);
-                match steps::resolve(now, pkey, self.node.node_id(), source, epoch, token) {
-                    Resolution::Committed => return Ok(frozen_at.elapsed()),
-                    Resolution::ProposeAgain => {
-                        // not committed, and still possible: propose again (applied once)
-                        match self.store.replicate(flip.clone()).await {
-                            Ok(()) => return Ok(frozen_at.elapsed()),
-                            Err(StoreError::Refused(_)) if self.owns(meta, p, epoch) => {
-                                return Ok(frozen_at.elapsed());
-                            }
-                            Err(StoreError::Refused(e)) => {
-                                return Err(format!("the flip was refused: {e}"));
-                            }
-                            Err(_) => {}
-                        }
-                    }
-                    Resolution::Lost => {
-                        return Err("the flip did not commit (the move changed meanwhile)".into());
-                    }
-                }
+                Event::Read(Some(move_machine::resolve(
+                    now,
+                    pkey,
+                    self.node.node_id(),
+                    source,
+                    epoch,
+                    token,
+                )))
             }
-            sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            Action::Wait(d) => {
+                sleep(d).await;
+                Event::Waited
+            }
+            Action::Done | Action::Retry { .. } => {
+                Event::Failed("the runner performs no end of a move".into())
+            }
         }
     }
 
     /// Whether the catalog this member applied names it the partition's owner, one epoch on.
     fn owns(&self, meta: &TopicMeta, p: u32, epoch: u64) -> bool {
         let catalog = self.broker.catalog();
-        steps::flipped(
+        move_machine::flipped(
             catalog.get(&meta.name).map(|t| &**t),
             meta.id,
             p,
