@@ -17,6 +17,7 @@
 
 use super::*;
 use crate::broker::partition::{self, FREEZE_MARKER, LogEnv, Partition};
+use crate::catalog::move_machine::{self, FreezeRefusal, HeldFreeze, refuse_freeze};
 
 /// Directory (under the data directory) where partitions being moved here are staged, and
 /// where a node puts a partition it gave away before removing it.
@@ -333,34 +334,37 @@ impl Broker {
         } = ask;
         let _one = self.moves_lock.lock().await;
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
-        let held = *part.freeze.lock();
-        match held {
-            // a freeze this move took in an earlier attempt (before its source or its target
-            // restarted, or froze): the partition stayed frozen since, so the new attempt
-            // takes it over under its own token below, at once
-            Some(f) if f.token != token && f.move_id == Some(move_id) && !renew => {}
-            Some(f) if f.token != token => {
-                return Err(BrokerError::ClusterUnavailable(format!(
+        let held = part.freeze.lock().map(|f| HeldFreeze {
+            token: f.token,
+            move_id: f.move_id,
+        });
+        let ask = move_machine::FreezeAsk {
+            owner_epoch: expect_epoch,
+            move_id,
+            token,
+            renew,
+        };
+        let refused = refuse_freeze(held, &t.meta.read(), p, self.store.node_id(), ask);
+        if let Some(refused) = refused {
+            return Err(match refused {
+                FreezeRefusal::HeldByAnother => BrokerError::ClusterUnavailable(format!(
                     "partition {p} of '{topic}' is frozen for another move until it thaws; retry"
-                )));
-            }
-            None if renew => {
-                return Err(BrokerError::ClusterUnavailable(format!(
+                )),
+                FreezeRefusal::Lapsed => BrokerError::ClusterUnavailable(format!(
                     "partition {p} of '{topic}' is no longer frozen for this move (its freeze lapsed)"
-                )));
-            }
-            _ => {}
-        }
-        let epoch = self.owned_epoch(&t, p)?;
-        if epoch != expect_epoch {
-            return Err(BrokerError::ClusterUnavailable(format!(
-                "partition {p} of '{topic}' is at owner epoch {epoch}, not {expect_epoch}"
-            )));
-        }
-        if t.meta.read().moves.get(&p).map(|m| m.id) != Some(move_id) {
-            return Err(BrokerError::ClusterUnavailable(format!(
-                "move {move_id} of partition {p} of '{topic}' is not in flight (cancelled or done)"
-            )));
+                )),
+                FreezeRefusal::NotOwner { owner } => BrokerError::NotOwner {
+                    topic: topic.to_owned(),
+                    partition: p,
+                    owner,
+                },
+                FreezeRefusal::Epoch { now } => BrokerError::ClusterUnavailable(format!(
+                    "partition {p} of '{topic}' is at owner epoch {now}, not {expect_epoch}"
+                )),
+                FreezeRefusal::NotInFlight => BrokerError::ClusterUnavailable(format!(
+                    "move {move_id} of partition {p} of '{topic}' is not in flight (cancelled or done)"
+                )),
+            });
         }
         let until = std::time::Instant::now() + ttl;
         let drained = part

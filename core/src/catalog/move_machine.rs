@@ -133,6 +133,70 @@ pub fn resolve(
     }
 }
 
+/// Why a source refuses to freeze a partition for a move (or to renew the freeze).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FreezeRefusal {
+    /// Another move's freeze holds the partition until it thaws.
+    HeldByAnother,
+    /// A renewal, but no freeze holds the partition under its token (it lapsed and thawed).
+    Lapsed,
+    /// This member does not own the partition (`owner` does, 0 if none is known).
+    NotOwner { owner: u64 },
+    /// The partition is at another owner epoch than the move's.
+    Epoch { now: u64 },
+    /// The move is not in flight (cancelled or done).
+    NotInFlight,
+}
+
+/// A freeze of a partition held at its source: its token, and the move it is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldFreeze {
+    pub token: u64,
+    pub move_id: Option<u64>,
+}
+
+/// What a move asks of its source's freeze.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreezeAsk {
+    pub owner_epoch: u64,
+    pub move_id: u64,
+    pub token: u64,
+    /// Only renew a freeze held under `token`.
+    pub renew: bool,
+}
+
+/// Whether the source `me` (`None`: a single node) grants freeze `ask` of partition `p` of
+/// `meta` (the catalog it applied), holding `held` now. Asked again under the same token it
+/// renews; a freeze this move took in an earlier attempt is taken over under the new token
+/// (the partition stayed frozen since); another move's freeze is never.
+pub fn refuse_freeze(
+    held: Option<HeldFreeze>,
+    meta: &TopicMeta,
+    p: u32,
+    me: Option<u64>,
+    ask: FreezeAsk,
+) -> Option<FreezeRefusal> {
+    match held {
+        Some(f) if f.token != ask.token && f.move_id == Some(ask.move_id) && !ask.renew => {}
+        Some(f) if f.token != ask.token => return Some(FreezeRefusal::HeldByAnother),
+        None if ask.renew => return Some(FreezeRefusal::Lapsed),
+        _ => {}
+    }
+    if let (Some(me), Some(&owner)) = (me, meta.owners.get(p as usize))
+        && owner != me
+    {
+        return Some(FreezeRefusal::NotOwner { owner });
+    }
+    let epoch = meta.owner_epoch(p);
+    if epoch != ask.owner_epoch {
+        return Some(FreezeRefusal::Epoch { now: epoch });
+    }
+    if meta.moves.get(&p).map(|m| m.id) != Some(ask.move_id) {
+        return Some(FreezeRefusal::NotInFlight);
+    }
+    None
+}
+
 /// What the runner does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -627,6 +691,57 @@ mod tests {
             "moved elsewhere"
         );
         assert_eq!(judge(None), Resolution::Lost, "the topic is gone");
+    }
+
+    #[test]
+    fn a_source_freezes_only_for_the_move_in_flight_at_its_epoch() {
+        let t = topic(SOURCE, 3, Some(ME), &[]);
+        let ask = FreezeAsk {
+            owner_epoch: 3,
+            move_id: 42,
+            token: 9,
+            renew: false,
+        };
+        let held = |token, move_id| Some(HeldFreeze { token, move_id });
+        let refuse = |held, ask| refuse_freeze(held, &t, 0, Some(SOURCE), ask);
+        assert_eq!(refuse(None, ask), None);
+        assert_eq!(refuse(held(9, Some(42)), ask), None, "renewed");
+        assert_eq!(
+            refuse(held(8, Some(42)), ask),
+            None,
+            "this move's earlier freeze is taken over"
+        );
+        assert_eq!(
+            refuse(held(8, Some(42)), FreezeAsk { renew: true, ..ask }),
+            Some(FreezeRefusal::HeldByAnother),
+            "but never by a renewal"
+        );
+        assert_eq!(
+            refuse(held(8, Some(41)), ask),
+            Some(FreezeRefusal::HeldByAnother)
+        );
+        assert_eq!(
+            refuse(None, FreezeAsk { renew: true, ..ask }),
+            Some(FreezeRefusal::Lapsed)
+        );
+        assert_eq!(
+            refuse(
+                None,
+                FreezeAsk {
+                    owner_epoch: 2,
+                    ..ask
+                }
+            ),
+            Some(FreezeRefusal::Epoch { now: 3 })
+        );
+        assert_eq!(
+            refuse(None, FreezeAsk { move_id: 41, ..ask }),
+            Some(FreezeRefusal::NotInFlight)
+        );
+        assert_eq!(
+            refuse_freeze(None, &t, 0, Some(ME), ask),
+            Some(FreezeRefusal::NotOwner { owner: SOURCE })
+        );
     }
 
     // ── the machine ──
