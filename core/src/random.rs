@@ -1,8 +1,9 @@
 //! Where the broker's random numbers come from ([`crate::random_u64`]): ids, epochs, freeze
 //! tokens, wait ids, jitter and the seeds of lease nonces. From the operating system, unless a seeded source was installed
 //! for the process ([`seed_process`]), so that a deterministic run (a simulation, a test)
-//! makes the same ids from the same seed and a failing run can be replayed exactly (nothing
-//! installs one yet: it is the hook the seeded cluster simulation will use).
+//! makes the same ids from the same seed and a failing run can be replayed exactly. (The
+//! cluster simulation, `narad-sim`, needs none: the code it runs is handed every random
+//! number it uses, such as a move's freeze token, in the events it is fed.)
 //!
 //! Secrets never come from here: password salts, session and handle keys, sealing nonces and
 //! the cluster's proofs read the operating system's source directly, whatever is installed.

@@ -23,6 +23,9 @@
 //! leased and not acked when the source froze, and the old owner answers `410` to their
 //! handles.
 //!
+//! The sequence above is [`MoveMachine`] (in the catalog, without I/O, also run by the cluster
+//! simulation); the mover here performs the calls it asks for and feeds it their answers.
+//!
 //! Here: the mover (the target's side, above); `source`, the calls it makes answered;
 //! `plan`, the leader's planner; `forget`, a member lost for good and the witness that makes
 //! forgetting it safe; `metrics`.
