@@ -34,6 +34,7 @@ pub mod handle;
 pub mod log;
 pub mod loggate;
 pub mod metrics;
+pub mod placement;
 pub mod queue;
 pub mod random;
 pub mod record;

@@ -9,8 +9,11 @@
 //!   leases a new owner holds);
 //! - every move's target runs the real [`MoveMachine`], the source admits freezes with the
 //!   real [`refuse_freeze`], and a lapsed freeze thaws only through the catalog;
-//! - requests are routed by what each member's applied catalog says (a stale view is
-//!   normal), and the owner serves only what its own view says it owns and is not frozen.
+//! - a produce is placed by the real [`Placement`] (by key or the keyless spread, owners
+//!   the entry member cannot reach passed over, placed once more after a silent or
+//!   unreachable owner), and every request is routed by what the entry member's applied
+//!   catalog says (a stale view is normal); the owner serves only what its own view says it
+//!   owns and is not frozen.
 //!
 //! Simulated: the network (a member cut off from all others, answers lost), the disk (what
 //! a kill keeps: the log and the last persisted queue state; leases are lost), the clock, and
@@ -35,6 +38,7 @@ use narad_core::catalog::move_machine::{
     self, Action, Event, FlipAnswer, FreezeAsk, HeldFreeze, MoveKey, MoveMachine, refuse_freeze,
 };
 use narad_core::catalog::{Catalog, CatalogCommand, CatalogError, MoveTarget, TopicMeta, apply};
+use narad_core::placement::Placement;
 use narad_core::queue::{PartitionQueue, QueueSnapshot};
 use narad_core::topic::TopicConfig;
 
@@ -196,6 +200,18 @@ struct Node {
     movers: BTreeMap<MoveKey, Mover>,
     /// Requests that reached it while stopped: applied when it resumes.
     waiting: Vec<Request>,
+}
+
+/// What sending a message to an owner came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Written(u64),
+    /// Answered: not written (not the owner in its own view, or frozen).
+    Refused,
+    /// Not reached: not written.
+    Unreachable,
+    /// No answer (the owner is stopped): it may be written later.
+    Silent,
 }
 
 /// A client request waiting at a stopped owner.
@@ -629,6 +645,9 @@ impl World {
         Some(offset)
     }
 
+    /// A produce through a member: placed by the real placement (by key, or the keyless
+    /// spread; owners this member cannot reach passed over), sent to the owner, and placed
+    /// once more if the owner could not be reached or never answered.
     fn produce(&mut self) {
         let msg = self.next_msg;
         self.next_msg += 1;
@@ -636,36 +655,62 @@ impl World {
         let at = nanos(self.now);
         self.rec.sent(msg, at, Duration::ZERO);
         let via = self.rng.range(1, self.cfg.nodes + 1);
-        let p = self.rng.below(u64::from(self.cfg.partitions)) as u32;
+        let key = self
+            .rng
+            .chance(0.5)
+            .then(|| self.rng.below(8).to_le_bytes());
+        let spread = self.rng.below(u64::from(self.cfg.partitions)) as u32;
         if !self.runs(via) {
             // the connection is refused or times out: nothing was written (a stopped entry
             // member never forwards it)
             self.rec.rejected(msg, 503);
             return;
         }
-        let Some(owner) = self.route(via, p) else {
-            self.rec.rejected(msg, 503);
-            return;
+        let t = self.topic_seen_by(via);
+        // (what the entry member knows down: the members it cannot reach now)
+        let down: Vec<u64> = (1..=self.cfg.nodes)
+            .filter(|&o| !self.reaches(via, o))
+            .collect();
+        let place = Placement::new(self.cfg.partitions, &t.owners, via, |o| down.contains(&o));
+        let p = place.first(key.as_ref().map(|k| &k[..]), false, || spread);
+        let owner = place.owner(p);
+        let first = self.send(via, owner, p, msg);
+        let (p, tried) = match first {
+            Sent::Unreachable | Sent::Silent => match place.again(p, owner, &[owner]) {
+                Some(q) => (q, self.send(via, place.owner(q), q, msg)),
+                None => (p, first),
+            },
+            other => (p, other),
         };
-        if !self.runs(owner) {
-            if self.node(owner).up {
-                // stopped: it will append it when it resumes; the sender hears nothing
-                self.node_mut(owner)
-                    .waiting
-                    .push(Request::Produce { p, id: msg });
-            } else {
-                self.rec.rejected(msg, 503);
-            }
-            return;
-        }
-        match self.append(owner, p, msg) {
-            Some(offset) if self.rng.chance(0.95) => {
+        match tried {
+            Sent::Written(offset) if self.rng.chance(0.95) => {
                 self.rec.accepted(msg, at);
                 self.stats.accepted += 1;
                 self.told_of(p, offset, msg);
             }
-            Some(_) => {} // the answer was lost: unknown
-            None => self.rec.rejected(msg, 503),
+            Sent::Written(_) => {} // the answer was lost: unknown
+            // the first owner may still write it: unknown
+            _ if first == Sent::Silent => {}
+            Sent::Silent => {}
+            Sent::Refused | Sent::Unreachable => self.rec.rejected(msg, 503),
+        }
+    }
+
+    /// `via` sends message `msg` for partition `p` to `owner`.
+    fn send(&mut self, via: u64, owner: u64, p: u32, msg: u64) -> Sent {
+        if !self.reaches(via, owner) {
+            return Sent::Unreachable;
+        }
+        if !self.runs(owner) {
+            // stopped: it appends it when it resumes; the sender hears nothing
+            self.node_mut(owner)
+                .waiting
+                .push(Request::Produce { p, id: msg });
+            return Sent::Silent;
+        }
+        match self.append(owner, p, msg) {
+            Some(offset) => Sent::Written(offset),
+            None => Sent::Refused,
         }
     }
 

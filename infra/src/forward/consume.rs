@@ -19,11 +19,11 @@ use crate::http::error::ApiError;
 use crate::http::render;
 
 use super::codec::{CancelWait, ConsumeRequest, HandleOnly, SettleRequest};
-use super::place::{asked_in_turn, owner_of};
 use super::{
     CALL_DEADLINE, CallError, Ingress, MAX_WAITS_PER_MEMBER, MAX_WAITS_PER_USER, TOKEN_MARGIN,
     TOKEN_TTL, WAIT_SLACK, split_handle,
 };
+use narad_core::placement::{asked_in_turn, owner_of};
 
 impl Ingress {
     /// Leases up to `max` messages from the topic's owners, this member included, waiting up

@@ -59,13 +59,12 @@ use crate::reads::{PartitionStatsJson, history, local_stats};
 
 pub mod codec;
 mod consume;
-mod place;
 pub mod service;
 
 use codec::*;
 pub use consume::Taken;
 use consume::{UserSlotTable, raw};
-use place::{Placement, owner_of};
+use narad_core::placement::{Placement, owner_of};
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an

@@ -1,8 +1,8 @@
 //! Where a produce's messages go, and which members a consume asks in which order, decided
 //! without I/O: from the catalog's owners, this member's id and what it knows of members
-//! that are down. The calls are made by
-//! [`super::Ingress::produce`]; every choice they act on is made here, so each can be tested
-//! alone.
+//! that are down. The calls are made by the cluster's ingress (`narad-infra`'s forward
+//! module) and by the cluster simulation; every choice they act on is made here, so each can
+//! be tested alone.
 //!
 //! - A message pinned to a partition, or keyed under the `strict` key policy, is *sticky*:
 //!   it goes to its partition or fails (`owner_down` at once when the owner is known down).
@@ -15,7 +15,7 @@
 //!   just failed.
 
 /// The placement decisions over one topic's partitions.
-pub(crate) struct Placement<'a, D> {
+pub struct Placement<'a, D> {
     partitions: u32,
     owners: &'a [u64],
     me: u64,
@@ -26,7 +26,7 @@ pub(crate) struct Placement<'a, D> {
 impl<'a, D: Fn(u64) -> bool> Placement<'a, D> {
     /// Over a topic of `partitions` partitions owned by `owners` (the catalog's: one per
     /// partition, or none), seen from member `me`.
-    pub(crate) fn new(partitions: u32, owners: &'a [u64], me: u64, down: D) -> Self {
+    pub fn new(partitions: u32, owners: &'a [u64], me: u64, down: D) -> Self {
         Self {
             partitions,
             owners,
@@ -37,13 +37,13 @@ impl<'a, D: Fn(u64) -> bool> Placement<'a, D> {
 
     /// The member that owns partition `p`. A topic with no owners was made on a single
     /// node: every partition is this member's (as the broker's `is_local` says).
-    pub(crate) fn owner(&self, p: u32) -> u64 {
+    pub fn owner(&self, p: u32) -> u64 {
         owner_of(self.owners, p, self.me)
     }
 
     /// The first partition from `p` on (wrapping) whose owner neither failed in this request
     /// nor is known down; `p` itself when every owner is one or the other.
-    pub(crate) fn live_partition(&self, p: u32, failed: &[u64]) -> u32 {
+    pub fn live_partition(&self, p: u32, failed: &[u64]) -> u32 {
         self.find_live(p, failed)
             .unwrap_or(p % self.partitions.max(1))
     }
@@ -58,25 +58,19 @@ impl<'a, D: Fn(u64) -> bool> Placement<'a, D> {
 
     /// The partition of a message that names none: its key's (passed on from a down owner
     /// unless `strict`), or the keyless spread's (`spread`, asked only for a keyless one).
-    pub(crate) fn first(
-        &self,
-        key: Option<&[u8]>,
-        strict: bool,
-        spread: impl FnOnce() -> u32,
-    ) -> u32 {
+    pub fn first(&self, key: Option<&[u8]>, strict: bool, spread: impl FnOnce() -> u32) -> u32 {
         match key {
-            Some(k) if strict => narad_core::topic::partition_for_key(k, self.partitions),
-            Some(k) => self.live_partition(
-                narad_core::topic::partition_for_key(k, self.partitions),
-                &[],
-            ),
+            Some(k) if strict => crate::topic::partition_for_key(k, self.partitions),
+            Some(k) => {
+                self.live_partition(crate::topic::partition_for_key(k, self.partitions), &[])
+            }
             None => self.live_partition(spread(), &[]),
         }
     }
 
     /// The owner of partition `p` when it is known down: a sticky message for it is
     /// answered at once.
-    pub(crate) fn known_down(&self, p: u32) -> Option<u64> {
+    pub fn known_down(&self, p: u32) -> Option<u64> {
         let o = self.owner(p);
         (self.down)(o).then_some(o)
     }
@@ -85,7 +79,7 @@ impl<'a, D: Fn(u64) -> bool> Placement<'a, D> {
     /// could not be reached (`failed`: every owner that failed in this request, `node`
     /// included). `None`: nowhere but `node`, or only owners that failed or are known down
     /// (the message fails with `node`'s error at once, not after a call to a down member).
-    pub(crate) fn again(&self, p: u32, node: u64, failed: &[u64]) -> Option<u32> {
+    pub fn again(&self, p: u32, node: u64, failed: &[u64]) -> Option<u32> {
         let n = self.partitions.max(1);
         let q = (1..=n)
             .map(|d| (p % n + d) % n)
@@ -99,7 +93,7 @@ impl<'a, D: Fn(u64) -> bool> Placement<'a, D> {
 /// the topic and this member (`me`: it may hold a partition the catalog does not list yet),
 /// each once, starting at the `cursor`-th (the topic's consume cursor, one more at each
 /// consume) so that no member is always asked first.
-pub(crate) fn asked_in_turn(owners: &[u64], me: u64, cursor: u64) -> Vec<u64> {
+pub fn asked_in_turn(owners: &[u64], me: u64, cursor: u64) -> Vec<u64> {
     let mut members: Vec<u64> = owners.iter().copied().chain([me]).collect();
     members.sort_unstable();
     members.dedup();
@@ -110,7 +104,7 @@ pub(crate) fn asked_in_turn(owners: &[u64], me: u64, cursor: u64) -> Vec<u64> {
 
 /// The member that owns partition `p` of a topic with `owners` (this member, `me`, when the
 /// topic has none: it was made on a single node).
-pub(crate) fn owner_of(owners: &[u64], p: u32, me: u64) -> u64 {
+pub fn owner_of(owners: &[u64], p: u32, me: u64) -> u64 {
     // (the catalog keeps one owner per partition; a partition past them is refused by its
     // caller as out of range, and this member's broker says so)
     owners.get(p as usize).copied().unwrap_or(me)
@@ -134,7 +128,7 @@ mod tests {
     fn key_on(p: u32, n: u32) -> Vec<u8> {
         (0u32..)
             .map(|i| format!("k{i}").into_bytes())
-            .find(|k| narad_core::topic::partition_for_key(k, n) == p)
+            .find(|k| crate::topic::partition_for_key(k, n) == p)
             .unwrap()
     }
 
