@@ -27,6 +27,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod moves;
+pub mod plane;
 pub mod reads;
 pub mod server;
 pub mod telemetry;

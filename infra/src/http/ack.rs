@@ -73,16 +73,7 @@ pub(super) async fn ack_parts(
             ));
         }
         let act = action(q.str("extend"))?;
-        if let Some(ingress) = state.ingress() {
-            // a cluster member: on the member that leased it
-            broker.check_topic(&topic)?;
-            ingress
-                .settle(&topic, &[handle.to_owned()], act)
-                .await
-                .remove(0)?;
-            return Ok(StatusCode::NO_CONTENT.into_response());
-        }
-        broker.settle(&topic, handle, act).await?;
+        state.plane()?.settle(&topic, handle, act).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     if body.is_empty() {
@@ -119,28 +110,14 @@ pub(super) async fn ack_parts(
     let act = action(extend.as_deref())?;
     // The topic must exist: a batch against an unknown topic is a 404, not 410s.
     broker.check_topic(&topic)?;
-    if let Some(ingress) = state.ingress() {
-        let results = ingress
-            .settle(&topic, &req.receipt_handles, act)
-            .await
-            .into_iter()
-            .map(|r| match r {
-                Ok(()) => AckResult::applied(),
-                Err(e) => AckResult::failed(e.code, e.message),
-            })
-            .collect();
-        return Ok(json_response(StatusCode::OK, &AckResults { results }));
-    }
-    let results = broker
+    let results = state
+        .plane()?
         .settle_many(&topic, &req.receipt_handles, act)
         .await
         .into_iter()
         .map(|r| match r {
             Ok(()) => AckResult::applied(),
-            Err(e) => {
-                let e = ApiError::from(e);
-                AckResult::failed(e.code, e.message)
-            }
+            Err(e) => AckResult::failed(e.code, e.message),
         })
         .collect();
     Ok(json_response(StatusCode::OK, &AckResults { results }))

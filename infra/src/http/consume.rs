@@ -9,29 +9,12 @@ use narad_core::broker::ReplayFrom;
 use narad_wire::ErrorCode;
 
 use super::query::{Query, parse_duration, parse_time_ms};
-use super::{ApiError, ApiResult, SharedState, render};
-use crate::reads::history;
+use super::{ApiError, ApiResult, SharedState};
 
 use narad_wire::limits::MAX_CONSUME_BATCH;
 
 /// Header set when the requested wait was longer than the server allows.
 pub const WAIT_CLAMPED_HEADER: &str = "x-narad-wait-clamped";
-
-/// The reply: one message alone, or `{"messages": [...]}` when `max` was given; its bytes are
-/// held against the node's budget until written (`503 server_busy` when they do not fit).
-async fn reply(
-    state: &SharedState,
-    held: &super::budget::Held,
-    msgs: &[render::MessageJson<'_>],
-    batch: bool,
-) -> ApiResult {
-    let text = if batch {
-        render::batch_text(msgs)
-    } else {
-        render::message_text(&msgs[0])
-    };
-    super::budget::reply(&state.body_budget, held, StatusCode::OK, text).await
-}
 
 pub async fn consume(
     State(state): State<SharedState>,
@@ -57,7 +40,8 @@ pub(super) async fn consume_parts(
         uri.query(),
         &["wait", "max", "partition", "offset", "from_time"],
     )?;
-    let broker = state.broker()?.clone();
+    // (shutting down: said before anything else)
+    state.broker()?;
     let max = match q.u64("max")? {
         None => None,
         Some(n) if (1..=MAX_CONSUME_BATCH).contains(&n) => Some(n as usize),
@@ -108,21 +92,17 @@ pub(super) async fn consume_parts(
             None => ReplayFrom::TimeMs(from_time.unwrap_or_default()),
         };
         let n = max.unwrap_or(1);
-        if let Some(ingress) = state.ingress() {
-            // a cluster member: read on the partition's owner
-            let msgs = ingress.replay(&topic, p, from, n).await?;
-            if msgs.is_empty() {
-                return Ok(StatusCode::NO_CONTENT.into_response());
+        let plane = state.plane()?;
+        let archive = state.archive.as_deref();
+        return match plane
+            .replay(archive, &topic, p, from, n, max.is_some())
+            .await?
+        {
+            None => Ok(StatusCode::NO_CONTENT.into_response()),
+            Some(text) => {
+                super::budget::reply(&state.body_budget, &held, StatusCode::OK, text).await
             }
-            let text = crate::forward::Taken::read(msgs).body(max.is_some());
-            return super::budget::reply(&state.body_budget, &held, StatusCode::OK, text).await;
-        }
-        let recs = history(&broker, state.archive.as_deref(), &topic, p, from, n).await?;
-        if recs.is_empty() {
-            return Ok(StatusCode::NO_CONTENT.into_response());
-        }
-        let msgs: Vec<_> = recs.iter().map(|r| render::record(&topic, p, r)).collect();
-        return reply(&state, &held, &msgs, max.is_some()).await;
+        };
     }
 
     let limit = Duration::from_millis(state.cfg.max_wait_ms);
@@ -132,51 +112,22 @@ pub(super) async fn consume_parts(
     // is leased to a caller that may no longer consume (dropping the wait gives back what it
     // was handed)
     let revoked = revoked(&state, &caller, &topic);
-    let mut resp = match state.ingress() {
-        // a cluster member: every owner's partitions
-        Some(ingress) => {
-            let taken = tokio::select! {
-                biased;
-                e = revoked => return Err(e),
-                r = ingress.consume(&topic, partition, max.unwrap_or(1), wait, caller.username()) => r?,
-            };
-            // (revoked in the same instant: dropping `taken` gives the messages back)
-            still_allowed(&state, &caller, &topic)?;
-            if taken.is_empty() {
-                StatusCode::NO_CONTENT.into_response()
-            } else {
-                let text = taken.body(max.is_some());
-                // (not sent: dropping `taken` gives the messages back)
-                let resp =
-                    super::budget::reply(&state.body_budget, &held, StatusCode::OK, text).await?;
-                taken.sent();
-                resp
-            }
-        }
-        None => {
-            let got = tokio::select! {
-                biased;
-                e = revoked => return Err(e),
-                r = broker.consume(&topic, partition, max.unwrap_or(1), wait) => r?,
-            };
-            if let Err(e) = still_allowed(&state, &caller, &topic) {
-                broker.give_back(&topic, &got);
-                return Err(e);
-            }
-            if got.is_empty() {
-                StatusCode::NO_CONTENT.into_response()
-            } else {
-                let msgs: Vec<_> = got.iter().map(|d| render::delivery(&topic, d)).collect();
-                match reply(&state, &held, &msgs, max.is_some()).await {
-                    Ok(resp) => resp,
-                    Err(e) => {
-                        // not handed out: the messages are deliverable again at once
-                        broker.give_back(&topic, &got);
-                        return Err(e);
-                    }
-                }
-            }
-        }
+    let plane = state.plane()?;
+    let got = tokio::select! {
+        biased;
+        e = revoked => return Err(e),
+        r = plane.consume(&topic, partition, max.unwrap_or(1), wait, caller.username()) => r?,
+    };
+    // (revoked in the same instant: what was taken is given back)
+    if let Err(e) = still_allowed(&state, &caller, &topic) {
+        got.give_back();
+        return Err(e);
+    }
+    let mut resp = if got.is_empty() {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        // (not sent: what was taken is given back)
+        got.reply(&state.body_budget, &held, max.is_some()).await?
     };
     if clamped {
         let v = format!("{}ms", limit.as_millis());

@@ -82,9 +82,14 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// A cluster member's ingress, once the broker is open (`None` on a single node).
-    pub fn ingress(&self) -> Option<&Arc<crate::forward::Ingress>> {
-        self.ingress.get()
+    /// The data plane requests go through: this node's broker alone, or (a cluster member's
+    /// ingress is set before it serves) the members owning each partition.
+    pub fn plane(&self) -> Result<crate::plane::Plane<'_>, ApiError> {
+        let broker = self.broker()?;
+        Ok(match self.ingress.get() {
+            Some(ingress) => crate::plane::Plane::Cluster(ingress),
+            None => crate::plane::Plane::Local(broker),
+        })
     }
 
     pub fn broker(&self) -> Result<&Arc<Broker>, ApiError> {

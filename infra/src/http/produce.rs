@@ -12,6 +12,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use narad_core::broker::{BrokerError, ProduceMessage};
+
+use crate::plane::Written;
 use narad_core::topic::{MAX_DELAY_MS, MAX_MESSAGE_BYTES_LIMIT};
 use narad_wire::ErrorCode;
 use serde::Deserialize;
@@ -283,22 +285,15 @@ pub(super) async fn single_message(
         None,
     )?;
     check_schema(state, &broker, topic, std::slice::from_ref(&msg)).await?;
-    if let Some(ingress) = state.ingress() {
-        // a cluster member: on the partition's owner
-        let r = ingress.produce(topic, vec![msg]).await?.remove(0)?;
-        return Ok(json_response(
-            StatusCode::ACCEPTED,
-            &narad_wire::Produced {
-                partition: r.partition,
-                offset: r.offset,
-            },
-        ));
-    }
-    let r = broker.produce(topic, vec![msg]).await?;
+    // (one message: written, or not at all)
+    let r = match state.plane()?.produce(topic, vec![msg]).await? {
+        Written::All(mut r) => r.remove(0),
+        Written::Each(mut o) => o.remove(0)?,
+    };
     // the wire type itself: written straight to text, no JSON map in between
     let produced = narad_wire::Produced {
-        partition: r[0].partition,
-        offset: r[0].offset,
+        partition: r.partition,
+        offset: r.offset,
     };
     Ok(json_response(StatusCode::ACCEPTED, &produced))
 }
@@ -637,25 +632,21 @@ pub async fn batch(
         }
         resp
     };
-    if let Some(ingress) = state.ingress() {
-        // a cluster member: each owner's messages all-or-none; one outcome per message
-        let outcomes = ingress.produce(&topic, msgs).await?;
-        if let Some(Err(e)) = outcomes.first()
-            && outcomes.iter().all(Result::is_err)
-        {
-            return Err(e.clone());
+    let results = match state.plane()?.produce(&topic, msgs).await? {
+        Written::All(results) => results,
+        Written::Each(outcomes) => {
+            // a cluster member: each owner's messages all-or-none; one outcome per message
+            if late {
+                count_late(
+                    &broker,
+                    &topic,
+                    outcomes.iter().filter(|o| o.is_ok()).count(),
+                );
+            }
+            let (status, text) = crate::forward::batch_reply(&outcomes);
+            return Ok(with_id(json_text_response(status, text)));
         }
-        if late {
-            count_late(
-                &broker,
-                &topic,
-                outcomes.iter().filter(|o| o.is_ok()).count(),
-            );
-        }
-        let (status, text) = crate::forward::batch_reply(&outcomes);
-        return Ok(with_id(json_text_response(status, text)));
-    }
-    let results = broker.produce(&topic, msgs).await?;
+    };
     if late {
         count_late(&broker, &topic, results.len());
     }

@@ -159,22 +159,9 @@ pub async fn attach(
             ),
         ));
     };
-    let starts = match (from, state.ingress()) {
-        ("earliest", _) => Vec::new(),
-        (f, Some(ingress)) => ingress.positions(&meta, f == "unconsumed").await?,
-        (f, None) => {
-            let info = broker.topic_info(parent)?;
-            info.partitions
-                .iter()
-                .map(|p| {
-                    if f == "unconsumed" {
-                        p.queue.frontier
-                    } else {
-                        p.log.next_offset.max(p.queue.frontier)
-                    }
-                })
-                .collect()
-        }
+    let starts = match from {
+        "earliest" => Vec::new(),
+        f => state.plane()?.positions(&meta, f == "unconsumed").await?,
     };
     let child = RemoteChild {
         target_id,
@@ -203,11 +190,7 @@ async fn unshipped(
     parent: &str,
     child: &str,
 ) -> Result<Option<u64>, ApiError> {
-    let broker = state.broker()?;
-    let (list, missing) = match state.ingress() {
-        None => (broker.children(parent)?, Vec::new()),
-        Some(ingress) => ingress.children(&broker.topic_meta(parent)?).await?,
-    };
+    let (list, missing) = state.plane()?.children(parent).await?;
     if !missing.is_empty() {
         return Ok(None);
     }
@@ -332,10 +315,7 @@ pub async fn skip(
     };
     let broker = state.broker()?.clone();
     let c = remote_child(&broker, &parent, &child)?;
-    let (list, _) = match state.ingress() {
-        None => (broker.children(&parent)?, Vec::new()),
-        Some(ingress) => ingress.children(&broker.topic_meta(&parent)?).await?,
-    };
+    let (list, _) = state.plane()?.children(&parent).await?;
     let blocked: Vec<narad_core::broker::BlockedRecord> = list
         .into_iter()
         .find(|i| i.name == child)
@@ -500,19 +480,8 @@ async fn pause_or_resume(
         }
     }
     broker.pause_remote(&c.name, c.epoch, paused).await?;
-    // in a cluster, answered once every owner of the parent's partitions has applied it (an
-    // owner answers the children question only once it followed this far)
-    if let Some(ingress) = state.ingress() {
-        let (_, missing) = ingress.children(&broker.topic_meta(parent)?).await?;
-        if !missing.is_empty() {
-            return Err(ApiError::new(
-                ErrorCode::ClusterUnavailable,
-                format!(
-                    "the change is recorded, but the owners of partitions {missing:?} of '{parent}' have not confirmed it yet (it takes effect there when they catch up); retry to wait for them"
-                ),
-            ));
-        }
-    }
+    // answered once every owner of the parent's partitions has applied it
+    state.plane()?.owners_applied(parent).await?;
     tracing::info!(
         component = "audit",
         actor = caller.username().unwrap_or("-"),

@@ -554,22 +554,23 @@ pub async fn progress(
         .take_mirror_progress(&topic, link.source, b.partition, progress.clone(), end)
         .await?;
     // a cluster: the members owning the mirror's other partitions settle theirs
-    if let Some(ingress) = state.ingress() {
-        let meta = broker.topic_meta(&topic)?;
-        let req = crate::forward::codec::MirrorProgressRequest {
-            topic: topic.clone(),
-            topic_id: meta.id,
-            catalog: 0,
-            source: link.source,
-            partition: b.partition,
-            progress,
-            end,
-            returned: b.returned,
-        };
-        let missed = ingress.mirror_progress(&meta, req).await;
-        if !missed.is_empty() {
-            tracing::debug!(topic = %topic, members = ?missed, "members that did not take a mirror's progress (the source sends it again)");
-        }
+    let missed = state
+        .plane()?
+        .share_mirror_progress(&topic, |meta| {
+            crate::forward::codec::MirrorProgressRequest {
+                topic: topic.clone(),
+                topic_id: meta.id,
+                catalog: 0,
+                source: link.source,
+                partition: b.partition,
+                progress,
+                end,
+                returned: b.returned,
+            }
+        })
+        .await?;
+    if !missed.is_empty() {
+        tracing::debug!(topic = %topic, members = ?missed, "members that did not take a mirror's progress (the source sends it again)");
     }
     Ok(axum::http::StatusCode::NO_CONTENT.into_response())
 }
@@ -582,11 +583,11 @@ async fn mirror_report(
     topic: &str,
 ) -> Result<Option<narad_core::broker::MirrorReport>, ApiError> {
     let mine = broker.mirror_report(topic).await?;
-    let Some(ingress) = state.ingress() else {
+    let Some((theirs, settled, unanswered)) =
+        state.plane()?.others_mirror_reports(topic, false).await?
+    else {
         return Ok(mine);
     };
-    let meta = broker.topic_meta(topic)?;
-    let (theirs, settled, unanswered) = ingress.mirror_reports(&meta, false).await;
     if mine.is_none() && theirs.is_empty() {
         return Ok(None);
     }
@@ -605,9 +606,7 @@ async fn settle_mirror(
 ) -> Result<(u64, Vec<u64>), ApiError> {
     let mut settled = broker.settle_mirror_progress(topic).await?;
     let mut unanswered = Vec::new();
-    if let Some(ingress) = state.ingress() {
-        let meta = broker.topic_meta(topic)?;
-        let (_, theirs, missed) = ingress.mirror_reports(&meta, true).await;
+    if let Some((_, theirs, missed)) = state.plane()?.others_mirror_reports(topic, true).await? {
         settled += theirs;
         unanswered = missed;
     }
@@ -820,9 +819,9 @@ async fn attach_carried(
         .unwrap_or(0);
     // this topic's own records (a failback): those below its tails now predate the
     // failover; where the source said its children's consumers stand among them
-    let tails: Option<Vec<u64>> = match state.ingress() {
-        None => broker.partition_tails(topic).ok(),
-        Some(ingress) => ingress.tails(&meta).await.ok(),
+    let tails: Option<Vec<u64>> = match state.plane() {
+        Ok(plane) => plane.tails(&meta).await.ok(),
+        Err(_) => None,
     };
     let mut out = Vec::new();
     let mut left = Vec::new();

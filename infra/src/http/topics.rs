@@ -180,17 +180,7 @@ async fn link_start(
     if earliest {
         return Ok(LinkStart::Earliest);
     }
-    match state.ingress() {
-        None => Ok(LinkStart::Latest),
-        Some(ingress) => {
-            let meta = ingress.broker.topic_meta(parent)?;
-            let starts = ingress.tails(&meta).await?;
-            Ok(LinkStart::At {
-                parent_id: meta.id,
-                starts,
-            })
-        }
-    }
+    state.plane()?.link_from_latest(parent).await
 }
 
 /// `POST /v1/topics/{parent}/children`: attach an existing topic as a child.
@@ -238,10 +228,7 @@ pub async fn attach(
 async fn children_response(state: &SharedState, caller: &Caller, parent: &str) -> ApiResult {
     let broker = state.broker()?;
     // on a cluster member, each owner of the parent's partitions knows its cursors' lag
-    let (mut list, missing) = match state.ingress() {
-        None => (broker.children(parent)?, Vec::new()),
-        Some(ingress) => ingress.children(&broker.topic_meta(parent)?).await?,
-    };
+    let (mut list, missing) = state.plane()?.children(parent).await?;
     // children the caller may not use are not named to it (a remote child is the
     // parent's: whoever sees the parent sees it)
     list.retain(|c| {
@@ -490,12 +477,10 @@ pub async fn get(
     }
     let mut stats = local_stats(broker, &info, only);
     // a cluster member: the other partitions' figures from their owners
-    let mut partitions_unavailable = Vec::new();
-    if let Some(ingress) = state.ingress() {
-        let (theirs, missing) = ingress.partition_stats(&info.meta, only).await;
+    let (theirs, partitions_unavailable) = state.plane()?.others_stats(&info.meta, only).await;
+    if !theirs.is_empty() {
         stats.extend(theirs);
         stats.sort_by_key(|s| s.partition);
-        partitions_unavailable = missing;
     }
     Ok(json_response(
         StatusCode::OK,
