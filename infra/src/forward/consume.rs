@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use narad_cluster::rpc::ops::{CANCEL_WAIT, CONSUME, GIVE_BACK, WAIT_TOKEN};
 use narad_core::broker::{BrokerError, Delivery};
 use narad_wire::ErrorCode;
 use parking_lot::Mutex;
@@ -19,6 +17,7 @@ use crate::http::error::ApiError;
 use crate::http::render;
 
 use super::codec::{CancelWait, ConsumeRequest, HandleOnly, SettleRequest};
+use super::request::DataRequest;
 use super::{
     CALL_DEADLINE, CallError, Ingress, MAX_WAITS_PER_MEMBER, MAX_WAITS_PER_USER, TOKEN_MARGIN,
     TOKEN_TTL, WAIT_SLACK, split_handle,
@@ -296,10 +295,8 @@ impl Ingress {
             catalog: self.broker.followed(),
             wait_id: id,
         };
-        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-        self.call(node, WAIT_TOKEN, body, CALL_DEADLINE)
-            .await
-            .map(|_| ())
+        let (op, body) = DataRequest::WaitToken(req).frame();
+        self.call(node, op, body, CALL_DEADLINE).await.map(|_| ())
     }
 
     /// What owner `from` pushed for token `id` (its handles name the owner): handed to the
@@ -357,13 +354,13 @@ impl Ingress {
             catalog: self.broker.followed(),
             wait_id,
         };
-        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let (op, body) = DataRequest::Consume(req).frame();
         let deadline = if wait.is_zero() {
             CALL_DEADLINE
         } else {
             wait + WAIT_SLACK
         };
-        let reply = self.call(node, CONSUME, body, deadline).await?;
+        let reply = self.call(node, op, body, deadline).await?;
         let messages: Vec<Box<RawValue>> = serde_json::from_slice(&reply).map_err(|e| {
             CallError::Answered(ApiError::new(
                 ErrorCode::ClusterUnavailable,
@@ -395,14 +392,14 @@ impl Ingress {
                 catalog: 0,
                 deadline_ms: None,
             };
-            let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+            let (op, body) = DataRequest::GiveBack(req).frame();
             let Some(addr) = self.node.meta.addr_of(node) else {
                 continue;
             };
             let rpc = self.node.meta.rpc().clone();
             // best effort: a message not given back is redelivered after its lease
             rt.spawn(async move {
-                let _ = rpc.call(node, &addr, GIVE_BACK, body, CALL_DEADLINE).await;
+                let _ = rpc.call(node, &addr, op, body, CALL_DEADLINE).await;
             });
         }
     }
@@ -482,13 +479,9 @@ impl Drop for Waits {
                 continue;
             };
             let rpc = self.ingress.node.meta.rpc().clone();
-            let body = Bytes::from(
-                serde_json::to_vec(&CancelWait { wait_id }).expect("requests serialise"),
-            );
+            let (op, body) = DataRequest::CancelWait(CancelWait { wait_id }).frame();
             rt.spawn(async move {
-                let _ = rpc
-                    .call(node, &addr, CANCEL_WAIT, body, CALL_DEADLINE)
-                    .await;
+                let _ = rpc.call(node, &addr, op, body, CALL_DEADLINE).await;
             });
         }
     }

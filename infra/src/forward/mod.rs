@@ -37,9 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use narad_cluster::rpc::ops::{
-    CHILDREN, FANOUT_APPEND, MIRROR_PROGRESS, MIRROR_REPORT, PRODUCE, REPLAY, SETTLE, STATS,
-};
+use narad_cluster::rpc::ops::{FANOUT_APPEND, PRODUCE};
 use narad_cluster::rpc::{Op, RpcError};
 use narad_core::broker::{
     AckAction, Broker, BrokerError, ChildInfo, CopyForwarder, ProduceMessage, Produced, ReplayFrom,
@@ -59,12 +57,14 @@ use crate::reads::{PartitionStatsJson, history, local_stats};
 
 pub mod codec;
 mod consume;
+mod request;
 pub mod service;
 
 use codec::*;
 pub use consume::Taken;
 use consume::{UserSlotTable, raw};
 use narad_core::placement::{Placement, owner_of};
+use request::DataRequest;
 
 /// How long a forwarded produce, settle or read may take (the owner is told too). An
 /// owner killed outright keeps its connection looking alive until the idle timeout, so an
@@ -645,9 +645,9 @@ impl Ingress {
             max,
             catalog: self.broker.followed(),
         };
-        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let (op, body) = DataRequest::Replay { req, from }.frame();
         let reply = self
-            .call(owner, REPLAY, body, CALL_DEADLINE)
+            .call(owner, op, body, CALL_DEADLINE)
             .await
             .map_err(CallError::api)?;
         serde_json::from_slice(&reply).map_err(|e| {
@@ -667,7 +667,7 @@ impl Ingress {
         self: &Arc<Self>,
         meta: &narad_core::catalog::TopicMeta,
         only: Option<u32>,
-        op: Op,
+        ask: fn(StatsRequest) -> DataRequest,
     ) -> Vec<(Vec<u32>, Option<T>)> {
         let mut theirs: HashMap<u64, Vec<u32>> = HashMap::new();
         for (p, &o) in meta.owners.iter().enumerate() {
@@ -681,7 +681,7 @@ impl Ingress {
             catalog: self.broker.followed(),
             topic_id: Some(meta.id),
         };
-        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let (op, body) = ask(req).frame();
         let (nodes, parts): (Vec<u64>, Vec<Vec<u32>>) = theirs.into_iter().unzip();
         self.call_each(nodes, op, body)
             .await
@@ -728,7 +728,7 @@ impl Ingress {
         let mut stats = Vec::new();
         let mut missing = Vec::new();
         for (parts, got) in self
-            .ask_owners::<Vec<PartitionStatsJson>>(meta, only, STATS)
+            .ask_owners::<Vec<PartitionStatsJson>>(meta, only, DataRequest::Stats)
             .await
         {
             match got {
@@ -764,8 +764,8 @@ impl Ingress {
         mut req: MirrorProgressRequest,
     ) -> Vec<u64> {
         req.catalog = self.broker.followed();
-        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-        self.call_each(self.other_owners(meta), MIRROR_PROGRESS, body)
+        let (op, body) = DataRequest::MirrorProgress(req).frame();
+        self.call_each(self.other_owners(meta), op, body)
             .await
             .into_iter()
             .filter_map(|(node, got)| got.is_none().then_some(node))
@@ -786,12 +786,9 @@ impl Ingress {
             catalog: self.broker.followed(),
             last,
         };
-        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
+        let (op, body) = DataRequest::MirrorReport(req).frame();
         let (mut reports, mut settled, mut unanswered) = (Vec::new(), 0, Vec::new());
-        for (node, got) in self
-            .call_each(self.other_owners(meta), MIRROR_REPORT, body)
-            .await
-        {
+        for (node, got) in self.call_each(self.other_owners(meta), op, body).await {
             match got.and_then(|b| serde_json::from_slice::<MirrorReportReply>(&b).ok()) {
                 Some(r) => {
                     settled += r.settled;
@@ -867,7 +864,7 @@ impl Ingress {
         let mut list = self.broker.children(&parent.name)?;
         let mut missing = Vec::new();
         for (parts, got) in self
-            .ask_owners::<Vec<ChildInfo>>(parent, None, CHILDREN)
+            .ask_owners::<Vec<ChildInfo>>(parent, None, DataRequest::Children)
             .await
         {
             let Some(got) = got else {
@@ -1006,11 +1003,12 @@ impl Ingress {
                     .saturating_add(CALL_DEADLINE.as_millis() as i64),
             ),
         };
-        let body = Bytes::from(serde_json::to_vec(&req).expect("requests serialise"));
-        let reply = match self
-            .call_rpc(node, &addr, SETTLE, body, CALL_DEADLINE)
-            .await
-        {
+        let (op, body) = DataRequest::Settle {
+            req,
+            action: Some(action),
+        }
+        .frame();
+        let reply = match self.call_rpc(node, &addr, op, body, CALL_DEADLINE).await {
             Ok(b) => b,
             Err(RpcError::Remote { fault, .. }) => return Err(from_fault(&fault)),
             // never reached the owner: surely not applied

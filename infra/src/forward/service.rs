@@ -7,18 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use narad_cluster::rpc::ops::{
-    CANCEL_WAIT, CHILDREN, CONSUME, DELIVER, FANOUT_APPEND, GIVE_BACK, MIRROR_PROGRESS,
-    MIRROR_REPORT, PRODUCE, REPLAY, SETTLE, STATS, WAIT_TOKEN,
-};
+use narad_cluster::rpc::ops::CONSUME;
 use narad_cluster::rpc::{BoxFuture, Fault, Op, RpcError, Service};
-use narad_core::broker::{AckAction, Broker, ReplayFrom};
-use narad_core::record::NewRecord;
+use narad_core::broker::Broker;
 use narad_replay::ArchiveReader;
 use narad_wire::ErrorCode;
-use narad_wire::limits::{MAX_BATCH_ACK, MAX_CONSUME_BATCH};
+use narad_wire::limits::MAX_CONSUME_BATCH;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::Semaphore;
 
@@ -28,6 +23,7 @@ use crate::reads::{history, local_stats};
 
 use super::codec::*;
 use super::consume::{Taken, raw};
+use super::request::{DataRequest, Delivered};
 use super::{CALL_DEADLINE, CATCH_UP, Ingress, MAX_CANCELLABLE_WAITS, split_handle};
 
 /// Longest wait a member's forwarded consume may ask of an owner (its reader's wait is
@@ -106,15 +102,6 @@ impl DataService {
     }
 }
 
-/// A delivery token left by another member's reader: what this owner's line hands it.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Delivered {
-    topic: String,
-    token: u64,
-    messages: Vec<Box<RawValue>>,
-}
-
 /// Pushes this owner sends to one member at once. A member that died (or froze) is found
 /// out by the first push to it failing, up to [`CALL_DEADLINE`] later; the pushes already
 /// under way then stay leased until their lease ends (their fate is unknown), so this
@@ -187,21 +174,19 @@ async fn keep_token(
     }
     let me = ingress.me();
     let mut taken = Taken::local(&req.topic, me, got);
-    let body = Bytes::from(
-        serde_json::to_vec(&Delivered {
-            topic: req.topic.clone(),
-            token: req.wait_id,
-            messages: std::mem::take(&mut taken.messages),
-        })
-        .expect("deliveries serialise"),
-    );
+    let (op, body) = DataRequest::Deliver(Delivered {
+        topic: req.topic.clone(),
+        token: req.wait_id,
+        messages: std::mem::take(&mut taken.messages),
+    })
+    .frame();
     let pushed = match ingress.node.meta.addr_of(from) {
         Some(addr) => {
             ingress
                 .node
                 .meta
                 .rpc()
-                .call(from, &addr, DELIVER, body, CALL_DEADLINE)
+                .call(from, &addr, op, body, CALL_DEADLINE)
                 .await
         }
         None => Err(RpcError::Unreachable {
@@ -255,14 +240,6 @@ impl Drop for WaitEntry {
     }
 }
 
-fn malformed(what: &str) -> Fault {
-    Fault::new(
-        400,
-        "malformed_request",
-        format!("a malformed {what} request"),
-    )
-}
-
 /// Waits (briefly) until this member has followed the catalog a call names.
 /// `topic` here is incarnation `id` (one re-created since is another topic).
 fn same_topic(broker: &Broker, topic: &str, id: u64) -> Result<(), Fault> {
@@ -300,9 +277,11 @@ impl Service for DataService {
             if let Some(r) = crate::moves::serve(&broker, mover.as_ref(), op, &body).await {
                 return r;
             }
-            match op {
-                PRODUCE => {
-                    let req = decode_produce(body).ok_or_else(|| malformed("produce"))?;
+            let Some(req) = DataRequest::decode(op, body) else {
+                return Err(Fault::unknown_op(op));
+            };
+            match req? {
+                DataRequest::Produce(req) => {
                     caught_up(&broker, req.catalog).await?;
                     // the incarnation the sender placed for: a topic re-created since is
                     // another topic
@@ -328,9 +307,7 @@ impl Service for DataService {
                     }
                     Ok(encode_produced(&produced))
                 }
-                CONSUME => {
-                    let req: ConsumeRequest =
-                        serde_json::from_slice(&body).map_err(|_| malformed("consume"))?;
+                DataRequest::Consume(req) => {
                     caught_up(&broker, req.catalog).await?;
                     let wait = Duration::from_millis(req.wait_ms.min(MAX_FORWARDED_WAIT_MS));
                     let max = req.max.clamp(1, MAX_CONSUME_BATCH as usize);
@@ -363,15 +340,8 @@ impl Service for DataService {
                         serde_json::to_vec(&taken.messages).expect("messages serialise"),
                     ))
                 }
-                REPLAY => {
-                    let req: ReplayRequest =
-                        serde_json::from_slice(&body).map_err(|_| malformed("replay"))?;
+                DataRequest::Replay { req, from } => {
                     caught_up(&broker, req.catalog).await?;
-                    let from = match (req.offset, req.from_time_ms) {
-                        (Some(o), _) => ReplayFrom::Offset(o),
-                        (None, Some(t)) => ReplayFrom::TimeMs(t),
-                        (None, None) => return Err(malformed("replay")),
-                    };
                     let max = req.max.clamp(1, MAX_CONSUME_BATCH as usize);
                     let recs = history(
                         &broker,
@@ -391,23 +361,17 @@ impl Service for DataService {
                         serde_json::to_vec(&msgs).expect("messages serialise"),
                     ))
                 }
-                SETTLE | GIVE_BACK => {
-                    let req: SettleRequest =
-                        serde_json::from_slice(&body).map_err(|_| malformed("ack"))?;
-                    if req.handles.len() > MAX_BATCH_ACK {
-                        return Err(malformed("ack"));
-                    }
-                    let action = match req.action.as_deref() {
-                        None => None,
-                        Some("ack") => Some(AckAction::Ack),
-                        Some("extend") => Some(AckAction::Extend),
-                        Some("nack") => Some(AckAction::Nack),
-                        Some(_) => return Err(malformed("ack")),
-                    };
-                    let Some(action) = action else {
-                        broker.give_back_handles(&req.topic, &req.handles);
-                        return Ok(Bytes::new());
-                    };
+                DataRequest::GiveBack(req)
+                | DataRequest::Settle {
+                    req, action: None, ..
+                } => {
+                    broker.give_back_handles(&req.topic, &req.handles);
+                    Ok(Bytes::new())
+                }
+                DataRequest::Settle {
+                    req,
+                    action: Some(action),
+                } => {
                     caught_up(&broker, req.catalog).await?;
                     if let Some(d) = req.deadline_ms
                         && broker.now_ms() > d
@@ -434,37 +398,15 @@ impl Service for DataService {
                         serde_json::to_vec(&out).expect("outcomes serialise"),
                     ))
                 }
-                FANOUT_APPEND => {
-                    let req = decode_produce(body).ok_or_else(|| malformed("fan-out append"))?;
+                DataRequest::FanoutAppend(req) => {
                     caught_up(&broker, req.catalog).await?;
-                    // one partition per call (a cursor's group for one child partition)
-                    let Some(partition) = req.msgs.first().and_then(|m| m.partition) else {
-                        return Err(malformed("fan-out append"));
-                    };
-                    let mut records = Vec::with_capacity(req.msgs.len());
-                    for m in req.msgs {
-                        let delay = m.delay_ms.unwrap_or(0);
-                        if m.partition != Some(partition)
-                            || !(0..=i64::from(u32::MAX)).contains(&delay)
-                        {
-                            return Err(malformed("fan-out append"));
-                        }
-                        records.push(NewRecord {
-                            key: m.key,
-                            headers: m.headers,
-                            payload: m.payload,
-                            delay_ms: delay as u32,
-                        });
-                    }
                     broker
-                        .append_copies(&req.topic, req.topic_id, partition, records)
+                        .append_copies(&req.topic, req.topic_id, req.partition, req.records)
                         .await
                         .map_err(|e| to_fault(&e.into()))?;
                     Ok(Bytes::new())
                 }
-                CHILDREN => {
-                    let req: StatsRequest =
-                        serde_json::from_slice(&body).map_err(|_| malformed("children"))?;
+                DataRequest::Children(req) => {
                     caught_up(&broker, req.catalog).await?;
                     let id = broker
                         .topic_meta(&req.topic)
@@ -483,9 +425,7 @@ impl Service for DataService {
                         serde_json::to_vec(&list).expect("children serialise"),
                     ))
                 }
-                MIRROR_PROGRESS => {
-                    let req: MirrorProgressRequest =
-                        serde_json::from_slice(&body).map_err(|_| malformed("mirror progress"))?;
+                DataRequest::MirrorProgress(req) => {
                     caught_up(&broker, req.catalog).await?;
                     same_topic(&broker, &req.topic, req.topic_id)?;
                     if !req.returned.is_empty() {
@@ -506,9 +446,7 @@ impl Service for DataService {
                         .map_err(|e| to_fault(&e.into()))?;
                     Ok(Bytes::new())
                 }
-                MIRROR_REPORT => {
-                    let req: MirrorReportRequest =
-                        serde_json::from_slice(&body).map_err(|_| malformed("mirror report"))?;
+                DataRequest::MirrorReport(req) => {
                     caught_up(&broker, req.catalog).await?;
                     same_topic(&broker, &req.topic, req.topic_id)?;
                     let reply = if req.last {
@@ -532,9 +470,7 @@ impl Service for DataService {
                         serde_json::to_vec(&reply).expect("reports serialise"),
                     ))
                 }
-                STATS => {
-                    let req: StatsRequest =
-                        serde_json::from_slice(&body).map_err(|_| malformed("stats"))?;
+                DataRequest::Stats(req) => {
                     caught_up(&broker, req.catalog).await?;
                     let info = broker
                         .topic_info(&req.topic)
@@ -550,12 +486,7 @@ impl Service for DataService {
                         serde_json::to_vec(&stats).expect("stats serialise"),
                     ))
                 }
-                WAIT_TOKEN => {
-                    let req: ConsumeRequest =
-                        serde_json::from_slice(&body).map_err(|_| malformed("token"))?;
-                    if req.wait_id == 0 {
-                        return Err(malformed("token"));
-                    }
+                DataRequest::WaitToken(req) => {
                     caught_up(&broker, req.catalog).await?;
                     broker
                         .topic_meta(&req.topic)
@@ -589,20 +520,13 @@ impl Service for DataService {
                     });
                     Ok(Bytes::new())
                 }
-                DELIVER => {
-                    let req: Delivered =
-                        serde_json::from_slice(&body).map_err(|_| malformed("delivery"))?;
-                    if req.messages.len() > MAX_CONSUME_BATCH as usize {
-                        return Err(malformed("delivery"));
-                    }
+                DataRequest::Deliver(req) => {
                     if let Some(ingress) = ingress.upgrade() {
                         ingress.delivered(from, req.topic, req.token, req.messages);
                     }
                     Ok(Bytes::new())
                 }
-                CANCEL_WAIT => {
-                    let req: CancelWait =
-                        serde_json::from_slice(&body).map_err(|_| malformed("cancel"))?;
+                DataRequest::CancelWait(req) => {
                     let found = waits.lock().remove(&(from, req.wait_id));
                     match found {
                         Some((_, tx)) => {
@@ -612,7 +536,6 @@ impl Service for DataService {
                     }
                     Ok(Bytes::new())
                 }
-                op => Err(Fault::unknown_op(op)),
             }
         })
     }
