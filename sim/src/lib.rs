@@ -547,8 +547,8 @@ impl World {
             if m.target != me {
                 continue;
             }
-            let key = (t.id, p, m.id);
-            if !n.movers.contains_key(&key) && n.movers.keys().all(|k| k.1 != p) {
+            let key = MoveKey::new(t.id, p, m.id);
+            if !n.movers.contains_key(&key) && n.movers.keys().all(|k| k.partition != p) {
                 n.movers.insert(
                     key,
                     Mover {
@@ -903,7 +903,7 @@ impl World {
                         return false;
                     };
                     m.source = source;
-                    m.epoch = t.owner_epoch(m.key.1);
+                    m.epoch = t.owner_epoch(m.key.partition);
                     let token = loop {
                         let t = self.rng.next_u64();
                         if t != 0 {
@@ -932,7 +932,7 @@ impl World {
 
     /// One action of a mover at `me`, against the simulated cluster.
     fn perform(&mut self, me: u64, m: &mut Mover, action: Action) -> Event {
-        let (_, p, move_id) = m.key;
+        let (p, move_id) = (m.key.partition, m.key.move_id);
         let source = m.source;
         let now = self.now;
         let unreachable = || Event::Failed(format!("node {source} does not answer"));

@@ -38,14 +38,34 @@ pub const RETRY_MAX: Duration = Duration::from_secs(5);
 pub const RESOLVE_FIRST: Duration = Duration::from_millis(250);
 pub const RESOLVE_MAX: Duration = Duration::from_secs(2);
 
-/// A move a member works on: (topic incarnation, partition, move id).
-pub type MoveKey = (u64, u32, u64);
+/// A move a member works on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MoveKey {
+    /// The topic's incarnation.
+    pub topic_id: u64,
+    pub partition: u32,
+    pub move_id: u64,
+}
+
+impl MoveKey {
+    pub fn new(topic_id: u64, partition: u32, move_id: u64) -> Self {
+        Self {
+            topic_id,
+            partition,
+            move_id,
+        }
+    }
+}
 
 /// The source to copy from (the partition's owner now) when the catalog `meta` still wants
 /// move `key` to go to member `me`; `None` when it was cancelled, replaced by another move,
 /// sent elsewhere, or the topic is another incarnation.
 pub fn wanted_from(meta: &TopicMeta, key: MoveKey, me: u64) -> Option<u64> {
-    let (topic_id, p, move_id) = key;
+    let MoveKey {
+        topic_id,
+        partition: p,
+        move_id,
+    } = key;
     let m = meta.moves.get(&p)?;
     if meta.id != topic_id || m.id != move_id || m.target != me {
         return None;
@@ -109,7 +129,11 @@ pub enum Resolution {
 /// topic `now`.
 pub fn resolve(
     now: Option<&TopicMeta>,
-    (topic_id, p, move_id): MoveKey,
+    MoveKey {
+        topic_id,
+        partition: p,
+        move_id,
+    }: MoveKey,
     me: u64,
     source: u64,
     epoch: u64,
@@ -596,25 +620,33 @@ mod tests {
     #[test]
     fn a_move_is_wanted_only_as_the_catalog_names_it() {
         let t = topic(SOURCE, 0, Some(ME), &[]);
-        assert_eq!(wanted_from(&t, (7, 0, 42), ME), Some(SOURCE));
+        assert_eq!(wanted_from(&t, MoveKey::new(7, 0, 42), ME), Some(SOURCE));
         assert_eq!(
-            wanted_from(&t, (7, 0, 41), ME),
+            wanted_from(&t, MoveKey::new(7, 0, 41), ME),
             None,
             "a cancelled move's id"
         );
-        assert_eq!(wanted_from(&t, (8, 0, 42), ME), None, "another incarnation");
         assert_eq!(
-            wanted_from(&t, (7, 1, 42), ME),
+            wanted_from(&t, MoveKey::new(8, 0, 42), ME),
+            None,
+            "another incarnation"
+        );
+        assert_eq!(
+            wanted_from(&t, MoveKey::new(7, 1, 42), ME),
             None,
             "no move of that partition"
         );
         assert_eq!(
-            wanted_from(&t, (7, 0, 42), 3),
+            wanted_from(&t, MoveKey::new(7, 0, 42), 3),
             None,
             "sent to another member"
         );
         let gone = topic(SOURCE, 0, None, &[]);
-        assert_eq!(wanted_from(&gone, (7, 0, 42), ME), None, "cancelled");
+        assert_eq!(
+            wanted_from(&gone, MoveKey::new(7, 0, 42), ME),
+            None,
+            "cancelled"
+        );
     }
 
     #[test]
@@ -661,7 +693,7 @@ mod tests {
 
     #[test]
     fn a_lost_flip_answer_is_resolved_from_the_catalog() {
-        let key = (7, 0, 42);
+        let key = MoveKey::new(7, 0, 42);
         let token = 99;
         let judge = |t: Option<&TopicMeta>| resolve(t, key, ME, SOURCE, 3, token);
         assert_eq!(judge(Some(&topic(ME, 4, None, &[]))), Resolution::Committed);

@@ -297,7 +297,7 @@ impl Mover {
                     if m.target != me {
                         continue;
                     }
-                    let key = (t.id, p, m.id);
+                    let key = MoveKey::new(t.id, p, m.id);
                     if !self.running.lock().insert(key) {
                         continue;
                     }
@@ -404,7 +404,11 @@ impl Mover {
     /// The move `key` = (topic id, partition, move id): attempts until it completes or the
     /// catalog no longer asks for it.
     async fn run_move(self: &Arc<Self>, topic: String, key: MoveKey, stop: CancellationToken) {
-        let (topic_id, p, move_id) = key;
+        let MoveKey {
+            topic_id,
+            partition: p,
+            move_id,
+        } = key;
         let Ok(_slot) = self.slots.clone().acquire_owned().await else {
             return;
         };
@@ -741,7 +745,7 @@ impl Mover {
     ) -> Event {
         let meta = at.meta.clone();
         let (p, source) = (at.partition, at.source);
-        let pkey = (meta.id, p, move_id);
+        let pkey = MoveKey::new(meta.id, p, move_id);
         let epoch = meta.owner_epoch(p);
         let staging = self.broker.staging_dir(&meta, p, move_id);
         let freeze_req = |token, renew| {
@@ -992,7 +996,7 @@ impl Mover {
         files: &[PartitionFile],
         renew: Option<&Vec<u8>>,
     ) -> Result<u64, String> {
-        let key = (meta.id, p, move_id);
+        let key = MoveKey::new(meta.id, p, move_id);
         let frozen = renew.is_some();
         let names: HashSet<&str> = files.iter().map(|f| f.name.as_str()).collect();
         {
