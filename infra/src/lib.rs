@@ -9,12 +9,14 @@
 //!             http::router ◄── AppState { broker (opened in the background), metrics }
 //!               │  /healthz /readyz /metrics /v1/topics/...
 //!               ▼
-//!        narad_core::broker::Broker   (max_open_logs sized by fdlimit from RLIMIT_NOFILE)
+//!        plane::Plane ──► narad_core::broker::Broker   (a single node; max_open_logs sized
+//!               │                                      by fdlimit from RLIMIT_NOFILE)
+//!               └──────► forward::Ingress ──► the members owning each partition (a cluster)
 //! ```
 //!
 //! In a cluster, [`cluster`] starts the member (the metastore, the QUIC endpoint), the
-//! handlers reach partitions other members own through [`forward`] (the calling side, the
-//! answering service, placement, the wire codec), and [`moves`] moves partitions between
+//! handlers' [`plane`] reaches partitions other members own through [`forward`] (the calling
+//! side, the answering service, the one request enum of node calls, the wire codec), and [`moves`] moves partitions between
 //! members and forgets a member lost for good. docs/architecture.md draws the paths.
 
 pub mod acked_ends;
