@@ -26,10 +26,13 @@
 //! after an ack outside a fault window, no phantom; and besides it, no offset a producer was
 //! told ever names another record.
 //!
-//! Not simulated: forget and rebuild from the archive, fan-out and remote children, the
-//! planner (moves are asked for at random, as an admin would).
+//! Moves are asked for at random as an admin would, planned by the real planner
+//! ([`plan_moves`]) on a leader over the members it reaches, and made by decommissioning a
+//! member (the planner drains it).
+//!
+//! Not simulated: forget and rebuild from the archive, fan-out and remote children.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +40,7 @@ use narad_bench::lifecycle::{FaultKind, Recorder, Report};
 use narad_core::catalog::move_machine::{
     self, Action, Event, FlipAnswer, FreezeAsk, HeldFreeze, MoveKey, MoveMachine, refuse_freeze,
 };
+use narad_core::catalog::plan::plan_moves;
 use narad_core::catalog::{Catalog, CatalogCommand, CatalogError, MoveTarget, TopicMeta, apply};
 use narad_core::placement::Placement;
 use narad_core::queue::{PartitionQueue, QueueSnapshot};
@@ -56,6 +60,8 @@ const FREEZE_TTL_MS: i64 = 2_000;
 /// A record's size as the copy counts it (so that catch-up passes are many or few).
 const RECORD_BYTES: u64 = 256 << 10;
 const MAX_IN_FLIGHT: usize = 1_000;
+/// Moves the planner keeps in flight at once (the server's default `move_max_in_flight`).
+const MOVES_AT_ONCE: usize = 8;
 /// Out-of-order acked ranges a queue keeps (the broker's default).
 const MAX_ACK_RANGES: usize = 65_536;
 
@@ -72,7 +78,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             nodes: 3,
-            partitions: 2,
+            partitions: 4,
             steps: 1_500,
         }
     }
@@ -82,6 +88,8 @@ impl Default for SimConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
     pub moves_asked: u64,
+    pub moves_planned: u64,
+    pub drains: u64,
     pub moves_done: u64,
     pub attempts_failed: u64,
     pub flips_unknown: u64,
@@ -863,6 +871,66 @@ impl World {
         let _ = self.propose(via, cmd);
     }
 
+    /// The leader's planner: [`plan_moves`] over the committed catalog and the members it
+    /// reaches, each planned move proposed as the planner does (at the owner and epoch it
+    /// planned from).
+    fn plan(&mut self) {
+        let leader = self.rng.range(1, self.cfg.nodes + 1);
+        if !self.runs(leader) || self.cut(leader) || self.meta.down_until > self.now {
+            return;
+        }
+        let catalog = self.meta.committed().clone();
+        let voters: Vec<u64> = (1..=self.cfg.nodes).collect();
+        let alive: HashSet<u64> = voters
+            .iter()
+            .copied()
+            .filter(|&n| self.reaches(leader, n) && self.runs(n))
+            .collect();
+        let in_flight: usize = catalog.topics().map(|t| t.moves.len()).sum();
+        let budget = MOVES_AT_ONCE.saturating_sub(in_flight);
+        for m in plan_moves(&catalog, &voters, &alive, budget, true) {
+            let t = catalog.get(&m.topic).expect("planned from it");
+            self.stats.moves_planned += 1;
+            let cmd = CatalogCommand::SetMoveTarget {
+                topic_id: t.id,
+                partition: m.partition,
+                expect_owner: m.from,
+                expect_epoch: t.owner_epoch(m.partition),
+                target: Some(MoveTarget {
+                    id: self.rng.next_u64(),
+                    node: m.to,
+                    since_ms: self.now,
+                    reason: m.reason.clone(),
+                }),
+            };
+            let _ = self.propose(leader, cmd);
+        }
+    }
+
+    /// An admin starts or ends the decommission of a member (one at a time: the others
+    /// receive its partitions).
+    fn drain(&mut self) {
+        let via = self.rng.range(1, self.cfg.nodes + 1);
+        if !self.runs(via) {
+            return;
+        }
+        let now_draining: Vec<u64> = self.view(via).draining().iter().copied().collect();
+        let cmd = match now_draining.first() {
+            Some(&node) => CatalogCommand::SetDraining {
+                node,
+                draining: false,
+            },
+            None => {
+                self.stats.drains += 1;
+                CatalogCommand::SetDraining {
+                    node: self.rng.range(1, self.cfg.nodes + 1),
+                    draining: true,
+                }
+            }
+        };
+        let _ = self.propose(via, cmd);
+    }
+
     fn run_movers(&mut self, id: u64) {
         let keys: Vec<MoveKey> = self.node(id).movers.keys().copied().collect();
         for key in keys {
@@ -1168,8 +1236,12 @@ pub fn run(seed: u64, cfg: SimConfig) -> Outcome {
             0..=39 => w.produce(),
             40..=64 => w.consume(),
             65..=94 => w.settle(),
-            _ if w.rng.chance(0.3) => w.ask_move(),
-            _ => {}
+            _ => match w.rng.below(20) {
+                0..=2 => w.ask_move(),
+                3..=5 => w.plan(),
+                6 => w.drain(),
+                _ => {}
+            },
         }
     }
     // the drain: heal, let moves settle, consume and ack everything

@@ -41,6 +41,8 @@ fn every_seed_keeps_the_delivery_contract() {
         let s = out.stats;
         total.moves_asked += s.moves_asked;
         total.moves_done += s.moves_done;
+        total.moves_planned += s.moves_planned;
+        total.drains += s.drains;
         total.attempts_failed += s.attempts_failed;
         total.flips_unknown += s.flips_unknown;
         total.thaws += s.thaws;

@@ -13,6 +13,7 @@
 pub mod link;
 pub mod move_machine;
 pub mod moves;
+pub mod plan;
 pub mod remote;
 pub mod role;
 pub mod store;
