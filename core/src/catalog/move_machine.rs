@@ -387,15 +387,6 @@ impl MoveMachine {
         self.state == State::Done
     }
 
-    /// Whether a copy may be installed at the target now (from the install on, until the
-    /// attempt ends): a runner must not delete it on a bare error meanwhile.
-    pub fn installed_or_installing(&self) -> bool {
-        matches!(
-            self.state,
-            State::Installing | State::Flipping { .. } | State::Reading | State::Waiting
-        )
-    }
-
     /// The phase shown in a move's progress.
     pub fn phase(&self) -> &'static str {
         match self.state {

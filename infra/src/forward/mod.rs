@@ -37,7 +37,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use narad_cluster::rpc::ops::{FANOUT_APPEND, PRODUCE};
 use narad_cluster::rpc::{Op, RpcError};
 use narad_core::broker::{
     AckAction, Broker, BrokerError, ChildInfo, CopyForwarder, ProduceMessage, Produced, ReplayFrom,
@@ -586,8 +585,15 @@ impl Ingress {
             self.witnesses.confirm(topic_id, &produced, None).await;
             return Ok(produced);
         }
-        let body = encode_produce(topic, topic_id, catalog, &msgs);
-        let reply = self.call(node, PRODUCE, body, deadline).await?;
+        let count = msgs.len();
+        let (op, body) = DataRequest::Produce(ProduceRequest {
+            topic: topic.to_owned(),
+            topic_id,
+            catalog,
+            msgs,
+        })
+        .frame();
+        let reply = self.call(node, op, body, deadline).await?;
         let malformed = |what: String| {
             CallError::Answered(ApiError::new(
                 ErrorCode::ClusterUnavailable,
@@ -596,11 +602,10 @@ impl Ingress {
         };
         let produced =
             decode_produced(&reply).ok_or_else(|| malformed("a malformed reply".into()))?;
-        if produced.len() != msgs.len() {
+        if produced.len() != count {
             return Err(malformed(format!(
-                "{} outcomes for {} messages",
+                "{} outcomes for {count} messages",
                 produced.len(),
-                msgs.len()
             )));
         }
         Ok(produced)
@@ -903,18 +908,15 @@ impl Ingress {
         partition: u32,
         records: Vec<NewRecord>,
     ) -> Result<(), BrokerError> {
-        let msgs: Vec<ProduceMessage> = records
-            .into_iter()
-            .map(|r| ProduceMessage {
-                key: r.key,
-                partition: Some(partition),
-                delay_ms: (r.delay_ms > 0).then_some(i64::from(r.delay_ms)),
-                headers: r.headers,
-                payload: r.payload,
-            })
-            .collect();
-        let body = encode_produce(&topic, topic_id, self.broker.followed(), &msgs);
-        self.call(owner, FANOUT_APPEND, body, CALL_DEADLINE)
+        let (op, body) = DataRequest::FanoutAppend(request::FanoutAppend {
+            topic,
+            topic_id,
+            catalog: self.broker.followed(),
+            partition,
+            records,
+        })
+        .frame();
+        self.call(owner, op, body, CALL_DEADLINE)
             .await
             .map(|_| ())
             .map_err(|e| BrokerError::ClusterUnavailable(e.api().message))

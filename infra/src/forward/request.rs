@@ -172,7 +172,8 @@ impl DataRequest {
                     .map(|r| ProduceMessage {
                         key: r.key.clone(),
                         partition: Some(f.partition),
-                        delay_ms: Some(i64::from(r.delay_ms)),
+                        // (no delay is sent as none)
+                        delay_ms: (r.delay_ms > 0).then_some(i64::from(r.delay_ms)),
                         headers: r.headers.clone(),
                         payload: r.payload.clone(),
                     })
@@ -293,6 +294,19 @@ mod tests {
                 }],
             }),
             DataRequest::Children(stats()),
+            DataRequest::MirrorProgress(MirrorProgressRequest {
+                topic: "m".into(),
+                topic_id: 5,
+                catalog: 7,
+                source: narad_core::catalog::role::Source {
+                    cluster: 1,
+                    topic: 2,
+                },
+                partition: 1,
+                progress: Default::default(),
+                end: None,
+                returned: vec![(1, 2, 3)],
+            }),
             DataRequest::MirrorReport(MirrorReportRequest {
                 topic: "m".into(),
                 topic_id: 5,

@@ -112,6 +112,8 @@ struct Attempt {
     /// What the freeze answered, and when it was asked for.
     frozen: Option<FreezeReply>,
     frozen_at: Option<Instant>,
+    /// Whether the flip was proposed once already.
+    proposed: bool,
 }
 
 /// Undoes what a move running here holds, when its task ends however it ends.
@@ -466,10 +468,13 @@ impl Mover {
                 listed_from: 0,
                 frozen: None,
                 frozen_at: None,
+                proposed: false,
             };
             let mut action = machine.step(Event::Start { token });
             let ended = loop {
-                self.set_phase(pkey, machine.phase());
+                if action != Action::Done {
+                    self.set_phase(pkey, machine.phase());
+                }
                 match action {
                     Action::Done => {
                         break Ok(at.frozen_at.map(|t| t.elapsed()).unwrap_or_default());
@@ -839,7 +844,11 @@ impl Mover {
                     Err(e) => return Event::Failed(e),
                 };
                 let stall = failpoint::millis("move.stall_frozen");
-                if !stall.is_zero() && injected.once(Injected::STALL_FROZEN) {
+                // (not on an attempt the machine fails at once: the source restarted)
+                if !stall.is_zero()
+                    && frozen.incarnation == at.listed_from
+                    && injected.once(Injected::STALL_FROZEN)
+                {
                     tracing::warn!(
                         ?stall,
                         "failpoint move.stall_frozen: stalling a frozen move"
@@ -920,9 +929,12 @@ impl Mover {
                     expect_epoch: epoch,
                     token,
                 };
+                let first = !std::mem::replace(&mut at.proposed, true);
                 Event::Flip(match self.store.replicate(flip).await {
+                    // (the attempt's first proposal only, not the resolve loop's)
                     Ok(())
-                        if failpoint::on("move.lose_flip_reply")
+                        if first
+                            && failpoint::on("move.lose_flip_reply")
                             && injected.once(Injected::LOSE_FLIP_REPLY) =>
                     {
                         tracing::warn!(topic = %meta.name, partition = p, "failpoint move.lose_flip_reply: the flip's answer is treated as lost; asking the cluster");
