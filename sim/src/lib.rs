@@ -273,25 +273,14 @@ impl World {
         let owners: Vec<u64> = (0..cfg.partitions)
             .map(|p| 1 + u64::from(p) % cfg.nodes)
             .collect();
+        let config = TopicConfig {
+            partitions: cfg.partitions,
+            ..TopicConfig::default()
+        };
         let topic = TopicMeta {
-            id: TOPIC_ID,
-            name: TOPIC.into(),
-            created_at_ms: 0,
-            config: TopicConfig {
-                partitions: cfg.partitions,
-                ..TopicConfig::default()
-            },
-            parent: None,
-            owner: None,
-            owner_id: None,
-            schemas: Vec::new(),
             owner_epochs: vec![0; owners.len()],
             owners: owners.clone(),
-            moves: Default::default(),
-            rebuilt: Default::default(),
-            role: Default::default(),
-            carried_children: Vec::new(),
-            pinned: Default::default(),
+            ..TopicMeta::new(TOPIC_ID, TOPIC, 0, config)
         };
         meta.commit(&CatalogCommand::CreateTopic { topic })
             .expect("the topic is made");

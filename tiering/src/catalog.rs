@@ -353,21 +353,9 @@ mod tests {
     fn snapshot() -> CatalogSnapshot {
         CatalogSnapshot {
             topics: vec![TopicMeta {
-                id: 7,
-                name: "orders".into(),
-                created_at_ms: 1,
-                config: TopicConfig::default(),
-                parent: None,
                 owner: Some("alice".into()),
                 owner_id: Some(3),
-                schemas: Vec::new(),
-                owners: Vec::new(),
-                owner_epochs: Vec::new(),
-                moves: Default::default(),
-                rebuilt: Default::default(),
-                role: Default::default(),
-                carried_children: Vec::new(),
-                pinned: Default::default(),
+                ..TopicMeta::new(7, "orders", 1, TopicConfig::default())
             }],
             cursors: vec![CursorPosition {
                 child: "orders-audit".into(),

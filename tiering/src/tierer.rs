@@ -1054,21 +1054,10 @@ fn restored_meta(
                 tracing::warn!(topic = %name, "the catalog snapshot knows another incarnation of this topic than the archived data; restored from _topic.json, without a fan-out link");
             }
             Some(TopicMeta {
-                id: t.topic_id,
-                name: t.name,
-                created_at_ms: t.created_at_ms,
-                config: t.config,
-                parent: None,
                 owner: t.owner,
                 owner_id: t.owner_id,
                 schemas: t.schemas,
-                owners: Vec::new(),
-                owner_epochs: Vec::new(),
-                moves: Default::default(),
-                rebuilt: Default::default(),
-                role: Default::default(),
-                carried_children: Vec::new(),
-                pinned: Default::default(),
+                ..TopicMeta::new(t.topic_id, &t.name, t.created_at_ms, t.config)
             })
         }
         (None, Some(m)) => Some(from_snapshot(m)),

@@ -32,23 +32,7 @@ fn the_log_store_and_state_machine_pass_openraft_s_suite() {
 }
 
 fn topic(id: u64, name: &str) -> TopicMeta {
-    TopicMeta {
-        id,
-        name: name.into(),
-        created_at_ms: 1_000,
-        config: TopicConfig::default(),
-        parent: None,
-        owner: None,
-        owner_id: None,
-        schemas: Vec::new(),
-        owners: Vec::new(),
-        owner_epochs: Vec::new(),
-        moves: Default::default(),
-        rebuilt: Default::default(),
-        role: Default::default(),
-        carried_children: Vec::new(),
-        pinned: Default::default(),
-    }
+    TopicMeta::new(id, name, 1_000, TopicConfig::default())
 }
 
 fn create(id: u64, name: &str) -> MetaCmd {

@@ -110,12 +110,8 @@ impl Broker {
             u64::from(config.partitions),
             req.owner.as_ref().filter(|_| req.count_against_owner),
         )?;
+        let (id, created_at_ms) = (random_u64() | 1, self.clock.now_ms());
         Ok(TopicMeta {
-            id: random_u64() | 1,
-            name: req.name.clone(),
-            created_at_ms: self.clock.now_ms(),
-            config,
-            parent: None,
             owner: req.owner.as_ref().map(|(name, _)| name.clone()),
             owner_id: req.owner.as_ref().map(|(_, id)| *id),
             schemas: req
@@ -128,13 +124,7 @@ impl Broker {
                 })
                 .into_iter()
                 .collect(),
-            owners: Vec::new(),
-            owner_epochs: Vec::new(),
-            moves: Default::default(),
-            rebuilt: Default::default(),
-            role: Default::default(),
-            carried_children: Vec::new(),
-            pinned: Default::default(),
+            ..TopicMeta::new(id, &req.name, created_at_ms, config)
         })
     }
 

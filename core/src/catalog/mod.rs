@@ -140,6 +140,30 @@ pub struct SchemaVersion {
 }
 
 impl TopicMeta {
+    /// Topic incarnation `id` named `name`, made at `created_at_ms` with `config`, and
+    /// nothing else yet: no owner, schema, link, partition owners, moves or role.
+    pub fn new(id: u64, name: &str, created_at_ms: i64, config: crate::topic::TopicConfig) -> Self {
+        Self {
+            id,
+            name: name.into(),
+            created_at_ms,
+            config,
+            parent: None,
+            owner: None,
+            owner_id: None,
+            schemas: Vec::new(),
+            owners: Vec::new(),
+            owner_epochs: Vec::new(),
+            moves: Default::default(),
+            rebuilt: Default::default(),
+            role: Default::default(),
+            carried_children: Vec::new(),
+            pinned: Default::default(),
+        }
+    }
+}
+
+impl TopicMeta {
     /// The topic's directory under `<data_dir>/topics/`.
     pub fn dir_name(&self) -> String {
         format!("{}.{:016x}", self.name, self.id)

@@ -573,17 +573,10 @@ mod tests {
     /// Topic 7, partition 0 owned by `owner` at `epoch`, moving to `target` (move 42) if set.
     fn topic(owner: u64, epoch: u64, target: Option<u64>, thawed: &[u64]) -> TopicMeta {
         TopicMeta {
-            id: 7,
-            name: "t".into(),
-            created_at_ms: 0,
             config: TopicConfig {
                 partitions: 2,
                 ..TopicConfig::default()
             },
-            parent: None,
-            owner: None,
-            owner_id: None,
-            schemas: Vec::new(),
             owners: vec![owner, 3],
             owner_epochs: vec![epoch, 0],
             moves: target
@@ -601,10 +594,7 @@ mod tests {
                 })
                 .into_iter()
                 .collect(),
-            rebuilt: Default::default(),
-            role: Default::default(),
-            carried_children: Vec::new(),
-            pinned: Default::default(),
+            ..TopicMeta::new(7, "t", 0, TopicConfig::default())
         }
     }
 

@@ -150,24 +150,12 @@ mod tests {
     fn topic(id: u64, name: &str, owners: &[u64]) -> CatalogCommand {
         CatalogCommand::CreateTopic {
             topic: TopicMeta {
-                id,
-                name: name.into(),
-                created_at_ms: 0,
                 config: TopicConfig {
                     partitions: owners.len() as u32,
                     ..TopicConfig::default()
                 },
-                parent: None,
-                owner: None,
-                owner_id: None,
-                schemas: Vec::new(),
                 owners: owners.to_vec(),
-                owner_epochs: Vec::new(),
-                moves: Default::default(),
-                rebuilt: Default::default(),
-                role: Default::default(),
-                carried_children: Vec::new(),
-                pinned: Default::default(),
+                ..TopicMeta::new(id, name, 0, TopicConfig::default())
             },
         }
     }

@@ -3,21 +3,10 @@ use proptest::prelude::*;
 
 fn topic(id: u64, name: &str) -> TopicMeta {
     TopicMeta {
-        id,
-        name: name.into(),
         created_at_ms: 1_000 + id as i64,
-        config: TopicConfig::default(),
-        parent: None,
         owner: Some("alice".into()),
         owner_id: Some(7),
-        schemas: Vec::new(),
-        owners: Vec::new(),
-        owner_epochs: Vec::new(),
-        moves: Default::default(),
-        rebuilt: Default::default(),
-        role: Default::default(),
-        carried_children: Vec::new(),
-        pinned: Default::default(),
+        ..TopicMeta::new(id, name, 0, TopicConfig::default())
     }
 }
 

@@ -229,6 +229,23 @@ mod tests {
 
     use super::*;
 
+    /// Every op of the data plane.
+    const DATA_OPS: [Op; 13] = [
+        PRODUCE,
+        CONSUME,
+        REPLAY,
+        SETTLE,
+        GIVE_BACK,
+        FANOUT_APPEND,
+        CHILDREN,
+        MIRROR_PROGRESS,
+        MIRROR_REPORT,
+        STATS,
+        WAIT_TOKEN,
+        DELIVER,
+        CANCEL_WAIT,
+    ];
+
     fn requests() -> Vec<DataRequest> {
         let consume = || ConsumeRequest {
             topic: "t".into(),
@@ -347,22 +364,7 @@ mod tests {
                 Some(Err(f)) if f.status == 400 && f.code == "malformed_request"
             )
         };
-        let ops = [
-            PRODUCE,
-            CONSUME,
-            REPLAY,
-            SETTLE,
-            GIVE_BACK,
-            FANOUT_APPEND,
-            CHILDREN,
-            MIRROR_PROGRESS,
-            MIRROR_REPORT,
-            STATS,
-            WAIT_TOKEN,
-            DELIVER,
-            CANCEL_WAIT,
-        ];
-        for op in ops {
+        for op in DATA_OPS {
             for body in [&b""[..], b"{", b"\xff\x00\x01", b"[]"] {
                 assert!(refused(op, body), "{op:?} {body:?}");
             }
@@ -401,24 +403,9 @@ mod tests {
     /// Only the data plane's ops are decoded here: the others are another service's.
     #[test]
     fn other_services_ops_are_not_decoded_here() {
-        let data = [
-            PRODUCE,
-            CONSUME,
-            REPLAY,
-            SETTLE,
-            GIVE_BACK,
-            FANOUT_APPEND,
-            CHILDREN,
-            MIRROR_PROGRESS,
-            MIRROR_REPORT,
-            STATS,
-            WAIT_TOKEN,
-            DELIVER,
-            CANCEL_WAIT,
-        ];
         for &(op, _) in ALL {
             let decoded = DataRequest::decode(op, Bytes::new()).is_some();
-            assert_eq!(decoded, data.contains(&op), "{op:?}");
+            assert_eq!(decoded, DATA_OPS.contains(&op), "{op:?}");
         }
     }
 }

@@ -738,25 +738,12 @@ async fn a_damaged_record_is_reported_not_taken_for_an_empty_queue() {
 async fn restored_link_starts_at_the_parents_restored_tail_and_keeps_copying() {
     let dir = tempfile::tempdir().unwrap();
     let b = open(dir.path()).await;
-    let meta = |name: &str, id: u64, partitions: u32| TopicMeta {
-        id,
-        name: name.into(),
-        created_at_ms: 1,
-        config: TopicConfig {
+    let meta = |name: &str, id: u64, partitions: u32| {
+        let config = TopicConfig {
             partitions,
             ..TopicConfig::default()
-        },
-        parent: None,
-        owner: None,
-        owner_id: None,
-        schemas: Vec::new(),
-        owners: Vec::new(),
-        owner_epochs: Vec::new(),
-        moves: Default::default(),
-        rebuilt: Default::default(),
-        role: Default::default(),
-        carried_children: Vec::new(),
-        pinned: Default::default(),
+        };
+        TopicMeta::new(id, name, 1, config)
     };
     b.restore_topic(meta("p", 0x11, 2), &[5, 7]).await.unwrap();
     b.restore_topic(meta("c", 0x21, 1), &[3]).await.unwrap();
@@ -901,23 +888,7 @@ async fn a_restored_topic_with_an_invalid_name_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let data = root.path().join("data");
     let b = open(&data).await;
-    let meta = TopicMeta {
-        id: 0x11,
-        name: "../escaped".into(),
-        created_at_ms: 1,
-        config: TopicConfig::default(),
-        parent: None,
-        owner: None,
-        owner_id: None,
-        schemas: Vec::new(),
-        owners: Vec::new(),
-        owner_epochs: Vec::new(),
-        moves: Default::default(),
-        rebuilt: Default::default(),
-        role: Default::default(),
-        carried_children: Vec::new(),
-        pinned: Default::default(),
-    };
+    let meta = TopicMeta::new(0x11, "../escaped", 1, TopicConfig::default());
     let e = b.restore_topic(meta, &[5]).await.unwrap_err();
     assert!(matches!(e, BrokerError::InvalidField(_)), "{e:?}");
     assert!(!data.join("escaped.0000000000000011").exists());
