@@ -45,6 +45,12 @@ pub use auth::{Keys, Refusal};
 pub use frame::{Fault, Op};
 pub use metrics::RpcMetrics;
 
+/// The fault a call gets when the serving member did not finish it within the caller's
+/// deadline: the work was dropped where it stood, so it may have been done in part or whole.
+pub const DEADLINE_EXCEEDED: &str = "deadline_exceeded";
+/// The fault a call gets when its reply was over the reply limit: the work was done.
+pub const REPLY_TOO_LARGE: &str = "reply_too_large";
+
 pub type NodeId = u64;
 
 /// The QUIC application error code a node closes a connection with when the handshake fails.
@@ -968,7 +974,7 @@ async fn serve_stream(
     };
     let result = tokio::select! {
         r = tokio::time::timeout(deadline, work) => r.unwrap_or_else(|_| {
-            Err(Fault::new(504, "deadline_exceeded", format!("not done within the caller's {deadline_ms} ms")))
+            Err(Fault::new(504, DEADLINE_EXCEEDED, format!("not done within the caller's {deadline_ms} ms")))
         }),
         _ = send.stopped() => return,
     };
@@ -976,7 +982,7 @@ async fn serve_stream(
     let result = match result {
         Ok(b) if b.len() > inner.limits.max_reply_bytes => Err(Fault::new(
             500,
-            "reply_too_large",
+            REPLY_TOO_LARGE,
             format!(
                 "the reply of {} bytes is over the {}-byte limit",
                 b.len(),

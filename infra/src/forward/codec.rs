@@ -22,9 +22,24 @@ pub(crate) struct TopicAndHandle {
     pub(crate) receipt_handle: String,
 }
 
+/// The faults the serving member's RPC layer answers once the work ran or while it ran: the
+/// call's deadline passed mid-way (the work was dropped where it stood), or the reply was
+/// too large to send. What the call does may have been done.
+const MAY_HAVE_RUN: [&str; 2] = [
+    narad_cluster::rpc::DEADLINE_EXCEEDED,
+    narad_cluster::rpc::REPLY_TOO_LARGE,
+];
+
 pub(crate) fn from_fault(f: &Fault) -> ApiError {
     match ErrorCode::from_code(&f.code) {
         Some(code) => ApiError::new(code, f.message.clone()),
+        None if MAY_HAVE_RUN.contains(&f.code.as_str()) => ApiError::new(
+            ErrorCode::OutcomeUnknown,
+            format!(
+                "the owner answered {} {}: {}; it may or may not have been applied",
+                f.status, f.code, f.message
+            ),
+        ),
         None => ApiError::new(
             ErrorCode::ClusterUnavailable,
             format!("the owner answered {} {}: {}", f.status, f.code, f.message),
@@ -416,6 +431,16 @@ mod tests {
             let back = from_fault(&to_fault(&e));
             assert_eq!(back.code, code);
             assert_eq!(back.message, e.message);
+        }
+        // the owner's RPC layer cut the work off at the caller's deadline, or could not send
+        // its reply: it may have been done, so never "not applied"
+        for code in [
+            narad_cluster::rpc::DEADLINE_EXCEEDED,
+            narad_cluster::rpc::REPLY_TOO_LARGE,
+        ] {
+            let back = from_fault(&Fault::new(504, code, "not done within 800 ms"));
+            assert_eq!(back.code, ErrorCode::OutcomeUnknown, "{code}");
+            assert!(back.message.contains("may or may not"), "{}", back.message);
         }
         // a code this member does not know (a newer owner's): unavailable, saying what came
         let back = from_fault(&Fault::new(409, "brand_new_code", "something new"));

@@ -283,7 +283,16 @@ impl Ingress {
         let r = self.call_rpc(id, &addr, op, body, deadline).await;
         match r {
             Ok(b) => Ok(b),
-            Err(RpcError::Remote { fault, .. }) => Err(CallError::Answered(from_fault(&fault))),
+            Err(RpcError::Remote { fault, .. }) => {
+                let e = from_fault(&fault);
+                if e.code == ErrorCode::OutcomeUnknown {
+                    // the owner ran out of the caller's time mid-way: as with an owner that
+                    // never answered, it may have applied it
+                    Err(CallError::Unreachable(e, true))
+                } else {
+                    Err(CallError::Answered(e))
+                }
+            }
             // a long-poll that ran out is not the owner's fault
             Err(RpcError::Timeout { .. }) if deadline > CALL_DEADLINE => {
                 Err(CallError::Answered(ApiError::new(
