@@ -34,7 +34,7 @@ pub fn seed_process(seed: u64) -> bool {
 
 /// SplitMix64 (Steele, Lea and Flood, 2014): a full-period 64-bit generator whose outputs
 /// pass BigCrush, enough for ids that must only differ.
-fn splitmix64(state: &mut u64) -> u64 {
+pub fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

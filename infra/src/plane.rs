@@ -73,11 +73,7 @@ impl Consumed<'_> {
         match self {
             Consumed::Local { topic, got, .. } => {
                 let msgs: Vec<_> = got.iter().map(|d| render::delivery(topic, d)).collect();
-                if batch {
-                    render::batch_text(&msgs)
-                } else {
-                    render::message_text(&msgs[0])
-                }
+                render::reply_text(&msgs, batch)
             }
             Consumed::Cluster(taken) => taken.body(batch),
         }
@@ -173,11 +169,7 @@ impl<'a> Plane<'a> {
                     return Ok(None);
                 }
                 let msgs: Vec<_> = recs.iter().map(|r| render::record(topic, p, r)).collect();
-                Ok(Some(if batch {
-                    render::batch_text(&msgs)
-                } else {
-                    render::message_text(&msgs[0])
-                }))
+                Ok(Some(render::reply_text(&msgs, batch)))
             }
             Plane::Cluster(ingress) => {
                 let msgs = ingress.replay(topic, p, from, max).await?;

@@ -1041,6 +1041,7 @@ impl World {
                     owner_epoch: m.epoch,
                     move_id,
                     token,
+                    ttl: Duration::from_millis(FREEZE_TTL_MS as u64),
                     renew,
                 };
                 if let Some(refused) = refuse_freeze(held, &t, p, Some(source), ask) {

@@ -1,7 +1,7 @@
-//! The simulation's one source of randomness: SplitMix64 from the seed, so a run is the
-//! seed's alone.
+//! The simulation's one source of randomness: the broker's SplitMix64 from the seed, so a run
+//! is the seed's alone.
 
-/// A seeded generator (SplitMix64: Steele, Lea and Flood, 2014).
+/// A seeded generator ([`narad_core::random::splitmix64`]).
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
 
@@ -11,11 +11,7 @@ impl Rng {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        narad_core::random::splitmix64(&mut self.0)
     }
 
     /// Uniform in `0..n` (`n` > 0).

@@ -17,7 +17,7 @@
 
 use super::*;
 use crate::broker::partition::{self, FREEZE_MARKER, LogEnv, Partition};
-use crate::catalog::move_machine::{self, FreezeRefusal, HeldFreeze, refuse_freeze};
+use crate::catalog::move_machine::{FreezeRefusal, HeldFreeze, refuse_freeze};
 
 /// Directory (under the data directory) where partitions being moved here are staged, and
 /// where a node puts a partition it gave away before removing it.
@@ -42,19 +42,7 @@ pub struct FrozenPartition {
     pub files: Vec<PartitionFile>,
 }
 
-/// What a move's target asks of a partition's owner (see [`Broker::freeze_partition`]).
-#[derive(Debug, Clone, Copy)]
-pub struct FreezeAsk {
-    /// The owner epoch the target copies from.
-    pub owner_epoch: u64,
-    /// The move the freeze is for: refused unless the catalog has it in flight (a freeze that
-    /// arrives after its move was cancelled would hold the partition for a full term).
-    pub move_id: u64,
-    pub token: u64,
-    pub ttl: Duration,
-    /// Only renew a freeze held under `token`.
-    pub renew: bool,
-}
+pub use crate::catalog::move_machine::FreezeAsk;
 
 /// A freeze whose deadline passed, for the owner to thaw once the cluster agrees.
 #[derive(Debug, Clone)]
@@ -330,7 +318,7 @@ impl Broker {
             move_id,
             token,
             ttl,
-            renew,
+            ..
         } = ask;
         let _one = self.moves_lock.lock().await;
         let (t, part) = self.move_partition_of(topic, topic_id, p)?;
@@ -338,12 +326,6 @@ impl Broker {
             token: f.token,
             move_id: f.move_id,
         });
-        let ask = move_machine::FreezeAsk {
-            owner_epoch: expect_epoch,
-            move_id,
-            token,
-            renew,
-        };
         let refused = refuse_freeze(held, &t.meta.read(), p, self.store.node_id(), ask);
         if let Some(refused) = refused {
             return Err(match refused {

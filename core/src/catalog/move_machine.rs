@@ -179,12 +179,17 @@ pub struct HeldFreeze {
     pub move_id: Option<u64>,
 }
 
-/// What a move asks of its source's freeze.
+/// What a move's target asks of a partition's owner (see `Broker::freeze_partition`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FreezeAsk {
+    /// The owner epoch the target copies from.
     pub owner_epoch: u64,
+    /// The move the freeze is for: refused unless the catalog has it in flight (a freeze that
+    /// arrives after its move was cancelled would hold the partition for a full term).
     pub move_id: u64,
     pub token: u64,
+    /// How long the freeze holds unless renewed.
+    pub ttl: Duration,
     /// Only renew a freeze held under `token`.
     pub renew: bool,
 }
@@ -380,11 +385,6 @@ impl MoveMachine {
     /// Attempts started.
     pub fn attempts(&self) -> u32 {
         self.attempts
-    }
-
-    /// Whether the move is done (the partition is this member's).
-    pub fn is_done(&self) -> bool {
-        self.state == State::Done
     }
 
     /// The phase shown in a move's progress.
@@ -713,6 +713,7 @@ mod tests {
             owner_epoch: 3,
             move_id: 42,
             token: 9,
+            ttl: Duration::from_secs(5),
             renew: false,
         };
         let held = |token, move_id| Some(HeldFreeze { token, move_id });
@@ -829,7 +830,7 @@ mod tests {
                 Action::Done,
             ]
         );
-        assert!(m.is_done());
+        assert_eq!(m.phase(), "done");
         assert_eq!(m.attempts(), 1);
     }
 

@@ -301,6 +301,16 @@ pub fn message_text(m: &MessageJson<'_>) -> String {
     out
 }
 
+/// A consume or replay reply: the one message alone, or `{"messages": [...]}` when `batch`
+/// (`max` was given). `msgs` holds at least one message.
+pub fn reply_text(msgs: &[MessageJson<'_>], batch: bool) -> String {
+    if batch {
+        batch_text(msgs)
+    } else {
+        message_text(&msgs[0])
+    }
+}
+
 /// A batch reply, `{"messages": [...]}`, written as [`MessageJson::write_json`] does. Payloads
 /// are written verbatim as they were accepted, never re-parsed into a `serde_json::Value`
 /// (which has stricter limits than the produce side — `1e400`, deep nesting — and would fail
