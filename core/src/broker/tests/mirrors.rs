@@ -201,7 +201,7 @@ async fn a_childs_progress_is_told_in_its_parents_offsets() {
             .collect()
     };
     assert_eq!(told(&b), vec![0, 0, 0]);
-    // the child's consumers process half of it, evenly
+    // the child's consumers process half of it
     let mut done = 0;
     while done < 300 {
         let got = b.consume("c", None, 10, Duration::ZERO).await.unwrap();
@@ -216,8 +216,11 @@ async fn a_childs_progress_is_told_in_its_parents_offsets() {
     let ends: Vec<u64> = (0..3)
         .map(|p| b.topic_info("p").unwrap().partitions[p].log.next_offset)
         .collect();
+    // (part way into every parent partition: how far depends on which child partition the
+    // consumes drained first, so no tighter bound holds; each parent partition's first
+    // copies were consumed, and its last were not)
     for (h, e) in half.iter().zip(&ends) {
-        assert!(*h > e / 4 && *h < *e, "told {half:?} of {ends:?}");
+        assert!(*h > 0 && *h < *e, "told {half:?} of {ends:?}");
     }
     // all of it
     loop {
