@@ -17,6 +17,7 @@
 //! - [`log`]: one partition's append-only segments, group commit, recovery, retention.
 //! - [`queue`]: the lease/ack/frontier state machine of one partition, pure data.
 //! - [`handle`]: receipt handles (opaque, MAC'd, bound to a process epoch).
+//! - [`ids`]: typed ids (member, topic incarnation, partition) for the keys of tables.
 //! - [`topic`]: topic configuration and validation.
 //! - [`catalog`]: every topic's metadata, changed only by commands with a pure apply, made
 //!   durable by a [`catalog::store::MetaStore`] before it is published.
@@ -31,6 +32,7 @@ pub mod clock;
 pub mod failpoint;
 pub mod fsutil;
 pub mod handle;
+pub mod ids;
 pub mod log;
 pub mod loggate;
 pub mod metrics;

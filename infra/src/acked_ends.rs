@@ -15,8 +15,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// (topic incarnation id, partition) → one past the highest offset seen acknowledged.
-pub type Ends = HashMap<(u64, u32), u64>;
+use narad_core::ids::PartitionId;
+
+/// Per partition: one past the highest offset seen acknowledged.
+pub type Ends = HashMap<PartitionId, u64>;
 
 const HEADER: &str = "narad acked ends v1";
 const FILE: &str = "acked-ends";
@@ -59,7 +61,7 @@ fn parse(text: &str) -> Option<Ends> {
                 return (n.parse::<usize>().ok()? == ends.len()).then_some(ends);
             }
             (Some(t), Some(p), Some(e), None) => {
-                let key = (t.parse().ok()?, p.parse().ok()?);
+                let key = PartitionId::new(t.parse().ok()?, p.parse().ok()?);
                 let end: u64 = e.parse().ok()?;
                 let slot = ends.entry(key).or_insert(0);
                 *slot = (*slot).max(end);
@@ -77,8 +79,8 @@ fn render(ends: &Ends) -> String {
     let mut out = String::with_capacity(24 * entries.len() + 32);
     out.push_str(HEADER);
     out.push('\n');
-    for ((t, p), e) in entries {
-        let _ = writeln!(out, "{t} {p} {e}");
+    for (k, e) in entries {
+        let _ = writeln!(out, "{} {} {e}", k.topic, k.partition);
     }
     let _ = writeln!(out, "count {}", ends.len());
     out
@@ -98,7 +100,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = path_in(dir.path());
         assert!(load(&path).is_empty(), "no file: nothing known");
-        let ends: Ends = [((7, 0), 20), ((7, 1), 0), ((u64::MAX, u32::MAX), u64::MAX)].into();
+        let ends: Ends = [
+            (PartitionId::new(7, 0), 20),
+            (PartitionId::new(7, 1), 0),
+            (PartitionId::new(u64::MAX, u32::MAX), u64::MAX),
+        ]
+        .into();
         store(&path, &ends).unwrap();
         assert_eq!(load(&path), ends);
         use std::os::unix::fs::PermissionsExt;

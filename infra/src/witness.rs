@@ -31,6 +31,7 @@ use bytes::Bytes;
 use narad_cluster::meta::{MetaCmd, Outcome};
 use narad_core::broker::Produced;
 use narad_core::catalog::CatalogCommand;
+use narad_core::ids::PartitionId;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -74,7 +75,7 @@ struct Flights {
     next: u64,
     /// Per (topic id, partition): the end to tell, and the voter that need not be told (the
     /// member that forwarded every produce behind it saw the end itself).
-    pending: HashMap<(u64, u32), (u64, Option<u64>)>,
+    pending: HashMap<PartitionId, (u64, Option<u64>)>,
     flying: bool,
     /// Voters that missed a flight's deadline: not waited for until one answers in time
     /// (witnesses excepted: they are waited for, or dropped).
@@ -146,7 +147,7 @@ impl Witnesses {
             for p in produced {
                 let e = s
                     .pending
-                    .entry((topic_id, p.partition))
+                    .entry(PartitionId::new(topic_id, p.partition))
                     .or_insert((0, seen_by));
                 e.0 = e.0.max(p.offset + 1);
                 if e.1 != seen_by {
@@ -176,7 +177,12 @@ impl Witnesses {
                 let ends: Vec<End> = s
                     .pending
                     .drain()
-                    .map(|((t, p), (e, skip))| End { t, p, e, skip })
+                    .map(|(k, (e, skip))| End {
+                        t: k.topic.0,
+                        p: k.partition,
+                        e,
+                        skip,
+                    })
                     .collect();
                 (id, ends)
             };

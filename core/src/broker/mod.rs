@@ -517,7 +517,7 @@ pub struct Broker {
     /// Partitions not owned here whose earlier frames no WAL file names any more (a
     /// checkpoint ran while they were at this owner epoch): their install needs no
     /// checkpoint inside the source's freeze. By (topic id, partition) → owner epoch.
-    wal_clean: Mutex<HashMap<(u64, u32), u64>>,
+    wal_clean: Mutex<HashMap<crate::ids::PartitionId, u64>>,
     /// A cluster member's start: partitions opened now are held until checked against what
     /// the cluster saw acknowledged (see [`Broker::unverified`]).
     verifying: AtomicBool,

@@ -18,6 +18,7 @@
 use super::*;
 use crate::broker::partition::{self, FREEZE_MARKER, LogEnv, Partition};
 use crate::catalog::move_machine::{FreezeRefusal, HeldFreeze, refuse_freeze};
+use crate::ids::PartitionId;
 
 /// Directory (under the data directory) where partitions being moved here are staged, and
 /// where a node puts a partition it gave away before removing it.
@@ -480,7 +481,9 @@ impl Broker {
         }
         let epoch = t.meta.read().owner_epoch(p);
         self.checkpoint_wal().await?;
-        self.wal_clean.lock().insert((topic_id, p), epoch);
+        self.wal_clean
+            .lock()
+            .insert(PartitionId::new(topic_id, p), epoch);
         Ok(())
     }
 
@@ -504,7 +507,7 @@ impl Broker {
         // (checkpointed already at this owner epoch by `prepare_install`, while the source
         // still served: the partition was not owned here since, so nothing was written)
         let epoch = t.meta.read().owner_epoch(p);
-        let clean = self.wal_clean.lock().remove(&(topic_id, p)) == Some(epoch);
+        let clean = self.wal_clean.lock().remove(&PartitionId::new(topic_id, p)) == Some(epoch);
         old.retire().await;
         if !clean {
             self.checkpoint_wal().await?;

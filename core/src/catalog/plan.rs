@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use super::Catalog;
+use crate::ids::{NodeId, TopicId};
 
 /// A move the planner asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +49,7 @@ pub fn plan_moves(
         return out;
     }
     let mut count: BTreeMap<u64, usize> = receivers.iter().map(|&r| (r, 0)).collect();
-    let mut per_topic: HashMap<(u64, u64), usize> = HashMap::new();
+    let mut per_topic: HashMap<(NodeId, TopicId), usize> = HashMap::new();
     // (topic name, topic id, partition, owner)
     let mut movable: Vec<(String, u64, u32, u64)> = Vec::new();
     let mut drain: Vec<(String, u64, u32, u64)> = Vec::new();
@@ -61,7 +62,7 @@ pub fn plan_moves(
             let at = t.moves.get(&p).map_or(owner, |m| m.target);
             if let Some(c) = count.get_mut(&at) {
                 *c += 1;
-                *per_topic.entry((at, t.id)).or_default() += 1;
+                *per_topic.entry((NodeId(at), TopicId(t.id))).or_default() += 1;
             }
             if t.moves.contains_key(&p) || !alive.contains(&owner) {
                 continue;
@@ -79,15 +80,15 @@ pub fn plan_moves(
     }
     let take = |out: &mut Vec<PlannedMove>,
                 count: &mut BTreeMap<u64, usize>,
-                per_topic: &mut HashMap<(u64, u64), usize>,
+                per_topic: &mut HashMap<(NodeId, TopicId), usize>,
                 (topic, id, p, from): (String, u64, u32, u64),
                 to: u64,
                 reason: &str| {
         *count.get_mut(&to).expect("a receiver") += 1;
-        *per_topic.entry((to, id)).or_default() += 1;
+        *per_topic.entry((NodeId(to), TopicId(id))).or_default() += 1;
         if let Some(c) = count.get_mut(&from) {
             *c -= 1;
-            if let Some(t) = per_topic.get_mut(&(from, id)) {
+            if let Some(t) = per_topic.get_mut(&(NodeId(from), TopicId(id))) {
                 *t -= 1;
             }
         }
@@ -106,7 +107,16 @@ pub fn plan_moves(
         let id = d.1;
         let to = *receivers
             .iter()
-            .min_by_key(|&&r| (count[&r], per_topic.get(&(r, id)).copied().unwrap_or(0), r))
+            .min_by_key(|&&r| {
+                (
+                    count[&r],
+                    per_topic
+                        .get(&(NodeId(r), TopicId(id)))
+                        .copied()
+                        .unwrap_or(0),
+                    r,
+                )
+            })
             .expect("receivers");
         take(&mut out, &mut count, &mut per_topic, d, to, "decommission");
     }
@@ -125,7 +135,12 @@ pub fn plan_moves(
         if hi <= lo + 1 {
             break;
         }
-        let held = |node: u64, id: u64| per_topic.get(&(node, id)).copied().unwrap_or(0) as i64;
+        let held = |node: u64, id: u64| {
+            per_topic
+                .get(&(NodeId(node), TopicId(id)))
+                .copied()
+                .unwrap_or(0) as i64
+        };
         let Some(i) = movable
             .iter()
             .enumerate()

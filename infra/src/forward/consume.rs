@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use narad_core::broker::{BrokerError, Delivery};
+use narad_core::ids::{NodeId, RemoteId};
 use narad_wire::ErrorCode;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -222,8 +223,9 @@ impl Ingress {
         let share = user.map(|u| UserSlots::of(&self.user_waits, o, u));
         let id = narad_core::random_u64() | 1;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tokens.lock().insert((o, id), tx);
-        waits.remote.push((o, id));
+        let key = RemoteId::new(o, id);
+        self.tokens.lock().insert(key, tx);
+        waits.remote.push(key);
         let stop = waits.stop.clone();
         waits.set.spawn(async move {
             // the user's share first, then the member's slot: a user's readers beyond
@@ -310,7 +312,7 @@ impl Ingress {
     ) {
         let mut taken = Taken::from_remote(from, messages);
         taken.owner = Some((self.clone(), topic));
-        if let Some(tx) = self.tokens.lock().remove(&(from, id)) {
+        if let Some(tx) = self.tokens.lock().remove(&RemoteId::new(from, id)) {
             // (a reader gone meanwhile drops it: given back then)
             let _ = tx.send(taken);
         }
@@ -406,20 +408,20 @@ impl Ingress {
 }
 
 /// Per (member, user): the user's share of the delivery-token slots at that member.
-pub(super) type UserSlotTable = Mutex<HashMap<(u64, String), Arc<Semaphore>>>;
+pub(super) type UserSlotTable = Mutex<HashMap<(NodeId, String), Arc<Semaphore>>>;
 
 /// A reader's hold on its user's share of the delivery-token slots at one member (see
 /// [`MAX_WAITS_PER_USER`]): its semaphore, and on drop, the table entry removed once no
 /// reader of the user holds or waits for it.
 struct UserSlots {
     sem: Arc<Semaphore>,
-    key: (u64, String),
+    key: (NodeId, String),
     table: Arc<UserSlotTable>,
 }
 
 impl UserSlots {
     fn of(table: &Arc<UserSlotTable>, member: u64, user: &str) -> Self {
-        let key = (member, user.to_owned());
+        let key = (NodeId(member), user.to_owned());
         let sem = table
             .lock()
             .entry(key.clone())
@@ -451,7 +453,7 @@ impl Drop for UserSlots {
 struct Waits {
     set: tokio::task::JoinSet<Result<Taken, CallError>>,
     local: Option<tokio::task::AbortHandle>,
-    remote: Vec<(u64, u64)>,
+    remote: Vec<RemoteId>,
     ingress: Arc<Ingress>,
     /// Ends the waits still queueing for a slot (they never start).
     stop: tokio_util::sync::CancellationToken,
@@ -474,7 +476,11 @@ impl Drop for Waits {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        for (node, wait_id) in self.remote.drain(..) {
+        for RemoteId {
+            member: NodeId(node),
+            id: wait_id,
+        } in self.remote.drain(..)
+        {
             let Some(addr) = self.ingress.node.meta.addr_of(node) else {
                 continue;
             };

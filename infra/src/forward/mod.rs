@@ -41,6 +41,7 @@ use narad_cluster::rpc::{Op, RpcError};
 use narad_core::broker::{
     AckAction, Broker, BrokerError, ChildInfo, CopyForwarder, ProduceMessage, Produced, ReplayFrom,
 };
+use narad_core::ids::{PartitionId, RemoteId};
 use narad_core::record::NewRecord;
 use narad_core::topic::KeyPolicy;
 use narad_replay::ArchiveReader;
@@ -123,16 +124,16 @@ pub struct Ingress {
     user_waits: Arc<UserSlotTable>,
     /// Delivery tokens this member's parked readers left at other owners: (owner, token id)
     /// → the reader, which takes what that owner pushes ([`DELIVER`](narad_cluster::rpc::ops::DELIVER)).
-    tokens: Mutex<HashMap<(u64, u64), tokio::sync::oneshot::Sender<Taken>>>,
+    tokens: Mutex<HashMap<RemoteId, tokio::sync::oneshot::Sender<Taken>>>,
     /// Per (topic id, partition): one past the highest offset this member saw acknowledged
     /// (produces it took), so that a partition whose owner is lost for good can be told
     /// how much of it was lost (see `crate::moves`). One entry per partition produced to.
-    seen: Mutex<HashMap<(u64, u32), u64>>,
+    seen: Mutex<HashMap<PartitionId, u64>>,
     /// Per (topic id, partition): the highest durable log end its owner reported here
     /// ([`narad_cluster::rpc::ops::WITNESS`]): so that an owner restored from an older copy of its data
     /// directory learns, at its start, how far it had acknowledged (see
     /// [`narad_core::broker::Broker::reopen_after`]). One entry per partition of the cluster.
-    witnessed: Mutex<HashMap<(u64, u32), u64>>,
+    witnessed: Mutex<HashMap<PartitionId, u64>>,
     /// Where `seen` and `witnessed` are kept across restarts ([`crate::acked_ends`]), and
     /// what was last written there.
     ends_file: Option<std::path::PathBuf>,
@@ -494,7 +495,9 @@ impl Ingress {
         {
             let mut seen = self.seen.lock();
             for p in out.iter().flatten().flatten() {
-                let end = seen.entry((meta.id, p.partition)).or_insert(0);
+                let end = seen
+                    .entry(PartitionId::new(meta.id, p.partition))
+                    .or_insert(0);
                 *end = (*end).max(p.offset + 1);
             }
         }
@@ -519,13 +522,9 @@ impl Ingress {
     /// One past the highest offset of partition `p` of topic `topic_id` this member saw
     /// acknowledged (0 if none).
     pub fn seen_end(&self, topic_id: u64, p: u32) -> u64 {
-        let seen = self.seen.lock().get(&(topic_id, p)).copied().unwrap_or(0);
-        let witnessed = self
-            .witnessed
-            .lock()
-            .get(&(topic_id, p))
-            .copied()
-            .unwrap_or(0);
+        let key = PartitionId::new(topic_id, p);
+        let seen = self.seen.lock().get(&key).copied().unwrap_or(0);
+        let witnessed = self.witnessed.lock().get(&key).copied().unwrap_or(0);
         seen.max(witnessed)
     }
 
@@ -534,7 +533,7 @@ impl Ingress {
     pub fn witness(&self, ends: &[(u64, u32, u64)]) {
         let mut w = self.witnessed.lock();
         for &(t, p, end) in ends {
-            let e = w.entry((t, p)).or_insert(0);
+            let e = w.entry(PartitionId::new(t, p)).or_insert(0);
             *e = (*e).max(end);
         }
     }
@@ -568,8 +567,10 @@ impl Ingress {
     /// Forgets what was seen and witnessed of topics no longer in the catalog (`live`: the
     /// incarnation ids it names).
     pub fn prune_seen(&self, live: &std::collections::HashSet<u64>) {
-        self.witnessed.lock().retain(|(t, _), _| live.contains(t));
-        self.seen.lock().retain(|(t, _), _| live.contains(t));
+        self.witnessed
+            .lock()
+            .retain(|k, _| live.contains(&k.topic.0));
+        self.seen.lock().retain(|k, _| live.contains(&k.topic.0));
     }
 
     /// `p`, or the next partition after it whose owner is not known to be down (nor in

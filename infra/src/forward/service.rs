@@ -10,6 +10,7 @@ use bytes::Bytes;
 use narad_cluster::rpc::ops::CONSUME;
 use narad_cluster::rpc::{BoxFuture, Fault, Op, RpcError, Service};
 use narad_core::broker::Broker;
+use narad_core::ids::{NodeId, RemoteId};
 use narad_replay::ArchiveReader;
 use narad_wire::ErrorCode;
 use narad_wire::limits::MAX_CONSUME_BATCH;
@@ -33,8 +34,7 @@ const MAX_FORWARDED_WAIT_MS: u64 = 3_600_000;
 /// Waits and tokens other members may cancel: (member, id) → (the registration's own
 /// number, its cancel). A token left again under the same id is a new registration: the
 /// old one's end must not remove it.
-pub type CancellableWaits =
-    Arc<Mutex<HashMap<(u64, u64), (u64, tokio::sync::oneshot::Sender<()>)>>>;
+pub type CancellableWaits = Arc<Mutex<HashMap<RemoteId, (u64, tokio::sync::oneshot::Sender<()>)>>>;
 
 /// Serves the other members' produce, consume, replay and ack calls on this member's
 /// broker.
@@ -48,7 +48,7 @@ pub struct DataService {
     /// Cancels that found nothing to cancel, for a few seconds: a reader that gave up at
     /// once sends its cancel right behind its token, and the cancel may arrive first; the
     /// token it overtook is then not kept (it would take messages for nobody).
-    cancelled: Arc<Mutex<HashMap<(u64, u64), Instant>>>,
+    cancelled: Arc<Mutex<HashMap<RemoteId, Instant>>>,
     pushes: Arc<Pushes>,
     /// This member's ingress: its readers' tokens take what other owners push, and it
     /// pushes what its line hands the others' tokens.
@@ -63,7 +63,7 @@ const MAX_CANCEL_MEMORY: usize = 4096;
 
 /// Remembers a cancel that found no wait (bounded: the oldest are forgotten first, and a
 /// full table forgets the new one, which only lets an orphan token live its wait).
-fn remember_cancel(cancelled: &Mutex<HashMap<(u64, u64), Instant>>, key: (u64, u64)) {
+fn remember_cancel(cancelled: &Mutex<HashMap<RemoteId, Instant>>, key: RemoteId) {
     let mut c = cancelled.lock();
     if c.len() >= MAX_CANCEL_MEMORY {
         c.retain(|_, at| at.elapsed() < CANCEL_MEMORY);
@@ -79,7 +79,11 @@ fn remember_cancel(cancelled: &Mutex<HashMap<(u64, u64), Instant>>, key: (u64, u
 fn drop_tokens_of(waits: &CancellableWaits, from: u64) {
     let gone: Vec<_> = {
         let mut w = waits.lock();
-        let keys: Vec<(u64, u64)> = w.keys().filter(|k| k.0 == from).copied().collect();
+        let keys: Vec<RemoteId> = w
+            .keys()
+            .filter(|k| k.member == NodeId(from))
+            .copied()
+            .collect();
         keys.into_iter().filter_map(|k| w.remove(&k)).collect()
     };
     for (_, tx) in gone {
@@ -208,7 +212,7 @@ async fn keep_token(
 /// this registration's).
 struct WaitEntry {
     waits: CancellableWaits,
-    key: (u64, u64),
+    key: RemoteId,
     registration: u64,
 }
 
@@ -216,7 +220,7 @@ impl WaitEntry {
     /// Registers `tx` as the cancel of `key` (the caller checked the table's bound).
     fn register(
         waits: CancellableWaits,
-        key: (u64, u64),
+        key: RemoteId,
         tx: tokio::sync::oneshot::Sender<()>,
     ) -> Self {
         let registration = narad_core::random_u64();
@@ -318,7 +322,7 @@ impl Service for DataService {
                         // cancellable: a cancel ends the wait (leaving the line gives back
                         // whatever was handed over meanwhile) and answers empty
                         let (tx, rx) = tokio::sync::oneshot::channel();
-                        let key = (from, req.wait_id);
+                        let key = RemoteId::new(from, req.wait_id);
                         if waits.lock().len() >= MAX_CANCELLABLE_WAITS {
                             return Err(Fault::new(
                                 503,
@@ -492,7 +496,7 @@ impl Service for DataService {
                         .topic_meta(&req.topic)
                         .map_err(|e| to_fault(&e.into()))?;
                     let (tx, rx) = tokio::sync::oneshot::channel();
-                    let key = (from, req.wait_id);
+                    let key = RemoteId::new(from, req.wait_id);
                     if cancelled.lock().remove(&key).is_some() {
                         // its reader gave up before the token got here
                         return Ok(Bytes::new());
@@ -527,12 +531,12 @@ impl Service for DataService {
                     Ok(Bytes::new())
                 }
                 DataRequest::CancelWait(req) => {
-                    let found = waits.lock().remove(&(from, req.wait_id));
+                    let found = waits.lock().remove(&RemoteId::new(from, req.wait_id));
                     match found {
                         Some((_, tx)) => {
                             let _ = tx.send(());
                         }
-                        None => remember_cancel(&cancelled, (from, req.wait_id)),
+                        None => remember_cancel(&cancelled, RemoteId::new(from, req.wait_id)),
                     }
                     Ok(Bytes::new())
                 }
@@ -571,10 +575,10 @@ mod tests {
     #[test]
     fn a_cancel_that_overtook_its_wait_is_remembered_within_bounds() {
         let c = Mutex::new(HashMap::new());
-        remember_cancel(&c, (1, 1));
-        assert!(c.lock().contains_key(&(1, 1)));
+        remember_cancel(&c, RemoteId::new(1, 1));
+        assert!(c.lock().contains_key(&RemoteId::new(1, 1)));
         for i in 0..(MAX_CANCEL_MEMORY as u64 + 100) {
-            remember_cancel(&c, (2, i));
+            remember_cancel(&c, RemoteId::new(2, i));
         }
         // full of recent ones: the newest are forgotten, never the table grown
         assert_eq!(c.lock().len(), MAX_CANCEL_MEMORY);
@@ -583,8 +587,8 @@ mod tests {
             .checked_sub(CANCEL_MEMORY * 2)
             .expect("the clock is past its start");
         c.lock().values_mut().for_each(|at| *at = long_ago);
-        remember_cancel(&c, (3, 3));
-        assert!(c.lock().contains_key(&(3, 3)));
+        remember_cancel(&c, RemoteId::new(3, 3));
+        assert!(c.lock().contains_key(&RemoteId::new(3, 3)));
         assert_eq!(c.lock().len(), 1, "the expired ones went");
     }
 
@@ -592,16 +596,20 @@ mod tests {
     fn a_failed_push_ends_the_waits_of_that_member_only() {
         let waits: CancellableWaits = Arc::default();
         let mut told = Vec::new();
-        for key in [(1u64, 10u64), (1, 11), (2, 10)] {
+        for key in [
+            RemoteId::new(1, 10),
+            RemoteId::new(1, 11),
+            RemoteId::new(2, 10),
+        ] {
             let (tx, rx) = tokio::sync::oneshot::channel();
             waits.lock().insert(key, (0, tx));
             told.push((key, rx));
         }
         drop_tokens_of(&waits, 1);
-        let left: Vec<(u64, u64)> = waits.lock().keys().copied().collect();
-        assert_eq!(left, [(2, 10)]);
+        let left: Vec<RemoteId> = waits.lock().keys().copied().collect();
+        assert_eq!(left, [RemoteId::new(2, 10)]);
         for (key, mut rx) in told {
-            assert_eq!(rx.try_recv().is_ok(), key.0 == 1, "{key:?}");
+            assert_eq!(rx.try_recv().is_ok(), key.member == NodeId(1), "{key:?}");
         }
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use narad_core::catalog::TopicMeta;
+use narad_core::ids::PartitionId;
 use narad_wire::ErrorCode;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -210,7 +211,7 @@ impl Mover {
     /// directory is checked against. A report is one small call per voter; one lost is
     /// repeated by the next full report.
     pub async fn witness(self: Arc<Self>, stop: CancellationToken) {
-        let mut sent: HashMap<(u64, u32), u64> = HashMap::new();
+        let mut sent: HashMap<PartitionId, u64> = HashMap::new();
         let mut round: u64 = 0;
         // what owners told this member goes to its disk on a clock of its own: a round here
         // can take seconds when a voter is frozen (its report waits out the call), and a
@@ -238,9 +239,12 @@ impl Mover {
             let changed: Vec<(u64, u32, u64)> = ends
                 .iter()
                 .copied()
-                .filter(|&(t, p, e)| full || sent.get(&(t, p)) != Some(&e))
+                .filter(|&(t, p, e)| full || sent.get(&PartitionId::new(t, p)) != Some(&e))
                 .collect();
-            sent = ends.iter().map(|&(t, p, e)| ((t, p), e)).collect();
+            sent = ends
+                .iter()
+                .map(|&(t, p, e)| (PartitionId::new(t, p), e))
+                .collect();
             if let Some(i) = self.ingress.upgrade() {
                 // (not before the start's check confirmed the catalog current: a catalog
                 // still catching up lacks topics whose remembered ends must stay)

@@ -42,6 +42,7 @@ use narad_core::broker::moves::{MAX_FILE_CHUNK, PartitionFile};
 use narad_core::catalog::store::{MetaStore, StoreError};
 use narad_core::catalog::{CatalogCommand, CatalogError, TopicMeta};
 use narad_core::failpoint;
+use narad_core::ids::PartitionId;
 use narad_wire::ErrorCode;
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
@@ -151,6 +152,14 @@ pub use source::{Progress, serve};
 
 // ── the mover ──
 
+/// A rebuild from the archive: a partition under one owner epoch (a later forget of the
+/// same partition is another rebuild).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct RebuildKey {
+    partition: PartitionId,
+    epoch: u64,
+}
+
 /// Runs the moves targeted at this member, thaws this member's lapsed freezes, and on the
 /// leader plans moves (rebalance, decommission) and cancels those whose target is gone.
 pub struct Mover {
@@ -160,8 +169,8 @@ pub struct Mover {
     pub metrics: Arc<MoveMetrics>,
     settings: MoveSettings,
     running: Mutex<HashSet<MoveKey>>,
-    /// Rebuilds from the archive running here: (topic id, partition, owner epoch).
-    rebuilding: Mutex<HashSet<(u64, u32, u64)>>,
+    /// Rebuilds from the archive running here.
+    rebuilding: Mutex<HashSet<RebuildKey>>,
     /// Rebuild attempts that may fetch at once (each holds one archived segment in memory).
     rebuild_slots: Arc<Semaphore>,
     progress: Mutex<BTreeMap<MoveKey, Progress>>,
@@ -316,7 +325,10 @@ impl Mover {
                 }
             }
             for (meta, p) in self.broker.awaited_rebuilds() {
-                let key = (meta.id, p, meta.owner_epoch(p));
+                let key = RebuildKey {
+                    partition: PartitionId::new(meta.id, p),
+                    epoch: meta.owner_epoch(p),
+                };
                 if !self.rebuilding.lock().insert(key) {
                     continue;
                 }
@@ -545,8 +557,8 @@ impl Mover {
     /// after its owner was forgotten, from the archive; tried again (backing off up to 30 s)
     /// until it is installed or no longer wanted here. The partition serves nothing
     /// meanwhile: its producers and consumers are told it is moving.
-    async fn run_rebuild(&self, key: (u64, u32, u64), stop: CancellationToken) {
-        let (topic_id, p, epoch) = key;
+    async fn run_rebuild(&self, key: RebuildKey, stop: CancellationToken) {
+        let (topic_id, p, epoch) = (key.partition.topic.0, key.partition.partition, key.epoch);
         let mut backoff = Duration::from_secs(1);
         let started = Instant::now();
         loop {
