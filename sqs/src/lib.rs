@@ -7,6 +7,7 @@
 //! - [`attrs`]: message attributes, checked, and kept as the record's headers.
 //! - [`md5`]: the body and attribute digests the SDKs check.
 //! - [`queue`]: queue names, URLs, ARNs, message ids and settable queue attributes.
+//! - [`sigv4`]: AWS Signature Version 4: a request's signature checked (and made, for clients).
 //! - [`limits`]: SQS's limits and defaults.
 
 pub mod attrs;
@@ -15,5 +16,6 @@ pub mod limits;
 pub mod md5;
 pub mod ops;
 pub mod queue;
+pub mod sigv4;
 
 pub use error::{Kind, SqsError};
