@@ -363,6 +363,12 @@ pub struct ServerConfig {
     pub archive_region: String,
     /// Allow a plain-HTTP endpoint (loopback test servers); also `AWS_ALLOW_HTTP=true`.
     pub archive_allow_http: bool,
+    /// The account id the SQS endpoint's queue URLs and ARNs name (12 digits). Clients keep
+    /// it in queue URLs; it grants nothing (access is Narad's users and grants).
+    pub sqs_account_id: String,
+    /// The region the SQS endpoint's ARNs name. Clients sign requests for a region; any
+    /// region's signature is checked, this one is what queue ARNs say.
+    pub sqs_region: String,
     /// Archive objects whose newest record is older than this are deleted; 0 keeps forever.
     pub archive_retention_ms: i64,
     /// Local segments older than this are deleted once archived (0: only the topic's
@@ -468,6 +474,8 @@ impl Default for ServerConfig {
             archive_endpoint: String::new(),
             archive_region: String::new(),
             archive_allow_http: false,
+            sqs_account_id: "000000000000".into(),
+            sqs_region: "us-east-1".into(),
             archive_retention_ms: 0,
             local_retention_ms: 0,
             tiering_interval_ms: 1000,
@@ -655,6 +663,20 @@ impl ServerConfig {
                 "body_min_bytes_per_s",
                 "must be at most 1073741824 (0: off)",
             );
+        }
+        if self.sqs_account_id.len() != 12
+            || !self.sqs_account_id.bytes().all(|b| b.is_ascii_digit())
+        {
+            return bad("sqs_account_id", "must be 12 digits");
+        }
+        if self.sqs_region.is_empty()
+            || self.sqs_region.len() > 32
+            || !self
+                .sqs_region
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return bad("sqs_region", "must be 1 to 32 of a-z, 0-9 and '-'");
         }
         if !(100..=3_600_000).contains(&self.body_grace_ms) {
             return bad("body_grace_ms", "must be between 100 and 3600000");

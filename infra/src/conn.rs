@@ -286,6 +286,17 @@ async fn call(
     mut req: hyper::Request<Incoming>,
 ) -> Result<axum::response::Response, Infallible> {
     req.extensions_mut().insert(ConnectInfo(PeerAddr(peer)));
+    if let Some(state) = &hot
+        && crate::http::sqs::is_sqs(req.method(), req.uri().path(), req.headers())
+    {
+        let resp = crate::http::sqs::serve(state, req.map(Body::new)).await;
+        return Ok(resp.map(|body| {
+            Body::new(body.map_frame(move |frame| {
+                let _held = &guard;
+                frame
+            }))
+        }));
+    }
     let hot = hot.and_then(|state| {
         let (route, topic) = crate::http::hot::route(req.method(), req.uri().path())?;
         Some((state, route, topic.to_owned()))

@@ -51,6 +51,20 @@ pub enum Consumed<'a> {
     Cluster(Taken),
 }
 
+/// One leased message, as [`Consumed::leased`] tells it.
+pub struct Leased {
+    pub partition: u32,
+    pub offset: u64,
+    /// When it was written (commit time, Unix milliseconds).
+    pub timestamp_ms: i64,
+    pub delivery_count: u32,
+    /// The handle its settle takes (a cluster's names its owner).
+    pub receipt_handle: String,
+    /// (in a cluster, values as text: bytes that are not UTF-8 arrive replaced)
+    pub headers: Vec<(String, bytes::Bytes)>,
+    pub payload: bytes::Bytes,
+}
+
 impl Consumed<'_> {
     pub fn is_empty(&self) -> bool {
         match self {
@@ -88,6 +102,68 @@ impl Consumed<'_> {
         batch: bool,
     ) -> Result<axum::response::Response, ApiError> {
         let text = self.text(batch);
+        self.reply_with(budget, held, text).await
+    }
+
+    /// What was taken, each message as it was leased, for a reply in another form than the
+    /// native API's ([`Consumed::reply_with`] then sends it). A message the owner sent that
+    /// cannot be read is an error (everything is then given back when this is dropped).
+    pub fn leased(&self) -> Result<Vec<Leased>, ApiError> {
+        match self {
+            Consumed::Local { got, .. } => Ok(got
+                .iter()
+                .map(|d| Leased {
+                    partition: d.partition,
+                    offset: d.record.offset,
+                    timestamp_ms: d.record.timestamp_ms,
+                    delivery_count: d.delivery_count,
+                    receipt_handle: d.receipt_handle.clone(),
+                    headers: d.record.headers.clone(),
+                    payload: d.record.payload.clone(),
+                })
+                .collect()),
+            Consumed::Cluster(taken) => taken
+                .messages
+                .iter()
+                .map(|m| {
+                    let unreadable = |e: String| {
+                        ApiError::new(
+                            ErrorCode::InternalError,
+                            format!("a member sent a message that cannot be read: {e}"),
+                        )
+                    };
+                    let m: narad_wire::Message =
+                        serde_json::from_str(m.get()).map_err(|e| unreadable(e.to_string()))?;
+                    let payload = m
+                        .payload_bytes()
+                        .map_err(|e| unreadable(e.to_string()))?
+                        .into_owned();
+                    Ok(Leased {
+                        partition: m.partition,
+                        offset: m.offset,
+                        timestamp_ms: m.timestamp_ms,
+                        delivery_count: m.delivery_count.unwrap_or(1),
+                        receipt_handle: m.receipt_handle.unwrap_or_default(),
+                        headers: m
+                            .headers
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, bytes::Bytes::from(v.into_bytes())))
+                            .collect(),
+                        payload: bytes::Bytes::from(payload),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// [`Consumed::reply`] with the reply's body given (`text`, JSON).
+    pub async fn reply_with(
+        self,
+        budget: &crate::http::budget::BodyBudget,
+        held: &crate::http::budget::Held,
+        text: String,
+    ) -> Result<axum::response::Response, ApiError> {
         match crate::http::budget::reply(budget, held, axum::http::StatusCode::OK, text).await {
             Ok(resp) => {
                 if let Consumed::Cluster(taken) = self {

@@ -52,9 +52,9 @@ pub struct PartitionStatsJson {
     pub next_offset: u64,
     /// Every offset below this is acked.
     pub frontier: u64,
-    unacked: u64,
-    in_flight: usize,
-    delayed: usize,
+    pub unacked: u64,
+    pub in_flight: usize,
+    pub delayed: usize,
     acked_ahead: u64,
     bytes: u64,
     segments: usize,

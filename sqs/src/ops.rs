@@ -12,6 +12,9 @@ use serde::de::DeserializeOwned;
 use crate::attrs::WireAttribute;
 use crate::error::{Kind, SqsError};
 
+/// The path requests are sent to (the endpoint's root; a queue URL is only a name).
+pub const PATH: &str = "/";
+
 /// `X-Amz-Target`'s prefix.
 pub const TARGET_PREFIX: &str = "AmazonSQS.";
 

@@ -18,5 +18,6 @@ mod queue;
 mod remotes;
 mod roles;
 mod security;
+mod sqs;
 mod support;
 mod wire;

@@ -425,6 +425,8 @@ fn body_limit(
     match (method.as_str(), route) {
         ("POST", Some("/v1/topics/{topic}/produce/batch")) => (state.cfg.max_batch_bytes, true),
         ("POST", Some("/v1/topics/{topic}/produce")) => (super::MAX_BODY_LIMIT, true),
+        // (the SQS endpoint: signed requests, read whole before the signature is checked)
+        ("POST", Some(narad_sqs::ops::PATH)) => (narad_sqs::limits::MAX_REQUEST_BYTES, false),
         // (admins only: another cluster's users, read after the caller is checked)
         ("PUT", Some("/v1/carried-users")) => (narad_auth::carry::MAX_CARRY_BYTES, false),
         ("POST" | "PUT" | "PATCH", Some(_)) => (super::MAX_JSON_BODY, false),

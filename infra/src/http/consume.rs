@@ -140,7 +140,7 @@ pub(super) async fn consume_parts(
 }
 
 /// Whether `caller` may still consume from `topic` as the users are now.
-fn still_allowed(
+pub(super) fn still_allowed(
     state: &SharedState,
     caller: &super::access::Caller,
     topic: &str,
@@ -155,7 +155,11 @@ fn still_allowed(
 /// revoked, its user deleted or its password changed); never while it may. Checked at once
 /// and again after every change of the users, which a member applies as it follows its
 /// cluster.
-async fn revoked(state: &SharedState, caller: &super::access::Caller, topic: &str) -> ApiError {
+pub(super) async fn revoked(
+    state: &SharedState,
+    caller: &super::access::Caller,
+    topic: &str,
+) -> ApiError {
     let Some(auth) = state.auth.as_ref().filter(|_| caller.username().is_some()) else {
         return std::future::pending().await;
     };

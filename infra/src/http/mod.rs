@@ -18,6 +18,7 @@ mod remote_children;
 pub mod remotes;
 pub(crate) mod render;
 mod roles;
+pub(crate) mod sqs;
 pub(crate) mod topics;
 mod users;
 

@@ -826,6 +826,25 @@ pub(super) fn check_intake(
     }
 }
 
+/// What every produce passes that is not about its form, for a produce that did not come
+/// through the native routes (the SQS endpoint): the topic's role takes a client's produces
+/// (a mirror does not), and every payload satisfies the topic's JSON Schema.
+pub(super) async fn admit(
+    state: &SharedState,
+    caller: &Caller,
+    topic: &str,
+    msgs: &[ProduceMessage],
+) -> Result<(), ApiError> {
+    let broker = state.broker()?.clone();
+    check_intake(
+        caller,
+        broker.with_topic_meta(topic, |m| m.role).ok(),
+        topic,
+        None,
+    )?;
+    check_schema(state, &broker, topic, msgs).await
+}
+
 fn count_late(broker: &narad_core::broker::Broker, topic: &str, n: usize) {
     broker
         .metrics()

@@ -617,19 +617,31 @@ pub async fn delete(
 ) -> ApiResult {
     let q = Query::parse(uri.query(), &["force"])?;
     let force = q.bool("force")?.unwrap_or(false);
+    delete_topic(&state, &caller, &topic, force).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Deletes `topic` for `caller` (its owner or an admin); `force`: even when remote children
+/// still read it.
+pub(super) async fn delete_topic(
+    state: &SharedState,
+    caller: &Caller,
+    topic: &str,
+    force: bool,
+) -> Result<(), ApiError> {
     let broker = state.broker()?.clone();
-    caller.manage_topic(&broker, &topic)?;
-    super::remote_children::check_parent_delete(&state, &caller, &topic, force).await?;
-    broker.delete_topic(&topic).await?;
+    caller.manage_topic(&broker, topic)?;
+    super::remote_children::check_parent_delete(state, caller, topic, force).await?;
+    broker.delete_topic(topic).await?;
     if let Some(reader) = &state.archive {
         // A node restored from the archive must not bring the topic back. Its objects stay
         // until a new incarnation of the name replaces them (docs/archive-format.md).
         let a = reader.archive();
-        if let Err(e) = a.store.delete(&a.topic_manifest_path(&topic)).await
+        if let Err(e) = a.store.delete(&a.topic_manifest_path(topic)).await
             && !matches!(e, object_store::Error::NotFound { .. })
         {
             tracing::warn!(topic = %topic, error = %e, "could not remove the deleted topic's _topic.json from the archive; a restore from it would bring the topic back");
         }
     }
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(())
 }

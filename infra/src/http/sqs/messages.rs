@@ -1,0 +1,576 @@
+//! Message operations: send, receive, delete and change visibility, single and batch.
+//!
+//! A message's body is the record's payload; its attributes are the record's headers
+//! ([`narad_sqs::attrs`]); its `MessageId` is made from where the record is, so it is the
+//! same on every delivery and in a replay; its receipt handle is the broker's.
+
+use std::collections::BTreeMap;
+
+use axum::response::Response;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use bytes::Bytes;
+use narad_auth::Action;
+use narad_core::broker::{AckAction, ProduceMessage, Produced};
+use narad_core::topic::MIN_VISIBILITY_MS;
+use narad_sqs::attrs::{self, TRACE_HEADER};
+use narad_sqs::limits::{MAX_BATCH_BYTES, MAX_DELAY_S, MAX_RECEIVE, MAX_VISIBILITY_S, MAX_WAIT_S};
+use narad_sqs::ops::{self, SendEntry, check_batch_ids, required};
+use narad_sqs::queue::message_id;
+use narad_sqs::{Kind, SqsError, md5};
+use narad_wire::ErrorCode;
+use serde_json::{Value, json};
+
+use super::super::ApiError;
+use super::{Ctx, ok, set_headers};
+use crate::plane::Written;
+
+/// A message checked and ready to produce, with what the answer says of it.
+struct Outgoing {
+    msg: ProduceMessage,
+    md5_body: String,
+    md5_attrs: Option<String>,
+    md5_system: Option<String>,
+}
+
+/// Checks one message to send to a queue whose messages may be `max_bytes` long (body and
+/// attributes).
+fn outgoing(e: SendEntry, max_bytes: u64) -> Result<Outgoing, SqsError> {
+    let body = e
+        .message_body
+        .filter(|b| !b.is_empty())
+        .ok_or_else(|| SqsError::missing("MessageBody"))?;
+    if !attrs::valid_text(&body) {
+        return Err(SqsError::new(
+            Kind::InvalidMessageContents,
+            "Invalid characters found. Valid unicode characters are #x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF",
+        ));
+    }
+    let delay_ms = match e.delay_seconds {
+        None => None,
+        Some(d) if (0..=MAX_DELAY_S).contains(&d) => Some(d * 1000),
+        Some(d) => {
+            return Err(SqsError::invalid_value(
+                "DelaySeconds",
+                d,
+                &format!("DelaySeconds must be >= 0 and <= {MAX_DELAY_S}"),
+            ));
+        }
+    };
+    if e.message_deduplication_id.is_some() {
+        return Err(SqsError::new(
+            Kind::InvalidParameterValue,
+            "The request include parameter that is not valid for this queue type: MessageDeduplicationId is for FIFO queues",
+        ));
+    }
+    let attributes = attrs::check("MessageAttributes", e.message_attributes)?;
+    let system = attrs::check("MessageSystemAttributes", e.message_system_attributes)?;
+    let mut trace = None;
+    for (name, a) in &system {
+        match (name.as_str(), &a.value) {
+            ("AWSTraceHeader", attrs::AttrValue::String(s)) if a.data_type == "String" => {
+                trace = Some(s.clone());
+            }
+            _ => {
+                return Err(SqsError::new(
+                    Kind::InvalidParameterValue,
+                    format!(
+                        "Message system attribute '{name}' is not supported: only AWSTraceHeader, of type String"
+                    ),
+                ));
+            }
+        }
+    }
+    let size = body.len()
+        + attributes
+            .iter()
+            .chain(&system)
+            .map(|(n, a)| a.size(n))
+            .sum::<usize>();
+    if size as u64 > max_bytes {
+        return Err(SqsError::new(
+            Kind::InvalidParameterValue,
+            format!(
+                "One or more parameters are invalid. Reason: Message must be shorter than {max_bytes} bytes."
+            ),
+        ));
+    }
+    let md5_body = md5::of_body(body.as_bytes());
+    let md5_attrs = md5::of_attributes(attributes.iter().map(|(n, a)| (n.as_str(), a)));
+    let md5_system = md5::of_attributes(system.iter().map(|(n, a)| (n.as_str(), a)));
+    let headers = attrs::to_headers(&attributes, trace.as_deref())
+        .into_iter()
+        .map(|(n, v)| (n, Bytes::from(v)))
+        .collect();
+    Ok(Outgoing {
+        msg: ProduceMessage {
+            key: None,
+            partition: None,
+            delay_ms,
+            headers,
+            payload: Bytes::from(body),
+        },
+        md5_body,
+        md5_attrs,
+        md5_system,
+    })
+}
+
+/// The answer for one message sent.
+fn sent(o: &Outgoing, topic_id: u64, p: Produced) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "MessageId".into(),
+        message_id(topic_id, p.partition, p.offset).into(),
+    );
+    m.insert("MD5OfMessageBody".into(), o.md5_body.clone().into());
+    if let Some(a) = &o.md5_attrs {
+        m.insert("MD5OfMessageAttributes".into(), a.clone().into());
+    }
+    if let Some(s) = &o.md5_system {
+        m.insert("MD5OfMessageSystemAttributes".into(), s.clone().into());
+    }
+    m
+}
+
+/// The queue's topic id and largest message, for a send.
+fn queue_facts(ctx: &Ctx<'_>, name: &str) -> Result<(u64, u64), SqsError> {
+    let broker = ctx.state.broker()?;
+    Ok(broker
+        .with_topic_meta(name, |m| (m.id, m.config.max_message_bytes))
+        .map_err(ApiError::from)?)
+}
+
+/// After a produce to `name` (topic id `id` before it): a queue deleted and made again
+/// meanwhile leaves the message in one of the two, and which is not known.
+fn same_queue(ctx: &Ctx<'_>, name: &str, id: u64) -> Result<(), SqsError> {
+    let now = ctx.state.broker()?.with_topic_meta(name, |m| m.id).ok();
+    if now == Some(id) {
+        return Ok(());
+    }
+    Err(SqsError::new(
+        Kind::InternalFailure,
+        "outcome unknown: the queue was deleted (and perhaps made again) while the message was sent; it may or may not have been written",
+    ))
+}
+
+pub(super) async fn send(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
+    let r: ops::SendMessage = ops::parse(body)?;
+    let name = ctx.queue(r.queue_url.as_deref())?;
+    ctx.caller.require(Action::Produce, name)?;
+    let (id, max_bytes) = queue_facts(ctx, name)?;
+    let o = outgoing(r.entry, max_bytes)?;
+    super::super::produce::admit(ctx.state, &ctx.caller, name, std::slice::from_ref(&o.msg))
+        .await?;
+    let written = ctx
+        .state
+        .plane()?
+        .produce(name, vec![o.msg.clone()])
+        .await?;
+    let p = match written {
+        Written::All(mut r) => r.remove(0),
+        Written::Each(mut e) => e.remove(0)?,
+    };
+    same_queue(ctx, name, id)?;
+    Ok(ok(&Value::Object(sent(&o, id, p))))
+}
+
+/// A batch entry's failure.
+fn failed(id: &str, e: &SqsError) -> Value {
+    json!({
+        "Id": id,
+        "SenderFault": e.sender_fault(),
+        "Code": e.kind.query_code(),
+        "Message": e.message,
+    })
+}
+
+pub(super) async fn send_batch(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
+    let r: ops::SendMessageBatch = ops::parse(body)?;
+    let name = ctx.queue(r.queue_url.as_deref())?;
+    let entries = required(r.entries, "Entries")?;
+    check_batch_ids(
+        entries.iter().map(|e| e.id.as_deref()),
+        "SendMessageBatchRequestEntry",
+    )?;
+    let total: usize = entries
+        .iter()
+        .map(|e| {
+            e.message_body.as_ref().map_or(0, String::len)
+                + e.message_attributes
+                    .iter()
+                    .map(|(n, a)| {
+                        n.len()
+                            + a.data_type.as_ref().map_or(0, String::len)
+                            + a.string_value.as_ref().map_or(0, String::len)
+                            + a.binary_value.as_ref().map_or(0, |b| b.len() / 4 * 3)
+                    })
+                    .sum::<usize>()
+        })
+        .sum();
+    if total > MAX_BATCH_BYTES {
+        return Err(SqsError::new(
+            Kind::BatchRequestTooLong,
+            format!(
+                "Batch requests cannot be longer than {MAX_BATCH_BYTES} bytes. You have sent {total} bytes."
+            ),
+        ));
+    }
+    ctx.caller.require(Action::Produce, name)?;
+    let (topic_id, max_bytes) = queue_facts(ctx, name)?;
+    let mut failures = Vec::new();
+    let mut ready: Vec<(String, Outgoing)> = Vec::new();
+    for mut e in entries {
+        let id = e.id.take().unwrap_or_default();
+        match outgoing(e, max_bytes) {
+            Err(err) => failures.push(failed(&id, &err)),
+            Ok(o) => {
+                match super::super::produce::admit(
+                    ctx.state,
+                    &ctx.caller,
+                    name,
+                    std::slice::from_ref(&o.msg),
+                )
+                .await
+                {
+                    Ok(()) => ready.push((id, o)),
+                    Err(err) => failures.push(failed(&id, &err.into())),
+                }
+            }
+        }
+    }
+    let mut successes = Vec::new();
+    if !ready.is_empty() {
+        let msgs = ready.iter().map(|(_, o)| o.msg.clone()).collect();
+        let outcomes: Vec<Result<Produced, ApiError>> =
+            match ctx.state.plane()?.produce(name, msgs).await? {
+                Written::All(r) => r.into_iter().map(Ok).collect(),
+                Written::Each(o) => o,
+            };
+        same_queue(ctx, name, topic_id)?;
+        for ((id, o), outcome) in ready.iter().zip(outcomes) {
+            match outcome {
+                Ok(p) => {
+                    let mut m = sent(o, topic_id, p);
+                    m.insert("Id".into(), id.clone().into());
+                    successes.push(Value::Object(m));
+                }
+                Err(e) => failures.push(failed(id, &e.into())),
+            }
+        }
+    }
+    Ok(ok(&json!({"Successful": successes, "Failed": failures})))
+}
+
+/// Whether `names` (system attribute names asked for) includes `name`.
+fn asked(names: &[String], name: &str) -> bool {
+    names.iter().any(|n| n == name || n == "All")
+}
+
+pub(super) async fn receive(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
+    let r: ops::ReceiveMessage = ops::parse(body)?;
+    let name = ctx.queue(r.queue_url.as_deref())?;
+    ctx.caller.require(Action::Consume, name)?;
+    let max = match r.max_number_of_messages {
+        None => 1,
+        Some(n) if (1..=MAX_RECEIVE).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(SqsError::invalid_value(
+                "MaxNumberOfMessages",
+                n,
+                &format!("Must be between 1 and {MAX_RECEIVE}, if provided."),
+            ));
+        }
+    };
+    let wait_s = match r.wait_time_seconds {
+        None => 0,
+        Some(w) if (0..=MAX_WAIT_S).contains(&w) => w,
+        Some(w) => {
+            return Err(SqsError::invalid_value(
+                "WaitTimeSeconds",
+                w,
+                &format!("Must be >= 0 and <= {MAX_WAIT_S}, if provided."),
+            ));
+        }
+    };
+    let broker = ctx.state.broker()?;
+    let (topic_id, visibility_ms) = broker
+        .with_topic_meta(name, |m| (m.id, m.config.visibility_timeout_ms))
+        .map_err(ApiError::from)?;
+    if let Some(v) = r.visibility_timeout {
+        if !(0..=MAX_VISIBILITY_S).contains(&v) {
+            return Err(SqsError::invalid_value(
+                "VisibilityTimeout",
+                v,
+                &format!("Must be >= 0 and <= {MAX_VISIBILITY_S}, if provided."),
+            ));
+        }
+        if (v * 1000).max(MIN_VISIBILITY_MS) != visibility_ms {
+            return Err(SqsError::new(
+                Kind::InvalidParameterValue,
+                format!(
+                    "a VisibilityTimeout other than the queue's ({} s) is not supported on ReceiveMessage yet: set the queue's VisibilityTimeout, or leave it out",
+                    visibility_ms / 1000
+                ),
+            ));
+        }
+    }
+    let wait =
+        std::time::Duration::from_millis((wait_s as u64 * 1000).min(ctx.state.cfg.max_wait_ms));
+    let state = ctx.state;
+    let revoked = super::super::consume::revoked(state, &ctx.caller, name);
+    let plane = state.plane()?;
+    let got = tokio::select! {
+        biased;
+        e = revoked => return Err(e.into()),
+        r = plane.consume(name, None, max, wait, ctx.caller.username()) => r?,
+    };
+    if let Err(e) = super::super::consume::still_allowed(state, &ctx.caller, name) {
+        got.give_back();
+        return Err(e.into());
+    }
+    if got.is_empty() {
+        return Ok(ok(&json!({})));
+    }
+    // (a queue deleted and made again during the wait: its messages would get ids of the
+    // old one; nothing is handed out, they are deliverable again at once)
+    if broker.with_topic_meta(name, |m| m.id).ok() != Some(topic_id) {
+        got.give_back();
+        return Ok(ok(&json!({})));
+    }
+    let leased = match got.leased() {
+        Ok(l) => l,
+        Err(e) => {
+            got.give_back();
+            return Err(e.into());
+        }
+    };
+    let system: Vec<String> = r
+        .attribute_names
+        .iter()
+        .chain(&r.message_system_attribute_names)
+        .cloned()
+        .collect();
+    let messages: Vec<Value> = leased
+        .iter()
+        .map(|m| render(m, topic_id, &system, &r.message_attribute_names))
+        .collect();
+    let text = json!({ "Messages": messages }).to_string();
+    let mut resp = got.reply_with(&state.body_budget, ctx.held, text).await?;
+    set_headers(resp.headers_mut());
+    Ok(resp)
+}
+
+/// One received message in SQS's form.
+fn render(m: &crate::plane::Leased, topic_id: u64, system: &[String], names: &[String]) -> Value {
+    // (a payload that is not UTF-8, produced through the native API, is given in base64)
+    let body = match std::str::from_utf8(&m.payload) {
+        Ok(s) => s.to_owned(),
+        Err(_) => B64.encode(&m.payload),
+    };
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "MessageId".into(),
+        message_id(topic_id, m.partition, m.offset).into(),
+    );
+    out.insert("ReceiptHandle".into(), m.receipt_handle.clone().into());
+    out.insert("MD5OfBody".into(), md5::of_body(body.as_bytes()).into());
+    out.insert("Body".into(), body.into());
+    let mut sys = serde_json::Map::new();
+    if asked(system, "SentTimestamp") {
+        sys.insert("SentTimestamp".into(), m.timestamp_ms.to_string().into());
+    }
+    if asked(system, "ApproximateReceiveCount") {
+        sys.insert(
+            "ApproximateReceiveCount".into(),
+            m.delivery_count.to_string().into(),
+        );
+    }
+    if asked(system, "AWSTraceHeader")
+        && let Some((_, v)) = m.headers.iter().find(|(n, _)| n == TRACE_HEADER)
+    {
+        sys.insert(
+            "AWSTraceHeader".into(),
+            String::from_utf8_lossy(v).into_owned().into(),
+        );
+    }
+    if !sys.is_empty() {
+        out.insert("Attributes".into(), Value::Object(sys));
+    }
+    let all = attrs::from_headers(m.headers.iter().map(|(n, v)| (n.as_str(), v.as_ref())));
+    let chosen: BTreeMap<&str, &attrs::MessageAttribute> = all
+        .iter()
+        .filter(|(n, _)| attrs::selected(names, n))
+        .map(|(n, a)| (n.as_str(), a))
+        .collect();
+    if let Some(digest) = md5::of_attributes(chosen.iter().map(|(n, a)| (*n, *a))) {
+        out.insert("MD5OfMessageAttributes".into(), digest.into());
+        out.insert(
+            "MessageAttributes".into(),
+            Value::Object(
+                chosen
+                    .iter()
+                    .map(|(n, a)| ((*n).to_owned(), a.to_json()))
+                    .collect(),
+            ),
+        );
+    }
+    Value::Object(out)
+}
+
+/// A settle's error as SQS says it for an operation on one handle.
+fn settle_error(e: ApiError, handle: &str, act: AckAction) -> Option<SqsError> {
+    match (e.code, act) {
+        // deleting what is no longer leased to this handle: AWS's deletes are idempotent (the
+        // message may be delivered again: at least once)
+        (ErrorCode::LeaseGone, AckAction::Ack) => None,
+        (ErrorCode::LeaseGone, _) => Some(SqsError::new(
+            Kind::MessageNotInflight,
+            "Message does not exist or is not available for visibility timeout change.",
+        )),
+        (ErrorCode::InvalidReceiptHandle, _) => Some(SqsError::new(
+            Kind::ReceiptHandleIsInvalid,
+            format!(
+                "The input receipt handle \"{}\" is not a valid receipt handle.",
+                handle.chars().take(128).collect::<String>()
+            ),
+        )),
+        _ => Some(e.into()),
+    }
+}
+
+pub(super) async fn delete(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
+    let r: ops::DeleteMessage = ops::parse(body)?;
+    let name = ctx.queue(r.queue_url.as_deref())?;
+    let handle = required(r.receipt_handle, "ReceiptHandle")?;
+    ctx.caller.require(Action::Consume, name)?;
+    settle_one(ctx, name, &handle, AckAction::Ack).await
+}
+
+async fn settle_one(
+    ctx: &Ctx<'_>,
+    name: &str,
+    handle: &str,
+    act: AckAction,
+) -> Result<Response, SqsError> {
+    match ctx.state.plane()?.settle(name, handle, act).await {
+        Ok(()) => Ok(ok(&json!({}))),
+        Err(e) => match settle_error(e, handle, act) {
+            None => Ok(ok(&json!({}))),
+            Some(e) => Err(e),
+        },
+    }
+}
+
+/// The settle a visibility timeout of `v` seconds is on a queue whose timeout is
+/// `queue_ms`: 0 makes the message visible at once (nack); the queue's own timeout renews
+/// the lease (extend).
+fn visibility_action(v: Option<i64>, queue_ms: i64) -> Result<AckAction, SqsError> {
+    let v = required(v, "VisibilityTimeout")?;
+    if !(0..=MAX_VISIBILITY_S).contains(&v) {
+        return Err(SqsError::invalid_value(
+            "VisibilityTimeout",
+            v,
+            &format!("Must be between 0 and {MAX_VISIBILITY_S}, if provided."),
+        ));
+    }
+    if v == 0 {
+        return Ok(AckAction::Nack);
+    }
+    if (v * 1000).max(MIN_VISIBILITY_MS) == queue_ms {
+        return Ok(AckAction::Extend);
+    }
+    Err(SqsError::new(
+        Kind::InvalidParameterValue,
+        format!(
+            "changing a message's visibility to other than 0 or the queue's VisibilityTimeout ({} s) is not supported yet",
+            queue_ms / 1000
+        ),
+    ))
+}
+
+fn queue_visibility(ctx: &Ctx<'_>, name: &str) -> Result<i64, SqsError> {
+    Ok(ctx
+        .state
+        .broker()?
+        .with_topic_meta(name, |m| m.config.visibility_timeout_ms)
+        .map_err(ApiError::from)?)
+}
+
+pub(super) async fn change_visibility(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
+    let r: ops::ChangeMessageVisibility = ops::parse(body)?;
+    let name = ctx.queue(r.queue_url.as_deref())?;
+    let handle = required(r.receipt_handle, "ReceiptHandle")?;
+    ctx.caller.require(Action::Consume, name)?;
+    let act = visibility_action(r.visibility_timeout, queue_visibility(ctx, name)?)?;
+    settle_one(ctx, name, &handle, act).await
+}
+
+pub(super) async fn delete_batch(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
+    settle_batch(ctx, body, "DeleteMessageBatchRequestEntry", false).await
+}
+
+pub(super) async fn change_visibility_batch(
+    ctx: &Ctx<'_>,
+    body: &[u8],
+) -> Result<Response, SqsError> {
+    settle_batch(ctx, body, "ChangeMessageVisibilityBatchRequestEntry", true).await
+}
+
+/// `DeleteMessageBatch`, or `ChangeMessageVisibilityBatch` when `visibility`: each entry
+/// answered on its own.
+async fn settle_batch(
+    ctx: &Ctx<'_>,
+    body: &[u8],
+    entry_name: &str,
+    visibility: bool,
+) -> Result<Response, SqsError> {
+    let r: ops::HandleBatch = ops::parse(body)?;
+    let name = ctx.queue(r.queue_url.as_deref())?;
+    let entries = required(r.entries, "Entries")?;
+    check_batch_ids(entries.iter().map(|e| e.id.as_deref()), entry_name)?;
+    ctx.caller.require(Action::Consume, name)?;
+    let queue_ms = if visibility {
+        queue_visibility(ctx, name)?
+    } else {
+        0
+    };
+    let mut failures = Vec::new();
+    // (the entries by the settle they ask for: one call for each)
+    let mut groups: Vec<(AckAction, Vec<(String, String)>)> = Vec::new();
+    for e in entries {
+        let id = e.id.unwrap_or_default();
+        let Some(handle) = e.receipt_handle else {
+            failures.push(failed(&id, &SqsError::missing("ReceiptHandle")));
+            continue;
+        };
+        let act = if visibility {
+            match visibility_action(e.visibility_timeout, queue_ms) {
+                Ok(a) => a,
+                Err(err) => {
+                    failures.push(failed(&id, &err));
+                    continue;
+                }
+            }
+        } else {
+            AckAction::Ack
+        };
+        match groups.iter_mut().find(|(a, _)| *a == act) {
+            Some((_, g)) => g.push((id, handle)),
+            None => groups.push((act, vec![(id, handle)])),
+        }
+    }
+    let plane = ctx.state.plane()?;
+    let mut successes = Vec::new();
+    for (act, group) in groups {
+        let handles: Vec<String> = group.iter().map(|(_, h)| h.clone()).collect();
+        let results = plane.settle_many(name, &handles, act).await;
+        for ((id, handle), result) in group.into_iter().zip(results) {
+            match result.err().and_then(|e| settle_error(e, &handle, act)) {
+                None => successes.push(json!({"Id": id})),
+                Some(err) => failures.push(failed(&id, &err)),
+            }
+        }
+    }
+    Ok(ok(&json!({"Successful": successes, "Failed": failures})))
+}
