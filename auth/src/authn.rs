@@ -127,6 +127,14 @@ pub fn random_password() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
 }
 
+/// A new access key's secret: 30 random bytes, 40 characters of base64 (as AWS's).
+pub fn random_key_secret() -> String {
+    let mut b = [0u8; 30];
+    #[allow(clippy::disallowed_methods)] // a secret: from the OS, never a seeded source
+    getrandom::fill(&mut b).expect("the OS random source works");
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
 /// An `Authorization: Basic ...` value decoded: `username:password` in one allocation.
 struct Basic {
     raw: String,
@@ -430,6 +438,7 @@ mod tests {
                     updated_at_ms: 0,
                     carried_from: None,
                     origin: None,
+                    access_keys: Vec::new(),
                 },
             })
             .unwrap();
@@ -450,6 +459,7 @@ mod tests {
                     updated_at_ms: 0,
                     carried_from: None,
                     origin: None,
+                    access_keys: Vec::new(),
                 },
             })
             .unwrap();

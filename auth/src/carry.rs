@@ -251,6 +251,7 @@ pub fn plan(
             updated_at_ms: c.updated_at_ms,
             carried_from: Some(source.to_owned()),
             origin: Some(origin.to_owned()),
+            access_keys: Vec::new(),
         };
         // a user made here that this cluster no longer has (by that id) was deleted here:
         // a copy coming back from a cluster that has not heard of the delete yet is not
@@ -333,7 +334,11 @@ pub(crate) fn apply(users: &mut Users, deleted: &mut Deleted, plan: CarryPlan) {
             deleted.add(gone.id);
         }
     }
-    for u in plan.create.into_iter().chain(plan.update) {
+    for mut u in plan.create.into_iter().chain(plan.update) {
+        // (access keys made here for a carried user stay: the list cannot carry them)
+        if let Some(old) = users.get(&u.username).filter(|old| old.id == u.id) {
+            u.access_keys = old.access_keys.clone();
+        }
         if let Some(old) = users.insert(u.username.clone(), Arc::new(u))
             && users.get(&old.username).is_some_and(|new| new.id != old.id)
         {
@@ -379,6 +384,7 @@ mod tests {
                 updated_at_ms: 5,
                 carried_from: from.map(str::to_owned),
                 origin: from.map(str::to_owned),
+                access_keys: Vec::new(),
             }),
         )
     }

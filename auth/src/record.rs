@@ -45,6 +45,43 @@ pub struct UserRecord {
     /// number of clusters); `None`: made here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
+    /// Keys for signed requests (AWS SigV4, the SQS endpoint): at most
+    /// [`MAX_ACCESS_KEYS`], each secret sealed under the cluster secret.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_keys: Vec<AccessKey>,
+}
+
+/// Most access keys a user holds at once (two, as AWS allows: one to rotate to).
+pub const MAX_ACCESS_KEYS: usize = 2;
+
+/// An access key: its id (public, in every signed request) and its secret, sealed (the
+/// secret must be recoverable to check signatures, so it is never hashed, and never kept in
+/// clear: not on disk, in the Raft log, the archive or a log line).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessKey {
+    pub id: String,
+    pub secret: narad_core::catalog::SealedCredential,
+    pub created_at_ms: i64,
+}
+
+impl std::fmt::Debug for AccessKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessKey")
+            .field("id", &self.id)
+            .field("secret", &"<sealed>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `id` has the form of an access key id this broker makes: `NRD` and 17 of
+/// `A-Z2-7` (base32), 20 characters as AWS's.
+pub fn valid_access_key_id(id: &str) -> bool {
+    id.len() == 20
+        && id.starts_with("NRD")
+        && id[3..]
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
 }
 
 impl std::fmt::Debug for UserRecord {
@@ -55,6 +92,7 @@ impl std::fmt::Debug for UserRecord {
             .field("root", &self.root)
             .field("grants", &self.grants)
             .field("carried_from", &self.carried_from)
+            .field("access_keys", &self.access_keys)
             .finish_non_exhaustive()
     }
 }

@@ -27,6 +27,7 @@ pub async fn new_root(password: Option<String>) -> Result<(UserRecord, Option<St
         updated_at_ms: now,
         carried_from: None,
         origin: None,
+        access_keys: Vec::new(),
     };
     Ok((root, generated.then_some(password)))
 }

@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::grant::Grant;
 pub use crate::record::{
-    Deleted, MAX_PASSWORD_BYTES, MAX_PASSWORD_LEN, MAX_USERNAME_LEN, MAX_USERS, MIN_PASSWORD_LEN,
-    ROOT_USER, UserRecord, Users, validate_password, validate_username,
+    AccessKey, Deleted, MAX_ACCESS_KEYS, MAX_PASSWORD_BYTES, MAX_PASSWORD_LEN, MAX_USERNAME_LEN,
+    MAX_USERS, MIN_PASSWORD_LEN, ROOT_USER, UserRecord, Users, valid_access_key_id,
+    validate_password, validate_username,
 };
 
 pub const USERS_FILE: &str = "users.json";
@@ -40,6 +41,16 @@ pub enum UserCommand {
         username: String,
         password_hash: String,
         at_ms: i64,
+    },
+    /// Gives `username` the access key `key` (its secret sealed by the node that made it).
+    AddAccessKey {
+        username: String,
+        key: AccessKey,
+    },
+    /// Takes access key `key_id` from `username`.
+    RemoveAccessKey {
+        username: String,
+        key_id: String,
     },
     /// Every user at once, from the archive's catalog snapshot after a disk loss. Applies
     /// only to an empty store (a node never trades the users it has for archived ones).
@@ -67,6 +78,12 @@ impl std::fmt::Debug for UserCommand {
             Self::Delete { username } => write!(f, "Delete({username})"),
             Self::SetGrants { username, .. } => write!(f, "SetGrants({username})"),
             Self::SetPassword { username, .. } => write!(f, "SetPassword({username})"),
+            Self::AddAccessKey { username, key } => {
+                write!(f, "AddAccessKey({username}, {})", key.id)
+            }
+            Self::RemoveAccessKey { username, key_id } => {
+                write!(f, "RemoveAccessKey({username}, {key_id})")
+            }
             Self::Restore { users } => write!(f, "Restore({} users)", users.len()),
             Self::Carry { source, users, .. } => {
                 write!(f, "Carry({} users from {source})", users.len())
@@ -119,6 +136,14 @@ pub enum Refusal {
     InvalidRestore(String),
     #[error("carried users are invalid: {0}")]
     InvalidCarry(String),
+    #[error(
+        "user '{0}' already has {MAX_ACCESS_KEYS} access keys, the most a user may hold; remove one first"
+    )]
+    TooManyAccessKeys(String),
+    #[error("access key '{0}' not found")]
+    AccessKeyNotFound(String),
+    #[error("access key '{0}' is invalid or already exists")]
+    AccessKeyInvalid(String),
 }
 
 pub struct UserStore {
@@ -309,6 +334,30 @@ pub fn apply_command(
             u.password_hash = password_hash;
             u.updated_at_ms = at_ms;
         }
+        UserCommand::AddAccessKey { username, key } => {
+            let taken = users
+                .values()
+                .any(|u| u.access_keys.iter().any(|k| k.id == key.id));
+            if taken || !valid_access_key_id(&key.id) {
+                return Err(Refusal::AccessKeyInvalid(key.id));
+            }
+            let u = users
+                .get_mut(&username)
+                .ok_or_else(|| Refusal::NotFound(username.clone()))?;
+            if u.access_keys.len() >= MAX_ACCESS_KEYS {
+                return Err(Refusal::TooManyAccessKeys(username));
+            }
+            Arc::make_mut(u).access_keys.push(key);
+        }
+        UserCommand::RemoveAccessKey { username, key_id } => {
+            let u = users
+                .get_mut(&username)
+                .ok_or_else(|| Refusal::NotFound(username.clone()))?;
+            if !u.access_keys.iter().any(|k| k.id == key_id) {
+                return Err(Refusal::AccessKeyNotFound(key_id));
+            }
+            Arc::make_mut(u).access_keys.retain(|k| k.id != key_id);
+        }
         UserCommand::Restore { users: restored } => {
             if !users.is_empty() {
                 return Err(Refusal::NotEmpty);
@@ -360,6 +409,11 @@ fn check_restored(restored: Vec<UserRecord>) -> Result<Users, Refusal> {
         if out.contains_key(&u.username) {
             return bad(format!("user '{}' is listed twice", u.username));
         }
+        if u.access_keys.len() > MAX_ACCESS_KEYS
+            || u.access_keys.iter().any(|k| !valid_access_key_id(&k.id))
+        {
+            return bad(format!("user '{}': invalid access keys", u.username));
+        }
         out.insert(u.username.clone(), Arc::new(u));
     }
     Ok(out)
@@ -381,6 +435,7 @@ mod tests {
             updated_at_ms: 1,
             carried_from: None,
             origin: None,
+            access_keys: Vec::new(),
         }
     }
 

@@ -305,6 +305,32 @@ enum UserCmd {
         #[arg(long, env = "NARAD_CURRENT_PASSWORD", hide_env_values = true)]
         current: Option<String>,
     },
+    /// Access keys: credentials for signed requests (the SQS endpoint's AWS SDKs and CLI).
+    Key {
+        #[command(subcommand)]
+        cmd: KeyCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// Make an access key for a user (yours, or any as an admin); its secret is shown once.
+    Add {
+        /// The user's name.
+        name: String,
+    },
+    /// List a user's access keys (their ids; secrets cannot be read back).
+    Ls {
+        /// The user's name.
+        name: String,
+    },
+    /// Remove an access key: requests signed with it are refused at once.
+    Rm {
+        /// The user's name.
+        name: String,
+        /// The key's id (`NRD...`).
+        key_id: String,
+    },
 }
 
 #[derive(Subcommand)]

@@ -645,6 +645,7 @@ pub async fn run_observed(
         ),
         mover: std::sync::OnceLock::new(),
         move_metrics,
+        sqs_keys: Default::default(),
     });
     metrics.register_with(|r| state.remotes.metrics.register(r));
     if let Some(node) = cluster.clone() {

@@ -100,6 +100,7 @@ fn router_serves_every_listed_route() {
             remotes: Default::default(),
             mover: std::sync::OnceLock::new(),
             move_metrics: Default::default(),
+            sqs_keys: Default::default(),
         });
         let app = narad_infra::http::router(state);
         for (m, p) in narad_infra::http::ROUTES {

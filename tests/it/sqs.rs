@@ -2,7 +2,7 @@
 //! the AWS CLI, which `.ci/run` installs), and its answers where no client goes.
 
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::*;
 
@@ -62,26 +62,281 @@ async fn sqs_call(s: &Server, target: &str, body: &str) -> (StatusCode, String, 
     (status, query, r.json().await.unwrap())
 }
 
-/// With security on, a request is refused in AWS's words (no access keys can be issued yet),
-/// before its body is read: never a 5xx, never the native API's error shape.
+const ROOT_PW: &str = "root-password-1";
+const PW: &str = "user-password-1";
+
+async fn narad_as(s: &Server, user: &str, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .env("NARAD_ADDR", &s.base)
+        .env("NARAD_USER", user)
+        .env("NARAD_PASSWORD", if user == "admin" { ROOT_PW } else { PW })
+        .output()
+        .await
+        .unwrap()
+}
+
+/// A request to the endpoint signed (or not) by the crate's own signer, at `at_s`.
+async fn signed_call(
+    s: &Server,
+    key: (&str, &str),
+    at_s: i64,
+    body: &str,
+    tamper: bool,
+) -> (StatusCode, String) {
+    let host = s.base.trim_start_matches("http://").to_owned();
+    let amz = narad_sqs::sigv4::amz_date(at_s);
+    let headers: Vec<(&str, &[u8])> = vec![
+        ("content-type", b"application/x-amz-json-1.0"),
+        ("host", host.as_bytes()),
+        ("x-amz-date", amz.as_bytes()),
+        ("x-amz-target", b"AmazonSQS.ListQueues"),
+    ];
+    let auth = narad_sqs::sigv4::sign(
+        &narad_sqs::sigv4::Request {
+            method: "POST",
+            path: "/",
+            query: "",
+            headers: &headers,
+            body: body.as_bytes(),
+        },
+        key.0,
+        key.1,
+        "us-east-1",
+        &amz,
+    );
+    let sent = if tamper {
+        format!("{body} ")
+    } else {
+        body.to_owned()
+    };
+    let r = s
+        .http
+        .post(s.url("/"))
+        .header("content-type", "application/x-amz-json-1.0")
+        .header("x-amz-date", &amz)
+        .header("x-amz-target", "AmazonSQS.ListQueues")
+        .header("authorization", auth)
+        .body(sent)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let query = r
+        .headers()
+        .get("x-amzn-query-error")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, query)
+}
+
+/// With security on, access keys sign requests: made and removed through the CLI and the
+/// API, the secret shown once and kept only sealed; boto3 signs with them, and the users'
+/// grants decide each operation (tests/sqs/test_signed.py); a signature outside the
+/// 15-minute window, over another body, or by a removed key is refused in AWS's words.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_security_on_requests_are_refused_in_awss_words() {
+async fn with_security_on_access_keys_sign_requests() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start_opts(
         dir.path(),
         false,
-        &[("NARAD_ADMIN_PASSWORD", "root-password-1")],
+        &[
+            ("NARAD_ADMIN_PASSWORD", ROOT_PW),
+            (
+                "NARAD_CLUSTER_SECRET",
+                "the SQS tests' cluster secret, 32+ bytes",
+            ),
+        ],
         None,
     )
     .await;
-    let (status, query, body) = sqs_call(&s, "AmazonSQS.ListQueues", "{}").await;
-    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(query, "InvalidClientTokenId;Sender");
-    assert!(body["__type"].as_str().unwrap().contains('#'), "{body}");
-    assert!(body["message"].as_str().unwrap().contains("security"));
-    // the native API is unchanged beside it
-    let r = s.get("/v1/topics").await;
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let admin = ("admin", ROOT_PW);
+    for (name, grants) in [
+        (
+            "alice",
+            json!([{"action": "create", "patterns": ["sq*"]}, {"action": "produce", "patterns": ["sq*"]}, {"action": "consume", "patterns": ["sq*"]}]),
+        ),
+        ("bob", json!([{"action": "consume", "patterns": ["sq*"]}])),
+    ] {
+        let r = call_as(
+            &s,
+            admin,
+            reqwest::Method::POST,
+            "/v1/users",
+            Some(json!({"username": name, "password": PW, "grants": grants})),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    // unsigned: refused before anything else
+    let (status, query, _) = sqs_call(&s, "AmazonSQS.ListQueues", "{}").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(query, "MissingAuthenticationToken;Sender");
+
+    // alice makes her own key with the CLI; an admin makes bob's
+    let out = narad_as(
+        &s,
+        "alice",
+        &["user", "key", "add", "alice", "--output", "json"],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let made: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let alice = (
+        made["access_key_id"].as_str().unwrap().to_owned(),
+        made["secret_access_key"].as_str().unwrap().to_owned(),
+    );
+    let r = call_as(
+        &s,
+        admin,
+        reqwest::Method::POST,
+        "/v1/users/bob/access-keys",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let made: Value = r.json().await.unwrap();
+    let bob = (
+        made["access_key_id"].as_str().unwrap().to_owned(),
+        made["secret_access_key"].as_str().unwrap().to_owned(),
+    );
+    // bob may not manage alice's keys; a user holds two at most
+    let r = call_as(
+        &s,
+        ("bob", PW),
+        reqwest::Method::GET,
+        "/v1/users/alice/access-keys",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = call_as(
+        &s,
+        admin,
+        reqwest::Method::POST,
+        "/v1/users/bob/access-keys",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = call_as(
+        &s,
+        admin,
+        reqwest::Method::POST,
+        "/v1/users/bob/access-keys",
+        None,
+    )
+    .await;
+    expect_error(r, StatusCode::CONFLICT, "too_many_access_keys").await;
+    let out = narad_as(&s, "alice", &["user", "key", "ls", "alice"]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&alice.0));
+
+    // the secrets are nowhere in clear
+    let users_file = std::fs::read_to_string(s.data_dir.join("users.json")).unwrap();
+    for secret in [&alice.1, &bob.1] {
+        assert!(!users_file.contains(secret.as_str()));
+        assert!(!s.log().contains(secret.as_str()));
+    }
+
+    let has_boto3 = std::process::Command::new("python3")
+        .args(["-c", "import boto3"])
+        .status()
+        .is_ok_and(|st| st.success());
+    if has_boto3 {
+        let keys = dir.path().join("keys.json");
+        std::fs::write(
+            &keys,
+            json!({"alice": [alice.0, alice.1], "bob": [bob.0, bob.1]}).to_string(),
+        )
+        .unwrap();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/sqs/test_signed.py");
+        let (base, keys) = (s.base.clone(), keys.clone());
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("python3")
+                .arg(script)
+                .arg(base)
+                .arg(keys)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let report = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && report.contains("\nOK"), "{report}");
+    } else {
+        eprintln!("boto3 not installed: the signed client tests skipped");
+    }
+
+    let now = wall_clock_ms() / 1000;
+    let key = (alice.0.as_str(), alice.1.as_str());
+    assert_eq!(
+        signed_call(&s, key, now, "{}", false).await,
+        (StatusCode::OK, String::new())
+    );
+    for skew in [-16 * 60, 16 * 60] {
+        assert_eq!(
+            signed_call(&s, key, now + skew, "{}", false).await,
+            (StatusCode::BAD_REQUEST, "RequestExpired;Sender".to_owned()),
+            "{skew}"
+        );
+    }
+    assert_eq!(
+        signed_call(&s, key, now, "{}", true).await,
+        (
+            StatusCode::FORBIDDEN,
+            "SignatureDoesNotMatch;Sender".to_owned()
+        )
+    );
+    // removed: refused at once
+    let out = narad_as(&s, "alice", &["user", "key", "rm", "alice", &alice.0]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        signed_call(&s, key, now, "{}", false).await,
+        (
+            StatusCode::FORBIDDEN,
+            "InvalidClientTokenId;Sender".to_owned()
+        )
+    );
+    let r = call_as(
+        &s,
+        ("alice", PW),
+        reqwest::Method::DELETE,
+        &format!("/v1/users/alice/access-keys/{}", alice.0),
+        None,
+    )
+    .await;
+    expect_error(r, StatusCode::NOT_FOUND, "access_key_not_found").await;
+    assert!(!s.log().contains("panicked"), "{}", s.log());
+}
+
+/// A node without a cluster secret cannot seal a key's secret: it makes none, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_cluster_secret_no_access_key_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_opts(
+        dir.path(),
+        false,
+        &[("NARAD_ADMIN_PASSWORD", ROOT_PW)],
+        None,
+    )
+    .await;
+    let r = call_as(
+        &s,
+        ("admin", ROOT_PW),
+        reqwest::Method::POST,
+        "/v1/users/admin/access-keys",
+        None,
+    )
+    .await;
+    expect_error(r, StatusCode::CONFLICT, "credential_unavailable").await;
 }
 
 /// SQS requests are counted in the request metrics under their own route, and answers carry

@@ -373,6 +373,7 @@ mod tests {
                 updated_at_ms: 2,
                 carried_from: None,
                 origin: None,
+                access_keys: Vec::new(),
             }]),
             remotes: vec![RemoteMeta {
                 id: 11,

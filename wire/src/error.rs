@@ -186,6 +186,10 @@ error_codes! {
     TooManyUsers = 1704, "too_many_users", 409;
     /// Hashing the password failed.
     HashFailed = 1705, "hash_failed", 500;
+    /// The user has no access key of that id.
+    AccessKeyNotFound = 1706, "access_key_not_found", 404;
+    /// The user already holds the most access keys a user may (2): remove one first.
+    TooManyAccessKeys = 1707, "too_many_access_keys", 409;
 
     // ── 1800: node capacity and lifecycle ──
     /// The broker is still recovering its data after start.

@@ -13,7 +13,7 @@ use crate::client::{ApiFailure, BoxError, Client, Connect, Json, Reply, enc};
 use crate::process::{shutdown_signal, write_addr_file};
 use crate::units::{self, fmt_bytes, fmt_bytes_about, fmt_ms, table};
 use crate::{
-    Cli, ClusterCmd, Command, Output, PubArgs, RemoteCmd, ReplayArgs, ServeArgs, ServerCmd,
+    Cli, ClusterCmd, Command, KeyCmd, Output, PubArgs, RemoteCmd, ReplayArgs, ServeArgs, ServerCmd,
     StorageArgs, SubArgs, TopicCmd, TopicSettings, UserCmd,
 };
 

@@ -144,6 +144,70 @@ pub(super) async fn run(c: &Client, cmd: UserCmd, output: Output) -> Result<(), 
                 serde_json::json!({"password_changed": name}),
             )?;
         }
+        UserCmd::Key { cmd } => keys(c, cmd, output, &path).await?,
+    }
+    Ok(())
+}
+
+async fn keys(
+    c: &Client,
+    cmd: KeyCmd,
+    output: Output,
+    path: &dyn Fn(&str) -> String,
+) -> Result<(), BoxError> {
+    match cmd {
+        KeyCmd::Add { name } => {
+            let reply = c
+                .post_body(
+                    &format!("{}/access-keys", path(&name)),
+                    Vec::new(),
+                    "application/json",
+                )
+                .await?;
+            if let Reply::Json(j) = &reply
+                && output != Output::Json
+            {
+                let v: serde_json::Value = j.parse()?;
+                outln!(
+                    "access key id:     {}\nsecret access key: {}\n(the secret is shown only now: keep it where your SDK reads it, e.g. AWS_SECRET_ACCESS_KEY)",
+                    v["access_key_id"].as_str().unwrap_or(""),
+                    v["secret_access_key"].as_str().unwrap_or("")
+                );
+                return Ok(());
+            }
+            print_reply(reply, output)?;
+        }
+        KeyCmd::Ls { name } => {
+            let reply = c.get(&format!("{}/access-keys", path(&name))).await?;
+            if let Reply::Json(j) = &reply
+                && output != Output::Json
+            {
+                let v: serde_json::Value = j.parse()?;
+                let rows: Vec<Vec<String>> = v["access_keys"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|k| {
+                        vec![
+                            k["access_key_id"].as_str().unwrap_or("").to_owned(),
+                            k["created_at_ms"].to_string(),
+                        ]
+                    })
+                    .collect();
+                outln!("{}", table(&["ACCESS KEY ID", "CREATED (ms)"], &rows));
+                return Ok(());
+            }
+            print_reply(reply, output)?;
+        }
+        KeyCmd::Rm { name, key_id } => {
+            c.delete(&format!("{}/access-keys/{}", path(&name), enc(&key_id)))
+                .await?;
+            done(
+                output,
+                format!("removed access key {key_id} of {name}"),
+                serde_json::json!({"removed": key_id}),
+            )?;
+        }
     }
     Ok(())
 }

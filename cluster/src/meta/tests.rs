@@ -401,6 +401,7 @@ fn users_are_applied_and_carried_by_snapshots() {
             updated_at_ms: 1,
             carried_from: None,
             origin: None,
+            access_keys: Vec::new(),
         };
         let entry = |i, id, cmd| Entry {
             log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), i),

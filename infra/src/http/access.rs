@@ -294,7 +294,7 @@ pub async fn authenticate(state: &SharedState, req: &mut Request) -> Result<(), 
 }
 
 /// Whether the user store holds the root user yet (latched: it is never removed).
-fn users_loaded(state: &AppState, auth: &narad_auth::Authenticator) -> bool {
+pub(super) fn users_loaded(state: &AppState, auth: &narad_auth::Authenticator) -> bool {
     if state.users_loaded.load(Ordering::Acquire) {
         return true;
     }

@@ -6,6 +6,7 @@
 //! Broker errors get their code in one place, [`broker_error_code`].
 
 pub mod access;
+pub mod access_keys;
 mod ack;
 pub mod budget;
 pub(crate) mod consume;
@@ -80,6 +81,8 @@ pub struct AppState {
     /// A cluster member's partition mover, once the broker is open.
     pub mover: std::sync::OnceLock<Arc<crate::moves::Mover>>,
     pub move_metrics: Arc<crate::moves::MoveMetrics>,
+    /// The SQS endpoint's signing keys, opened from access keys as requests use them.
+    pub sqs_keys: sqs::SigningKeys,
 }
 
 impl AppState {
@@ -227,6 +230,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/users/{username}"),
     ("PUT", "/v1/users/{username}/grants"),
     ("PUT", "/v1/users/{username}/password"),
+    ("POST", "/v1/users/{username}/access-keys"),
+    ("GET", "/v1/users/{username}/access-keys"),
+    ("DELETE", "/v1/users/{username}/access-keys/{key_id}"),
     ("PUT", "/v1/carried-users"),
     ("POST", "/v1/remotes"),
     ("GET", "/v1/remotes"),
@@ -308,6 +314,14 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/users/{username}/grants", put(users::set_grants))
         .route("/v1/users/{username}/password", put(users::set_password))
+        .route(
+            "/v1/users/{username}/access-keys",
+            post(access_keys::create).get(access_keys::list),
+        )
+        .route(
+            "/v1/users/{username}/access-keys/{key_id}",
+            axum::routing::delete(access_keys::delete),
+        )
         .route("/v1/carried-users", put(users::carried))
         .route("/v1/remotes", post(remotes::create).get(remotes::list))
         .route(

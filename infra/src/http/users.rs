@@ -71,7 +71,7 @@ struct PasswordBody {
     current_password: Option<String>,
 }
 
-fn auth(state: &SharedState) -> Result<&Arc<Authenticator>, ApiError> {
+pub(super) fn auth(state: &SharedState) -> Result<&Arc<Authenticator>, ApiError> {
     state.auth.as_ref().ok_or_else(|| {
         ApiError::new(
             ErrorCode::SecurityDisabled,
@@ -87,11 +87,21 @@ fn store_error(e: StoreError) -> ApiError {
         StoreError::Refused(Refusal::NotFound(_)) => ApiError::new(ErrorCode::UserNotFound, msg),
         StoreError::Refused(Refusal::Root) => forbidden(msg),
         StoreError::Refused(Refusal::Full) => ApiError::new(ErrorCode::TooManyUsers, msg),
+        StoreError::Refused(Refusal::TooManyAccessKeys(_)) => {
+            ApiError::new(ErrorCode::TooManyAccessKeys, msg)
+        }
+        StoreError::Refused(Refusal::AccessKeyNotFound(_)) => {
+            ApiError::new(ErrorCode::AccessKeyNotFound, msg)
+        }
         // (the last two come only from a restore, never from a request)
         StoreError::Io { .. }
         | StoreError::Invalid { .. }
         | StoreError::Refused(
-            Refusal::NotEmpty | Refusal::InvalidRestore(_) | Refusal::InvalidCarry(_),
+            Refusal::NotEmpty
+            | Refusal::InvalidRestore(_)
+            | Refusal::InvalidCarry(_)
+            // (a key id made at random colliding with one held: retry)
+            | Refusal::AccessKeyInvalid(_),
         ) => {
             tracing::error!(error = %msg, "user store failure");
             ApiError::new(ErrorCode::MetadataFailed, msg)
@@ -103,7 +113,7 @@ fn invalid(msg: String) -> ApiError {
     ApiError::new(ErrorCode::InvalidField, msg)
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     use narad_core::clock::Clock as _;
     narad_core::clock::SystemClock.now_ms()
 }
@@ -114,7 +124,7 @@ async fn hash(password: String) -> Result<String, ApiError> {
         .map_err(|e| ApiError::new(ErrorCode::HashFailed, e.to_string()))
 }
 
-fn audit(caller: &Caller, action: &str, subject: &str) {
+pub(super) fn audit(caller: &Caller, action: &str, subject: &str) {
     tracing::info!(
         component = "audit",
         actor = caller.username().unwrap_or("-"),
@@ -137,7 +147,7 @@ fn check_grantable(caller: &Caller, grants: &[Grant]) -> Result<(), ApiError> {
 /// Applies a user change: on a single node on a blocking thread (it fsyncs), on a cluster
 /// member through the cluster's metastore (answered once this node has applied it). Either
 /// way it completes even if the client goes away.
-async fn apply(
+pub(super) async fn apply(
     state: &super::AppState,
     a: &Authenticator,
     cmd: UserCommand,
@@ -180,7 +190,7 @@ fn propose_error(e: narad_cluster::meta::ProposeError) -> ApiError {
     }
 }
 
-fn lookup(a: &Authenticator, name: &str) -> Result<Arc<UserRecord>, ApiError> {
+pub(super) fn lookup(a: &Authenticator, name: &str) -> Result<Arc<UserRecord>, ApiError> {
     a.store()
         .get(name)
         .ok_or_else(|| store_error(Refusal::NotFound(name.to_owned()).into()))
@@ -216,6 +226,7 @@ pub async fn create(
         updated_at_ms: now,
         carried_from: None,
         origin: None,
+        access_keys: Vec::new(),
     };
     apply(&state, a, UserCommand::Create { user }).await?;
     audit(&caller, "user_create", &req.username);

@@ -49,6 +49,7 @@ fn user(name: &str, grants: Vec<Grant>) -> UserRecord {
         updated_at_ms: 2,
         carried_from: None,
         origin: None,
+        access_keys: Vec::new(),
     }
 }
 

@@ -11,8 +11,11 @@
 //! - [`queues`]: create, find, list, delete, and queue attributes.
 //! - [`messages`]: send, receive, delete and change visibility, single and batch.
 
+mod auth;
 mod messages;
 mod queues;
+
+pub use auth::SigningKeys;
 
 use std::time::Instant;
 
@@ -49,11 +52,14 @@ pub async fn serve(state: &SharedState, mut req: Request) -> Response {
     let has_body = !http_body::Body::is_end_stream(req.body());
     let mut body_read = false;
     let resp = match admit(state, &mut req) {
-        Err(e) => error_response(&e),
-        Ok(caller) => {
+        Err(e) => {
+            count_refused(state, &e);
+            error_response(&e)
+        }
+        Ok((caller, pending)) => {
             req.extensions_mut().insert(caller.clone());
             let held = super::budget::limit(state, &mut req, Some(ROUTE));
-            let resp = match handle(state, caller, &held, req).await {
+            let resp = match handle(state, caller, pending, &held, req).await {
                 Ok(resp) => resp,
                 Err(e) => error_response(&e),
             };
@@ -89,18 +95,45 @@ pub async fn serve(state: &SharedState, mut req: Request) -> Response {
     resp
 }
 
-/// Who the caller is, and the checks that need no body.
-fn admit(state: &SharedState, req: &mut Request) -> Result<Caller, SqsError> {
+/// Who the caller is (with security on, whose access key signed the request, the signature
+/// itself still to be checked against the body), and the checks that need no body.
+fn admit(
+    state: &SharedState,
+    req: &mut Request,
+) -> Result<(Caller, Option<auth::Pending>), SqsError> {
     if let Some(e) = super::unsupported_transfer_coding(req) {
         return Err(SqsError::new(Kind::InvalidParameterValue, e.message));
     }
-    match &state.auth {
-        None => Ok(Caller::Open),
-        Some(_) => Err(SqsError::new(
-            Kind::InvalidClientTokenId,
-            "The security token included in the request is invalid: this broker has security on, and SQS access keys are not available yet (run the broker with security off, `server start --dev`, to use the SQS endpoint)",
-        )),
+    let Some(authn) = &state.auth else {
+        // (security off: any signature, or none, is taken)
+        return Ok((Caller::Open, None));
+    };
+    if !super::access::users_loaded(state, authn) {
+        return Err(SqsError::new(
+            Kind::ServiceUnavailable,
+            "the broker is still loading its users; retry shortly",
+        ));
     }
+    let (parts, body) = std::mem::take(req).into_parts();
+    let checked = auth::before_body(&state.sqs_keys, state, authn, &parts);
+    *req = Request::from_parts(parts, body);
+    let pending = checked?;
+    Ok((Caller::User(pending.user().clone()), Some(pending)))
+}
+
+/// Counts a request refused for its credentials.
+fn count_refused(state: &SharedState, e: &SqsError) {
+    let reason = match e.kind {
+        Kind::MissingAuthenticationToken => "missing",
+        Kind::IncompleteSignature | Kind::RequestExpired => "malformed",
+        Kind::InvalidClientTokenId | Kind::SignatureDoesNotMatch => "bad_credentials",
+        _ => return,
+    };
+    state
+        .metrics
+        .auth_refused
+        .get_or_create(&crate::metrics::AuthLabels { reason })
+        .inc();
 }
 
 /// What a request needs from its envelope.
@@ -128,6 +161,7 @@ impl Ctx<'_> {
 async fn handle(
     state: &SharedState,
     caller: Caller,
+    pending: Option<auth::Pending>,
     held: &Held,
     req: Request,
 ) -> Result<Response, SqsError> {
@@ -141,6 +175,12 @@ async fn handle(
     let body = read_body(body, narad_sqs::limits::MAX_REQUEST_BYTES)
         .await
         .map_err(|e| from_api(&e))?;
+    if let Some(p) = &pending
+        && let Err(e) = auth::with_body(p, &parts, &body)
+    {
+        count_refused(state, &e);
+        return Err(e);
+    }
     let host = parts
         .headers
         .get(header::HOST)
