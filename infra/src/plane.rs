@@ -215,15 +215,34 @@ impl<'a> Plane<'a> {
         wait: Duration,
         user: Option<&str>,
     ) -> Result<Consumed<'a>, ApiError> {
+        self.consume_for(topic, partition, max, wait, user, None)
+            .await
+    }
+
+    /// [`Plane::consume`] with leases of `visibility_ms` (`None`: the topic's visibility
+    /// timeout).
+    pub async fn consume_for(
+        self,
+        topic: &'a str,
+        partition: Option<u32>,
+        max: usize,
+        wait: Duration,
+        user: Option<&str>,
+        visibility_ms: Option<i64>,
+    ) -> Result<Consumed<'a>, ApiError> {
         Ok(match self {
             Plane::Local(broker) => Consumed::Local {
                 broker,
                 topic,
-                got: broker.consume(topic, partition, max, wait).await?,
+                got: broker
+                    .consume_for(topic, partition, max, wait, visibility_ms)
+                    .await?,
             },
-            Plane::Cluster(ingress) => {
-                Consumed::Cluster(ingress.consume(topic, partition, max, wait, user).await?)
-            }
+            Plane::Cluster(ingress) => Consumed::Cluster(
+                ingress
+                    .consume(topic, partition, max, visibility_ms, wait, user)
+                    .await?,
+            ),
         })
     }
 

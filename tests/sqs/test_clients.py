@@ -269,6 +269,21 @@ class Messages(unittest.TestCase):
             self.sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=m2["ReceiptHandle"], VisibilityTimeout=43201)
         self.assertEqual(error_code(cm.exception), "InvalidParameterValue")
 
+    def test_a_receive_and_a_change_may_name_their_own_visibility(self):
+        # (the queue's own timeout is 30 s: each return below is the one asked for)
+        self.sqs.send_message(QueueUrl=self.url, MessageBody="short")
+        m = self.sqs.receive_message(QueueUrl=self.url, VisibilityTimeout=1)["Messages"][0]
+        again = self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=10)["Messages"][0]
+        self.assertEqual(again["MessageId"], m["MessageId"])
+        self.sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=again["ReceiptHandle"], VisibilityTimeout=1)
+        third = self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=10)["Messages"][0]
+        self.assertEqual(third["MessageId"], m["MessageId"])
+        self.sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=third["ReceiptHandle"], VisibilityTimeout=600)
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=2))
+        with self.assertRaises(ClientError) as cm:
+            self.sqs.receive_message(QueueUrl=self.url, VisibilityTimeout=43201)
+        self.assertEqual(error_code(cm.exception), "InvalidParameterValue")
+
     def test_an_expired_lease_brings_the_message_back(self):
         url = self.sqs.create_queue(QueueName=unique("exp"), Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
         self.sqs.send_message(QueueUrl=url, MessageBody="again")

@@ -4,6 +4,14 @@
 use super::maintenance::TIMER_TASK;
 use super::*;
 
+/// A lease length asked for, within the bounds a topic's visibility timeout has.
+fn clamp_visibility(ms: i64) -> i64 {
+    ms.clamp(
+        crate::topic::MIN_VISIBILITY_MS,
+        crate::topic::MAX_VISIBILITY_MS,
+    )
+}
+
 impl Broker {
     /// Leases up to `max` messages, waiting up to `wait` for the first one.
     pub async fn consume(
@@ -13,6 +21,21 @@ impl Broker {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
+        self.consume_for(topic_name, partition, max, wait, None)
+            .await
+    }
+
+    /// [`Broker::consume`] with leases of `visibility_ms` (clamped to the topic limits)
+    /// instead of the topic's visibility timeout.
+    pub async fn consume_for(
+        &self,
+        topic_name: &str,
+        partition: Option<u32>,
+        max: usize,
+        wait: Duration,
+        visibility_ms: Option<i64>,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        let visibility_ms = visibility_ms.map(clamp_visibility);
         self.check_running()?;
         let topic = self.topic(topic_name)?;
         if let Some(p) = partition {
@@ -41,7 +64,7 @@ impl Broker {
         if !topic.waiters.lock().is_empty() {
             self.dispatch(&topic).await;
         }
-        let got = self.try_take(&topic, partition, max).await?;
+        let got = self.try_take(&topic, partition, max, visibility_ms).await?;
         if !got.is_empty() || wait.is_zero() || self.draining.load(Ordering::Acquire) {
             self.count_consumed(&topic, got.len() as u64);
             return Ok(got);
@@ -51,6 +74,7 @@ impl Broker {
             id: 0,
             partition,
             max,
+            visibility_ms,
             tx,
         });
         let mut parked = Parked {
@@ -73,7 +97,7 @@ impl Broker {
             // gives it the error, or what is there now), or the line went with its topic; a
             // shutdown's drain answers nothing, as it says
             Some(got) if got.is_empty() && !self.draining.load(Ordering::Acquire) => {
-                let got = self.try_take(&topic, partition, max).await?;
+                let got = self.try_take(&topic, partition, max, visibility_ms).await?;
                 self.count_consumed(&topic, got.len() as u64);
                 Ok(got)
             }
@@ -92,6 +116,7 @@ impl Broker {
         topic: &Arc<Topic>,
         only: Option<u32>,
         max: usize,
+        visibility_ms: Option<i64>,
     ) -> Result<Vec<Delivery>, BrokerError> {
         if topic.deleted.load(Ordering::Acquire) {
             return Ok(Vec::new());
@@ -204,7 +229,7 @@ impl Broker {
                             now,
                             1,
                             max_in_flight,
-                            cfg.visibility_timeout_ms,
+                            visibility_ms.unwrap_or(cfg.visibility_timeout_ms),
                             &mut source,
                         )
                         .pop()
@@ -305,7 +330,10 @@ impl Broker {
                 held.done += 1;
                 continue;
             }
-            let got = match self.try_take(topic, w.partition, w.max).await {
+            let got = match self
+                .try_take(topic, w.partition, w.max, w.visibility_ms)
+                .await
+            {
                 Ok(got) => got,
                 Err(e) => {
                     // (a partition it cannot read): the reader is woken with nothing and asks
@@ -464,7 +492,7 @@ impl Broker {
                 .settle_in_partition(&topic, topic_name, group, action, &mut results)
                 .await;
         }
-        if served && action != AckAction::Extend {
+        if served && !matches!(action, AckAction::Extend | AckAction::ExtendFor(_)) {
             // Freed capacity (ack) or a released message (nack): serve the line.
             self.dispatch(&topic).await;
         }
@@ -551,11 +579,14 @@ impl Broker {
                     AckAction::Extend => q
                         .extend(h.offset, h.nonce, now, cfg.visibility_timeout_ms)
                         .map(|_| ()),
+                    AckAction::ExtendFor(ms) => q
+                        .extend(h.offset, h.nonce, now, clamp_visibility(ms))
+                        .map(|_| ()),
                     AckAction::Nack => q.nack(h.offset, h.nonce, now),
                 };
                 let outcome = match (&result, action) {
                     (Ok(()), AckAction::Ack) => 0,
-                    (Ok(()), AckAction::Extend) => 1,
+                    (Ok(()), AckAction::Extend | AckAction::ExtendFor(_)) => 1,
                     (Ok(()), AckAction::Nack) => 2,
                     (Err(LeaseError::Stale), _) => 3,
                     (Err(LeaseError::AckSetFull), _) => 4,
@@ -569,6 +600,14 @@ impl Broker {
                     }
                     Err(e @ LeaseError::AckSetFull) => Err(BrokerError::AckSetFull(e)),
                 };
+            }
+            // (a lease renewed for less than it had left ends sooner: the timer must wake
+            // then, for the readers waiting)
+            if applied
+                && matches!(action, AckAction::ExtendFor(_))
+                && let Some(at) = q.next_wakeup()
+            {
+                self.arm_timer(topic, at);
             }
         }
         // in the order of `crate::metrics::ACK_OUTCOMES`

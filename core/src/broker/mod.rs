@@ -378,7 +378,11 @@ pub struct Delivery {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckAction {
     Ack,
+    /// The lease renewed for the topic's `visibility_timeout_ms` from now.
     Extend,
+    /// The lease renewed for this many ms from now (at least `MIN_VISIBILITY_MS`, at most
+    /// `MAX_VISIBILITY_MS`: the broker clamps it).
+    ExtendFor(i64),
     Nack,
 }
 

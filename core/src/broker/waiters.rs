@@ -11,6 +11,8 @@ pub(crate) struct Waiter {
     /// Only messages of this partition, if set.
     pub partition: Option<u32>,
     pub max: usize,
+    /// The lease its messages get (`None`: the topic's visibility timeout).
+    pub visibility_ms: Option<i64>,
     pub tx: oneshot::Sender<Vec<Delivery>>,
 }
 

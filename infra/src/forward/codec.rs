@@ -63,6 +63,9 @@ pub(crate) struct ConsumeRequest {
     /// Names a wait so the sender can cancel it (0: not cancellable).
     #[serde(default)]
     pub(crate) wait_id: u64,
+    /// The lease the messages get (absent: the topic's visibility timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) visibility_ms: Option<i64>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -36,6 +36,7 @@ impl Ingress {
         topic: &str,
         partition: Option<u32>,
         max: usize,
+        vis: Option<i64>,
         wait: Duration,
         user: Option<&str>,
     ) -> Result<Taken, ApiError> {
@@ -52,26 +53,26 @@ impl Ingress {
             let owner = owner_of(&meta.owners, p, self.me());
             if wait.is_zero() {
                 return self
-                    .consume_on(owner, topic, partition, max, wait, 0)
+                    .consume_on(owner, topic, partition, max, vis, wait, 0)
                     .await
                     .map_err(CallError::api);
             }
             if owner == self.me() {
                 // (in a line that follows the partition if it moves away meanwhile)
                 return self
-                    .wait_in_lines(vec![owner], topic, partition, max, wait, user)
+                    .wait_in_lines(vec![owner], topic, partition, max, vis, wait, user)
                     .await;
             }
             // another member's partition: a look, then a token in its owner's line
             let taken = self
-                .consume_on(owner, topic, partition, max, Duration::ZERO, 0)
+                .consume_on(owner, topic, partition, max, vis, Duration::ZERO, 0)
                 .await
                 .map_err(CallError::api)?;
             if !taken.is_empty() {
                 return Ok(taken);
             }
             return self
-                .wait_in_lines(vec![owner], topic, partition, max, wait, user)
+                .wait_in_lines(vec![owner], topic, partition, max, vis, wait, user)
                 .await;
         }
         let owners = asked_in_turn(&meta.owners, self.me(), self.broker.consume_cursor(topic)?);
@@ -89,7 +90,7 @@ impl Ingress {
                 continue;
             }
             match self
-                .consume_on(o, topic, None, max - taken.len(), Duration::ZERO, 0)
+                .consume_on(o, topic, None, max - taken.len(), vis, Duration::ZERO, 0)
                 .await
             {
                 Ok(t) => taken.extend(t),
@@ -107,7 +108,7 @@ impl Ingress {
         if !taken.is_empty() || wait.is_zero() {
             return Ok(taken);
         }
-        self.wait_in_lines(owners, topic, None, max, wait, user)
+        self.wait_in_lines(owners, topic, None, max, vis, wait, user)
             .await
     }
 
@@ -122,6 +123,7 @@ impl Ingress {
         topic: &str,
         partition: Option<u32>,
         max: usize,
+        vis: Option<i64>,
         wait: Duration,
         user: Option<&str>,
     ) -> Result<Taken, ApiError> {
@@ -145,6 +147,7 @@ impl Ingress {
                 topic,
                 partition,
                 max,
+                vis,
                 until,
                 user,
             );
@@ -169,7 +172,7 @@ impl Ingress {
                         };
                         for o in now {
                             if !waited.contains(&o) {
-                                self.wait_in_line(&mut waits, &mut waited, o, topic, partition, max, until, user);
+                                self.wait_in_line(&mut waits, &mut waited, o, topic, partition, max, vis, until, user);
                             }
                         }
                     }
@@ -201,6 +204,7 @@ impl Ingress {
         topic: &str,
         partition: Option<u32>,
         max: usize,
+        vis: Option<i64>,
         until: tokio::time::Instant,
         user: Option<&str>,
     ) {
@@ -210,7 +214,7 @@ impl Ingress {
             let wait = until.saturating_duration_since(tokio::time::Instant::now());
             let h = waits
                 .set
-                .spawn(async move { me.consume_on(o, &topic, partition, max, wait, 0).await });
+                .spawn(async move { me.consume_on(o, &topic, partition, max, vis, wait, 0).await });
             waits.local = Some(h);
             return;
         }
@@ -262,7 +266,7 @@ impl Ingress {
                 // in a restart) is left again, so a reader is never forgotten for long
                 let ttl = left.min(TOKEN_TTL);
                 match me
-                    .leave_token(o, &topic, partition, max, ttl - TOKEN_MARGIN, id)
+                    .leave_token(o, &topic, partition, max, vis, ttl - TOKEN_MARGIN, id)
                     .await
                 {
                     Ok(()) | Err(CallError::Unreachable(..)) => {}
@@ -286,6 +290,7 @@ impl Ingress {
         topic: &str,
         partition: Option<u32>,
         max: usize,
+        vis: Option<i64>,
         wait: Duration,
         id: u64,
     ) -> Result<(), CallError> {
@@ -296,6 +301,7 @@ impl Ingress {
             wait_ms: wait.as_millis() as u64,
             catalog: self.broker.followed(),
             wait_id: id,
+            visibility_ms: vis,
         };
         let (op, body) = DataRequest::WaitToken(req).frame();
         self.call(node, op, body, CALL_DEADLINE).await.map(|_| ())
@@ -335,13 +341,14 @@ impl Ingress {
         topic: &str,
         partition: Option<u32>,
         max: usize,
+        vis: Option<i64>,
         wait: Duration,
         wait_id: u64,
     ) -> Result<Taken, CallError> {
         if node == self.me() {
             let got = self
                 .broker
-                .consume(topic, partition, max, wait)
+                .consume_for(topic, partition, max, wait, vis)
                 .await
                 .map_err(|e| CallError::Answered(e.into()))?;
             let mut t = Taken::local(topic, self.me(), got);
@@ -355,6 +362,7 @@ impl Ingress {
             wait_ms: wait.as_millis() as u64,
             catalog: self.broker.followed(),
             wait_id,
+            visibility_ms: vis,
         };
         let (op, body) = DataRequest::Consume(req).frame();
         let deadline = if wait.is_zero() {

@@ -1007,7 +1007,7 @@ impl Ingress {
         let req = SettleRequest {
             topic: topic.to_owned(),
             handles: items.iter().map(|(_, h)| h.clone()).collect(),
-            action: Some(action_name(action).to_owned()),
+            action: Some(action_name(action).into_owned()),
             catalog: self.broker.followed(),
             deadline_ms: Some(
                 self.broker
@@ -1075,11 +1075,14 @@ pub fn split_handle(h: &str) -> Option<(u64, &str)> {
     Some((node.parse().ok()?, inner))
 }
 
-fn action_name(a: AckAction) -> &'static str {
+/// A settle action as the settle call names it (`extend:<ms>` for a lease of its own
+/// length).
+fn action_name(a: AckAction) -> std::borrow::Cow<'static, str> {
     match a {
-        AckAction::Ack => "ack",
-        AckAction::Extend => "extend",
-        AckAction::Nack => "nack",
+        AckAction::Ack => "ack".into(),
+        AckAction::Extend => "extend".into(),
+        AckAction::ExtendFor(ms) => format!("extend:{ms}").into(),
+        AckAction::Nack => "nack".into(),
     }
 }
 

@@ -100,7 +100,10 @@ fn settle_action(action: Option<&str>) -> Result<Option<AckAction>, Fault> {
         Some("ack") => Ok(Some(AckAction::Ack)),
         Some("extend") => Ok(Some(AckAction::Extend)),
         Some("nack") => Ok(Some(AckAction::Nack)),
-        Some(_) => Err(malformed("ack")),
+        Some(a) => match a.strip_prefix("extend:").map(str::parse::<i64>) {
+            Some(Ok(ms)) if ms > 0 => Ok(Some(AckAction::ExtendFor(ms))),
+            _ => Err(malformed("ack")),
+        },
     }
 }
 
@@ -254,6 +257,7 @@ mod tests {
             wait_ms: 500,
             catalog: 7,
             wait_id: 9,
+            visibility_ms: Some(60_000),
         };
         let settle = |action: Option<&str>| SettleRequest {
             topic: "t".into(),

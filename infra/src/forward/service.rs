@@ -157,7 +157,7 @@ async fn keep_token(
     let wait = Duration::from_millis(req.wait_ms.min(MAX_FORWARDED_WAIT_MS));
     let max = req.max.clamp(1, MAX_CONSUME_BATCH as usize);
     let got = tokio::select! {
-        got = broker.consume(&req.topic, req.partition, max, wait) => got,
+        got = broker.consume_for(&req.topic, req.partition, max, wait, req.visibility_ms) => got,
         _ = cancelled => return,
     };
     let Ok(got) = got else { return };
@@ -315,7 +315,8 @@ impl Service for DataService {
                     caught_up(&broker, req.catalog).await?;
                     let wait = Duration::from_millis(req.wait_ms.min(MAX_FORWARDED_WAIT_MS));
                     let max = req.max.clamp(1, MAX_CONSUME_BATCH as usize);
-                    let consume = broker.consume(&req.topic, req.partition, max, wait);
+                    let consume =
+                        broker.consume_for(&req.topic, req.partition, max, wait, req.visibility_ms);
                     let got = if req.wait_id == 0 || wait.is_zero() {
                         consume.await
                     } else {

@@ -1066,3 +1066,74 @@ async fn settle_many_answers_each_handle_as_settling_it_alone_would() {
     assert!(matches!(gone[1], Err(BrokerError::HandleMalformed(_))));
     b.shutdown().await;
 }
+
+/// A reader may ask for leases of its own length, and a lease may be renewed for a length of
+/// its own (SQS's per-receive VisibilityTimeout and ChangeMessageVisibility), waiting or not;
+/// lengths beyond the topic limits are clamped to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_a_readers_own_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, clock) = open_manual(BrokerConfig::new(dir.path())).await;
+    b.create_topic(create("t", 1)).await.unwrap();
+    b.produce("t", vec![msg("a")]).await.unwrap();
+    let now = clock.now_ms();
+    let got = b
+        .consume_for("t", None, 1, Duration::ZERO, Some(5_000))
+        .await
+        .unwrap();
+    // (a lease ends one millisecond after its length: see the queue's lease_deadline)
+    assert_eq!(got[0].lease_deadline_ms, now + 5_000 + 1);
+    // renewed for 60 s from now, not the topic's 30 s
+    clock.advance(1_000);
+    b.settle("t", &got[0].receipt_handle, AckAction::ExtendFor(60_000))
+        .await
+        .unwrap();
+    clock.advance(40_000);
+    assert!(
+        b.consume("t", None, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty(),
+        "still leased 41 s in"
+    );
+    clock.advance(20_002);
+    let again = b.consume("t", None, 1, Duration::ZERO).await.unwrap();
+    assert_eq!(again.len(), 1, "back once the 60 s lease ended");
+    b.settle("t", &again[0].receipt_handle, AckAction::Ack)
+        .await
+        .unwrap();
+    // a waiting reader's lease has the length it asked for too; 0 is the shortest lease
+    let b1 = b.clone();
+    let reader = tokio::spawn(async move {
+        b1.consume_for("t", None, 1, Duration::from_secs(5), Some(0))
+            .await
+    });
+    waiters(&b, 1).await;
+    b.produce("t", vec![msg("b")]).await.unwrap();
+    let got = served(reader).await.unwrap();
+    let at = clock.now_ms();
+    assert_eq!(
+        got[0].lease_deadline_ms,
+        at + crate::topic::MIN_VISIBILITY_MS + 1
+    );
+    // a lease shortened wakes a waiting reader when it ends, not when the longer one would
+    b.settle("t", &got[0].receipt_handle, AckAction::ExtendFor(60_000))
+        .await
+        .unwrap();
+    b.settle("t", &got[0].receipt_handle, AckAction::ExtendFor(1_000))
+        .await
+        .unwrap();
+    let b1 = b.clone();
+    let reader =
+        tokio::spawn(async move { b1.consume("t", None, 1, Duration::from_secs(30)).await });
+    waiters(&b, 1).await;
+    clock.advance(1_002);
+    let back = served(reader).await.unwrap();
+    assert_eq!(back.len(), 1, "served when the shortened lease ended");
+    let long = b
+        .consume_for("t", None, 1, Duration::ZERO, Some(i64::MAX))
+        .await
+        .unwrap();
+    assert!(long.is_empty(), "leased again just now");
+    b.shutdown().await;
+}

@@ -293,28 +293,22 @@ pub(super) async fn receive(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsE
             ));
         }
     };
-    let broker = ctx.state.broker()?;
-    let (topic_id, visibility_ms) = broker
-        .with_topic_meta(name, |m| (m.id, m.config.visibility_timeout_ms))
-        .map_err(ApiError::from)?;
-    if let Some(v) = r.visibility_timeout {
-        if !(0..=MAX_VISIBILITY_S).contains(&v) {
+    let visibility_ms = match r.visibility_timeout {
+        None => None,
+        // (0: the broker's shortest lease, 100 ms)
+        Some(v) if (0..=MAX_VISIBILITY_S).contains(&v) => Some((v * 1000).max(MIN_VISIBILITY_MS)),
+        Some(v) => {
             return Err(SqsError::invalid_value(
                 "VisibilityTimeout",
                 v,
                 &format!("Must be >= 0 and <= {MAX_VISIBILITY_S}, if provided."),
             ));
         }
-        if (v * 1000).max(MIN_VISIBILITY_MS) != visibility_ms {
-            return Err(SqsError::new(
-                Kind::InvalidParameterValue,
-                format!(
-                    "a VisibilityTimeout other than the queue's ({} s) is not supported on ReceiveMessage yet: set the queue's VisibilityTimeout, or leave it out",
-                    visibility_ms / 1000
-                ),
-            ));
-        }
-    }
+    };
+    let broker = ctx.state.broker()?;
+    let topic_id = broker
+        .with_topic_meta(name, |m| m.id)
+        .map_err(ApiError::from)?;
     let wait =
         std::time::Duration::from_millis((wait_s as u64 * 1000).min(ctx.state.cfg.max_wait_ms));
     let state = ctx.state;
@@ -323,7 +317,7 @@ pub(super) async fn receive(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsE
     let got = tokio::select! {
         biased;
         e = revoked => return Err(e.into()),
-        r = plane.consume(name, None, max, wait, ctx.caller.username()) => r?,
+        r = plane.consume_for(name, None, max, wait, ctx.caller.username(), visibility_ms) => r?,
     };
     if let Err(e) = super::super::consume::still_allowed(state, &ctx.caller, name) {
         got.give_back();
@@ -462,10 +456,9 @@ async fn settle_one(
     }
 }
 
-/// The settle a visibility timeout of `v` seconds is on a queue whose timeout is
-/// `queue_ms`: 0 makes the message visible at once (nack); the queue's own timeout renews
-/// the lease (extend).
-fn visibility_action(v: Option<i64>, queue_ms: i64) -> Result<AckAction, SqsError> {
+/// The settle a visibility timeout of `v` seconds is: 0 makes the message visible at once
+/// (nack); any other renews the lease for that long from now.
+fn visibility_action(v: Option<i64>) -> Result<AckAction, SqsError> {
     let v = required(v, "VisibilityTimeout")?;
     if !(0..=MAX_VISIBILITY_S).contains(&v) {
         return Err(SqsError::invalid_value(
@@ -474,27 +467,11 @@ fn visibility_action(v: Option<i64>, queue_ms: i64) -> Result<AckAction, SqsErro
             &format!("Must be between 0 and {MAX_VISIBILITY_S}, if provided."),
         ));
     }
-    if v == 0 {
-        return Ok(AckAction::Nack);
-    }
-    if (v * 1000).max(MIN_VISIBILITY_MS) == queue_ms {
-        return Ok(AckAction::Extend);
-    }
-    Err(SqsError::new(
-        Kind::InvalidParameterValue,
-        format!(
-            "changing a message's visibility to other than 0 or the queue's VisibilityTimeout ({} s) is not supported yet",
-            queue_ms / 1000
-        ),
-    ))
-}
-
-fn queue_visibility(ctx: &Ctx<'_>, name: &str) -> Result<i64, SqsError> {
-    Ok(ctx
-        .state
-        .broker()?
-        .with_topic_meta(name, |m| m.config.visibility_timeout_ms)
-        .map_err(ApiError::from)?)
+    Ok(if v == 0 {
+        AckAction::Nack
+    } else {
+        AckAction::ExtendFor(v * 1000)
+    })
 }
 
 pub(super) async fn change_visibility(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
@@ -502,7 +479,7 @@ pub(super) async fn change_visibility(ctx: &Ctx<'_>, body: &[u8]) -> Result<Resp
     let name = ctx.queue(r.queue_url.as_deref())?;
     let handle = required(r.receipt_handle, "ReceiptHandle")?;
     ctx.caller.require(Action::Consume, name)?;
-    let act = visibility_action(r.visibility_timeout, queue_visibility(ctx, name)?)?;
+    let act = visibility_action(r.visibility_timeout)?;
     settle_one(ctx, name, &handle, act).await
 }
 
@@ -530,11 +507,6 @@ async fn settle_batch(
     let entries = required(r.entries, "Entries")?;
     check_batch_ids(entries.iter().map(|e| e.id.as_deref()), entry_name)?;
     ctx.caller.require(Action::Consume, name)?;
-    let queue_ms = if visibility {
-        queue_visibility(ctx, name)?
-    } else {
-        0
-    };
     let mut failures = Vec::new();
     // (the entries by the settle they ask for: one call for each)
     let mut groups: Vec<(AckAction, Vec<(String, String)>)> = Vec::new();
@@ -545,7 +517,7 @@ async fn settle_batch(
             continue;
         };
         let act = if visibility {
-            match visibility_action(e.visibility_timeout, queue_ms) {
+            match visibility_action(e.visibility_timeout) {
                 Ok(a) => a,
                 Err(err) => {
                     failures.push(failed(&id, &err));
