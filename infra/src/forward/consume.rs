@@ -53,26 +53,44 @@ impl Ingress {
             let owner = owner_of(&meta.owners, p, self.me());
             if wait.is_zero() {
                 return self
-                    .consume_on(owner, topic, partition, max, vis, wait, 0)
+                    .consume_on(owner, topic, Ask::new(partition, max, vis), wait, 0)
                     .await
                     .map_err(CallError::api);
             }
             if owner == self.me() {
                 // (in a line that follows the partition if it moves away meanwhile)
                 return self
-                    .wait_in_lines(vec![owner], topic, partition, max, vis, wait, user)
+                    .wait_in_lines(
+                        vec![owner],
+                        topic,
+                        Ask::new(partition, max, vis),
+                        wait,
+                        user,
+                    )
                     .await;
             }
             // another member's partition: a look, then a token in its owner's line
             let taken = self
-                .consume_on(owner, topic, partition, max, vis, Duration::ZERO, 0)
+                .consume_on(
+                    owner,
+                    topic,
+                    Ask::new(partition, max, vis),
+                    Duration::ZERO,
+                    0,
+                )
                 .await
                 .map_err(CallError::api)?;
             if !taken.is_empty() {
                 return Ok(taken);
             }
             return self
-                .wait_in_lines(vec![owner], topic, partition, max, vis, wait, user)
+                .wait_in_lines(
+                    vec![owner],
+                    topic,
+                    Ask::new(partition, max, vis),
+                    wait,
+                    user,
+                )
                 .await;
         }
         let owners = asked_in_turn(&meta.owners, self.me(), self.broker.consume_cursor(topic)?);
@@ -90,7 +108,13 @@ impl Ingress {
                 continue;
             }
             match self
-                .consume_on(o, topic, None, max - taken.len(), vis, Duration::ZERO, 0)
+                .consume_on(
+                    o,
+                    topic,
+                    Ask::new(None, max - taken.len(), vis),
+                    Duration::ZERO,
+                    0,
+                )
                 .await
             {
                 Ok(t) => taken.extend(t),
@@ -108,7 +132,7 @@ impl Ingress {
         if !taken.is_empty() || wait.is_zero() {
             return Ok(taken);
         }
-        self.wait_in_lines(owners, topic, None, max, vis, wait, user)
+        self.wait_in_lines(owners, topic, Ask::new(None, max, vis), wait, user)
             .await
     }
 
@@ -121,12 +145,11 @@ impl Ingress {
         self: &Arc<Self>,
         owners: Vec<u64>,
         topic: &str,
-        partition: Option<u32>,
-        max: usize,
-        vis: Option<i64>,
+        ask: Ask,
         wait: Duration,
         user: Option<&str>,
     ) -> Result<Taken, ApiError> {
+        let partition = ask.partition;
         let mut waits = Waits {
             set: tokio::task::JoinSet::new(),
             local: None,
@@ -140,17 +163,7 @@ impl Ingress {
         let mut following = true;
         let mut waited: Vec<u64> = Vec::with_capacity(owners.len());
         for o in owners {
-            self.wait_in_line(
-                &mut waits,
-                &mut waited,
-                o,
-                topic,
-                partition,
-                max,
-                vis,
-                until,
-                user,
-            );
+            self.wait_in_line(&mut waits, &mut waited, o, topic, ask, until, user);
         }
         let mut first_err = None;
         loop {
@@ -172,7 +185,7 @@ impl Ingress {
                         };
                         for o in now {
                             if !waited.contains(&o) {
-                                self.wait_in_line(&mut waits, &mut waited, o, topic, partition, max, vis, until, user);
+                                self.wait_in_line(&mut waits, &mut waited, o, topic, ask, until, user);
                             }
                         }
                     }
@@ -202,19 +215,23 @@ impl Ingress {
         waited: &mut Vec<u64>,
         o: u64,
         topic: &str,
-        partition: Option<u32>,
-        max: usize,
-        vis: Option<i64>,
+        ask: Ask,
         until: tokio::time::Instant,
         user: Option<&str>,
     ) {
+        let Ask {
+            partition,
+            max,
+            visibility_ms: vis,
+        } = ask;
         waited.push(o);
         let (me, topic) = (self.clone(), topic.to_owned());
         if o == self.me() {
             let wait = until.saturating_duration_since(tokio::time::Instant::now());
-            let h = waits
-                .set
-                .spawn(async move { me.consume_on(o, &topic, partition, max, vis, wait, 0).await });
+            let h = waits.set.spawn(async move {
+                me.consume_on(o, &topic, Ask::new(partition, max, vis), wait, 0)
+                    .await
+            });
             waits.local = Some(h);
             return;
         }
@@ -266,7 +283,13 @@ impl Ingress {
                 // in a restart) is left again, so a reader is never forgotten for long
                 let ttl = left.min(TOKEN_TTL);
                 match me
-                    .leave_token(o, &topic, partition, max, vis, ttl - TOKEN_MARGIN, id)
+                    .leave_token(
+                        o,
+                        &topic,
+                        Ask::new(partition, max, vis),
+                        ttl - TOKEN_MARGIN,
+                        id,
+                    )
                     .await
                 {
                     Ok(()) | Err(CallError::Unreachable(..)) => {}
@@ -288,12 +311,15 @@ impl Ingress {
         self: &Arc<Self>,
         node: u64,
         topic: &str,
-        partition: Option<u32>,
-        max: usize,
-        vis: Option<i64>,
+        ask: Ask,
         wait: Duration,
         id: u64,
     ) -> Result<(), CallError> {
+        let Ask {
+            partition,
+            max,
+            visibility_ms: vis,
+        } = ask;
         let req = ConsumeRequest {
             topic: topic.to_owned(),
             partition,
@@ -339,12 +365,15 @@ impl Ingress {
         self: &Arc<Self>,
         node: u64,
         topic: &str,
-        partition: Option<u32>,
-        max: usize,
-        vis: Option<i64>,
+        ask: Ask,
         wait: Duration,
         wait_id: u64,
     ) -> Result<Taken, CallError> {
+        let Ask {
+            partition,
+            max,
+            visibility_ms: vis,
+        } = ask;
         if node == self.me() {
             let got = self
                 .broker
@@ -411,6 +440,25 @@ impl Ingress {
             rt.spawn(async move {
                 let _ = rpc.call(node, &addr, op, body, CALL_DEADLINE).await;
             });
+        }
+    }
+}
+
+/// What a reader asks an owner for: messages of one partition or any, how many at most,
+/// and the length of their leases (`None`: the topic's visibility timeout).
+#[derive(Clone, Copy)]
+struct Ask {
+    partition: Option<u32>,
+    max: usize,
+    visibility_ms: Option<i64>,
+}
+
+impl Ask {
+    fn new(partition: Option<u32>, max: usize, visibility_ms: Option<i64>) -> Self {
+        Self {
+            partition,
+            max,
+            visibility_ms,
         }
     }
 }
