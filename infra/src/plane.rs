@@ -246,6 +246,23 @@ impl<'a> Plane<'a> {
         })
     }
 
+    /// Empties the queue of every partition of `topic` (the log keeps its records): how
+    /// many messages went, and the partitions not purged (frozen for a move, or, in a
+    /// cluster, whose owner did not answer and may or may not have purged them).
+    pub async fn purge(self, topic: &str) -> Result<(u64, Vec<u32>), ApiError> {
+        match self {
+            Plane::Local(broker) => Ok(broker.purge(topic).await?),
+            Plane::Cluster(ingress) => {
+                let meta = ingress.broker.topic_meta(topic)?;
+                let (mine, mut left) = ingress.broker.purge(topic).await?;
+                let (theirs, more) = ingress.purge_others(&meta).await;
+                left.extend(more);
+                left.sort_unstable();
+                Ok((mine + theirs, left))
+            }
+        }
+    }
+
     /// Up to `max` records of partition `p` from `from` on, changing nothing, as the reply's
     /// body (`batch`: `{"messages": [...]}`); `None` when there are none.
     pub async fn replay(

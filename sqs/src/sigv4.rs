@@ -309,9 +309,11 @@ pub fn signature(key: &[u8; 32], string_to_sign: &str) -> String {
     .as_ref())
 }
 
-/// Checks what a signature must hold before any key is looked up: `host` and `x-amz-date`
-/// signed, the scope's service SQS's and its date the request's, and the request's time
-/// within [`MAX_CLOCK_SKEW_S`] of `now_s`. Returns the request's `X-Amz-Date`.
+/// Checks what a signature must hold before any key is looked up: `host`, `x-amz-date` and
+/// every other `x-amz-*` header of the request signed (as AWS requires: an unsigned
+/// `X-Amz-Target` could be changed to another operation over the same signed body), the
+/// scope's service SQS's and its date the request's, and the request's time within
+/// [`MAX_CLOCK_SKEW_S`] of `now_s`. Returns the request's `X-Amz-Date`.
 pub fn check_scope<'a>(
     auth: &Authorization<'_>,
     req: &Request<'a>,
@@ -320,6 +322,14 @@ pub fn check_scope<'a>(
     for needed in ["host", "x-amz-date"] {
         if !auth.signed_headers.contains(&needed) {
             return Err(incomplete(&format!("'{needed}' must be a signed header")));
+        }
+    }
+    for (name, _) in req.headers {
+        let lower = name.to_ascii_lowercase();
+        if lower.starts_with("x-amz-") && !auth.signed_headers.contains(&lower.as_str()) {
+            return Err(incomplete(&format!(
+                "header '{lower}' is in the request but not signed (every x-amz-* header must be)"
+            )));
         }
     }
     if auth.service != SERVICE {
@@ -592,6 +602,41 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn an_unsigned_amz_header_is_refused() {
+        // signed over host and date only: the target could be swapped for another operation
+        let h = "AWS4-HMAC-SHA256 Credential=AK/20261207/us-east-1/sqs/aws4_request, SignedHeaders=host;x-amz-date, Signature=".to_owned() + &"a".repeat(64);
+        let auth = parse_authorization(&h).unwrap();
+        let headers: [(&str, &[u8]); 3] = [
+            ("host", b"h"),
+            ("x-amz-date", b"20261207T120000Z"),
+            ("X-Amz-Target", b"AmazonSQS.DeleteQueue"),
+        ];
+        let req = Request {
+            method: "POST",
+            path: "/",
+            query: "",
+            headers: &headers,
+            body: b"",
+        };
+        let now = parse_amz_date("20261207T120000Z").unwrap();
+        assert_eq!(
+            check_scope(&auth, &req, now).unwrap_err().kind,
+            Kind::IncompleteSignature
+        );
+        assert!(
+            check_scope(
+                &auth,
+                &Request {
+                    headers: &headers[..2],
+                    ..req
+                },
+                now
+            )
+            .is_ok()
+        );
     }
 
     #[test]

@@ -380,3 +380,43 @@ async fn sqs_requests_are_counted_and_framed() {
         .unwrap_or_else(|| panic!("no SQS request counted:\n{metrics}"));
     assert!(line.ends_with(" 2"), "{line}");
 }
+
+/// Bodies made from botocore's model of SQS (tests/sqs/fuzz.py: every operation, members
+/// present or missing, right and wrong types, extremes) and bodies that are no request at
+/// all: every answer a 2xx or an AWS-shaped 4xx, never a 5xx, and the broker stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqs_endpoint_survives_fuzzing() {
+    let has_boto3 = std::process::Command::new("python3")
+        .args(["-c", "import boto3"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_boto3 {
+        assert!(
+            std::env::var_os("NARAD_REQUIRE_SQS_CLIENTS").is_none(),
+            "NARAD_REQUIRE_SQS_CLIENTS is set but boto3 is not installed"
+        );
+        eprintln!("boto3 not installed: SQS fuzzing skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/sqs/fuzz.py");
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .arg(base)
+            .arg("2000")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && report.contains("\nOK"),
+        "SQS fuzzing failed:\n{report}"
+    );
+    assert_eq!(s.get("/healthz").await.status(), StatusCode::OK);
+    assert!(!s.log().contains("panicked"), "{}", s.log());
+}

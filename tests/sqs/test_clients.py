@@ -179,6 +179,27 @@ class Queues(unittest.TestCase):
         )["Attributes"]
         self.assertEqual(a, {"ApproximateNumberOfMessages": "1", "ApproximateNumberOfMessagesNotVisible": "1"})
 
+    def test_purge_empties_the_queue_and_keeps_the_log(self):
+        name = unique("purge")
+        url = self.sqs.create_queue(QueueName=name)["QueueUrl"]
+        for i in range(5):
+            self.sqs.send_message(QueueUrl=url, MessageBody=f"old {i}")
+        leased = self.sqs.receive_message(QueueUrl=url)["Messages"][0]
+        self.sqs.purge_queue(QueueUrl=url)
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=url))
+        # a lease taken before: its delete still answers success; nothing comes back
+        self.sqs.delete_message(QueueUrl=url, ReceiptHandle=leased["ReceiptHandle"])
+        self.sqs.send_message(QueueUrl=url, MessageBody="new")
+        got = self.sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+        self.assertEqual([m["Body"] for m in got], ["new"])
+        # the log keeps what was purged: a replay reads it
+        seen = []
+        for p in range(3):
+            with urllib.request.urlopen(f"{URL}/v1/topics/{name}/consume?partition={p}&offset=0&max=100", timeout=30) as r:
+                if r.status == 200:
+                    seen += [m["payload"] for m in json.loads(r.read())["messages"]]
+        self.assertEqual(sorted(x for x in seen if x.startswith("old")), [f"old {i}" for i in range(5)])
+
     def test_fifo_queues_are_refused_clearly(self):
         for kw in [{"QueueName": unique("f") + ".fifo"}, {"QueueName": unique("f"), "Attributes": {"FifoQueue": "true"}}]:
             with self.assertRaises(ClientError) as cm:

@@ -57,6 +57,8 @@ pub const SEEN_ENDS: Op = Op(125);
 /// "Does member N answer you?": the asked member probes N afresh and answers `true` or
 /// `false` (forget asks every live member before declaring N lost).
 pub const MEMBER_PROBE: Op = Op(126);
+/// Purge the queue of a topic's partitions this member owns (SQS's PurgeQueue).
+pub const PURGE: Op = Op(113);
 /// An owner's report of its partitions' durable log ends, `[(topic id, partition, end)]`,
 /// kept by the member it is sent to.
 pub const WITNESS: Op = Op(127);
@@ -85,6 +87,7 @@ pub const ALL: &[(Op, &str)] = &[
     (DELIVER, "deliver"),
     (MIRROR_PROGRESS, "mirror_progress"),
     (MIRROR_REPORT, "mirror_report"),
+    (PURGE, "purge"),
     (MOVE_LIST, "move_list"),
     (MOVE_READ, "move_read"),
     (MOVE_FREEZE, "move_freeze"),

@@ -435,6 +435,49 @@ impl Broker {
         }
     }
 
+    /// Takes every message of `topic` written so far out of its queue, on the partitions this
+    /// node serves (SQS's PurgeQueue): each is settled as if acked and never delivered again,
+    /// leased or not; the log keeps them for replay. Like acks, the change is kept on disk
+    /// within `ack_flush_interval_ms` (a crash before that may bring some back: at least
+    /// once). Returns how many were waiting or leased, and the partitions not purged because
+    /// they are frozen for a move (purge again once it ends).
+    pub async fn purge(&self, topic_name: &str) -> Result<(u64, Vec<u32>), BrokerError> {
+        self.check_running()?;
+        let topic = self.topic(topic_name)?;
+        let role = topic.meta.read().role;
+        if !role.is_primary() {
+            return Err(BrokerError::MirrorReadOnly(format!(
+                "topic '{}' is {}: it serves no queue to purge until it is promoted",
+                topic.label.topic,
+                role.describe()
+            )));
+        }
+        let local: Vec<bool> = {
+            let meta = topic.meta.read();
+            (0..meta.config.partitions)
+                .map(|p| meta.owners.is_empty() || self.is_local(&meta, p))
+                .collect()
+        };
+        let (mut purged, mut frozen) = (0, Vec::new());
+        for part in topic.partitions().iter() {
+            if !local.get(part.index as usize).copied().unwrap_or(false) {
+                continue;
+            }
+            let Some(_busy) = part.enter() else {
+                frozen.push(part.index);
+                continue;
+            };
+            let mut q = part.queue.lock();
+            if let Some(log) = part.open_log() {
+                q.on_append(log.next_offset());
+            }
+            let end = q.hwm();
+            purged += q.truncate_below(end);
+        }
+        tracing::info!(topic = topic_name, purged, ?frozen, "queue purged");
+        Ok((purged, frozen))
+    }
+
     pub async fn settle(
         &self,
         topic_name: &str,

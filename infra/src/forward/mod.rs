@@ -145,6 +145,14 @@ pub struct Ingress {
 /// One message's outcome in a forwarded produce.
 pub type Outcome = Result<Produced, ApiError>;
 
+/// An owner's answer to a purge: how many messages went, and its partitions frozen for a
+/// move (not purged).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct Purged {
+    pub(crate) purged: u64,
+    pub(crate) frozen: Vec<u32>,
+}
+
 /// Why a call to another member failed: it could not be reached (nothing is known of the
 /// request's fate), or it answered with a refusal.
 enum CallError {
@@ -731,6 +739,30 @@ impl Ingress {
             }
         });
         futures_util::future::join_all(calls).await
+    }
+
+    /// Purges the queue of the partitions of `meta` other members own: how many messages
+    /// went, and the partitions not purged (frozen for a move, or whose owner did not
+    /// answer: it may or may not have purged them).
+    pub(crate) async fn purge_others(
+        self: &Arc<Self>,
+        meta: &narad_core::catalog::TopicMeta,
+    ) -> (u64, Vec<u32>) {
+        let (mut purged, mut left) = (0, Vec::new());
+        for (parts, got) in self
+            .ask_owners::<Purged>(meta, None, DataRequest::Purge)
+            .await
+        {
+            match got {
+                Some(p) => {
+                    purged += p.purged;
+                    left.extend(p.frozen.into_iter().filter(|f| parts.contains(f)));
+                }
+                None => left.extend(parts),
+            }
+        }
+        left.sort_unstable();
+        (purged, left)
     }
 
     /// The figures of the partitions of `meta` other members own (or only of `only`), from

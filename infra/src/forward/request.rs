@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use narad_cluster::rpc::ops::{
     CANCEL_WAIT, CHILDREN, CONSUME, DELIVER, FANOUT_APPEND, GIVE_BACK, MIRROR_PROGRESS,
-    MIRROR_REPORT, PRODUCE, REPLAY, SETTLE, STATS, WAIT_TOKEN,
+    MIRROR_REPORT, PRODUCE, PURGE, REPLAY, SETTLE, STATS, WAIT_TOKEN,
 };
 use narad_cluster::rpc::{Fault, Op};
 use narad_core::broker::{AckAction, ProduceMessage, ReplayFrom};
@@ -68,6 +68,8 @@ pub(crate) enum DataRequest {
     MirrorReport(MirrorReportRequest),
     /// The figures of the partitions this member owns.
     Stats(StatsRequest),
+    /// Empty the queue of the partitions this member owns.
+    Purge(StatsRequest),
     /// A reader's delivery token: push it messages when there are some.
     WaitToken(ConsumeRequest),
     /// Messages pushed for a delivery token this member holds.
@@ -140,6 +142,7 @@ impl DataRequest {
             MIRROR_PROGRESS => json(&body, "mirror progress").map(Self::MirrorProgress),
             MIRROR_REPORT => json(&body, "mirror report").map(Self::MirrorReport),
             STATS => json(&body, "stats").map(Self::Stats),
+            PURGE => json(&body, "purge").map(Self::Purge),
             WAIT_TOKEN => json::<ConsumeRequest>(&body, "token").and_then(|req| {
                 if req.wait_id == 0 {
                     return Err(malformed("token"));
@@ -190,6 +193,7 @@ impl DataRequest {
             Self::MirrorProgress(r) => (MIRROR_PROGRESS, to_json(r)),
             Self::MirrorReport(r) => (MIRROR_REPORT, to_json(r)),
             Self::Stats(r) => (STATS, to_json(r)),
+            Self::Purge(r) => (PURGE, to_json(r)),
             Self::WaitToken(r) => (WAIT_TOKEN, to_json(r)),
             Self::Deliver(r) => (DELIVER, to_json(r)),
             Self::CancelWait(r) => (CANCEL_WAIT, to_json(r)),
@@ -233,7 +237,7 @@ mod tests {
     use super::*;
 
     /// Every op of the data plane.
-    const DATA_OPS: [Op; 13] = [
+    const DATA_OPS: [Op; 14] = [
         PRODUCE,
         CONSUME,
         REPLAY,
@@ -244,6 +248,7 @@ mod tests {
         MIRROR_PROGRESS,
         MIRROR_REPORT,
         STATS,
+        PURGE,
         WAIT_TOKEN,
         DELIVER,
         CANCEL_WAIT,
@@ -335,6 +340,7 @@ mod tests {
                 last: true,
             }),
             DataRequest::Stats(stats()),
+            DataRequest::Purge(stats()),
             DataRequest::WaitToken(consume()),
             DataRequest::Deliver(Delivered {
                 topic: "t".into(),

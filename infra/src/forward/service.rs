@@ -491,6 +491,26 @@ impl Service for DataService {
                         serde_json::to_vec(&stats).expect("stats serialise"),
                     ))
                 }
+                DataRequest::Purge(req) => {
+                    caught_up(&broker, req.catalog).await?;
+                    let id = broker
+                        .with_topic_meta(&req.topic, |m| m.id)
+                        .map_err(|e| to_fault(&e.into()))?;
+                    if req.topic_id.is_some_and(|want| want != id) {
+                        return Err(to_fault(&ApiError::new(
+                            ErrorCode::TopicNotFound,
+                            format!("topic '{}' not found (it was re-created)", req.topic),
+                        )));
+                    }
+                    let (purged, frozen) = broker
+                        .purge(&req.topic)
+                        .await
+                        .map_err(|e| to_fault(&e.into()))?;
+                    Ok(Bytes::from(
+                        serde_json::to_vec(&super::Purged { purged, frozen })
+                            .expect("a purge serialises"),
+                    ))
+                }
                 DataRequest::WaitToken(req) => {
                     caught_up(&broker, req.catalog).await?;
                     broker

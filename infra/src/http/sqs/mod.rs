@@ -218,8 +218,8 @@ async fn handle(
         Op::DeleteMessageBatch => messages::delete_batch(&ctx, &body).await,
         Op::ChangeMessageVisibility => messages::change_visibility(&ctx, &body).await,
         Op::ChangeMessageVisibilityBatch => messages::change_visibility_batch(&ctx, &body).await,
-        Op::PurgeQueue
-        | Op::TagQueue
+        Op::PurgeQueue => queues::purge(&ctx, &body).await,
+        Op::TagQueue
         | Op::UntagQueue
         | Op::ListQueueTags
         | Op::StartMessageMoveTask

@@ -304,6 +304,32 @@ pub(super) async fn set_attributes(ctx: &Ctx<'_>, body: &[u8]) -> Result<Respons
     Ok(ok(&json!({})))
 }
 
+/// PurgeQueue: every message sent so far is taken out of the queue (leased or not); the
+/// topic's log keeps them for replay.
+pub(super) async fn purge(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
+    let r: ops::QueueOnly = ops::parse(body)?;
+    let name = ctx.queue(r.queue_url.as_deref())?;
+    ctx.caller.manage_topic(ctx.state.broker()?, name)?;
+    let (purged, left) = ctx.state.plane()?.purge(name).await?;
+    if !left.is_empty() {
+        // (part of it was applied: not a 503, which says nothing was)
+        return Err(SqsError::new(
+            Kind::InternalFailure,
+            format!(
+                "{purged} messages were purged, but not those of partitions {left:?}: they are moving between members, or their owner did not answer (it may have purged them); purge again"
+            ),
+        ));
+    }
+    tracing::info!(
+        component = "audit",
+        actor = ctx.caller.username().unwrap_or("-"),
+        queue = name,
+        purged,
+        "queue purged"
+    );
+    Ok(ok(&json!({})))
+}
+
 pub(super) fn dead_letter_sources(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
     let r: ops::QueueOnly = ops::parse(body)?;
     let name = ctx.queue(r.queue_url.as_deref())?;
