@@ -420,3 +420,51 @@ async fn the_sqs_endpoint_survives_fuzzing() {
     assert_eq!(s.get("/healthz").await.status(), StatusCode::OK);
     assert!(!s.log().contains("panicked"), "{}", s.log());
 }
+
+/// Where the AWS SDK for JavaScript is installed (`.ci/run` puts it there), if it is.
+fn js_sdk_modules() -> Option<std::path::PathBuf> {
+    let dir = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(c) => std::path::PathBuf::from(c),
+        None => std::path::PathBuf::from(std::env::var_os("HOME")?).join(".cache"),
+    }
+    .join("narad/sqs-js/node_modules");
+    dir.join("@aws-sdk/client-sqs").is_dir().then_some(dir)
+}
+
+/// The AWS SDK for JavaScript v3, which checks the MD5s of every body and attribute map it
+/// sends and receives (tests/sqs/js/sqs_test.cjs): send, batch, long-poll receive,
+/// visibility, delete. Skipped, saying so, where the SDK is not installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_javascript_sdk_checks_our_md5s_and_works() {
+    let Some(modules) = js_sdk_modules() else {
+        assert!(
+            std::env::var_os("NARAD_REQUIRE_SQS_CLIENTS").is_none(),
+            "NARAD_REQUIRE_SQS_CLIENTS is set but the JavaScript SDK is not installed"
+        );
+        eprintln!("@aws-sdk/client-sqs not installed: the JavaScript SDK test skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path()).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/sqs/js/sqs_test.cjs");
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg(script)
+            .arg(base)
+            .env("NODE_PATH", modules)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("OK"),
+        "the JavaScript SDK test failed:\n{stdout}\n{stderr}"
+    );
+    assert!(!s.log().contains("panicked"), "{}", s.log());
+}
