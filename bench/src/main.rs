@@ -24,6 +24,8 @@ struct Cli {
 #[derive(Clone, Copy, ValueEnum)]
 enum Broker {
     Narad,
+    /// Narad through its SQS-compatible endpoint (SigV4-signed AWS JSON 1.0).
+    NaradSqs,
     Redis,
     Rabbitmq,
     Nats,
@@ -342,6 +344,14 @@ async fn real_main(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                         addr: a.url.trim_start_matches("http://").to_owned(),
                         topic: a.queue,
                         visibility_ms: 60_000,
+                    };
+                    run(t, cfg).await?
+                }
+                Broker::NaradSqs => {
+                    let t = narad_bench::peers::sqs::NaradSqs {
+                        addr: a.url.trim_start_matches("http://").to_owned(),
+                        queue: a.queue,
+                        visibility_s: 60,
                     };
                     run(t, cfg).await?
                 }

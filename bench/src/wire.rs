@@ -70,6 +70,27 @@ impl Wire {
         auth: Option<&[u8]>,
         body: &[u8],
     ) -> io::Result<Response> {
+        let auth: Option<[(&str, &[u8]); 1]> = auth.map(|a| [("authorization", a)]);
+        self.request_with(
+            method,
+            path,
+            host,
+            auth.as_ref().map_or(&[], |a| &a[..]),
+            body,
+        )
+        .await
+    }
+
+    /// [`Wire::request`] with headers of its own (`name`, value) besides `host` and
+    /// `content-length`.
+    pub async fn request_with(
+        &mut self,
+        method: &Method,
+        path: &str,
+        host: &str,
+        headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> io::Result<Response> {
         let out = &mut self.out;
         out.clear();
         for part in [
@@ -82,9 +103,10 @@ impl Wire {
         ] {
             out.extend_from_slice(part.as_bytes());
         }
-        if let Some(auth) = auth {
-            out.extend_from_slice(b"authorization: ");
-            out.extend_from_slice(auth);
+        for (name, value) in headers {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
             out.extend_from_slice(b"\r\n");
         }
         let bodiless = matches!(*method, Method::GET | Method::HEAD | Method::DELETE);

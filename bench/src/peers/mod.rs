@@ -3,3 +3,4 @@
 pub mod nats;
 pub mod rabbit;
 pub mod redis;
+pub mod sqs;
