@@ -145,7 +145,8 @@ pub struct CreateQueue {
     pub queue_name: Option<String>,
     #[serde(default)]
     pub attributes: BTreeMap<String, String>,
-    #[serde(default)]
+    /// (the SQS model names this member `tags`, in lower case, unlike every other)
+    #[serde(default, rename = "tags", alias = "Tags")]
     pub tags: BTreeMap<String, String>,
 }
 
@@ -349,6 +350,14 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn create_queue_tags_are_read_under_the_models_name() {
+        let r: CreateQueue = parse(br#"{"QueueName":"q","tags":{"env":"prod"}}"#).unwrap();
+        assert_eq!(r.tags.get("env").map(String::as_str), Some("prod"));
+        let r: CreateQueue = parse(br#"{"QueueName":"q","Tags":{"env":"prod"}}"#).unwrap();
+        assert_eq!(r.tags.len(), 1);
     }
 
     #[test]

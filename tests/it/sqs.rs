@@ -6,39 +6,66 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-/// Every operation the endpoint serves, through boto3 and the AWS CLI, against a `--dev`
-/// broker. Skipped, saying so, when boto3 is not installed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn boto3_and_the_aws_cli_work_unchanged() {
-    let has_boto3 = std::process::Command::new("python3")
+/// Whether boto3 is installed; where it is not, says the test is skipped (and fails it
+/// when CI requires the SQS clients: `NARAD_REQUIRE_SQS_CLIENTS`).
+pub(crate) fn boto3_or_skip(what: &str) -> bool {
+    let has = std::process::Command::new("python3")
         .args(["-c", "import boto3"])
         .status()
         .is_ok_and(|s| s.success());
-    if !has_boto3 {
+    if !has {
         assert!(
             std::env::var_os("NARAD_REQUIRE_SQS_CLIENTS").is_none(),
             "NARAD_REQUIRE_SQS_CLIENTS is set but boto3 is not installed"
         );
-        eprintln!("boto3 not installed: SQS client tests skipped");
+        eprintln!("boto3 not installed: {what} skipped");
+    }
+    has
+}
+
+/// Runs `program` on the script `script` (under tests/) with `args`, off the runtime's
+/// threads, and fails unless it exits 0 having printed a line `OK` (a unittest run prints
+/// its report to stderr, a node script to stdout).
+pub(crate) async fn run_client(
+    program: &str,
+    script: &str,
+    args: Vec<String>,
+    env: &[(&str, std::ffi::OsString)],
+) {
+    let path = format!("{}/../tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = std::process::Command::new(program);
+    cmd.arg(path).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    // (unittest's last line: `OK`, or `OK (skipped=N)` where a client is not installed)
+    let ok = |t: &str| {
+        t.lines()
+            .any(|l| l.trim() == "OK" || l.trim().starts_with("OK ("))
+    };
+    assert!(
+        out.status.success() && (ok(&stdout) || ok(&stderr)),
+        "{script} failed:\n{stdout}\n{stderr}"
+    );
+}
+
+/// Every operation the endpoint serves, through boto3 and the AWS CLI, against a `--dev`
+/// broker. Skipped, saying so, when boto3 is not installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boto3_and_the_aws_cli_work_unchanged() {
+    if !boto3_or_skip("the SQS client tests") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path()).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/sqs/test_clients.py");
-    let base = s.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(script)
-            .arg(base)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let report = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "SQS client tests failed:\n{report}");
-    // (the suite's own count: it must have run, not skipped everything)
-    assert!(report.contains("\nOK"), "{report}");
+    run_client("python3", "sqs/test_clients.py", vec![s.base.clone()], &[]).await;
     assert!(!s.log().contains("panicked"), "{}", s.log());
 }
 
@@ -132,6 +159,42 @@ async fn signed_call(
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
     (status, query)
+}
+
+/// A signed SendMessage of `size` bytes to `queue` as raw HTTP: its head and its body.
+fn signed_send(s: &Server, key: (&str, &str), queue: &str, size: usize) -> (String, Vec<u8>) {
+    let host = s.base.trim_start_matches("http://").to_owned();
+    let body = json!({
+        "QueueUrl": format!("http://{host}/000000000000/{queue}"),
+        "MessageBody": "x".repeat(size),
+    })
+    .to_string()
+    .into_bytes();
+    let amz = narad_sqs::sigv4::amz_date(wall_clock_ms() / 1000);
+    let headers: Vec<(&str, &[u8])> = vec![
+        ("content-type", b"application/x-amz-json-1.0"),
+        ("host", host.as_bytes()),
+        ("x-amz-date", amz.as_bytes()),
+        ("x-amz-target", b"AmazonSQS.SendMessage"),
+    ];
+    let auth = narad_sqs::sigv4::sign(
+        &narad_sqs::sigv4::Request {
+            method: "POST",
+            path: "/",
+            query: "",
+            headers: &headers,
+            body: &body,
+        },
+        key.0,
+        key.1,
+        "us-east-1",
+        &amz,
+    );
+    let head = format!(
+        "POST / HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/x-amz-json-1.0\r\nx-amz-date: {amz}\r\nx-amz-target: AmazonSQS.SendMessage\r\nauthorization: {auth}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    (head, body)
 }
 
 /// With security on, access keys sign requests: made and removed through the CLI and the
@@ -246,38 +309,52 @@ async fn with_security_on_access_keys_sign_requests() {
         assert!(!s.log().contains(secret.as_str()));
     }
 
-    let has_boto3 = std::process::Command::new("python3")
-        .args(["-c", "import boto3"])
-        .status()
-        .is_ok_and(|st| st.success());
-    if has_boto3 {
+    if boto3_or_skip("the signed client tests") {
         let keys = dir.path().join("keys.json");
         std::fs::write(
             &keys,
             json!({"alice": [alice.0, alice.1], "bob": [bob.0, bob.1]}).to_string(),
         )
         .unwrap();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/sqs/test_signed.py");
-        let (base, keys) = (s.base.clone(), keys.clone());
-        let out = tokio::task::spawn_blocking(move || {
-            std::process::Command::new("python3")
-                .arg(script)
-                .arg(base)
-                .arg(keys)
-                .output()
-                .unwrap()
-        })
+        let args = vec![s.base.clone(), keys.display().to_string()];
+        run_client("python3", "sqs/test_signed.py", args, &[]).await;
+    }
+
+    // a key removed while a request's body is on its way: the request is refused
+    let r = call_as(
+        &s,
+        ("alice", PW),
+        reqwest::Method::POST,
+        "/v1/users/alice/access-keys",
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let made: Value = r.json().await.unwrap();
+    let late = (
+        made["access_key_id"].as_str().unwrap().to_owned(),
+        made["secret_access_key"].as_str().unwrap().to_owned(),
+    );
+    let (head, body) = signed_send(&s, (&late.0, &late.1), "sq-grants", 20_000);
+    let mut conn = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
         .await
         .unwrap();
-        let report = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && report.contains("\nOK"), "{report}");
-    } else {
-        assert!(
-            std::env::var_os("NARAD_REQUIRE_SQS_CLIENTS").is_none(),
-            "NARAD_REQUIRE_SQS_CLIENTS is set but boto3 is not installed"
-        );
-        eprintln!("boto3 not installed: the signed client tests skipped");
-    }
+    use tokio::io::AsyncWriteExt as _;
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&body[..1000]).await.unwrap();
+    let r = call_as(
+        &s,
+        ("alice", PW),
+        reqwest::Method::DELETE,
+        &format!("/v1/users/alice/access-keys/{}", late.0),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    conn.write_all(&body[1000..]).await.unwrap();
+    let (status, head, _) = read_http_response(&mut conn).await.expect("an answer");
+    assert_eq!(status, 403, "{head}");
+    assert!(head.contains("invalidclienttokenid;sender"), "{head}");
 
     let now = wall_clock_ms() / 1000;
     let key = (alice.0.as_str(), alice.1.as_str());
@@ -386,37 +463,13 @@ async fn sqs_requests_are_counted_and_framed() {
 /// all: every answer a 2xx or an AWS-shaped 4xx, never a 5xx, and the broker stays up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sqs_endpoint_survives_fuzzing() {
-    let has_boto3 = std::process::Command::new("python3")
-        .args(["-c", "import boto3"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_boto3 {
-        assert!(
-            std::env::var_os("NARAD_REQUIRE_SQS_CLIENTS").is_none(),
-            "NARAD_REQUIRE_SQS_CLIENTS is set but boto3 is not installed"
-        );
-        eprintln!("boto3 not installed: SQS fuzzing skipped");
+    if !boto3_or_skip("SQS fuzzing") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path()).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/sqs/fuzz.py");
-    let base = s.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(script)
-            .arg(base)
-            .arg("2000")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let report = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && report.contains("\nOK"),
-        "SQS fuzzing failed:\n{report}"
-    );
+    let args = vec![s.base.clone(), "2000".into()];
+    run_client("python3", "sqs/fuzz.py", args, &[]).await;
     assert_eq!(s.get("/healthz").await.status(), StatusCode::OK);
     assert!(!s.log().contains("panicked"), "{}", s.log());
 }
@@ -446,25 +499,7 @@ async fn the_javascript_sdk_checks_our_md5s_and_works() {
     };
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path()).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/sqs/js/sqs_test.cjs");
-    let base = s.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .arg(script)
-            .arg(base)
-            .env("NODE_PATH", modules)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success() && stdout.contains("OK"),
-        "the JavaScript SDK test failed:\n{stdout}\n{stderr}"
-    );
+    let env = [("NODE_PATH", modules.into_os_string())];
+    run_client("node", "sqs/js/sqs_test.cjs", vec![s.base.clone()], &env).await;
     assert!(!s.log().contains("panicked"), "{}", s.log());
 }

@@ -200,6 +200,11 @@ class Queues(unittest.TestCase):
                     seen += [m["payload"] for m in json.loads(r.read())["messages"]]
         self.assertEqual(sorted(x for x in seen if x.startswith("old")), [f"old {i}" for i in range(5)])
 
+    def test_tags_are_refused_not_dropped(self):
+        with self.assertRaises(ClientError) as cm:
+            self.sqs.create_queue(QueueName=unique("tagged"), tags={"env": "prod"})
+        self.assertEqual(error_code(cm.exception), "InvalidParameterValue")
+
     def test_fifo_queues_are_refused_clearly(self):
         for kw in [{"QueueName": unique("f") + ".fifo"}, {"QueueName": unique("f"), "Attributes": {"FifoQueue": "true"}}]:
             with self.assertRaises(ClientError) as cm:
@@ -506,6 +511,15 @@ class Wire(unittest.TestCase):
             400,
             "AWS.SimpleQueueService.NonExistentQueue",
         )
+        # another service's target, and a compressed body: said in AWS's form too
+        self.check(*raw("DynamoDB_20120810.ListTables", {}), 400, "UnknownOperationException")
+        req = urllib.request.Request(URL + "/", data=b"{}", method="POST")
+        req.add_header("X-Amz-Target", "AmazonSQS.ListQueues")
+        req.add_header("Content-Encoding", "gzip")
+        with self.assertRaises(urllib.error.HTTPError) as cm:
+            urllib.request.urlopen(req, timeout=30)
+        self.assertEqual(cm.exception.code, 400)
+        self.assertEqual(cm.exception.headers["x-amzn-query-error"], "InvalidParameterValue;Sender")
         status, _, _ = raw("AmazonSQS.ListQueues", b"x" * (4 * 1024 * 1024))
         self.assertTrue(400 <= status < 500, status)
         # a POST to / without an SQS target is not this endpoint

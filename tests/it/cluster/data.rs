@@ -1106,37 +1106,14 @@ async fn a_dead_members_tokens_stop_taking_messages() {
 /// visibility travel with them). Skipped, saying so, without boto3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sqs_endpoint_works_through_any_member() {
-    let has_boto3 = std::process::Command::new("python3")
-        .args(["-c", "import boto3"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_boto3 {
-        assert!(
-            std::env::var_os("NARAD_REQUIRE_SQS_CLIENTS").is_none(),
-            "NARAD_REQUIRE_SQS_CLIENTS is set but boto3 is not installed"
-        );
-        eprintln!("boto3 not installed: SQS through a cluster skipped");
+    if !crate::sqs::boto3_or_skip("SQS through a cluster") {
         return;
     }
     let root = tempfile::tempdir().unwrap();
     let nodes = three_ready(root.path()).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/sqs/test_clients.py");
-    let base = nodes[1].base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(script)
-            .arg(base)
-            .args(["Queues", "Messages", "Batches", "Native"])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let report = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && report.contains("\nOK"),
-        "SQS through a member failed:\n{report}"
-    );
+    let mut args = vec![nodes[1].base.clone()];
+    args.extend(["Queues", "Messages", "Batches", "Native"].map(String::from));
+    crate::sqs::run_client("python3", "sqs/test_clients.py", args, &[]).await;
     for n in &nodes {
         assert!(!n.log().contains("panicked"), "node {}: {}", n.id, n.log());
     }

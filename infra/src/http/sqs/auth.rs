@@ -102,17 +102,27 @@ pub(super) fn before_body(
     })
 }
 
-/// Checks the signature of the request now that its body is in.
+/// Checks the signature of the request now that its body is in, and answers the caller as
+/// the users are now: a key removed, or a user deleted, while the body arrived refuses the
+/// request; grants changed meanwhile are the ones that count.
 pub(super) fn with_body(
     pending: &Pending,
+    state: &super::SharedState,
     parts: &axum::http::request::Parts,
     body: &[u8],
-) -> Result<(), SqsError> {
+) -> Result<Arc<UserRecord>, SqsError> {
     let parsed = sigv4::parse_authorization(&pending.header)?;
     let headers = header_list(parts);
     let req = signed(parts, &headers, body);
     let amz = header_str(&parts.headers, "x-amz-date").unwrap_or("");
-    sigv4::verify(&parsed, &req, amz, &pending.signer.key)
+    sigv4::verify(&parsed, &req, amz, &pending.signer.key)?;
+    let then = &pending.signer.user;
+    state
+        .auth
+        .as_ref()
+        .and_then(|a| a.store().get(&then.username))
+        .filter(|u| u.id == then.id && u.access_keys.iter().any(|k| k.id == parsed.access_key))
+        .ok_or_else(unknown_key)
 }
 
 fn unknown_key() -> SqsError {

@@ -22,7 +22,7 @@ use std::time::Instant;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
-use narad_sqs::ops::{Op, TARGET_PREFIX};
+use narad_sqs::ops::Op;
 use narad_sqs::queue::Endpoint;
 use narad_sqs::{Kind, SqsError};
 use narad_wire::ErrorCode;
@@ -37,13 +37,10 @@ pub const ROUTE: &str = narad_sqs::ops::PATH;
 
 const CONTENT_TYPE: &str = "application/x-amz-json-1.0";
 
-/// Whether a request is for this endpoint: a `POST /` whose `X-Amz-Target` names SQS.
+/// Whether a request is for this endpoint: a `POST /` with an `X-Amz-Target` (one naming
+/// no SQS operation, or another service's, is answered `UnknownOperationException`).
 pub fn is_sqs(method: &Method, path: &str, headers: &HeaderMap) -> bool {
-    method == Method::POST
-        && path == ROUTE
-        && headers
-            .get("x-amz-target")
-            .is_some_and(|t| t.as_bytes().starts_with(TARGET_PREFIX.as_bytes()))
+    method == Method::POST && path == ROUTE && headers.contains_key("x-amz-target")
 }
 
 /// Serves one SQS request.
@@ -103,6 +100,23 @@ fn admit(
 ) -> Result<(Caller, Option<auth::Pending>), SqsError> {
     if let Some(e) = super::unsupported_transfer_coding(req) {
         return Err(SqsError::new(Kind::InvalidParameterValue, e.message));
+    }
+    // (no SDK compresses SQS requests: a compressed body would be read as garbage)
+    if let Some(coding) = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .filter(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        return Err(SqsError::new(
+            Kind::InvalidParameterValue,
+            format!(
+                "Content-Encoding '{}' is not supported: send the request body uncompressed",
+                String::from_utf8_lossy(coding.as_bytes())
+                    .chars()
+                    .take(40)
+                    .collect::<String>()
+            ),
+        ));
     }
     let Some(authn) = &state.auth else {
         // (security off: any signature, or none, is taken)
@@ -175,12 +189,18 @@ async fn handle(
     let body = read_body(body, narad_sqs::limits::MAX_REQUEST_BYTES)
         .await
         .map_err(|e| from_api(&e))?;
-    if let Some(p) = &pending
-        && let Err(e) = auth::with_body(p, &parts, &body)
-    {
-        count_refused(state, &e);
-        return Err(e);
-    }
+    // (signed: the signature checked now the body is in, and the caller taken again as the
+    // users are now, so a key or grant removed while the body arrived counts)
+    let caller = match &pending {
+        None => caller,
+        Some(p) => match auth::with_body(p, state, &parts, &body) {
+            Ok(user) => Caller::User(user),
+            Err(e) => {
+                count_refused(state, &e);
+                return Err(e);
+            }
+        },
+    };
     let host = parts
         .headers
         .get(header::HOST)
@@ -329,7 +349,10 @@ mod tests {
             "x-amz-target",
             HeaderValue::from_static("DynamoDB_20120810.GetItem"),
         );
-        assert!(!is_sqs(&Method::POST, "/", &h));
+        assert!(
+            is_sqs(&Method::POST, "/", &h),
+            "answered: not an SQS operation"
+        );
         assert!(!is_sqs(&Method::POST, "/", &HeaderMap::new()));
     }
 
