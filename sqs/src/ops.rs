@@ -188,12 +188,38 @@ pub struct SetQueueAttributes {
     pub attributes: Option<BTreeMap<String, String>>,
 }
 
+/// (the entry's members spelled out, not a flattened [`SendEntry`]: serde reads a flattened
+/// struct through a buffered map, a measurable share of a send)
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct SendMessage {
     pub queue_url: Option<String>,
-    #[serde(flatten)]
-    pub entry: SendEntry,
+    pub message_body: Option<String>,
+    pub delay_seconds: Option<i64>,
+    #[serde(default)]
+    pub message_attributes: BTreeMap<String, WireAttribute>,
+    #[serde(default)]
+    pub message_system_attributes: BTreeMap<String, WireAttribute>,
+    pub message_deduplication_id: Option<String>,
+    pub message_group_id: Option<String>,
+}
+
+impl SendMessage {
+    /// The queue and the message.
+    pub fn split(self) -> (Option<String>, SendEntry) {
+        (
+            self.queue_url,
+            SendEntry {
+                id: None,
+                message_body: self.message_body,
+                delay_seconds: self.delay_seconds,
+                message_attributes: self.message_attributes,
+                message_system_attributes: self.message_system_attributes,
+                message_deduplication_id: self.message_deduplication_id,
+                message_group_id: self.message_group_id,
+            },
+        )
+    }
 }
 
 /// One message to send (a `SendMessage`, or one entry of a batch).

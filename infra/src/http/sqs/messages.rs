@@ -19,10 +19,11 @@ use narad_sqs::ops::{self, SendEntry, check_batch_ids, required};
 use narad_sqs::queue::message_id;
 use narad_sqs::{Kind, SqsError, md5};
 use narad_wire::ErrorCode;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::super::ApiError;
-use super::{Ctx, ok, set_headers};
+use super::{Ctx, ok, ok_text, set_headers};
 use crate::plane::Written;
 
 /// A message checked and ready to produce, with what the answer says of it.
@@ -116,21 +117,35 @@ fn outgoing(e: SendEntry, max_bytes: u64) -> Result<Outgoing, SqsError> {
     })
 }
 
-/// The answer for one message sent.
-fn sent(o: &Outgoing, topic_id: u64, p: Produced) -> serde_json::Map<String, Value> {
-    let mut m = serde_json::Map::new();
-    m.insert(
-        "MessageId".into(),
-        message_id(topic_id, p.partition, p.offset).into(),
-    );
-    m.insert("MD5OfMessageBody".into(), o.md5_body.clone().into());
-    if let Some(a) = &o.md5_attrs {
-        m.insert("MD5OfMessageAttributes".into(), a.clone().into());
+/// The answer for one message sent (`id`: its batch entry's).
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Sent<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    message_id: String,
+    #[serde(rename = "MD5OfMessageBody")]
+    md5_of_message_body: &'a str,
+    #[serde(
+        rename = "MD5OfMessageAttributes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    md5_of_message_attributes: Option<&'a str>,
+    #[serde(
+        rename = "MD5OfMessageSystemAttributes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    md5_of_message_system_attributes: Option<&'a str>,
+}
+
+fn sent<'a>(o: &'a Outgoing, id: Option<&'a str>, topic_id: u64, p: Produced) -> Sent<'a> {
+    Sent {
+        id,
+        message_id: message_id(topic_id, p.partition, p.offset),
+        md5_of_message_body: &o.md5_body,
+        md5_of_message_attributes: o.md5_attrs.as_deref(),
+        md5_of_message_system_attributes: o.md5_system.as_deref(),
     }
-    if let Some(s) = &o.md5_system {
-        m.insert("MD5OfMessageSystemAttributes".into(), s.clone().into());
-    }
-    m
 }
 
 /// The queue's topic id and largest message, for a send.
@@ -156,10 +171,11 @@ fn same_queue(ctx: &Ctx<'_>, name: &str, id: u64) -> Result<(), SqsError> {
 
 pub(super) async fn send(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsError> {
     let r: ops::SendMessage = ops::parse(body)?;
-    let name = ctx.queue(r.queue_url.as_deref())?;
+    let (url, entry) = r.split();
+    let name = ctx.queue(url.as_deref())?;
     ctx.caller.require(Action::Produce, name)?;
     let (id, max_bytes) = queue_facts(ctx, name)?;
-    let o = outgoing(r.entry, max_bytes)?;
+    let o = outgoing(entry, max_bytes)?;
     super::super::produce::admit(ctx.state, &ctx.caller, name, std::slice::from_ref(&o.msg))
         .await?;
     let written = ctx
@@ -172,7 +188,9 @@ pub(super) async fn send(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsErro
         Written::Each(mut e) => e.remove(0)?,
     };
     same_queue(ctx, name, id)?;
-    Ok(ok(&Value::Object(sent(&o, id, p))))
+    Ok(ok_text(
+        serde_json::to_string(&sent(&o, None, id, p)).expect("an answer serialises"),
+    ))
 }
 
 /// A batch entry's failure.
@@ -219,26 +237,39 @@ pub(super) async fn send_batch(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, S
     ctx.caller.require(Action::Produce, name)?;
     let (topic_id, max_bytes) = queue_facts(ctx, name)?;
     let mut failures = Vec::new();
-    let mut ready: Vec<(String, Outgoing)> = Vec::new();
+    let mut checked: Vec<(String, Outgoing)> = Vec::new();
     for mut e in entries {
         let id = e.id.take().unwrap_or_default();
         match outgoing(e, max_bytes) {
             Err(err) => failures.push(failed(&id, &err)),
-            Ok(o) => {
-                match super::super::produce::admit(
-                    ctx.state,
-                    &ctx.caller,
-                    name,
-                    std::slice::from_ref(&o.msg),
-                )
-                .await
-                {
-                    Ok(()) => ready.push((id, o)),
-                    Err(err) => failures.push(failed(&id, &err.into())),
-                }
-            }
+            Ok(o) => checked.push((id, o)),
         }
     }
+    // the topic's checks (its role, its JSON Schema) for all at once; only if they refuse,
+    // entry by entry, to say which
+    let msgs: Vec<ProduceMessage> = checked.iter().map(|(_, o)| o.msg.clone()).collect();
+    let ready = if super::super::produce::admit(ctx.state, &ctx.caller, name, &msgs)
+        .await
+        .is_ok()
+    {
+        checked
+    } else {
+        let mut ready = Vec::with_capacity(checked.len());
+        for (id, o) in checked {
+            match super::super::produce::admit(
+                ctx.state,
+                &ctx.caller,
+                name,
+                std::slice::from_ref(&o.msg),
+            )
+            .await
+            {
+                Ok(()) => ready.push((id, o)),
+                Err(err) => failures.push(failed(&id, &err.into())),
+            }
+        }
+        ready
+    };
     let mut successes = Vec::new();
     if !ready.is_empty() {
         let msgs = ready.iter().map(|(_, o)| o.msg.clone()).collect();
@@ -250,11 +281,10 @@ pub(super) async fn send_batch(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, S
         same_queue(ctx, name, topic_id)?;
         for ((id, o), outcome) in ready.iter().zip(outcomes) {
             match outcome {
-                Ok(p) => {
-                    let mut m = sent(o, topic_id, p);
-                    m.insert("Id".into(), id.clone().into());
-                    successes.push(Value::Object(m));
-                }
+                Ok(p) => successes.push(
+                    serde_json::to_value(sent(o, Some(id), topic_id, p))
+                        .expect("an answer serialises"),
+                ),
                 Err(e) => failures.push(failed(id, &e.into())),
             }
         }
@@ -345,71 +375,88 @@ pub(super) async fn receive(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, SqsE
         .chain(&r.message_system_attribute_names)
         .cloned()
         .collect();
-    let messages: Vec<Value> = leased
+    let messages = leased
         .iter()
         .map(|m| render(m, topic_id, &system, &r.message_attribute_names))
         .collect();
-    let text = json!({ "Messages": messages }).to_string();
+    let text = serde_json::to_string(&Received { messages }).expect("messages serialise");
     let mut resp = got.reply_with(&state.body_budget, ctx.held, text).await?;
     set_headers(resp.headers_mut());
     Ok(resp)
 }
 
 /// One received message in SQS's form.
-fn render(m: &crate::plane::Leased, topic_id: u64, system: &[String], names: &[String]) -> Value {
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Out<'a> {
+    message_id: String,
+    receipt_handle: &'a str,
+    #[serde(rename = "MD5OfBody")]
+    md5_of_body: String,
+    body: std::borrow::Cow<'a, str>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    attributes: BTreeMap<&'static str, String>,
+    #[serde(
+        rename = "MD5OfMessageAttributes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    md5_of_message_attributes: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    message_attributes: BTreeMap<String, Value>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Received<'a> {
+    messages: Vec<Out<'a>>,
+}
+
+fn render<'a>(
+    m: &'a crate::plane::Leased,
+    topic_id: u64,
+    system: &[String],
+    names: &[String],
+) -> Out<'a> {
     // (a payload that is not UTF-8, produced through the native API, is given in base64)
     let body = match std::str::from_utf8(&m.payload) {
-        Ok(s) => s.to_owned(),
-        Err(_) => B64.encode(&m.payload),
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => std::borrow::Cow::Owned(B64.encode(&m.payload)),
     };
-    let mut out = serde_json::Map::new();
-    out.insert(
-        "MessageId".into(),
-        message_id(topic_id, m.partition, m.offset).into(),
-    );
-    out.insert("ReceiptHandle".into(), m.receipt_handle.clone().into());
-    out.insert("MD5OfBody".into(), md5::of_body(body.as_bytes()).into());
-    out.insert("Body".into(), body.into());
-    let mut sys = serde_json::Map::new();
+    let mut attributes = BTreeMap::new();
     if asked(system, "SentTimestamp") {
-        sys.insert("SentTimestamp".into(), m.timestamp_ms.to_string().into());
+        attributes.insert("SentTimestamp", m.timestamp_ms.to_string());
     }
     if asked(system, "ApproximateReceiveCount") {
-        sys.insert(
-            "ApproximateReceiveCount".into(),
-            m.delivery_count.to_string().into(),
-        );
+        attributes.insert("ApproximateReceiveCount", m.delivery_count.to_string());
     }
     if asked(system, "AWSTraceHeader")
         && let Some((_, v)) = m.headers.iter().find(|(n, _)| n == TRACE_HEADER)
     {
-        sys.insert(
-            "AWSTraceHeader".into(),
-            String::from_utf8_lossy(v).into_owned().into(),
-        );
+        attributes.insert("AWSTraceHeader", String::from_utf8_lossy(v).into_owned());
     }
-    if !sys.is_empty() {
-        out.insert("Attributes".into(), Value::Object(sys));
+    let (mut md5_of_message_attributes, mut message_attributes) = (None, BTreeMap::new());
+    if !m.headers.is_empty() && !names.is_empty() {
+        let all = attrs::from_headers(m.headers.iter().map(|(n, v)| (n.as_str(), v.as_ref())));
+        let chosen: BTreeMap<&str, &attrs::MessageAttribute> = all
+            .iter()
+            .filter(|(n, _)| attrs::selected(names, n))
+            .map(|(n, a)| (n.as_str(), a))
+            .collect();
+        md5_of_message_attributes = md5::of_attributes(chosen.iter().map(|(n, a)| (*n, *a)));
+        message_attributes = chosen
+            .iter()
+            .map(|(n, a)| ((*n).to_owned(), a.to_json()))
+            .collect();
     }
-    let all = attrs::from_headers(m.headers.iter().map(|(n, v)| (n.as_str(), v.as_ref())));
-    let chosen: BTreeMap<&str, &attrs::MessageAttribute> = all
-        .iter()
-        .filter(|(n, _)| attrs::selected(names, n))
-        .map(|(n, a)| (n.as_str(), a))
-        .collect();
-    if let Some(digest) = md5::of_attributes(chosen.iter().map(|(n, a)| (*n, *a))) {
-        out.insert("MD5OfMessageAttributes".into(), digest.into());
-        out.insert(
-            "MessageAttributes".into(),
-            Value::Object(
-                chosen
-                    .iter()
-                    .map(|(n, a)| ((*n).to_owned(), a.to_json()))
-                    .collect(),
-            ),
-        );
+    Out {
+        message_id: message_id(topic_id, m.partition, m.offset),
+        receipt_handle: &m.receipt_handle,
+        md5_of_body: md5::of_body(body.as_bytes()),
+        body,
+        attributes,
+        md5_of_message_attributes,
+        message_attributes,
     }
-    Value::Object(out)
 }
 
 /// A settle's error as SQS says it for an operation on one handle.

@@ -260,7 +260,12 @@ async fn handle(
 
 /// A `200` with `value` as its body.
 fn ok(value: &serde_json::Value) -> Response {
-    with_headers(StatusCode::OK, value.to_string())
+    ok_text(value.to_string())
+}
+
+/// A `200` with `text` (JSON) as its body.
+fn ok_text(text: String) -> Response {
+    with_headers(StatusCode::OK, text)
 }
 
 fn with_headers(status: StatusCode, text: String) -> Response {
@@ -278,9 +283,14 @@ fn set_headers(h: &mut HeaderMap) {
     );
 }
 
-/// A request id in the UUID form SDKs log.
+/// A request id in the UUID form SDKs log: unique in the process (a random base drawn once,
+/// and a count), without a random draw per request.
 fn request_id() -> String {
-    narad_sqs::queue::message_id(narad_core::random_u64(), 0, narad_core::random_u64() >> 8)
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(narad_core::random_u64);
+    narad_sqs::queue::message_id(base, 0, COUNT.fetch_add(1, Ordering::Relaxed))
 }
 
 fn error_response(e: &SqsError) -> Response {
