@@ -117,6 +117,17 @@ fn outgoing(e: SendEntry, max_bytes: u64) -> Result<Outgoing, SqsError> {
     })
 }
 
+/// A message with nothing in it, left where one was moved out.
+fn empty_message() -> ProduceMessage {
+    ProduceMessage {
+        key: None,
+        partition: None,
+        delay_ms: None,
+        headers: Vec::new(),
+        payload: Bytes::new(),
+    }
+}
+
 /// The answer for one message sent (`id`: its batch entry's).
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
@@ -247,10 +258,17 @@ pub(super) async fn send_batch(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, S
     }
     // the topic's checks (its role, its JSON Schema) for all at once; only if they refuse,
     // entry by entry, to say which
-    let msgs: Vec<ProduceMessage> = checked.iter().map(|(_, o)| o.msg.clone()).collect();
-    let ready = if super::super::produce::admit(ctx.state, &ctx.caller, name, &msgs)
-        .await
-        .is_ok()
+    let mut ready = if super::super::produce::admit(
+        ctx.state,
+        &ctx.caller,
+        name,
+        &checked
+            .iter()
+            .map(|(_, o)| o.msg.clone())
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .is_ok()
     {
         checked
     } else {
@@ -272,7 +290,11 @@ pub(super) async fn send_batch(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, S
     };
     let mut successes = Vec::new();
     if !ready.is_empty() {
-        let msgs = ready.iter().map(|(_, o)| o.msg.clone()).collect();
+        // (moved out: the answers need only the digests)
+        let msgs = ready
+            .iter_mut()
+            .map(|(_, o)| std::mem::replace(&mut o.msg, empty_message()))
+            .collect();
         let outcomes: Vec<Result<Produced, ApiError>> =
             match ctx.state.plane()?.produce(name, msgs).await? {
                 Written::All(r) => r.into_iter().map(Ok).collect(),
