@@ -161,6 +161,12 @@ async fn signed_call(
     (status, query)
 }
 
+/// The key id and secret an access key's creation answered.
+fn key_pair(made: &Value) -> (String, String) {
+    let field = |k: &str| made[k].as_str().unwrap().to_owned();
+    (field("access_key_id"), field("secret_access_key"))
+}
+
 /// A signed SendMessage of `size` bytes to `queue` as raw HTTP: its head and its body.
 fn signed_send(s: &Server, key: (&str, &str), queue: &str, size: usize) -> (String, Vec<u8>) {
     let host = s.base.trim_start_matches("http://").to_owned();
@@ -253,10 +259,7 @@ async fn with_security_on_access_keys_sign_requests() {
         String::from_utf8_lossy(&out.stderr)
     );
     let made: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let alice = (
-        made["access_key_id"].as_str().unwrap().to_owned(),
-        made["secret_access_key"].as_str().unwrap().to_owned(),
-    );
+    let alice = key_pair(&made);
     let r = call_as(
         &s,
         admin,
@@ -267,10 +270,7 @@ async fn with_security_on_access_keys_sign_requests() {
     .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let made: Value = r.json().await.unwrap();
-    let bob = (
-        made["access_key_id"].as_str().unwrap().to_owned(),
-        made["secret_access_key"].as_str().unwrap().to_owned(),
-    );
+    let bob = key_pair(&made);
     // bob may not manage alice's keys; a user holds two at most
     let r = call_as(
         &s,
@@ -331,10 +331,7 @@ async fn with_security_on_access_keys_sign_requests() {
     .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let made: Value = r.json().await.unwrap();
-    let late = (
-        made["access_key_id"].as_str().unwrap().to_owned(),
-        made["secret_access_key"].as_str().unwrap().to_owned(),
-    );
+    let late = key_pair(&made);
     let (head, body) = signed_send(&s, (&late.0, &late.1), "sq-grants", 20_000);
     let mut conn = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
         .await

@@ -207,6 +207,21 @@ struct BatchAnswer {
     failed: Vec<serde_json::Value>,
 }
 
+impl SqsConn {
+    /// A batch call; an entry it failed is an error.
+    async fn batch(&mut self, op: &str, entries: Vec<serde_json::Value>) -> Result<()> {
+        let r = self
+            .http
+            .call(op, &json!({"QueueUrl": self.url, "Entries": entries}))
+            .await?;
+        let a: BatchAnswer = serde_json::from_slice(&r).map_err(bad)?;
+        match a.failed.first() {
+            Some(f) => Err(BenchError::new("batch entry failed", f)),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Conn for SqsConn {
     type Token = String;
 
@@ -227,17 +242,7 @@ impl Conn for SqsConn {
                 .enumerate()
                 .map(|(i, p)| json!({"Id": format!("m{i}"), "MessageBody": String::from_utf8_lossy(p)}))
                 .collect();
-            let r = self
-                .http
-                .call(
-                    "SendMessageBatch",
-                    &json!({"QueueUrl": self.url, "Entries": entries}),
-                )
-                .await?;
-            let a: BatchAnswer = serde_json::from_slice(&r).map_err(bad)?;
-            if let Some(f) = a.failed.first() {
-                return Err(BenchError::new("batch entry failed", f));
-            }
+            self.batch("SendMessageBatch", entries).await?;
         }
         Ok(())
     }
@@ -282,17 +287,7 @@ impl Conn for SqsConn {
                 .enumerate()
                 .map(|(i, h)| json!({"Id": format!("d{i}"), "ReceiptHandle": h}))
                 .collect();
-            let r = self
-                .http
-                .call(
-                    "DeleteMessageBatch",
-                    &json!({"QueueUrl": self.url, "Entries": entries}),
-                )
-                .await?;
-            let a: BatchAnswer = serde_json::from_slice(&r).map_err(bad)?;
-            if let Some(f) = a.failed.first() {
-                return Err(BenchError::new("batch entry failed", f));
-            }
+            self.batch("DeleteMessageBatch", entries).await?;
         }
         Ok(())
     }

@@ -46,6 +46,27 @@ pub fn keys(state: &SharedState) -> Result<&CredentialKeys, ApiError> {
     })
 }
 
+/// The user whose keys a request names, once the caller is found to manage them (no query
+/// parameters taken).
+fn keys_target<'s>(
+    state: &'s SharedState,
+    caller: &Caller,
+    name: &str,
+    uri: &Uri,
+) -> Result<
+    (
+        &'s std::sync::Arc<narad_auth::Authenticator>,
+        std::sync::Arc<UserRecord>,
+    ),
+    ApiError,
+> {
+    Query::parse(uri.query(), &[])?;
+    let a = auth(state)?;
+    let target = lookup(a, name)?;
+    check_keys_of(caller, &target)?;
+    Ok((a, target))
+}
+
 /// Who may make, list or remove `target`'s keys: the user, or an admin (an admin's or
 /// root's keys only root).
 fn check_keys_of(caller: &Caller, target: &UserRecord) -> Result<(), ApiError> {
@@ -101,10 +122,7 @@ pub async fn create(
     Path(name): Path<String>,
     uri: Uri,
 ) -> ApiResult {
-    Query::parse(uri.query(), &[])?;
-    let a = auth(&state)?;
-    let target = lookup(a, &name)?;
-    check_keys_of(&caller, &target)?;
+    let (a, target) = keys_target(&state, &caller, &name, &uri)?;
     if target.access_keys.len() >= MAX_ACCESS_KEYS {
         return Err(ApiError::new(
             ErrorCode::TooManyAccessKeys,
@@ -151,10 +169,7 @@ pub async fn list(
     Path(name): Path<String>,
     uri: Uri,
 ) -> ApiResult {
-    Query::parse(uri.query(), &[])?;
-    let a = auth(&state)?;
-    let target = lookup(a, &name)?;
-    check_keys_of(&caller, &target)?;
+    let (_, target) = keys_target(&state, &caller, &name, &uri)?;
     let items: Vec<KeyJson<'_>> = target
         .access_keys
         .iter()
@@ -177,10 +192,7 @@ pub async fn delete(
     Path((name, key_id)): Path<(String, String)>,
     uri: Uri,
 ) -> ApiResult {
-    Query::parse(uri.query(), &[])?;
-    let a = auth(&state)?;
-    let target = lookup(a, &name)?;
-    check_keys_of(&caller, &target)?;
+    let (a, _) = keys_target(&state, &caller, &name, &uri)?;
     apply(
         &state,
         a,
