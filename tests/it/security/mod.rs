@@ -380,6 +380,25 @@ async fn request_for(ctx: &Ctx, route: &str) -> (Method, String, Option<Value>) 
                 Some(json!({"new_password": "another-password"})),
             )
         }
+        // (another user's keys: only an admin manages them)
+        "POST /v1/users/{username}/access-keys" => {
+            let u = format!("ak{i}");
+            ctx.user(&u, json!([])).await;
+            (Method::POST, format!("/v1/users/{u}/access-keys"), None)
+        }
+        "GET /v1/users/{username}/access-keys" => {
+            let u = format!("akl{i}");
+            ctx.user(&u, json!([])).await;
+            (Method::GET, format!("/v1/users/{u}/access-keys"), None)
+        }
+        "DELETE /v1/users/{username}/access-keys/{key_id}" => {
+            let u = format!("akd{i}");
+            ctx.user(&u, json!([])).await;
+            let path = format!("/v1/users/{u}/access-keys");
+            let made = ctx.as_admin(Method::POST, &path, None).await;
+            let id = made["access_key_id"].as_str().unwrap();
+            (Method::DELETE, format!("{path}/{id}"), None)
+        }
         "PUT /v1/carried-users" => (
             Method::PUT,
             "/v1/carried-users".into(),
@@ -457,6 +476,12 @@ fn rows() -> Vec<Row> {
         r("DELETE /v1/users/{username}", [U, U, F, F, 204]),
         r("PUT /v1/users/{username}/grants", [U, U, F, F, 200]),
         r("PUT /v1/users/{username}/password", [U, U, F, F, 204]),
+        r("POST /v1/users/{username}/access-keys", [U, U, F, F, 201]),
+        r("GET /v1/users/{username}/access-keys", [U, U, F, F, 200]),
+        r(
+            "DELETE /v1/users/{username}/access-keys/{key_id}",
+            [U, U, F, F, 204],
+        ),
         // another cluster's users, carried by its remote: an admin's to take
         r("PUT /v1/carried-users", [U, U, F, F, 200]),
         // remotes and remote children are for admins (an admin pausing a child that is not
