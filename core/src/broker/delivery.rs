@@ -474,7 +474,6 @@ impl Broker {
             let end = q.hwm();
             purged += q.truncate_below(end);
         }
-        tracing::info!(topic = topic_name, purged, ?frozen, "queue purged");
         Ok((purged, frozen))
     }
 

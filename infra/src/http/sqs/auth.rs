@@ -5,8 +5,9 @@
 //! the 15-minute window, that the key exists): a request that fails those is refused without
 //! its body. The signature itself covers the body, so it is checked once the body is in.
 //! The key a signature is checked with (the secret opened, then the day's key derived from
-//! it) is kept per key id, day and region until the users next change, so a request costs
-//! two SHA-256 and two HMAC, not an AES open and five HMAC.
+//! it) is kept per key id, day and region until the users next change (four at most per
+//! key), so a request costs two SHA-256 and two HMAC, not an AES open and five HMAC; key ids
+//! are found through an index of the users' keys, made once per change of the users.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,8 +19,10 @@ use narad_sqs::sigv4::{self, Request as Signed};
 use narad_sqs::{Kind, SqsError};
 use parking_lot::Mutex;
 
-/// The most signing keys kept at once (one per key id, day and region in use).
-const MAX_CACHED: usize = 4096;
+/// The most signing keys kept for one access key (one per day and region it signs for):
+/// each key has its own share, so one key signing for many regions cannot push the others'
+/// out; beyond it, that key's requests derive theirs each time.
+const MAX_CACHED_PER_KEY: usize = 4;
 
 /// A key a signature is checked with, and whose it is.
 struct Signer {
@@ -36,8 +39,15 @@ pub struct SigningKeys {
 #[derive(Default)]
 struct Cached {
     users: Option<Arc<Users>>,
-    keys: HashMap<(String, String, String), Arc<Signer>>,
+    /// Access key id → its user's name, for those users.
+    owners: HashMap<String, String>,
+    /// Access key id → (day, region) → its signing key.
+    keys: HashMap<String, HashMap<(String, String), Arc<Signer>>>,
 }
+
+/// Logs of secrets that do not open, bounded: a request can cause one.
+static NOT_OPENED_LOGGED: narad_core::loggate::LogGate =
+    narad_core::loggate::LogGate::new(5, std::time::Duration::from_secs(60));
 
 /// A request whose signature is still to be checked against its body.
 pub(super) struct Pending {
@@ -139,31 +149,35 @@ impl SigningKeys {
         auth: &Authenticator,
         a: &sigv4::Authorization<'_>,
     ) -> Result<Arc<Signer>, SqsError> {
-        let users = auth.store().snapshot();
-        let cache_key = (
-            a.access_key.to_owned(),
-            a.date.to_owned(),
-            a.region.to_owned(),
-        );
-        {
-            let mut c = self.inner.lock();
-            if !c.users.as_ref().is_some_and(|u| Arc::ptr_eq(u, &users)) {
-                c.users = Some(users.clone());
-                c.keys.clear();
-            }
-            if let Some(s) = c.keys.get(&cache_key) {
-                return Ok(s.clone());
-            }
-        }
-        // (ids have a fixed form: anything else names no key, without a scan)
+        // (ids have a fixed form: anything else names no key, without a look)
         if !narad_auth::store::valid_access_key_id(a.access_key) {
             return Err(unknown_key());
         }
-        let Some((user, key)) = users.values().find_map(|u| {
-            u.access_keys
-                .iter()
-                .find(|k| k.id == a.access_key)
-                .map(|k| (u.clone(), k.clone()))
+        let users = auth.store().snapshot();
+        let scope = (a.date.to_owned(), a.region.to_owned());
+        let owner = {
+            let mut c = self.inner.lock();
+            if !c.users.as_ref().is_some_and(|u| Arc::ptr_eq(u, &users)) {
+                c.owners = users
+                    .values()
+                    .flat_map(|u| {
+                        u.access_keys
+                            .iter()
+                            .map(|k| (k.id.clone(), u.username.clone()))
+                    })
+                    .collect();
+                c.keys.clear();
+                c.users = Some(users.clone());
+            }
+            if let Some(s) = c.keys.get(a.access_key).and_then(|k| k.get(&scope)) {
+                return Ok(s.clone());
+            }
+            c.owners.get(a.access_key).cloned()
+        };
+        let Some((user, key)) = owner.and_then(|name| {
+            let u = users.get(&name)?;
+            let k = u.access_keys.iter().find(|k| k.id == a.access_key)?;
+            Some((u.clone(), k.clone()))
         }) else {
             return Err(unknown_key());
         };
@@ -172,7 +186,9 @@ impl SigningKeys {
         let secret = keys
             .open(&crate::http::access_keys::identity(&key.id, &user), &key.secret)
             .map_err(|e| {
-                tracing::warn!(key = %key.id, user = %user.username, error = %e, "an access key's secret does not open on this node");
+                if let Some(dropped) = NOT_OPENED_LOGGED.admit() {
+                    tracing::warn!(key = %key.id, user = %user.username, error = %e, dropped, "an access key's secret does not open on this node");
+                }
                 SqsError::new(
                     Kind::InternalFailure,
                     "this node cannot open the access key's secret (was the cluster secret changed?)",
@@ -184,10 +200,10 @@ impl SigningKeys {
         });
         let mut c = self.inner.lock();
         if c.users.as_ref().is_some_and(|u| Arc::ptr_eq(u, &users)) {
-            if c.keys.len() >= MAX_CACHED {
-                c.keys.clear();
+            let mine = c.keys.entry(a.access_key.to_owned()).or_default();
+            if mine.len() < MAX_CACHED_PER_KEY {
+                mine.insert(scope, signer.clone());
             }
-            c.keys.insert(cache_key, signer.clone());
         }
         Ok(signer)
     }
