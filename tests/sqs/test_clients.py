@@ -520,8 +520,15 @@ class Wire(unittest.TestCase):
             urllib.request.urlopen(req, timeout=30)
         self.assertEqual(cm.exception.code, 400)
         self.assertEqual(cm.exception.headers["x-amzn-query-error"], "InvalidParameterValue;Sender")
-        status, _, _ = raw("AmazonSQS.ListQueues", b"x" * (4 * 1024 * 1024))
-        self.assertTrue(400 <= status < 500, status)
+        # an oversized body: refused once the limit is read. The answer may reach the client,
+        # or the connection may close while the client is still writing the rest (a broken
+        # pipe); either way no 5xx, and the endpoint answers the next request
+        try:
+            status, _, _ = raw("AmazonSQS.ListQueues", b"x" * (4 * 1024 * 1024))
+            self.assertTrue(400 <= status < 500, status)
+        except urllib.error.URLError as e:
+            self.assertIsInstance(e.reason, (BrokenPipeError, ConnectionResetError), e)
+        self.assertEqual(raw("AmazonSQS.ListQueues", {})[0], 200)
         # a POST to / without an SQS target is not this endpoint
         status, _, _ = raw(None, {})
         self.assertTrue(400 <= status < 500, status)
